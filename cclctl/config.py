@@ -1,0 +1,205 @@
+"""Configuration: flags > ``CCLCTL_*`` environment > defaults, resolved once.
+
+This is the only module that reads the environment. Everything it returns is a frozen
+dataclass that is passed down explicitly, so behaviour never changes behind a caller's back
+and tests can build configurations without touching ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+from cclctl.errors import ConfigError
+
+T = TypeVar("T")
+
+DEFAULT_STORE_PORT = 29500
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_CONNECT_TIMEOUT_S = 60.0
+DEFAULT_TRACE_BUFFER = 2000
+DEFAULT_STATUS_INTERVAL_S = 1.0
+TRANSPORTS = ("auto", "tcp")
+HANG_POLICIES = ("raise", "abort", "wait")
+
+
+def _parse(env: Mapping[str, str], name: str, default: T, conv: Callable[[str], T]) -> T:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return conv(raw.strip())
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}={raw!r} is not valid: {exc}", variable=name) from None
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def conv(raw: str) -> str:
+        value = raw.lower()
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return value
+
+    return conv
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 <= value <= 65535:
+        raise ValueError("a port is between 0 and 65535")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class RendezvousConfig:
+    """Where this rank sits in the job and where the job's store lives.
+
+    Read from torchrun's names first (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), then Slurm's, then Open MPI's, so a
+    script runs unchanged under torchrun, srun, mpirun or ``cclctl launch``.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    store_host: str
+    store_port: int
+    source: str  # which launcher's variables were used: torchrun, slurm, openmpi
+
+
+_RANK_SOURCES: tuple[tuple[str, str, str, str, str], ...] = (
+    # (source, rank, world size, local rank, local world size)
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+    (
+        "openmpi",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+)
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int:
+    raw = env[name]
+    try:
+        value = int(raw.split("(")[0])  # SLURM_NTASKS_PER_NODE may read "4(x2)"
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer", variable=name) from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} must not be negative", variable=name)
+    return value
+
+
+def in_launched_job(env: Mapping[str, str] | None = None) -> bool:
+    """True when the environment names this process's rank (torchrun, Slurm, Open MPI)."""
+    env = os.environ if env is None else env
+    return any(rank in env and size in env for _, rank, size, _, _ in _RANK_SOURCES)
+
+
+def rendezvous_from_env(env: Mapping[str, str] | None = None) -> RendezvousConfig:
+    """Resolve rank, world size and the store address from the launcher's variables."""
+    env = os.environ if env is None else env
+    for source, rank_var, size_var, local_var, local_size_var in _RANK_SOURCES:
+        if rank_var not in env or size_var not in env:
+            continue
+        rank = _int_var(env, rank_var)
+        world_size = _int_var(env, size_var)
+        if world_size < 1:
+            raise ConfigError(f"{size_var}={world_size} must be at least 1", variable=size_var)
+        if rank >= world_size:
+            raise ConfigError(
+                f"{rank_var}={rank} is out of range for {size_var}={world_size}",
+                variable=rank_var,
+            )
+        local_rank = _int_var(env, local_var) if local_var in env else 0
+        local_size = _int_var(env, local_size_var) if local_size_var in env else 1
+        host = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
+        port = _parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, _port)
+        return RendezvousConfig(rank, world_size, local_rank, local_size, host, port, source)
+    raise ConfigError(
+        "cannot tell this process's rank: set RANK and WORLD_SIZE (with MASTER_ADDR and "
+        "MASTER_PORT), or start it with `cclctl launch`, torchrun, srun or mpirun",
+        variable="RANK",
+    )
+
+
+def _slurm_first_host(env: Mapping[str, str]) -> str | None:
+    """First host of a simple Slurm node list (``node[01-04]`` -> ``node01``)."""
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodes:
+        return None
+    head = nodes.split(",")[0]
+    if "[" in head:
+        prefix, rest = head.split("[", 1)
+        first = rest.split("-")[0].split(",")[0].rstrip("]")
+        return prefix + first
+    return head
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """Knobs of the communication runtime and its telemetry, for one process."""
+
+    job: str = "default"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    transport: str = "auto"
+    algo: str = ""  # "" = choose by size; see runtime/selection.py
+    trace_buffer: int = DEFAULT_TRACE_BUFFER
+    trace_dir: str = ""
+    metrics_port: int = 0  # base port; 0 = no exporter
+    metrics_addr: str = "127.0.0.1"
+    status_interval_s: float = DEFAULT_STATUS_INTERVAL_S
+    on_hang: str = "raise"
+    fault: str = ""
+    token: str = ""
+    hostname: str = dataclasses.field(default_factory=socket.gethostname)
+
+    def replace(self, **changes: object) -> RuntimeConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> RuntimeConfig:
+    """Build the runtime configuration: explicit ``flags`` win over ``CCLCTL_*`` variables."""
+    env = os.environ if env is None else env
+    base = RuntimeConfig(
+        job=env.get("CCLCTL_JOB") or env.get("TORCHELASTIC_RUN_ID") or "default",
+        timeout_s=_parse(env, "CCLCTL_TIMEOUT", DEFAULT_TIMEOUT_S, _positive_float),
+        connect_timeout_s=_parse(
+            env, "CCLCTL_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S, _positive_float
+        ),
+        transport=_parse(env, "CCLCTL_TRANSPORT", "auto", _choice(TRANSPORTS)),
+        algo=env.get("CCLCTL_ALGO", "").strip(),
+        trace_buffer=_parse(env, "CCLCTL_TRACE_BUFFER", DEFAULT_TRACE_BUFFER, _non_negative_int),
+        trace_dir=env.get("CCLCTL_TRACE_DIR", "").strip(),
+        metrics_port=_parse(env, "CCLCTL_METRICS_PORT", 0, _port),
+        metrics_addr=env.get("CCLCTL_METRICS_ADDR", "").strip() or "127.0.0.1",
+        status_interval_s=_parse(
+            env, "CCLCTL_STATUS_INTERVAL", DEFAULT_STATUS_INTERVAL_S, _positive_float
+        ),
+        on_hang=_parse(env, "CCLCTL_ON_HANG", "raise", _choice(HANG_POLICIES)),
+        fault=env.get("CCLCTL_FAULT", "").strip(),
+        token=env.get("CCLCTL_TOKEN", "").strip(),
+    )
+    given = {k: v for k, v in flags.items() if v is not None}
+    return base.replace(**given) if given else base

@@ -1,0 +1,232 @@
+"""The trace record: one data model for live status, flight-recorder dumps and diagnosis.
+
+Everything cclctl writes is JSON built from these classes, and everything it reads back goes
+through the ``from_dict`` functions here, which validate before trusting a field. Standard
+library only, so every layer (and tests with record factories) can use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from cclctl.errors import BadInput
+
+DUMP_SCHEMA = "cclctl.dump"
+STATUS_SCHEMA = "cclctl.status"
+SCHEMA_VERSION = 1
+
+STARTED = "started"
+COMPLETED = "completed"
+FAILED = "failed"
+ABORTED = "aborted"
+TIMED_OUT = "timed_out"
+STATES = (STARTED, COMPLETED, FAILED, ABORTED, TIMED_OUT)
+FINAL_STATES = (COMPLETED, FAILED, ABORTED)
+
+
+@dataclasses.dataclass(slots=True)
+class CollectiveRecord:
+    """One collective (or point-to-point) call on one rank.
+
+    ``seq`` is per communicator, starts at 1 and is the same on every rank for the same call;
+    point-to-point calls carry ``peer`` and their own per-pair sequence in ``seq``.
+    ``start_ns``/``end_ns`` are wall-clock nanoseconds so that ranks can be compared.
+    ``waiting_on``/``waiting_for`` are kept current by the algorithms while the call blocks.
+    """
+
+    comm: str
+    seq: int
+    op: str
+    dtype: str = ""
+    count: int = 0
+    nbytes: int = 0
+    root: int | None = None
+    peer: int | None = None
+    epoch: int = 0
+    algo: str = ""
+    state: str = STARTED
+    start_ns: int = 0
+    end_ns: int = 0
+    step: int = 0
+    steps: int = 0
+    waiting_on: int | None = None
+    waiting_for: str | None = None  # "send" or "recv"
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns if self.end_ns else 0
+
+
+_RECORD_FIELDS = {f.name: f for f in dataclasses.fields(CollectiveRecord)}
+_INT_FIELDS = ("seq", "count", "nbytes", "epoch", "start_ns", "end_ns", "step", "steps")
+_OPTIONAL_INT_FIELDS = ("root", "peer", "waiting_on")
+
+
+def _fail(where: str, why: str) -> BadInput:
+    return BadInput(f"{where}: {why}", where=where)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
+    """Validate and build a record; unknown keys are ignored (newer writers may add some)."""
+    if not isinstance(data, Mapping):
+        raise _fail(where, f"expected an object, got {type(data).__name__}")
+    for key in ("comm", "seq", "op"):
+        if key not in data:
+            raise _fail(where, f"missing field {key!r}")
+    kwargs: dict[str, Any] = {}
+    for name in _RECORD_FIELDS:
+        if name not in data:
+            continue
+        value = data[name]
+        if name in _INT_FIELDS and not _is_int(value):
+            raise _fail(where, f"field {name!r} must be an integer, got {value!r}")
+        if name in _OPTIONAL_INT_FIELDS and value is not None and not _is_int(value):
+            raise _fail(where, f"field {name!r} must be an integer or null, got {value!r}")
+        if name in ("comm", "op", "dtype", "algo", "state") and not isinstance(value, str):
+            raise _fail(where, f"field {name!r} must be a string, got {value!r}")
+        kwargs[name] = value
+    if kwargs.get("state", STARTED) not in STATES:
+        raise _fail(where, f"unknown state {kwargs['state']!r}")
+    return CollectiveRecord(**kwargs)
+
+
+@dataclasses.dataclass(slots=True)
+class CommInfo:
+    """What a rank knows about one communicator: members and how far it got."""
+
+    ranks: list[int]
+    last_started: int = 0
+    last_completed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _comms_from_dict(data: object, where: str) -> dict[str, CommInfo]:
+    if not isinstance(data, Mapping):
+        raise _fail(where, "field 'comms' must be an object")
+    comms: dict[str, CommInfo] = {}
+    for name, info in data.items():
+        if not isinstance(info, Mapping) or not isinstance(info.get("ranks"), list):
+            raise _fail(where, f"communicator {name!r} has no list of ranks")
+        ranks = info["ranks"]
+        started = info.get("last_started", 0)
+        completed = info.get("last_completed", 0)
+        if not all(_is_int(r) for r in ranks) or not _is_int(started) or not _is_int(completed):
+            raise _fail(where, f"communicator {name!r} has non-integer fields")
+        comms[str(name)] = CommInfo(list(ranks), started, completed)
+    return comms
+
+
+@dataclasses.dataclass(slots=True)
+class RankSnapshot:
+    """A rank's state as written to a dump file (``kind="dump"``) or published live
+    (``kind="status"``): identity, per-communicator progress and its recent records.
+
+    A status carries the in-flight record, counters and the heartbeat; a dump carries the
+    ring of recent records and why it was written. Both are one JSON document.
+    """
+
+    kind: str  # "dump" or "status"
+    job: str
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    time_ns: int
+    comms: dict[str, CommInfo] = dataclasses.field(default_factory=dict)
+    records: list[CollectiveRecord] = dataclasses.field(default_factory=list)
+    inflight: CollectiveRecord | None = None
+    reason: str = ""
+    counters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics_url: str = ""
+
+    @property
+    def schema(self) -> str:
+        return DUMP_SCHEMA if self.kind == "dump" else STATUS_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "version": SCHEMA_VERSION,
+            "job": self.job,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "host": self.host,
+            "pid": self.pid,
+            "time_ns": self.time_ns,
+            "reason": self.reason,
+            "comms": {k: v.to_dict() for k, v in self.comms.items()},
+            "inflight": self.inflight.to_dict() if self.inflight else None,
+            "records": [r.to_dict() for r in self.records],
+            "counters": self.counters,
+            "metrics_url": self.metrics_url,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+
+def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
+    """Validate a dump or status document (as parsed JSON) and build a snapshot."""
+    if not isinstance(data, Mapping):
+        raise _fail(where, f"expected a JSON object, got {type(data).__name__}")
+    schema = data.get("schema")
+    if schema not in (DUMP_SCHEMA, STATUS_SCHEMA):
+        raise _fail(where, f"not a cclctl dump or status (schema is {schema!r})")
+    version = data.get("version")
+    if not _is_int(version) or version > SCHEMA_VERSION:
+        raise _fail(where, f"unsupported {schema} version {version!r}")
+    for key in ("rank", "world_size", "pid", "time_ns"):
+        if not _is_int(data.get(key)):
+            raise _fail(where, f"field {key!r} must be an integer")
+    if not 0 <= data["rank"] < max(1, data["world_size"]):
+        raise _fail(where, f"rank {data['rank']} is outside world size {data['world_size']}")
+    records_raw = data.get("records", [])
+    if not isinstance(records_raw, list):
+        raise _fail(where, "field 'records' must be a list")
+    inflight_raw = data.get("inflight")
+    counters = data.get("counters") or {}
+    if not isinstance(counters, Mapping):
+        raise _fail(where, "field 'counters' must be an object")
+    return RankSnapshot(
+        kind="dump" if schema == DUMP_SCHEMA else "status",
+        job=str(data.get("job", "")),
+        rank=data["rank"],
+        world_size=data["world_size"],
+        host=str(data.get("host", "")),
+        pid=data["pid"],
+        time_ns=data["time_ns"],
+        comms=_comms_from_dict(data.get("comms", {}), where),
+        records=[
+            record_from_dict(r, f"{where}: record {i}") for i, r in enumerate(records_raw)
+        ],
+        inflight=None
+        if inflight_raw is None
+        else record_from_dict(inflight_raw, f"{where}: inflight"),
+        reason=str(data.get("reason", "")),
+        counters=dict(counters),
+        metrics_url=str(data.get("metrics_url", "")),
+    )
+
+
+def snapshot_from_json(text: str | bytes, where: str = "document") -> RankSnapshot:
+    """Parse JSON text defensively: anything unusable becomes :class:`BadInput`."""
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _fail(where, f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise _fail(where, "JSON nested too deeply") from None
+    return snapshot_from_dict(data, where)
