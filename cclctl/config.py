@@ -83,6 +83,7 @@ class RendezvousConfig:
     store_host: str
     store_port: int
     source: str  # which launcher's variables were used: torchrun, slurm, openmpi
+    store_external: bool = False  # True: the store already runs (cclctl launch); don't host it
 
 
 _RANK_SOURCES: tuple[tuple[str, str, str, str, str], ...] = (
@@ -133,14 +134,35 @@ def rendezvous_from_env(env: Mapping[str, str] | None = None) -> RendezvousConfi
             )
         local_rank = _int_var(env, local_var) if local_var in env else 0
         local_size = _int_var(env, local_size_var) if local_size_var in env else 1
-        host = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
-        port = _parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, _port)
-        return RendezvousConfig(rank, world_size, local_rank, local_size, host, port, source)
+        host, port, external = _store_address(env)
+        return RendezvousConfig(
+            rank, world_size, local_rank, local_size, host, port, source, external
+        )
     raise ConfigError(
         "cannot tell this process's rank: set RANK and WORLD_SIZE (with MASTER_ADDR and "
         "MASTER_PORT), or start it with `cclctl launch`, torchrun, srun or mpirun",
         variable="RANK",
     )
+
+
+def _store_address(env: Mapping[str, str]) -> tuple[str, int, bool]:
+    """The store's address: ``CCLCTL_STORE`` (host:port of a running store, as set by
+    ``cclctl launch``), else ``MASTER_ADDR``:``MASTER_PORT`` where rank 0 hosts it.
+
+    Under torchrun the agent may run PyTorch's own store on ``MASTER_PORT``, so cclctl's
+    defaults to the port after it there.
+    """
+    given = env.get("CCLCTL_STORE", "").strip()
+    if given:
+        host, sep, port_text = given.rpartition(":")
+        if not sep or not host:
+            raise ConfigError(f"CCLCTL_STORE={given!r} must be HOST:PORT", variable="CCLCTL_STORE")
+        return host, _parse({"CCLCTL_STORE": port_text}, "CCLCTL_STORE", 0, _port), True
+    host = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
+    port = _parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, _port)
+    if "TORCHELASTIC_RUN_ID" in env and "MASTER_PORT" in env:
+        port += 1
+    return host, port, False
 
 
 def _slurm_first_host(env: Mapping[str, str]) -> str | None:
