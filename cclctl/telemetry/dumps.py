@@ -1,0 +1,128 @@
+"""Writing flight-recorder dumps: where, atomically, and when (signal, uncaught error, exit).
+
+A dump must be readable even if the process dies while writing it, so it goes to a temporary
+file in the same directory and is renamed over the final name. The triggers here only ever
+call a ``dump`` callable; they never raise into the code they interrupt.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import re
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Protocol
+
+from cclctl.errors import CclError, UsageError
+
+log = logging.getLogger("cclctl.telemetry")
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class Dumpable(Protocol):
+    """What the triggers need: a way to dump and a count of failures seen so far."""
+
+    def dump(self, reason: str, path: str | None = None) -> str | None: ...
+
+    def failures(self) -> int: ...
+
+
+def dump_filename(job: str, rank: int) -> str:
+    """``cclctl-<job>-rank<r>.json``, with anything unsafe in a file name replaced by ``_``."""
+    return f"cclctl-{_UNSAFE.sub('_', job) or 'job'}-rank{rank}.json"
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (never half a file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cclctl-", suffix=".tmp")
+    except OSError as exc:
+        raise CclError(f"cannot write dump {path}: {exc.strerror or exc}", path=path) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise CclError(f"cannot write dump {path}: {exc.strerror or exc}", path=path) from None
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def dump_quietly(target: Dumpable, reason: str, directory: str | None) -> str | None:
+    """Dump and log instead of raising: used where an exception would hurt the job."""
+    try:
+        return target.dump(reason, directory)
+    except Exception as exc:  # a trigger must never take the process down
+        log.warning("cclctl: flight recorder dump failed: %s", exc)
+        return None
+
+
+def install_signal_dump(
+    target: Dumpable, directory: str | None, signum: int = signal.SIGUSR1
+) -> Callable[[], None]:
+    """Dump on ``signum`` (``kill -USR1 <pid>``); returns a function that restores the old handler.
+
+    The handler only starts a thread: the main thread may be interrupted while it holds the
+    recorder's lock, so dumping inline could deadlock. A previous Python handler is chained.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise UsageError("the dump signal handler can only be installed from the main thread")
+    name = signal.Signals(signum).name
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        threading.Thread(
+            target=dump_quietly, args=(target, f"signal {name}", directory), name="cclctl-dump"
+        ).start()
+        if callable(previous):
+            previous(sig, frame)
+
+    previous = signal.signal(signum, handler)
+
+    def restore() -> None:
+        if signal.getsignal(signum) is handler:
+            signal.signal(signum, previous)
+
+    return restore
+
+
+def install_exit_dump(target: Dumpable, directory: str | None) -> Callable[[], None]:
+    """Dump when the process dies of an uncaught exception, or exits after errors or hangs.
+
+    Chains ``sys.excepthook``; the ``atexit`` part skips the dump when nothing went wrong or
+    the excepthook already wrote one. Returns a function that uninstalls both.
+    """
+    previous_hook = sys.excepthook
+    dumped = threading.Event()
+
+    def hook(etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if dump_quietly(target, f"uncaught {etype.__name__}: {value}", directory):
+            dumped.set()
+        previous_hook(etype, value, tb)
+
+    def at_exit() -> None:
+        if not dumped.is_set() and target.failures() > 0:
+            dump_quietly(target, "exit after errors", directory)
+
+    sys.excepthook = hook
+    atexit.register(at_exit)
+
+    def uninstall() -> None:
+        atexit.unregister(at_exit)
+        if sys.excepthook is hook:
+            sys.excepthook = previous_hook
+
+    return uninstall

@@ -1,0 +1,190 @@
+"""Prometheus exporter: a custom collector that reads the counters only when scraped.
+
+The hot path never touches prometheus_client (no per-call label lookups); at scrape time the
+collector takes one consistent copy of the plain counters and turns it into metric families.
+Each process has its own ``CollectorRegistry``, so nothing is global and tests can run
+several exporters side by side. See docs/metrics.md for what every metric means.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from cclctl.errors import ConfigError
+from cclctl.telemetry.counters import DURATION_BOUNDS_NS, MetricsView, OpStats
+
+_BOUNDS_LE = [floatToGoString(ns / 1e9) for ns in DURATION_BOUNDS_NS] + ["+Inf"]
+_OP_LABELS = ["job", "rank", "comm", "op"]
+
+
+def _op_counters(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    def family(name: str, doc: str, value: Callable[[OpStats], float]) -> CounterMetricFamily:
+        fam = CounterMetricFamily(name, doc, labels=_OP_LABELS)
+        for (comm, op), st in sorted(view.ops.items()):
+            fam.add_metric([*base, comm, op], value(st))
+        return fam
+
+    yield family("cclctl_collectives", "Collectives completed.", lambda st: st.collectives)
+    yield family("cclctl_collective_bytes", "Bytes of completed collectives.", lambda st: st.bytes)
+    yield family(
+        "cclctl_collective_bus_bytes",
+        "Bytes of completed collectives times the nccl-tests bus factor.",
+        lambda st: st.bus_bytes,
+    )
+    yield family(
+        "cclctl_collective_seconds",
+        "Seconds spent inside completed collectives.",
+        lambda st: st.busy_ns / 1e9,
+    )
+    yield family("cclctl_hangs", "Collectives the watchdog found hung.", lambda st: st.hangs)
+    yield family("cclctl_retries", "Collectives retried after a fault.", lambda st: st.retries)
+    errors = CounterMetricFamily(
+        "cclctl_collective_errors",
+        "Collectives that failed, by reason.",
+        labels=[*_OP_LABELS, "reason"],
+    )
+    for (comm, op), st in sorted(view.ops.items()):
+        for reason, n in sorted(st.errors.items()):
+            errors.add_metric([*base, comm, op, reason], n)
+    yield errors
+
+
+def _histogram(view: MetricsView, base: list[str]) -> HistogramMetricFamily:
+    """Durations of completed collectives per op, summed over communicators."""
+    per_op: dict[str, tuple[list[int], int]] = {}
+    for (_, op), st in view.ops.items():
+        counts, busy = per_op.get(op, ([0] * len(st.buckets), 0))
+        per_op[op] = ([a + b for a, b in zip(counts, st.buckets, strict=True)], busy + st.busy_ns)
+    fam = HistogramMetricFamily(
+        "cclctl_collective_duration_seconds",
+        "Duration of completed collectives.",
+        labels=["job", "rank", "op"],
+    )
+    for op, (counts, busy) in sorted(per_op.items()):
+        cumulative, running = [], 0
+        for le, n in zip(_BOUNDS_LE, counts, strict=True):
+            running += n
+            cumulative.append((le, float(running)))
+        fam.add_metric([*base, op], cumulative, busy / 1e9)
+    return fam
+
+
+def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    started = GaugeMetricFamily(
+        "cclctl_last_started_seq",
+        "Seq of the last collective started.",
+        labels=["job", "rank", "comm"],
+    )
+    completed = GaugeMetricFamily(
+        "cclctl_last_completed_seq",
+        "Seq of the last collective completed.",
+        labels=["job", "rank", "comm"],
+    )
+    inflight = GaugeMetricFamily(
+        "cclctl_inflight_start_timestamp_seconds",
+        "Start time of the oldest collective in flight (Unix seconds); 0 when idle.",
+        labels=["job", "rank", "comm"],
+    )
+    for c in sorted(view.comms, key=lambda c: c.comm):
+        started.add_metric([*base, c.comm], c.last_started)
+        completed.add_metric([*base, c.comm], c.last_completed)
+        inflight.add_metric([*base, c.comm], c.inflight_start_ns / 1e9)
+    yield from (started, completed, inflight)
+    sent = CounterMetricFamily(
+        "cclctl_link_sent_bytes", "Bytes sent to a peer rank.", labels=["job", "rank", "peer"]
+    )
+    received = CounterMetricFamily(
+        "cclctl_link_received_bytes",
+        "Bytes received from a peer rank.",
+        labels=["job", "rank", "peer"],
+    )
+    for peer, (s, r) in sorted(view.links.items()):
+        sent.add_metric([*base, str(peer)], s)
+        received.add_metric([*base, str(peer)], r)
+    yield from (sent, received)
+    heartbeat = GaugeMetricFamily(
+        "cclctl_heartbeat_timestamp_seconds",
+        "Last status heartbeat of this rank (Unix seconds); 0 before the first.",
+        labels=["job", "rank"],
+    )
+    heartbeat.add_metric(base, view.heartbeat_ns / 1e9)
+    publish = CounterMetricFamily(
+        "cclctl_status_publish_errors",
+        "Status publishes the job's store refused.",
+        labels=["job", "rank"],
+    )
+    publish.add_metric(base, view.publish_errors)
+    info = InfoMetricFamily("cclctl", "cclctl version, host and backend of this rank.")
+    info.add_metric(
+        ["job", "rank", "version", "host", "backend"],
+        {
+            "job": view.job,
+            "rank": base[1],
+            "version": view.version,
+            "host": view.host,
+            "backend": view.backend,
+        },
+    )
+    yield from (heartbeat, publish, info)
+
+
+class TelemetryCollector:
+    """A prometheus_client collector over a ``MetricsView`` source, read at scrape time."""
+
+    def __init__(self, view: Callable[[], MetricsView]) -> None:
+        self._view = view
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._view()
+        base = [view.job, str(view.rank)]
+        yield from _op_counters(view, base)
+        yield _histogram(view, base)
+        yield from _process_metrics(view, base)
+
+
+class MetricsExporter:
+    """Serves ``/metrics`` for one process from its own registry on a daemon thread."""
+
+    def __init__(self, view: Callable[[], MetricsView]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(TelemetryCollector(view))
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def render(self) -> bytes:
+        """The text exposition, as a scrape would get it."""
+        return generate_latest(self.registry)
+
+    def start(self, addr: str, port: int) -> int:
+        """Listen on ``addr:port`` (port 0: any free one); returns the port bound."""
+        if self._server is not None:
+            return int(self._server.server_address[1])
+        try:
+            self._server, self._thread = start_http_server(port, addr, self.registry)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}",
+                variable="CCLCTL_METRICS_PORT",
+            ) from None
+        return int(self._server.server_address[1])
+
+    def stop(self) -> None:
+        """Stop serving and free the port; safe to call more than once."""
+        server, thread, self._server, self._thread = self._server, self._thread, None, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5.0)

@@ -1,0 +1,210 @@
+"""The per-process telemetry facade the runtime (and the PyTorch integration) talks to.
+
+:class:`Telemetry` is the hot-path :class:`~.recorder.Recorder` plus the process's identity
+and the slow parts that run beside it: snapshots, dumps, the status publisher and the
+Prometheus exporter. Nothing starts until asked; :meth:`Telemetry.close` stops it all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from cclctl import __version__
+from cclctl.config import RuntimeConfig
+from cclctl.errors import UsageError
+from cclctl.records import RankSnapshot
+from cclctl.telemetry import dumps
+from cclctl.telemetry.counters import MetricsView, summarize
+from cclctl.telemetry.recorder import Recorder
+from cclctl.telemetry.status import StatusPublisher, StatusStore
+
+if TYPE_CHECKING:
+    from cclctl.telemetry.exporter import MetricsExporter
+
+SNAPSHOT_KINDS = ("status", "dump")
+
+
+class Telemetry(Recorder):
+    """Counters, flight recorder, dumps, status and metrics of one process (one per rank)."""
+
+    def __init__(
+        self,
+        cfg: RuntimeConfig,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int = 0,
+        backend: str = "cclctl",
+    ) -> None:
+        super().__init__(cfg.trace_buffer)
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.backend = backend
+        self.metrics_url = ""
+        self.heartbeat_ns = 0
+        self._publisher: StatusPublisher | None = None
+        self._exporter: MetricsExporter | None = None
+        self._hooks: list[Callable[[], None]] = []
+        self._close_lock = threading.Lock()
+        self._closed = False
+
+    # -- reading -------------------------------------------------------------------------
+
+    def metrics_view(self) -> MetricsView:
+        """A consistent copy of every counter, for the exporter and status summaries."""
+        ops, comms, links = self.copy_counters()
+        publisher = self._publisher
+        return MetricsView(
+            job=self.cfg.job,
+            rank=self.rank,
+            host=self.cfg.hostname,
+            backend=self.backend,
+            version=__version__,
+            ops=ops,
+            comms=comms,
+            links=links,
+            heartbeat_ns=self.heartbeat_ns,
+            publish_errors=publisher.errors if publisher else 0,
+        )
+
+    def snapshot(self, kind: str = "status", reason: str = "") -> RankSnapshot:
+        """This rank's state as a status record (in-flight records only, and a heartbeat)
+        or a dump (the whole ring). ``inflight`` is the oldest call in flight.
+        """
+        if kind not in SNAPSHOT_KINDS:
+            raise UsageError(f"snapshot kind must be 'status' or 'dump', not {kind!r}")
+        now = time.time_ns()
+        if kind == "status":
+            self.heartbeat_ns = now
+        inflight = self.inflight()
+        return RankSnapshot(
+            kind=kind,
+            job=self.cfg.job,
+            rank=self.rank,
+            world_size=self.world_size,
+            host=self.cfg.hostname,
+            pid=os.getpid(),
+            time_ns=now,
+            comms=self.comm_infos(),
+            records=inflight if kind == "status" else self.records(),
+            inflight=inflight[0] if inflight else None,
+            reason=reason,
+            counters=summarize(self.metrics_view()),
+            metrics_url=self.metrics_url,
+        )
+
+    # -- dumps ---------------------------------------------------------------------------
+
+    def dump_path(self, path: str | None = None) -> str | None:
+        """Where :meth:`dump` writes: ``path`` if it names a ``.json`` file, else the standard
+        file name inside ``path`` or ``cfg.trace_dir``; None when neither is given.
+        """
+        target = path or self.cfg.trace_dir
+        if not target:
+            return None
+        if target.endswith(".json") and not os.path.isdir(target):
+            return target
+        return os.path.join(target, dumps.dump_filename(self.cfg.job, self.rank))
+
+    def dump(self, reason: str, path: str | None = None) -> str | None:
+        """Write the flight recorder as one JSON document (atomically); returns the path.
+
+        Returns None when there is nowhere to write (no ``path`` and no ``cfg.trace_dir``).
+        Raises :class:`~cclctl.errors.CclError` if the file cannot be written.
+        """
+        target = self.dump_path(path)
+        if target is None:
+            return None
+        dumps.write_atomic(target, self.snapshot("dump", reason).to_json())
+        return target
+
+    def install_signal_dump(
+        self, directory: str | None = None, signum: int = signal.SIGUSR1
+    ) -> None:
+        """Dump on SIGUSR1 (or ``signum``) into ``directory``, ``cfg.trace_dir`` or the
+        current directory. Main thread only; a previous handler keeps being called.
+        """
+        where = directory or self.cfg.trace_dir or "."
+        self._hooks.append(dumps.install_signal_dump(self, where, signum))
+
+    def install_exit_dump(self, directory: str | None = None) -> None:
+        """Dump if the process dies of an uncaught exception or exits after errors/hangs.
+
+        The hooks outlive :meth:`close` on purpose: a ``finally`` that closes telemetry runs
+        before the exception reaches ``sys.excepthook``.
+        """
+        where = directory or self.cfg.trace_dir or "."
+        self._hooks.append(dumps.install_exit_dump(self, where))
+
+    def remove_hooks(self) -> None:
+        """Undo :meth:`install_signal_dump` and :meth:`install_exit_dump`."""
+        hooks, self._hooks = self._hooks, []
+        for undo in reversed(hooks):
+            undo()
+
+    # -- background services -------------------------------------------------------------
+
+    def _status_payload(self) -> bytes:
+        return self.snapshot("status").to_json().encode()
+
+    def publish_to(
+        self, store: StatusStore, interval_s: float | None = None, prefix: str = "status/"
+    ) -> None:
+        """Start publishing ``<prefix><rank>`` every ``interval_s`` (``cfg.status_interval_s``)."""
+        if self._closed:
+            raise UsageError("telemetry is closed; it cannot publish any more")
+        if self._publisher is not None:
+            raise UsageError("this process already publishes its status")
+        interval = self.cfg.status_interval_s if interval_s is None else interval_s
+        if not interval > 0:
+            raise UsageError(f"status interval must be positive, not {interval!r}")
+        publisher = StatusPublisher(store, f"{prefix}{self.rank}", self._status_payload, interval)
+        self._publisher = publisher
+        publisher.start()
+
+    def serve_metrics(self, port: int | None = None) -> str | None:
+        """Serve Prometheus metrics on ``cfg.metrics_addr:(cfg.metrics_port + local_rank)``.
+
+        ``port`` overrides that (0 picks a free port). Returns the URL, or None when
+        ``cfg.metrics_port`` is 0 and no port is given. Raises ConfigError if it cannot bind.
+        """
+        if port is None:
+            if not self.cfg.metrics_port:
+                return None
+            port = self.cfg.metrics_port + self.local_rank
+        if self._closed:
+            raise UsageError("telemetry is closed; it cannot serve metrics any more")
+        if self._exporter is None:
+            from cclctl.telemetry.exporter import MetricsExporter
+
+            self._exporter = MetricsExporter(self.metrics_view)
+        bound = self._exporter.start(self.cfg.metrics_addr, port)
+        self.metrics_url = f"http://{self._url_host()}:{bound}/metrics"
+        return self.metrics_url
+
+    def _url_host(self) -> str:
+        addr = self.cfg.metrics_addr
+        if addr in ("", "0.0.0.0", "::"):
+            return self.cfg.hostname  # listening everywhere: name the host others can reach
+        return f"[{addr}]" if ":" in addr else addr
+
+    def close(self) -> None:
+        """Publish a last status and stop the publisher and exporter. Safe to call twice;
+        counters, the ring and dumps keep working afterwards.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._publisher is not None:
+            self._publisher.stop()
+        if self._exporter is not None:
+            self._exporter.stop()
+            self.metrics_url = ""
