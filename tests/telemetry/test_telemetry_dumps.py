@@ -1,0 +1,186 @@
+"""Dumps: atomic JSON that round-trips, written on demand, on SIGUSR1 and on error exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from telemetry_helpers import T0, run, wait_for
+
+from cclctl.errors import CclError, UsageError
+from cclctl.records import FAILED, CollectiveRecord, snapshot_from_json
+from cclctl.telemetry.dumps import dump_filename
+
+
+def test_dump_round_trips_through_snapshot_from_json(make_tel, tmp_path):
+    tel = make_tel(rank=2, world_size=4, trace_dir=str(tmp_path))
+    tel.register_comm("w", [0, 1, 2, 3])
+    done = [run(tel, "w", seq, nbytes=64 * seq) for seq in (1, 2, 3)]
+    failed = run(tel, "w", 4, state=FAILED)
+    failed.error = "peer 3 closed the connection"
+    hung = CollectiveRecord("w", 5, "all_reduce", dtype="float32", count=16, nbytes=64)
+    hung.start_ns, hung.step, hung.steps = T0 + 10**9, 2, 6
+    hung.waiting_on, hung.waiting_for = 3, "recv"
+    tel.start(hung)
+
+    path = tel.dump("watchdog: timeout")
+    assert path == str(tmp_path / "cclctl-job1-rank2.json")
+    snap = snapshot_from_json(Path(path).read_text(), where=path)
+    assert snap.kind == "dump" and snap.reason == "watchdog: timeout"
+    assert (snap.job, snap.rank, snap.world_size, snap.host) == ("job1", 2, 4, "node-a")
+    assert snap.pid == os.getpid()
+    assert snap.records == [*done, failed, hung]
+    assert snap.inflight == hung
+    assert snap.comms["w"].ranks == [0, 1, 2, 3]
+    assert (snap.comms["w"].last_started, snap.comms["w"].last_completed) == (5, 3)
+    assert snap.counters["collectives"] == 3 and snap.counters["errors"] == 1
+
+
+def test_dump_needs_somewhere_to_write(make_tel, tmp_path):
+    tel = make_tel()
+    assert tel.dump("no trace dir") is None
+    explicit = tel.dump("asked", str(tmp_path / "mine.json"))
+    assert explicit == str(tmp_path / "mine.json") and Path(explicit).exists()
+    into_dir = tel.dump("asked", str(tmp_path / "new" / "dir"))
+    assert into_dir == str(tmp_path / "new" / "dir" / "cclctl-job1-rank0.json")
+    assert snapshot_from_json(Path(into_dir).read_text()).reason == "asked"
+
+
+def test_dump_replaces_atomically_and_leaves_no_temporary_files(make_tel, tmp_path):
+    tel = make_tel(trace_dir=str(tmp_path))
+    tel.dump("first")
+    run(tel, "w", 1)
+    path = tel.dump("second")
+    assert os.listdir(tmp_path) == ["cclctl-job1-rank0.json"]
+    assert snapshot_from_json(Path(path).read_text()).reason == "second"
+
+
+def test_unwritable_dump_raises_a_one_line_typed_error(make_tel, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    tel = make_tel(trace_dir=str(blocker / "sub"))
+    with pytest.raises(CclError) as err:
+        tel.dump("x")
+    assert "cannot write dump" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_dump_file_names_are_safe():
+    assert dump_filename("train/run 7", 3) == "cclctl-train_run_7-rank3.json"
+    assert dump_filename("", 0) == "cclctl-job-rank0.json"
+
+
+@pytest.mark.timeout(10)
+def test_signal_handler_only_from_the_main_thread(make_tel):
+    tel = make_tel()
+    errors: list[Exception] = []
+
+    def install() -> None:
+        try:
+            tel.install_signal_dump()
+        except UsageError as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=install)
+    worker.start()
+    worker.join(5)
+    assert len(errors) == 1 and "main thread" in str(errors[0])
+
+
+_SIGNAL_CHILD = """
+import signal, sys, time
+from cclctl.config import RuntimeConfig
+from cclctl.records import CollectiveRecord
+from cclctl.telemetry.hub import Telemetry
+
+chained = []
+signal.signal(signal.SIGUSR1, lambda s, f: chained.append(s))
+tel = Telemetry(RuntimeConfig(job="sig", trace_dir=sys.argv[1]), rank=1, world_size=2)
+tel.register_comm("w", [0, 1])
+rec = CollectiveRecord("w", 9, "all_gather", start_ns=time.time_ns(), waiting_on=0)
+tel.start(rec)
+tel.install_signal_dump()
+print("ready", flush=True)
+deadline = time.monotonic() + 20
+while not chained and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("chained" if chained else "not chained", flush=True)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_sigusr1_dumps_a_running_process_and_chains_the_old_handler(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(_SIGNAL_CHILD))
+    with subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            os.kill(proc.pid, signal.SIGUSR1)
+            out, _ = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0 and out.strip() == "chained"
+    path = tmp_path / "cclctl-sig-rank1.json"
+    wait_for(path.exists)
+    snap = snapshot_from_json(path.read_text())
+    assert snap.reason == "signal SIGUSR1" and snap.pid == proc.pid
+    assert snap.inflight is not None and (snap.inflight.seq, snap.inflight.waiting_on) == (9, 0)
+
+
+_EXIT_CHILD = """
+import sys, time
+from cclctl.config import RuntimeConfig
+from cclctl.records import CollectiveRecord
+from cclctl.telemetry.hub import Telemetry
+
+tel = Telemetry(RuntimeConfig(job="exit", trace_dir=sys.argv[1]), rank=0, world_size=2)
+tel.install_exit_dump()
+rec = CollectiveRecord("w", 1, "all_reduce", start_ns=time.time_ns())
+tel.start(rec)
+rec.state, rec.end_ns = "failed", rec.start_ns + 1
+tel.finish(rec, 2)
+tel.close()  # a finally that closes telemetry must not disarm the exit dump
+if sys.argv[2] == "raise":
+    raise RuntimeError("peer 1 vanished")
+"""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("mode", "reason", "code"),
+    [("raise", "uncaught RuntimeError: peer 1 vanished", 1), ("exit", "exit after errors", 0)],
+)
+def test_exit_after_errors_leaves_a_dump(tmp_path, mode, reason, code):
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(_EXIT_CHILD))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), mode],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert proc.returncode == code
+    if mode == "raise":
+        assert "RuntimeError: peer 1 vanished" in proc.stderr  # the old excepthook still ran
+    snap = snapshot_from_json((tmp_path / "cclctl-exit-rank0.json").read_text())
+    assert snap.reason == reason
+    assert snap.counters["errors"] == 1 and snap.records[0].state == "failed"
+
+
+@pytest.mark.timeout(30)
+def test_clean_exit_writes_no_dump(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(_EXIT_CHILD).replace('"failed"', '"completed"'))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "exit"], capture_output=True, timeout=20
+    )
+    assert proc.returncode == 0
+    assert not (tmp_path / "cclctl-exit-rank0.json").exists()

@@ -1,0 +1,165 @@
+"""The Prometheus exporter, served on a real port and scraped over HTTP."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from telemetry_helpers import T0, config, run
+
+from cclctl import __version__
+from cclctl.errors import ConfigError
+from cclctl.records import FAILED, CollectiveRecord
+from cclctl.telemetry.hub import Telemetry
+
+ALLOWED_LABELS = {"job", "rank", "comm", "op", "peer", "reason", "le"}
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of one scrape, keyed by name and label set."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
+    return name, frozenset({"job": "job1", "rank": "1", **labels}.items())
+
+
+@pytest.mark.timeout(20)
+def test_scrape_reports_exact_counters(make_tel):
+    tel = make_tel(rank=1, world_size=4)
+    tel.register_comm("w", [0, 1, 2, 3])
+    run(tel, "w", 1, nbytes=1000, duration_ns=30_000)  # le 5e-05
+    run(tel, "w", 2, nbytes=3000, duration_ns=3_000_000)  # le 0.005
+    run(tel, "sub", 1, nbytes=500, duration_ns=30_000, world_size=2)
+    run(tel, "w", 3, state=FAILED)
+    tel.count_retry("w", "all_reduce")
+    tel.count_hang("w", "all_reduce")
+    tel.link_bytes(2, 4096, 1024)
+    tel.start(CollectiveRecord("w", 4, "all_reduce", start_ns=T0 + 10**10))
+    tel.snapshot("status")  # the heartbeat
+    url = tel.serve_metrics(0)
+    assert url is not None and url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+
+    m = scrape(url)
+    w_ar = {"comm": "w", "op": "all_reduce"}
+    assert m[key("cclctl_collectives_total", **w_ar)] == 2
+    assert m[key("cclctl_collective_bytes_total", **w_ar)] == 4000
+    assert m[key("cclctl_collective_bus_bytes_total", **w_ar)] == pytest.approx(6000)
+    assert m[key("cclctl_collective_bus_bytes_total", comm="sub", op="all_reduce")] == 500
+    assert m[key("cclctl_collective_seconds_total", **w_ar)] == pytest.approx(0.00303)
+    assert m[key("cclctl_collective_errors_total", reason="failed", **w_ar)] == 1
+    assert m[key("cclctl_retries_total", **w_ar)] == 1
+    assert m[key("cclctl_hangs_total", **w_ar)] == 1
+    assert m[key("cclctl_link_sent_bytes_total", peer="2")] == 4096
+    assert m[key("cclctl_link_received_bytes_total", peer="2")] == 1024
+    assert m[key("cclctl_last_started_seq", comm="w")] == 4
+    assert m[key("cclctl_last_completed_seq", comm="w")] == 2
+    assert m[key("cclctl_inflight_start_timestamp_seconds", comm="w")] == pytest.approx(
+        (T0 + 10**10) / 1e9
+    )
+    assert m[key("cclctl_inflight_start_timestamp_seconds", comm="sub")] == 0
+    assert m[key("cclctl_heartbeat_timestamp_seconds")] == pytest.approx(tel.heartbeat_ns / 1e9)
+    info = key("cclctl_info", version=__version__, host="node-a", backend="cclctl")
+    assert m[info] == 1
+
+    hist = "cclctl_collective_duration_seconds"
+    assert m[key(f"{hist}_bucket", op="all_reduce", le="2e-05")] == 0
+    assert m[key(f"{hist}_bucket", op="all_reduce", le="5e-05")] == 2  # w and sub summed
+    assert m[key(f"{hist}_bucket", op="all_reduce", le="0.002")] == 2
+    assert m[key(f"{hist}_bucket", op="all_reduce", le="0.005")] == 3
+    assert m[key(f"{hist}_bucket", op="all_reduce", le="+Inf")] == 3
+    assert m[key(f"{hist}_count", op="all_reduce")] == 3
+    assert m[key(f"{hist}_sum", op="all_reduce")] == pytest.approx(0.00306)
+
+
+@pytest.mark.timeout(20)
+def test_counters_are_read_at_scrape_time(make_tel):
+    tel = make_tel(rank=1)
+    url = tel.serve_metrics(0)
+    assert url is not None
+    assert key("cclctl_collectives_total", comm="w", op="all_reduce") not in scrape(url)
+    run(tel, "w", 1)
+    assert scrape(url)[key("cclctl_collectives_total", comm="w", op="all_reduce")] == 1
+
+
+@pytest.mark.timeout(20)
+def test_names_and_labels_follow_the_conventions(make_tel):
+    tel = make_tel(rank=1)
+    run(tel, "w", 1, state=FAILED)
+    run(tel, "w", 2)
+    tel.link_bytes(0, 1, 1)
+    url = tel.serve_metrics(0)
+    assert url is not None
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        families = list(text_string_to_metric_families(resp.read().decode()))
+    assert {fam.name for fam in families} == {
+        "cclctl_collectives",
+        "cclctl_collective_bytes",
+        "cclctl_collective_bus_bytes",
+        "cclctl_collective_seconds",
+        "cclctl_collective_errors",
+        "cclctl_hangs",
+        "cclctl_retries",
+        "cclctl_collective_duration_seconds",
+        "cclctl_last_started_seq",
+        "cclctl_last_completed_seq",
+        "cclctl_inflight_start_timestamp_seconds",
+        "cclctl_link_sent_bytes",
+        "cclctl_link_received_bytes",
+        "cclctl_heartbeat_timestamp_seconds",
+        "cclctl_status_publish_errors",
+        "cclctl_info",
+    }
+    for fam in families:
+        assert fam.name.startswith("cclctl_")
+        for sample in fam.samples:
+            if fam.type == "counter":
+                assert sample.name.endswith(("_total", "_created"))
+            if fam.name != "cclctl_info":  # it also carries version, host and backend
+                assert set(sample.labels) <= ALLOWED_LABELS, sample
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(20)
+def test_port_is_the_base_port_plus_local_rank_and_is_freed_on_close():
+    port = free_port()
+    tel = Telemetry(config(metrics_port=port - 2), rank=5, world_size=8, local_rank=2)
+    try:
+        assert tel.serve_metrics() == f"http://127.0.0.1:{port}/metrics"
+        assert scrape(tel.metrics_url)
+    finally:
+        tel.close()
+        tel.close()
+    assert tel.metrics_url == ""
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass
+
+
+def test_no_port_configured_means_no_exporter(make_tel):
+    tel = make_tel()
+    assert tel.serve_metrics() is None and tel.metrics_url == ""
+
+
+@pytest.mark.timeout(20)
+def test_busy_port_is_a_config_error(make_tel):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        tel = make_tel(metrics_port=port)
+        with pytest.raises(ConfigError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            tel.serve_metrics()
