@@ -186,13 +186,14 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
     if schema not in (DUMP_SCHEMA, STATUS_SCHEMA):
         raise _fail(where, f"not a cclctl dump or status (schema is {schema!r})")
     version = data.get("version")
-    if not _is_int(version) or version > SCHEMA_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version > SCHEMA_VERSION:
         raise _fail(where, f"unsupported {schema} version {version!r}")
     for key in ("rank", "world_size", "pid", "time_ns"):
         if not _is_int(data.get(key)):
             raise _fail(where, f"field {key!r} must be an integer")
-    if not 0 <= data["rank"] < max(1, data["world_size"]):
-        raise _fail(where, f"rank {data['rank']} is outside world size {data['world_size']}")
+    rank, world_size = int(data["rank"]), int(data["world_size"])
+    if not 0 <= rank < max(1, world_size):
+        raise _fail(where, f"rank {rank} is outside world size {world_size}")
     records_raw = data.get("records", [])
     if not isinstance(records_raw, list):
         raise _fail(where, "field 'records' must be a list")
@@ -209,9 +210,7 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         pid=data["pid"],
         time_ns=data["time_ns"],
         comms=_comms_from_dict(data.get("comms", {}), where),
-        records=[
-            record_from_dict(r, f"{where}: record {i}") for i, r in enumerate(records_raw)
-        ],
+        records=[record_from_dict(r, f"{where}: record {i}") for i, r in enumerate(records_raw)],
         inflight=None
         if inflight_raw is None
         else record_from_dict(inflight_raw, f"{where}: inflight"),

@@ -1,0 +1,87 @@
+"""What every algorithm needs: the transport, this call, scratch space and reductions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from cclctl.runtime.transport import Transfer, Transport, Wait
+from cclctl.runtime.wire import Call
+
+Array = np.ndarray
+
+_REDUCERS: dict[str, Callable[..., object]] = {
+    "sum": np.add,
+    "avg": np.add,  # divided by the world size once, at the end
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+}
+
+
+def reducer(op: str) -> Callable[..., object]:
+    return _REDUCERS[op]
+
+
+def finish_avg(arr: Array, world_size: int) -> None:
+    """Turn a sum into a mean in place; integers divide truncating toward zero, like C."""
+    if arr.dtype.kind == "f" or arr.dtype.name == "bfloat16":
+        np.divide(arr, world_size, out=arr, casting="unsafe")
+    else:
+        sign = np.sign(arr)
+        np.abs(arr, out=arr)
+        np.floor_divide(arr, world_size, out=arr)
+        np.multiply(arr, sign, out=arr)
+
+
+def as_bytes(arr: Array) -> memoryview:
+    """A byte view of a flat contiguous array, for the transport (no copy)."""
+    return arr.view(np.uint8).data
+
+
+def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``count`` elements into ``parts`` nearly equal, contiguous ranges."""
+    return [(i * count // parts, (i + 1) * count // parts) for i in range(parts)]
+
+
+class Scratch:
+    """Reusable scratch buffers, grown on demand, so a collective allocates nothing."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[int, Array] = {}
+
+    def get(self, slot: int, count: int, dtype: np.dtype) -> Array:
+        nbytes = count * dtype.itemsize
+        buf = self._bufs.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            buf = np.empty(max(nbytes, 64), dtype=np.uint8)
+            self._bufs[slot] = buf
+        return buf[:nbytes].view(dtype)
+
+    def clear(self) -> None:
+        self._bufs.clear()
+
+
+class Step:
+    """One collective call in progress on this rank: who we are and how to move bytes."""
+
+    __slots__ = ("call", "rank", "scratch", "size", "transport", "wait")
+
+    def __init__(
+        self, transport: Transport, rank: int, size: int, call: Call, wait: Wait, scratch: Scratch
+    ) -> None:
+        self.transport = transport
+        self.rank = rank
+        self.size = size
+        self.call = call
+        self.wait = wait
+        self.scratch = scratch
+
+    def xfer(
+        self, step: int, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()
+    ) -> None:
+        rec = self.wait.record
+        if rec is not None:
+            rec.step = step
+        self.transport.exchange(self.call, step, sends, recvs, self.wait)

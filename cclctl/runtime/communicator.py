@@ -1,0 +1,355 @@
+"""The communicator: torch.distributed-style collectives on numpy arrays, traced end to end.
+
+Each call checks its buffers, takes the next sequence number (the same on every rank for the
+same call), opens a trace record, runs the algorithm chosen for its size and closes the
+record. The record is what telemetry counts, what the flight recorder keeps and what
+diagnosis reads, so every rank can always say which collective it is in and whom it waits on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from cclctl import records
+from cclctl.config import RuntimeConfig
+from cclctl.errors import CclError, CollectiveTimeout, CommAborted, CommError
+from cclctl.records import CollectiveRecord
+from cclctl.runtime import buffers, selection
+from cclctl.runtime.algorithms import latency, pairwise, pipeline, ring
+from cclctl.runtime.algorithms.context import (
+    Scratch,
+    Step,
+    as_bytes,
+    chunk_bounds,
+    finish_avg,
+)
+from cclctl.runtime.transport import Transport, Wait
+from cclctl.runtime.wire import Call, comm_tag
+
+Array = np.ndarray
+
+
+def world_comm_id(world_size: int) -> str:
+    """The world communicator's id: creation index 0 and its member ranks."""
+    return f"0:0-{world_size - 1}" if world_size > 1 else "0:0"
+
+
+class Tracer(Protocol):
+    """What the communicator tells telemetry (see cclctl.telemetry.hub.Telemetry)."""
+
+    def start(self, rec: CollectiveRecord) -> None: ...
+    def finish(self, rec: CollectiveRecord, world_size: int) -> None: ...
+
+
+class Communicator:
+    """A group of ranks that run collectives together."""
+
+    backend = "cclctl"
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        transport: Transport,
+        cfg: RuntimeConfig,
+        comm_id: str,
+        tracer: Tracer | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.id = comm_id
+        self.epoch = 0
+        self.cfg = cfg
+        self.transport = transport
+        self.tracer = tracer
+        self._tag = comm_tag(comm_id)
+        self._selection = selection.parse(cfg.algo)
+        self._timeout_s = math.inf if cfg.on_hang == "wait" else cfg.timeout_s
+        self._scratch = Scratch()
+        self._seq = 0
+        self._p2p_sent = [0] * world_size
+        self._p2p_received = [0] * world_size
+        self._broken: str | None = None
+        self._abort_reason: str | None = None
+        self._on_close = on_close
+        self._closed = False
+
+    # ----------------------------------------------------------------- collectives
+    def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
+        src = buffers.flat(buf, "buf", "all_reduce", writable=out is None)
+        buffers.check_redop(op, "all_reduce")
+        dst = src if out is None else buffers.matching_out(out, src, src.size, "all_reduce")
+        if dst is not src and not buffers.same_memory(src, dst) and buffers.overlaps(src, dst):
+            raise buffers.InvalidArgument("all_reduce: out partially overlaps buf", op="all_reduce")
+        algo = self._selection.choose("all_reduce", src.nbytes)
+        with self._call("all_reduce", src, algo, redop=op) as step:
+            if self.world_size == 1 or src.size < self.world_size or algo == "rd":
+                if dst is not src:
+                    dst[...] = src
+                if src.size:
+                    latency.all_reduce(step, dst, op)
+            else:
+                ring.all_reduce(step, src, dst, op, chunk_bounds(src.size, self.world_size))
+            if op == "avg":
+                finish_avg(dst, self.world_size)
+        return dst if out is None else out
+
+    def all_gather(self, buf: Array, out: Array) -> Array:
+        n = self.world_size
+        src = buffers.flat(buf, "buf", "all_gather")
+        dst = buffers.matching_out(out, src, src.size * n, "all_gather")
+        own = dst[self.rank * src.size : (self.rank + 1) * src.size]
+        if not buffers.is_slot(src, dst, self.rank):
+            if buffers.overlaps(src, dst):
+                raise buffers.InvalidArgument(
+                    "all_gather: buf overlaps out but is not this rank's slot of it",
+                    op="all_gather",
+                )
+            own[...] = src
+        with self._call("all_gather", src, "ring", count=src.size) as step:
+            if src.size:
+                ring.all_gather(step, dst, [(i * src.size, (i + 1) * src.size) for i in range(n)])
+        return out
+
+    def reduce_scatter(self, buf: Array, out: Array, op: str = "sum") -> Array:
+        n = self.world_size
+        src = buffers.flat(buf, "buf", "reduce_scatter")
+        buffers.check_redop(op, "reduce_scatter")
+        if src.size % n:
+            raise buffers.InvalidArgument(
+                f"reduce_scatter: buf has {src.size} elements, not a multiple of the world "
+                f"size {n}",
+                op="reduce_scatter",
+            )
+        k = src.size // n
+        dst = buffers.matching_out(out, src, k, "reduce_scatter")
+        if buffers.overlaps(src, dst) and not buffers.is_slot(dst, src, self.rank):
+            raise buffers.InvalidArgument(
+                "reduce_scatter: out overlaps buf but is not this rank's slot of it",
+                op="reduce_scatter",
+            )
+        with self._call("reduce_scatter", src, "ring", redop=op, count=k) as step:
+            if k:
+                ring.reduce_scatter(step, src, dst, [(i * k, (i + 1) * k) for i in range(n)], op)
+                if op == "avg":
+                    finish_avg(dst, n)
+        return out
+
+    def broadcast(self, buf: Array, root: int = 0, out: Array | None = None) -> Array:
+        src = buffers.flat(buf, "buf", "broadcast", writable=out is None)
+        root = buffers.check_root(root, self.world_size, "broadcast")
+        dst = src if out is None else buffers.matching_out(out, src, src.size, "broadcast")
+        if self.rank == root and dst is not src:
+            dst[...] = src
+        algo = self._selection.choose("broadcast", src.nbytes)
+        with self._call("broadcast", src, algo, root=root) as step:
+            if algo == "chain":
+                pipeline.broadcast(step, dst, root)
+            elif src.size:
+                latency.broadcast(step, dst, root)
+        return dst if out is None else out
+
+    def reduce(self, buf: Array, op: str = "sum", root: int = 0, out: Array | None = None) -> Array:
+        src = buffers.flat(buf, "buf", "reduce", writable=out is None and self.rank == root)
+        buffers.check_redop(op, "reduce")
+        root = buffers.check_root(root, self.world_size, "reduce")
+        dst = src if out is None else buffers.matching_out(out, src, src.size, "reduce")
+        algo = self._selection.choose("reduce", src.nbytes)
+        if src.size < self.world_size:
+            algo = "tree"
+        with self._call("reduce", src, algo, redop=op, root=root) as step:
+            if algo == "ring":
+                bounds = chunk_bounds(src.size, self.world_size)
+                lo, hi = bounds[self.rank]
+                mine = self._scratch.get(5, hi - lo, src.dtype)
+                steps = ring.reduce_scatter(step, src, mine, bounds, op)
+                pairwise.gather_chunks(step, mine, dst, bounds, root, steps)
+            elif src.size:
+                acc = self._scratch.get(4, src.size, src.dtype)
+                acc[...] = src
+                latency.reduce(step, acc, op, root)
+                if self.rank == root:
+                    dst[...] = acc
+            if op == "avg" and self.rank == root:
+                finish_avg(dst, self.world_size)
+        return dst if out is None else out
+
+    def all_to_all(self, buf: Array, out: Array) -> Array:
+        n = self.world_size
+        src = buffers.flat(buf, "buf", "all_to_all")
+        if src.size % n:
+            raise buffers.InvalidArgument(
+                f"all_to_all: buf has {src.size} elements, not a multiple of the world size {n}",
+                op="all_to_all",
+            )
+        dst = buffers.matching_out(out, src, src.size, "all_to_all")
+        with self._call("all_to_all", src, "pairwise") as step:
+            if buffers.overlaps(src, dst):
+                copy = self._scratch.get(4, src.size, src.dtype)
+                copy[...] = src
+                src = copy
+            if src.size:
+                pairwise.all_to_all(step, src, dst, src.size // n)
+        return out
+
+    def send(self, buf: Array, dst: int) -> None:
+        src = buffers.flat(buf, "buf", "send")
+        peer = self._peer(dst, "send")
+        self._p2p_sent[peer] += 1
+        with self._call("send", src, "direct", peer=peer, seq=self._p2p_sent[peer]) as step:
+            step.xfer(0, sends=[(peer, as_bytes(src))])
+
+    def recv(self, buf: Array, src: int) -> Array:
+        dst = buffers.flat(buf, "buf", "recv", writable=True)
+        peer = self._peer(src, "recv")
+        self._p2p_received[peer] += 1
+        with self._call("recv", dst, "direct", peer=peer, seq=self._p2p_received[peer]) as step:
+            step.xfer(0, recvs=[(peer, as_bytes(dst))])
+        return buf
+
+    def barrier(self) -> None:
+        token = np.zeros(1, dtype=np.uint8)
+        with self._call("barrier", token, "rd", redop="max", nbytes=0) as step:
+            latency.all_reduce(step, token, "max")
+
+    # ----------------------------------------------------------------- lifecycle
+    def abort(self, reason: str) -> None:
+        """Make every blocked or future call on this communicator fail with ``reason``."""
+        self._abort_reason = reason
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.transport.close()
+        if self._on_close is not None:
+            self._on_close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Communicator {self.id} rank {self.rank}/{self.world_size} {self.transport.name}>"
+
+    # ----------------------------------------------------------------- internals
+    def _peer(self, peer: int, op: str) -> int:
+        if not isinstance(peer, int | np.integer) or not 0 <= peer < self.world_size:
+            raise buffers.InvalidArgument(
+                f"{op}: peer {peer} is not a rank of this communicator (0..{self.world_size - 1})",
+                op=op,
+            )
+        if peer == self.rank:
+            raise buffers.InvalidArgument(f"{op}: rank {peer} cannot {op} to itself", op=op)
+        return int(peer)
+
+    def _aborted(self) -> str | None:
+        return self._abort_reason
+
+    def _call(
+        self,
+        op: str,
+        arr: Array,
+        algo: str,
+        *,
+        redop: str = "",
+        root: int = -1,
+        peer: int | None = None,
+        seq: int | None = None,
+        count: int | None = None,
+        nbytes: int | None = None,
+    ) -> _Traced:
+        if self._closed:
+            raise CommError(f"rank {self.rank}: {op} on a closed communicator", op=op)
+        if self._broken is not None:
+            raise CommAborted(
+                f"rank {self.rank}: communicator {self.id} is unusable after an earlier "
+                f"failure ({self._broken}); create a new one",
+                rank=self.rank,
+                comm=self.id,
+                op=op,
+            )
+        if seq is None:
+            self._seq += 1
+            seq = self._seq
+        count = arr.size if count is None else count
+        rec = CollectiveRecord(
+            comm=self.id,
+            seq=seq,
+            op=op,
+            dtype=arr.dtype.name,
+            count=count,
+            nbytes=arr.nbytes if nbytes is None else nbytes,
+            root=root if root >= 0 else None,
+            peer=peer,
+            epoch=self.epoch,
+            algo=algo,
+            start_ns=time.time_ns(),
+        )
+        call = Call(
+            self._tag,
+            self.epoch,
+            seq,
+            "send" if op == "recv" else op,
+            arr.dtype.name,
+            redop,
+            root,
+            count,
+        )
+        now = time.monotonic()
+        wait = Wait(self.rank, rec, now + self._timeout_s, now, self._aborted)
+        return _Traced(
+            self, rec, Step(self.transport, self.rank, self.world_size, call, wait, self._scratch)
+        )
+
+    def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
+        rec.end_ns = time.time_ns()
+        rec.waiting_on = None
+        rec.waiting_for = None
+        if exc is None:
+            rec.state = records.COMPLETED
+        else:
+            rec.state = (
+                records.TIMED_OUT
+                if isinstance(exc, CollectiveTimeout)
+                else records.ABORTED
+                if isinstance(exc, CommAborted)
+                else records.FAILED
+            )
+            rec.error = str(exc) or type(exc).__name__
+            # The links may hold half a message now: no later call can trust them.
+            self._broken = f"{rec.op} seq {rec.seq}: {rec.error}"
+            if isinstance(exc, CclError):
+                exc.fields.setdefault("comm", self.id)
+                exc.fields.setdefault("rank", self.rank)
+        if self.tracer is not None:
+            self.tracer.finish(rec, self.world_size)
+
+
+class _Traced:
+    """Context manager around one call: opens and closes its trace record."""
+
+    __slots__ = ("comm", "rec", "step")
+
+    def __init__(self, comm: Communicator, rec: CollectiveRecord, step: Step) -> None:
+        self.comm = comm
+        self.rec = rec
+        self.step = step
+
+    def __enter__(self) -> Step:
+        tracer = self.comm.tracer
+        if tracer is not None:
+            tracer.start(self.rec)
+        return self.step
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.comm._finished(self.rec, exc)

@@ -1,0 +1,78 @@
+"""Joining a job: rendezvous through the store, open the transport, build the communicator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
+from cclctl.errors import UsageError
+from cclctl.runtime.communicator import Communicator, world_comm_id
+from cclctl.runtime.rendezvous import Rendezvous, join, join_store
+from cclctl.runtime.store import StoreClient, parse_address
+from cclctl.runtime.tcp import TcpTransport
+from cclctl.runtime.tcp_links import Links, local_address_towards
+
+
+def init(
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    store: StoreClient | str | None = None,
+    config: RuntimeConfig | None = None,
+    **flags: Any,
+) -> Communicator:
+    """Join the job and return its world communicator.
+
+    With no arguments, everything comes from the environment (``cclctl launch``, torchrun,
+    srun or mpirun). With ``rank``, ``world_size`` and ``store`` (a :class:`StoreClient` or
+    ``"host:port"`` of a running store) the caller places the rank itself. ``flags`` override
+    :class:`~cclctl.config.RuntimeConfig` fields (``timeout_s=5``, ``job="x"``, ...).
+    """
+    cfg = config.replace(**flags) if config is not None else runtime_from_env(**flags)
+    explicit = (rank, world_size, store)
+    if any(v is not None for v in explicit):
+        if rank is None or world_size is None or store is None:
+            raise UsageError("cclctl.init(): give rank, world_size and store together, or none")
+        client = (
+            store
+            if isinstance(store, StoreClient)
+            else StoreClient.from_address(
+                store, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s
+            )
+        )
+        rdzv = join_store(client, rank, world_size, cfg)
+        store_host = parse_address(store)[0] if isinstance(store, str) else client.host
+    else:
+        env = rendezvous_from_env()
+        rdzv = join(env, cfg)
+        store_host = env.store_host
+    try:
+        return _connect(rdzv, cfg, store_host)
+    except BaseException:
+        rdzv.close()
+        raise
+
+
+def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communicator:
+    links = Links(
+        rdzv.rank,
+        rdzv.world_size,
+        cfg.job,
+        local_address_towards(store_host),
+        cfg.connect_timeout_s,
+    )
+    transport = TcpTransport(links)
+    try:
+        addresses = rdzv.exchange("tcp", transport.address.encode(), cfg.connect_timeout_s)
+    except BaseException:
+        transport.close()
+        raise
+    transport.set_peers([a.decode() for a in addresses])
+    return Communicator(
+        rank=rdzv.rank,
+        world_size=rdzv.world_size,
+        transport=transport,
+        cfg=cfg,
+        comm_id=world_comm_id(rdzv.world_size),
+        on_close=rdzv.close,
+    )
