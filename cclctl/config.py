@@ -225,3 +225,12 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
     )
     given = {k: v for k, v in flags.items() if v is not None}
     return base.replace(**given) if given else base
+
+
+def bench_corrupt_from_env(env: Mapping[str, str] | None = None) -> str:
+    """``CCLCTL_BENCH_CORRUPT``: the checker's self-test (see cclctl.benchmark.selftest).
+
+    Returned raw; :meth:`cclctl.benchmark.selftest.Corruption.parse` validates it.
+    """
+    env = os.environ if env is None else env
+    return env.get("CCLCTL_BENCH_CORRUPT", "").strip()
