@@ -12,7 +12,7 @@ import select
 import socket
 from collections.abc import Sequence
 
-from cclctl.errors import PeerError
+from cclctl.errors import PeerError, ProtocolError
 from cclctl.runtime import wire
 from cclctl.runtime.tcp_links import Links
 from cclctl.runtime.transport import Transfer, Wait
@@ -130,6 +130,11 @@ class TcpTransport:
                     continue
                 except OSError as exc:
                     self._broken(item, call, exc)
+                except ProtocolError:
+                    # Half a foreign message is on the wire: close the link so the peer
+                    # fails at once instead of waiting for a reply that will not come.
+                    self._links.drop(item.peer)
+                    raise
                 progressed = True
                 if moved < 0:
                     pending.remove(item)
