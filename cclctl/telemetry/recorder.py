@@ -8,8 +8,8 @@ or allocates beyond what bookkeeping needs; readers do the expensive work on the
 
 from __future__ import annotations
 
-import bisect
 import threading
+from bisect import bisect_left
 
 from cclctl.bandwidth import bus_factor
 from cclctl.records import COMPLETED, CollectiveRecord, CommInfo
@@ -87,7 +87,7 @@ class Recorder:
             st.bytes += rec.nbytes
             st.bus_bytes += bus
             st.busy_ns += ns
-            st.buckets[bisect.bisect_left(DURATION_BOUNDS_NS, ns)] += 1
+            st.buckets[bisect_left(DURATION_BOUNDS_NS, ns)] += 1
             st.last_bus_bytes = bus
             st.last_ns = ns
             st.last_end_ns = rec.end_ns

@@ -1,0 +1,79 @@
+"""How much telemetry adds to each collective: start()+finish() on vs a no-op.
+
+The runtime calls both around every collective, so this is the per-call tax of the
+observability layer. The target is a few microseconds in CPython. Records are built before
+timing, as the runtime builds its record anyway. Prints numbers; asserts nothing.
+
+    python benchmarks/telemetry_overhead.py [--calls N] [--comms K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Protocol
+
+from cclctl.config import RuntimeConfig
+from cclctl.records import COMPLETED, CollectiveRecord
+from cclctl.telemetry.hub import Telemetry
+
+
+class Sink(Protocol):
+    def start(self, rec: CollectiveRecord) -> None: ...
+
+    def finish(self, rec: CollectiveRecord, world_size: int) -> None: ...
+
+
+class NoOp:
+    """The floor: two method calls that do nothing."""
+
+    def start(self, rec: CollectiveRecord) -> None:
+        pass
+
+    def finish(self, rec: CollectiveRecord, world_size: int) -> None:
+        pass
+
+
+def records(n: int, comms: int) -> list[CollectiveRecord]:
+    now = time.time_ns()
+    return [
+        CollectiveRecord(f"c{i % comms}", i + 1, "all_reduce", nbytes=1 << 20, start_ns=now + i)
+        for i in range(n)
+    ]
+
+
+def per_call_us(sink: Sink, recs: list[CollectiveRecord], world_size: int = 8) -> float:
+    start, finish = sink.start, sink.finish
+    t0 = time.perf_counter()
+    for rec in recs:
+        start(rec)
+        rec.state = COMPLETED
+        rec.end_ns = rec.start_ns + 250_000
+        finish(rec, world_size)
+    return (time.perf_counter() - t0) / len(recs) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--comms", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    cases: list[tuple[str, Sink]] = [
+        ("no-op", NoOp()),
+        ("telemetry, ring 2000", Telemetry(RuntimeConfig(), rank=0, world_size=8)),
+        ("telemetry, ring off", Telemetry(RuntimeConfig(trace_buffer=0), rank=0, world_size=8)),
+    ]
+    best = {}
+    for name, sink in cases:
+        best[name] = min(
+            per_call_us(sink, records(args.calls, args.comms)) for _ in range(args.repeat)
+        )
+    floor = best["no-op"]
+    print(f"{'case':<24}{'us/collective':>15}{'over no-op':>12}")
+    for name, us in best.items():
+        print(f"{name:<24}{us:>15.3f}{us - floor:>12.3f}")
+
+
+if __name__ == "__main__":
+    main()
