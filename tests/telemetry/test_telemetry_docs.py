@@ -1,0 +1,48 @@
+"""docs/metrics.md and the Grafana dashboard stay in step with what the exporter serves."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from telemetry_helpers import run
+
+from cclctl.records import FAILED
+from cclctl.telemetry.exporter import MetricsExporter
+
+ROOT = Path(__file__).resolve().parents[2]
+METRIC = re.compile(r"\bcclctl_[a-z_]+")
+
+
+def exposed(make_tel) -> tuple[set[str], set[str]]:
+    """(family names, sample names) of a scrape where every kind of metric has a sample."""
+    tel = make_tel()
+    run(tel, "w", 1)
+    run(tel, "w", 2, state=FAILED)
+    tel.link_bytes(1, 1, 1)
+    text = MetricsExporter(tel.metrics_view).render().decode()
+    families = list(text_string_to_metric_families(text))
+    return {f.name for f in families}, {s.name for f in families for s in f.samples}
+
+
+def test_docs_describe_every_metric_and_no_other(make_tel):
+    families, samples = exposed(make_tel)
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    table = {m for line in doc.splitlines() if line.startswith("| `") for m in METRIC.findall(line)}
+    counters = {s for s in samples if s.endswith("_total")}
+    assert table == (families - {f[: -len("_total")] for f in counters}) | counters
+    assert set(METRIC.findall(doc)) - {"cclctl_collective_duration_seconds_bucket"} <= table
+
+
+def test_dashboard_is_valid_and_queries_only_exposed_metrics(make_tel):
+    _, samples = exposed(make_tel)
+    dash = json.loads((ROOT / "dashboards" / "cclctl-grafana.json").read_text())
+    assert dash["uid"] and dash["title"] and isinstance(dash["schemaVersion"], int)
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 10
+    used = {m for e in exprs for m in METRIC.findall(e)}
+    assert used <= samples, used - samples
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
