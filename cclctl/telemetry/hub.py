@@ -169,6 +169,13 @@ class Telemetry(Recorder):
         self._publisher = publisher
         publisher.start()
 
+    def publish_now(self) -> bool:
+        """Publish the status at once (the watchdog does after a hang); False if not
+        publishing or the store refused.
+        """
+        publisher = self._publisher
+        return publisher is not None and publisher.publish()
+
     def serve_metrics(self, port: int | None = None) -> str | None:
         """Serve Prometheus metrics on ``cfg.metrics_addr:(cfg.metrics_port + local_rank)``.
 

@@ -130,9 +130,13 @@ class Recorder:
         return records
 
     def records(self) -> list[CollectiveRecord]:
-        """Every record still in the rings, in start order across communicators."""
+        """Every record still in the rings, plus any in flight the rings no longer hold
+        (or never held, with the ring off), in start order across communicators.
+        """
         with self._lock:
             records = [r for cs in self._comms.values() for r in cs.ring]
+            held = {id(r) for r in records}
+            records += [r for key, r in self._inflight.items() if key not in held]
         records.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
         return records
 

@@ -33,8 +33,8 @@ def test_zero_buffer_turns_the_ring_off_but_keeps_counting(make_tel):
     run(tel, "w", 1)
     rec = CollectiveRecord("w", 2, "all_reduce", start_ns=T0)
     tel.start(rec)
-    assert tel.records() == []
     assert tel.inflight() == [rec]
+    assert tel.records() == [rec]  # a dump still shows what is in flight
     assert tel.copy_counters()[0][("w", "all_reduce")].collectives == 1
 
 
@@ -64,3 +64,13 @@ def test_register_comm_again_updates_members_after_a_shrink(make_tel):
     tel.register_comm("w", [0, 1, 3])
     info = tel.comm_infos()["w"]
     assert info.ranks == [0, 1, 3] and info.last_completed == 4
+
+
+def test_records_keep_inflight_calls_the_ring_has_evicted(make_tel):
+    tel = make_tel(trace_buffer=3)
+    stuck = CollectiveRecord("w", 1, "all_reduce", start_ns=T0)
+    tel.start(stuck)
+    for seq in range(1, 6):  # point-to-point calls on the same communicator fill its ring
+        run(tel, "w", seq, "send", peer=1)
+    assert [r.op for r in tel.records()] == ["all_reduce", "send", "send", "send"]
+    assert tel.records()[0] is stuck

@@ -93,3 +93,15 @@ def test_publishing_twice_or_after_close_is_refused(make_tel):
 def test_unknown_snapshot_kind_is_a_usage_error(make_tel):
     with pytest.raises(UsageError, match="snapshot kind"):
         make_tel().snapshot("everything")
+
+
+@pytest.mark.timeout(20)
+def test_publish_now_writes_immediately(make_tel):
+    tel = make_tel()
+    assert tel.publish_now() is False  # nothing to publish to yet
+    store = DictStore()
+    tel.publish_to(store, interval_s=60)
+    wait_for(lambda: store.get("status/0") is not None)
+    tel.count_hang("w", "all_reduce")
+    assert tel.publish_now() is True
+    assert snapshot_from_json(store.get("status/0") or b"").counters["hangs"] == 1
