@@ -234,3 +234,11 @@ def bench_corrupt_from_env(env: Mapping[str, str] | None = None) -> str:
     """
     env = os.environ if env is None else env
     return env.get("CCLCTL_BENCH_CORRUPT", "").strip()
+
+
+def inherited_environment() -> dict[str, str]:
+    """A copy of this process's environment: what a launcher hands down to the ranks it starts.
+
+    It lives here because this module is the only one that touches ``os.environ``.
+    """
+    return dict(os.environ)
