@@ -2,7 +2,7 @@
 
 :class:`Telemetry` is the hot-path :class:`~.recorder.Recorder` plus the process's identity
 and the slow parts that run beside it: snapshots, dumps, the status publisher and the
-Prometheus exporter. Nothing starts until asked; :meth:`Telemetry.close` stops it all.
+Prometheus exporter. No thread starts until asked; :meth:`Telemetry.close` stops them.
 """
 
 from __future__ import annotations
