@@ -1,0 +1,206 @@
+"""The bench report: nccl-tests' table (so parsers and habits carry over), JSON and CSV.
+
+Column widths and number formats follow nccl-tests' all_*_perf output exactly; the lines
+above the column header describe cclctl's run instead of CUDA devices.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cclctl.benchmark.results import BENCH_SCHEMA, BENCH_SCHEMA_VERSION, Row, RunMeta, Timing
+from cclctl.errors import CheckFailed
+
+_GROUPS = "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
+_NAMES = "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s"
+_UNITS = "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s"
+_TIMING_COLUMNS = ("time", "algbw", "busbw", "#wrong")
+CSV_COLUMNS = (
+    "op",
+    "size",
+    "count",
+    "type",
+    "redop",
+    "root",
+    *(
+        f"{placement}_{name}"
+        for placement in ("out_of_place", "in_place")
+        for name in _TIMING_COLUMNS
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSummary:
+    """Per-op totals: nccl-tests' "Avg bus bandwidth" and "Out of bounds values"."""
+
+    avg_busbw: float
+    out_of_bounds: int  # placements (row x out-of-place/in-place) with any wrong element
+    wrong: int  # wrong elements in all
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def format_time(time_us: float) -> str:
+    """Microseconds with nccl-tests' precision: 2 decimals under 100, 1 under 10000, else 0."""
+    if time_us >= 10000.0:
+        return f"{time_us:7.0f}"
+    if time_us >= 100.0:
+        return f"{time_us:7.1f}"
+    return f"{time_us:7.2f}"
+
+
+def _timing(timing: Timing) -> str:
+    wrong = "N/A" if timing.wrong is None else str(timing.wrong)
+    time = format_time(timing.time_us)
+    return f"  {time:>7}  {timing.algbw:6.2f}  {timing.busbw:6.2f}  {wrong:>5}"
+
+
+def format_row(row: Row) -> str:
+    """One table line, as all_*_perf prints it."""
+    head = f"{row.size:12d}  {row.count:12d}  {row.type:>8}  {row.redop:>6}  {row.root:6d}"
+    return head + _timing(row.out_of_place) + _timing(row.in_place)
+
+
+def column_header() -> list[str]:
+    """The three header lines above the rows (trailing blanks trimmed)."""
+    names = ("size", "count", "type", "redop", "root", *(("time", "algbw", "busbw", "#wrong") * 2))
+    units = ("(B)", "(elements)", "", "", "", *(("(us)", "(GB/s)", "(GB/s)", "") * 2))
+    return [
+        (_GROUPS % ("", "", "", "", "")).rstrip(),
+        _NAMES % names,
+        (_UNITS % units).rstrip(),
+    ]
+
+
+def summarize(rows: Sequence[Row]) -> OpSummary:
+    """Totals over ``rows`` (one op's), averaging busbw over both placements like nccl-tests."""
+    timings = [timing for row in rows for timing in row.timings]
+    busbw = [timing.busbw for timing in timings]
+    wrong = [timing.wrong or 0 for timing in timings]
+    return OpSummary(
+        avg_busbw=sum(busbw) / len(busbw) if busbw else 0.0,
+        out_of_bounds=sum(1 for count in wrong if count),
+        wrong=sum(wrong),
+    )
+
+
+def by_op(meta: RunMeta, rows: Sequence[Row]) -> dict[str, list[Row]]:
+    """Rows grouped by op, in the order the run asked for the ops."""
+    groups: dict[str, list[Row]] = {op: [] for op in meta.options.get("ops", ())}
+    for row in rows:
+        groups.setdefault(row.op, []).append(row)
+    return groups
+
+
+def _run_header(meta: RunMeta) -> list[str]:
+    opts = meta.options
+    iters = opts.get("iters")
+    warmup = opts.get("warmup_iters")
+    lines = [
+        f"# cclctl bench {meta.version}: {', '.join(opts.get('ops', ()))}",
+        f"# nRanks {meta.world_size} minBytes {opts.get('minbytes')} "
+        f"maxBytes {opts.get('maxbytes')} step: {opts.get('stepfactor')}(factor) "
+        f"warmup iters: {'auto' if warmup is None else warmup} "
+        f"iters: {'auto' if iters is None else iters} "
+        f"validation: {int(bool(opts.get('check')))} backend: {meta.backend}",
+        "#",
+        "# Using ranks",
+    ]
+    lines += [f"#  Rank {i.rank:2d} Pid {i.pid:6d} on {i.host}" for i in meta.ranks]
+    return [*lines, "#"]
+
+
+def _op_footer(summary: OpSummary, min_busbw: float | None) -> list[str]:
+    verdict = "FAILED" if summary.out_of_bounds else "OK"
+    floor = ""
+    if min_busbw is not None:
+        floor = " FAILED" if summary.avg_busbw < min_busbw else " OK"
+    return [
+        f"# Out of bounds values : {summary.out_of_bounds} {verdict}",
+        f"# Avg bus bandwidth    : {summary.avg_busbw:g}{floor}",
+        "#",
+    ]
+
+
+def render_table(meta: RunMeta, rows: Sequence[Row]) -> str:
+    """The whole report as text: run header, then one block per op."""
+    lines = _run_header(meta)
+    min_busbw = meta.options.get("min_busbw")
+    for op, op_rows in by_op(meta, rows).items():
+        lines.append(f"# Collective test: {op}")
+        lines += column_header()
+        lines += [format_row(row) for row in op_rows]
+        lines += _op_footer(summarize(op_rows), min_busbw)
+    return "\n".join(lines) + "\n"
+
+
+def to_document(meta: RunMeta, rows: Sequence[Row]) -> dict[str, Any]:
+    """The versioned JSON document: metadata, every row, per-op summaries and the verdict."""
+    summaries = {op: summarize(op_rows) for op, op_rows in by_op(meta, rows).items()}
+    return {
+        "schema": BENCH_SCHEMA,
+        "version": BENCH_SCHEMA_VERSION,
+        "meta": meta.to_dict(),
+        "rows": [row.to_dict() for row in rows],
+        "summary": {op: summary.to_dict() for op, summary in summaries.items()},
+        "ok": not failures(meta, rows),
+    }
+
+
+def render_csv(rows: Sequence[Row]) -> str:
+    """One line per row; an unchecked ``#wrong`` is left empty."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        cells: list[object] = [row.op, row.size, row.count, row.type, row.redop, row.root]
+        for timing in row.timings:
+            wrong = "" if timing.wrong is None else timing.wrong
+            cells += [timing.time_us, timing.algbw, timing.busbw, wrong]
+        writer.writerow(cells)
+    return out.getvalue()
+
+
+def write_reports(
+    meta: RunMeta, rows: Sequence[Row], json_path: str | None, csv_path: str | None
+) -> None:
+    if json_path:
+        text = json.dumps(to_document(meta, rows), indent=2) + "\n"
+        Path(json_path).write_text(text, encoding="utf-8")
+    if csv_path:
+        Path(csv_path).write_text(render_csv(rows), encoding="utf-8")
+
+
+def failures(meta: RunMeta, rows: Sequence[Row]) -> list[str]:
+    """Why the run fails its checks (wrong elements, busbw under --min-busbw); [] when fine."""
+    reasons = []
+    min_busbw = meta.options.get("min_busbw")
+    for op, op_rows in by_op(meta, rows).items():
+        summary = summarize(op_rows)
+        if summary.wrong:
+            first = next(r for r in op_rows if any(t.wrong for t in r.timings))
+            reasons.append(
+                f"{op}: {summary.wrong} wrong elements in {summary.out_of_bounds} results "
+                f"(first at size {first.size})"
+            )
+        if min_busbw is not None and summary.avg_busbw < min_busbw:
+            reasons.append(
+                f"{op}: average bus bandwidth {summary.avg_busbw:.3g} GB/s is below "
+                f"--min-busbw {min_busbw:g}"
+            )
+    return reasons
+
+
+def raise_on_failure(meta: RunMeta, rows: Sequence[Row]) -> None:
+    """Raise CheckFailed (exit code 4) when :func:`failures` finds anything."""
+    reasons = failures(meta, rows)
+    if reasons:
+        raise CheckFailed("bench check failed: " + "; ".join(reasons), reasons=reasons)

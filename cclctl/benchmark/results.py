@@ -1,0 +1,163 @@
+"""The benchmark's results: one Row per (op, size), one RunMeta per run, as plain JSON.
+
+Rows travel from rank 0 to the parent as JSON lines and end up in the JSON report, so the
+field names are the table's (``size``, ``count``, ``type``, ``redop``, ``root``, and per
+placement ``time`` in microseconds, ``algbw``, ``busbw`` in GB/s and ``#wrong``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cclctl.errors import BadInput
+
+BENCH_SCHEMA = "cclctl.bench"
+BENCH_SCHEMA_VERSION = 1
+
+
+def _mapping(data: object) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"expected an object, got {type(data).__name__}")
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """One placement (out-of-place or in-place) of one row.
+
+    ``wrong`` is the number of wrong elements summed over ranks, or None when the result
+    was not checked (``--check 0``, or in-place sendrecv, which nccl-tests does not check).
+    """
+
+    time_us: float
+    algbw: float
+    busbw: float
+    wrong: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time_us,
+            "algbw": self.algbw,
+            "busbw": self.busbw,
+            "#wrong": self.wrong,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Timing:
+        wrong = data["#wrong"]
+        return cls(
+            float(data["time"]),
+            float(data["algbw"]),
+            float(data["busbw"]),
+            None if wrong is None else int(wrong),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One line of the table: an op at one size, out-of-place and in-place."""
+
+    op: str
+    size: int
+    count: int
+    type: str
+    redop: str
+    root: int
+    out_of_place: Timing
+    in_place: Timing
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "size": self.size,
+            "count": self.count,
+            "type": self.type,
+            "redop": self.redop,
+            "root": self.root,
+            "out_of_place": self.out_of_place.to_dict(),
+            "in_place": self.in_place.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> Row:
+        """Parse a row written by :meth:`to_dict`; raises BadInput on anything else."""
+        try:
+            data = _mapping(data)
+            return cls(
+                str(data["op"]),
+                int(data["size"]),
+                int(data["count"]),
+                str(data["type"]),
+                str(data["redop"]),
+                int(data["root"]),
+                Timing.from_dict(data["out_of_place"]),
+                Timing.from_dict(data["in_place"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(f"bench row is malformed: {exc!r}", where="bench row") from None
+
+    @property
+    def timings(self) -> tuple[Timing, Timing]:
+        return (self.out_of_place, self.in_place)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    host: str
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunMeta:
+    """What a report needs besides the rows: who ran, on what, with which options."""
+
+    world_size: int
+    ranks: tuple[RankInfo, ...]
+    backend: str
+    version: str
+    options: Mapping[str, Any]  # BenchOptions.to_dict(): ops, dtype, sizes, iters, command...
+    started_at: str  # ISO 8601, UTC
+    finished_at: str = ""
+
+    @property
+    def hosts(self) -> list[str]:
+        """Distinct hosts in rank order."""
+        return list(dict.fromkeys(info.host for info in self.ranks))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "hosts": self.hosts,
+            "ranks": [dataclasses.asdict(info) for info in self.ranks],
+            "backend": self.backend,
+            "version": self.version,
+            **dict(self.options),
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, option_keys: Sequence[str]) -> RunMeta:
+        """Parse :meth:`to_dict` output; ``option_keys`` says which keys are options."""
+        try:
+            data = _mapping(data)
+            ranks = tuple(
+                RankInfo(int(r["rank"]), str(r["host"]), int(r["pid"])) for r in data["ranks"]
+            )
+            return cls(
+                int(data["world_size"]),
+                ranks,
+                str(data["backend"]),
+                str(data["version"]),
+                {key: data[key] for key in option_keys if key in data},
+                str(data["started_at"]),
+                str(data.get("finished_at", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(f"bench metadata is malformed: {exc!r}", where="bench meta") from None
+
+    def finished(self, when: str) -> RunMeta:
+        return dataclasses.replace(self, finished_at=when)
