@@ -1,0 +1,70 @@
+"""Shared rich helpers for commands: progress and chatter on stderr, results on stdout.
+
+Keeping progress on stderr means ``cclctl bench > table.txt`` captures only the table, and a
+bar that is transient leaves no residue in a terminal once the work is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+
+def stderr_console() -> Console:
+    """A console for progress, warnings and notes (never for results)."""
+    return Console(stderr=True, highlight=False)
+
+
+class TaskBar:
+    """One progress bar's handle: ``advance`` moves it, ``describe`` retitles it."""
+
+    def __init__(self, progress: Progress, total: int, description: str) -> None:
+        self._progress = progress
+        self._task = progress.add_task(description, total=total)
+
+    def advance(self, steps: int = 1, description: str | None = None) -> None:
+        if description is None:
+            self._progress.update(self._task, advance=steps)
+        else:
+            self._progress.update(self._task, advance=steps, description=description)
+
+    def describe(self, description: str) -> None:
+        self._progress.update(self._task, description=description)
+
+    @property
+    def completed(self) -> int:
+        return int(self._progress.tasks[0].completed)
+
+
+@contextlib.contextmanager
+def progress_bar(
+    total: int, description: str, *, console: Console | None = None, enabled: bool = True
+) -> Iterator[TaskBar]:
+    """A transient progress bar on stderr, always stopped on the way out (even on error).
+
+    With ``enabled`` False (or stderr not a terminal) nothing is drawn, but the handle
+    still counts, so callers need no second code path.
+    """
+    console = console or stderr_console()
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not enabled,
+    )
+    with progress:
+        yield TaskBar(progress, total, description)
