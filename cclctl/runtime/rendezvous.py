@@ -25,6 +25,7 @@ from cclctl.runtime.store_scope import ScopedStore
 #: How often a waiting rank looks for an error another rank reported, so it fails fast.
 ERROR_POLL_S = 0.5
 ERROR_KEY = "rdzv/error"
+ERROR_LINGER_S = 2 * ERROR_POLL_S
 ANY_ADDRESS = "0.0.0.0"
 
 
@@ -103,9 +104,11 @@ def join(rdzv: RendezvousConfig, cfg: RuntimeConfig) -> Rendezvous:
         joined = join_store(
             client, rdzv.rank, rdzv.world_size, cfg, rdzv.local_rank, rdzv.local_world_size
         )
-    except BaseException:
+    except BaseException as exc:
         client.close()
         if server is not None:
+            if isinstance(exc, RendezvousError):
+                time.sleep(ERROR_LINGER_S)  # let the others read why, rather than lose the store
             server.close()
         raise
     joined.server = server
