@@ -52,10 +52,12 @@ def progress_bar(
 ) -> Iterator[TaskBar]:
     """A transient progress bar on stderr, always stopped on the way out (even on error).
 
-    With ``enabled`` False (or stderr not a terminal) nothing is drawn, but the handle
-    still counts, so callers need no second code path.
+    With ``enabled`` False, or when the console is not a terminal (a log file, a pipe to a
+    launcher), nothing is drawn, but the handle still counts, so callers need no second
+    code path.
     """
     console = console or stderr_console()
+    enabled = enabled and console.is_terminal
     progress = Progress(
         SpinnerColumn(),
         TextColumn("[progress.description]{task.description}"),

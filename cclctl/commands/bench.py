@@ -18,22 +18,24 @@ from cclctl import ui
 from cclctl.benchmark import events, report
 from cclctl.benchmark.options import BenchOptions, build_options
 from cclctl.benchmark.results import Row, RunMeta
+from cclctl.benchmark.selftest import Corruption
 from cclctl.benchmark.sizes import format_bytes
 from cclctl.benchmark.sweep import now_iso, total_rows
 from cclctl.benchmark.worker import RankSweep
-from cclctl.config import in_launched_job
+from cclctl.config import bench_corrupt_from_env, in_launched_job
 from cclctl.errors import CclError, ConfigError
 
-HELP = """Measure collective bandwidth and check every result, like nccl-tests' *_perf.
-
-Sweeps sizes from -b to -e (multiplying by -f), out-of-place and in-place, and prints
-nccl-tests' table: size, count, type, redop, root, then time (us), algbw and busbw (GB/s)
-and #wrong for each placement, and the average bus bandwidth. Exit code 4 when any element
-is wrong or the average busbw is under --min-busbw.
-
-Self-test of the checker: CCLCTL_BENCH_CORRUPT=RANK[:OP[:SIZE]] makes that rank corrupt
-one element of each checked result, which must show up as #wrong and exit code 4.
-"""
+HELP = (
+    "Measure collective bandwidth and check every result, like nccl-tests' *_perf.\n\n"
+    "Sweeps sizes from -b to -e (multiplying by -f), out-of-place and in-place, and prints "
+    "nccl-tests' table: size, count, type, redop, root, then time (us), algbw and busbw "
+    "(GB/s) and #wrong for each placement, and the average bus bandwidth. Exit code 4 when "
+    "any element is wrong or an op's average busbw is under --min-busbw.\n\n"
+    "Run bare, it spawns -n local ranks; inside a launched job (torchrun, srun, mpirun, "
+    "cclctl launch) every rank runs the sweep and rank 0 reports.\n\n"
+    "Self-test of the checker: CCLCTL_BENCH_CORRUPT=RANK[:OP[:SIZE]] makes that rank corrupt "
+    "one element of each result it checks, which must show up as #wrong and exit code 4."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -54,10 +56,10 @@ def bench(
     maxbytes: str = typer.Option("64M", "-e", "--maxbytes", help="Largest size."),
     stepfactor: int = typer.Option(2, "-f", "--stepfactor", help="Size multiplier per step."),
     warmup_iters: int | None = typer.Option(
-        None, "-w", "--warmup-iters", help="Untimed iterations per size [default: up to 5]."
+        None, "-w", "--warmup-iters", help="Untimed iterations per size (default: up to 5)."
     ),
     iters: int | None = typer.Option(
-        None, "--iters", help="Timed iterations per size [default: 20, fewer for big sizes]."
+        None, "--iters", help="Timed iterations per size (default: 20, fewer for big sizes)."
     ),
     dtype: str = typer.Option(
         "float32",
@@ -67,7 +69,7 @@ def bench(
         "(double), int8, uint8, int32, int64.",
     ),
     redop: str | None = typer.Option(
-        None, "--redop", help="Reduction for reducing ops: sum, prod, min, max, avg [sum]."
+        None, "--redop", help="Reduction for reducing ops: sum, prod, min, max, avg (default: sum)."
     ),
     root: int = typer.Option(0, "-r", "--root", help="Root rank of broadcast and reduce."),
     check: int = typer.Option(1, "-c", "--check", help="1: check every element; 0: skip."),
@@ -100,6 +102,7 @@ def bench(
         raise ConfigError(
             f"--metrics-port {metrics_port} is not a port (0..65535)", flag="--metrics-port"
         )
+    Corruption.parse(bench_corrupt_from_env())  # a typo in the self-test fails here, once
     if in_launched_job():
         meta, rows, rank0 = _run_here(opts, metrics_port)
     else:
@@ -158,14 +161,8 @@ def _spawn(opts: BenchOptions, nranks: int, metrics_port: int | None) -> tuple[R
         result = launch(cmd, nranks, env=env, capture_rank0_stdout=on_line)
     for line in collector.foreign:
         print(line, file=sys.stderr)
+    if result.interrupted:
+        raise KeyboardInterrupt
     if result.returncode != 0 or collector.meta is None or not collector.ended:
-        raise _launch_error(result)
+        raise CclError(f"bench did not finish: {result.describe()}", returncode=result.returncode)
     return collector.meta, collector.rows
-
-
-def _launch_error(result: object) -> CclError:
-    failure = getattr(result, "first_failure", None)
-    code = getattr(result, "returncode", None)
-    if failure is not None:
-        return CclError(f"bench rank failed: {failure}", returncode=code)
-    return CclError(f"bench ranks exited with code {code} before finishing the sweep")
