@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from cclctl import __version__
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from cclctl.telemetry.exporter import MetricsExporter
 
 SNAPSHOT_KINDS = ("status", "dump")
+
+#: Returns bytes sent to and received from each peer so far, both indexed by peer rank.
+LinkSource = Callable[[], tuple[Sequence[int], Sequence[int]]]
 
 
 class Telemetry(Recorder):
@@ -52,6 +55,7 @@ class Telemetry(Recorder):
         self._publisher: StatusPublisher | None = None
         self._exporter: MetricsExporter | None = None
         self._hooks: list[Callable[[], None]] = []
+        self._link_sources: list[LinkSource] = []
         self._close_lock = threading.Lock()
         self._closed = False
 
@@ -60,6 +64,12 @@ class Telemetry(Recorder):
     def metrics_view(self) -> MetricsView:
         """A consistent copy of every counter, for the exporter and status summaries."""
         ops, comms, links = self.copy_counters()
+        for source in self._link_sources:
+            sent, received = source()
+            for peer, (s, r) in enumerate(zip(sent, received, strict=True)):
+                if s or r:
+                    old = links.get(peer, (0, 0))
+                    links[peer] = (old[0] + s, old[1] + r)
         publisher = self._publisher
         return MetricsView(
             job=self.cfg.job,
@@ -73,6 +83,14 @@ class Telemetry(Recorder):
             heartbeat_ns=self.heartbeat_ns,
             publish_errors=publisher.errors if publisher else 0,
         )
+
+    def add_link_source(self, source: LinkSource) -> None:
+        """Read per-peer link bytes from a transport that already counts them.
+
+        The transport's counters are read only when metrics or a status are built, so the
+        hot path pays nothing for per-peer accounting.
+        """
+        self._link_sources.append(source)
 
     def snapshot(self, kind: str = "status", reason: str = "") -> RankSnapshot:
         """This rank's state as a status record (in-flight records only, and a heartbeat)
