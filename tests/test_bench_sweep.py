@@ -129,8 +129,23 @@ def test_metadata_and_the_event_stream_round_trip() -> None:
     collector = events.Collector()
     end = events.end_line("2024-01-01T00:00:00+00:00")
     stray = "a stray print from a library"
-    lines = [events.meta_line(meta), stray, *(events.row_line(r) for r in rows), end]
+    lines = [*events.meta_lines(meta), stray, *(events.row_line(r) for r in rows), end]
     fed = [collector.feed(line) for line in lines]
     assert [row for row in fed if row is not None] == rows
     assert collector.ended and collector.foreign == [stray]
     assert collector.meta == meta.finished("2024-01-01T00:00:00+00:00")
+
+
+def test_no_stream_line_grows_with_the_world_size() -> None:
+    """The launcher splits lines over 64 KiB; a 1024-rank job's metadata must still parse."""
+    from cclctl.benchmark.results import RankInfo, RunMeta
+    from cclctl.runtime.launcher_output import MAX_LINE_BYTES
+
+    ranks = tuple(RankInfo(r, "h" * 64, 100000 + r) for r in range(1024))
+    meta = RunMeta(1024, ranks, "cclctl", "0.1.0", _opts().to_dict(), "start")
+    lines = events.meta_lines(meta)
+    assert max(len(line.encode()) for line in lines) < MAX_LINE_BYTES // 16
+    collector = events.Collector()
+    for line in lines:
+        collector.feed(line)
+    assert collector.meta == meta and not collector.foreign

@@ -105,9 +105,19 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class RankInfo:
+    """Where one rank ran (the table's "Using ranks" lines)."""
+
     rank: int
     host: str
     pid: int
+
+    @classmethod
+    def from_dict(cls, data: object) -> RankInfo:
+        try:
+            data = _mapping(data)
+            return cls(int(data["rank"]), str(data["host"]), int(data["pid"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInput(f"bench rank info is malformed: {exc!r}", where="bench rank") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,9 +154,7 @@ class RunMeta:
         """Parse :meth:`to_dict` output; ``option_keys`` says which keys are options."""
         try:
             data = _mapping(data)
-            ranks = tuple(
-                RankInfo(int(r["rank"]), str(r["host"]), int(r["pid"])) for r in data["ranks"]
-            )
+            ranks = tuple(RankInfo.from_dict(info) for info in data["ranks"])
             return cls(
                 int(data["world_size"]),
                 ranks,

@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with RankSweep(BenchOptions.from_json(args[0])) as job:
             rank0 = job.comm.rank == 0
             if rank0:
-                _emit(events.meta_line(job.meta))
+                for line in events.meta_lines(job.meta):
+                    _emit(line)
             for row in job.rows():
                 if rank0:
                     _emit(events.row_line(row))
