@@ -9,8 +9,10 @@ from cclctl.errors import UsageError
 from cclctl.runtime.communicator import Communicator, world_comm_id
 from cclctl.runtime.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.store import StoreClient, parse_address
+from cclctl.runtime.store_scope import ScopedStore
 from cclctl.runtime.tcp import TcpTransport
 from cclctl.runtime.tcp_links import Links, local_address_towards
+from cclctl.telemetry.hub import Telemetry
 
 
 def init(
@@ -68,11 +70,50 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         transport.close()
         raise
     transport.set_peers([a.decode() for a in addresses])
+    comm_id = world_comm_id(rdzv.world_size)
+    telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id, transport)
+
+    def close() -> None:
+        try:
+            telemetry.close()
+        finally:
+            status_client.close()
+            rdzv.close()
+
     return Communicator(
         rank=rdzv.rank,
         world_size=rdzv.world_size,
         transport=transport,
         cfg=cfg,
-        comm_id=world_comm_id(rdzv.world_size),
-        on_close=rdzv.close,
+        comm_id=comm_id,
+        tracer=telemetry,
+        on_close=close,
     )
+
+
+def _start_telemetry(
+    rdzv: Rendezvous, cfg: RuntimeConfig, comm_id: str, transport: TcpTransport
+) -> tuple[Telemetry, StoreClient]:
+    """Counters and flight recorder always; the exporter when a port is configured; the
+    status publisher on a store connection of its own, so a rank blocked on the store in
+    its main thread still shows a fresh heartbeat.
+    """
+    telemetry = Telemetry(
+        cfg, rank=rdzv.rank, world_size=rdzv.world_size, local_rank=rdzv.local_rank
+    )
+    telemetry.register_comm(comm_id, list(range(rdzv.world_size)))
+    telemetry.add_link_source(transport.link_bytes)
+    status_client = StoreClient(
+        rdzv.store.host,
+        rdzv.store.port,
+        timeout_s=cfg.timeout_s,
+        connect_timeout_s=cfg.connect_timeout_s,
+    )
+    try:
+        telemetry.serve_metrics()
+        telemetry.publish_to(ScopedStore.for_job(status_client, rdzv.job))
+    except BaseException:
+        telemetry.close()
+        status_client.close()
+        raise
+    return telemetry, status_client
