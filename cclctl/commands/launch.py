@@ -1,0 +1,72 @@
+"""`cclctl launch`: run a command as N local ranks, the way torchrun does on one host."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from cclctl.runtime.launcher import MAX_PROCS, launch, print_prefixed
+
+HELP = (
+    "Run CMD as N ranks on this host, around a job store, and stop them all together.\n\n"
+    "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and "
+    "MASTER_PORT (as torchrun sets them), plus CCLCTL_STORE, CCLCTL_JOB and CCLCTL_TOKEN, so "
+    "cclctl.init() and torch.distributed's env:// both work unchanged. Output lines are "
+    "prefixed with \\[rank k]; stderr stays on stderr.\n\n"
+    "When a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after "
+    "--grace seconds, and cclctl exits with that rank's code (1 if it died by a signal). "
+    f"Ctrl-C is forwarded to every rank before they are stopped the same way. -n is 1 to "
+    f"{MAX_PROCS}."
+)
+
+EPILOG = """Examples:
+
+  cclctl launch -n 4 -- python train.py --epochs 1
+
+  cclctl launch -n 8 --timeout 600 -- cclctl bench --op all_reduce -e 1G
+
+Equivalents elsewhere (same variables, same script):
+
+  torchrun --standalone --nproc-per-node 4 train.py --epochs 1
+
+  srun --ntasks 4 --nodes 1 python train.py --epochs 1
+
+  mpirun -np 4 python train.py --epochs 1
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "launch",
+        help=HELP,
+        epilog=EPILOG,
+        context_settings={"allow_interspersed_args": False},
+    )(launch_command)
+
+
+def launch_command(
+    cmd: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="-- CMD ARGS", help="The command each rank runs.", show_default=False
+        ),
+    ] = None,
+    nprocs: int = typer.Option(1, "-n", "--nprocs", help="How many ranks to start."),
+    port: int = typer.Option(
+        0, "--port", help="Port of the job's store on 127.0.0.1 (0: a free one)."
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", help="Stop every rank after this many seconds (exit code 1)."
+    ),
+    grace: float = typer.Option(
+        5.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping ranks."
+    ),
+) -> None:
+    result = launch(
+        cmd or [], nprocs, port=port, output=print_prefixed, grace_s=grace, timeout_s=timeout
+    )
+    if result.returncode != 0:
+        print(f"cclctl: {result.describe()}", file=sys.stderr)
+        raise typer.Exit(result.returncode)
