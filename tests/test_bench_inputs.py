@@ -9,7 +9,14 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from cclctl.benchmark.catalog import DTYPES, OPS, REDOPS, REDUCING_OPS, resolve_dtype
+from cclctl.benchmark.catalog import (
+    CHUNKED_OPS,
+    DTYPES,
+    OPS,
+    REDOPS,
+    REDUCING_OPS,
+    resolve_dtype,
+)
 from cclctl.benchmark.inputs import PERIOD, Case, count_wrong, expected, make_input, tiled
 from cclctl.benchmark.selftest import Corruption
 from cclctl.benchmark.sizes import shape_for
@@ -86,8 +93,8 @@ def test_expected_is_exact_in_every_reduction_order(
     op: str, dtype: str, redop: str, world: int
 ) -> None:
     info = resolve_dtype(dtype)
-    # Buffers longer than the pattern's period, so tiling and per-rank offsets are exercised.
-    nbytes = (world + 1) * (PERIOD // 2 + 1000) * info.itemsize
+    # Every rank's block is longer than the pattern's period, so tiling and offsets are used.
+    nbytes = (PERIOD + 1000) * info.itemsize * (world if op in CHUNKED_OPS else 1)
     shape = shape_for(op, nbytes, info.itemsize, world)
     case = Case(op, info, redop, world - 1, world, shape)
     wants = [expected(case, rank) for rank in range(world)]

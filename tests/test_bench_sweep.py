@@ -12,10 +12,11 @@ from thread_ranks import run_ranks
 from cclctl.benchmark import events
 from cclctl.benchmark.catalog import OPS, REDOPS
 from cclctl.benchmark.options import BenchOptions
-from cclctl.benchmark.results import Row
+from cclctl.benchmark.results import RankInfo, Row, RunMeta
 from cclctl.benchmark.selftest import Corruption
 from cclctl.benchmark.sweep import Sweep, gather_meta, total_rows
 from cclctl.runtime.communicator import Communicator
+from cclctl.runtime.launcher_output import MAX_LINE_BYTES
 
 
 def _opts(**changes: Any) -> BenchOptions:
@@ -138,9 +139,6 @@ def test_metadata_and_the_event_stream_round_trip() -> None:
 
 def test_no_stream_line_grows_with_the_world_size() -> None:
     """The launcher splits lines over 64 KiB; a 1024-rank job's metadata must still parse."""
-    from cclctl.benchmark.results import RankInfo, RunMeta
-    from cclctl.runtime.launcher_output import MAX_LINE_BYTES
-
     ranks = tuple(RankInfo(r, "h" * 64, 100000 + r) for r in range(1024))
     meta = RunMeta(1024, ranks, "cclctl", "0.1.0", _opts().to_dict(), "start")
     lines = events.meta_lines(meta)
