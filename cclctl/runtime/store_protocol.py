@@ -9,6 +9,7 @@ round trip costs a few syscalls and no parsing beyond ``struct``.
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from collections.abc import Sequence
 
@@ -43,8 +44,17 @@ class Status(enum.IntEnum):
     ERROR = 3  # one field: a message for the user
 
 
+_EMPTY_REPLIES = {status: REPLY_HEADER.pack(status, 0) for status in Status}
+
+
+@functools.lru_cache(maxsize=256)
+def lengths_struct(count: int) -> struct.Struct:
+    """The (cached) struct of ``count`` field lengths: formats are parsed once, not per frame."""
+    return struct.Struct(f"!{count}I")
+
+
 def _pack(header: bytes, fields: Sequence[bytes]) -> bytes:
-    lengths = struct.pack(f"!{len(fields)}I", *map(len, fields))
+    lengths = lengths_struct(len(fields)).pack(*map(len, fields))
     return b"".join((header, lengths, *fields))
 
 
@@ -54,12 +64,14 @@ def pack_request(op: Op, fields: Sequence[bytes], timeout_s: float | None = None
 
 
 def pack_reply(status: Status, fields: Sequence[bytes] = ()) -> bytes:
+    if not fields:
+        return _EMPTY_REPLIES[status]
     return _pack(REPLY_HEADER.pack(status, len(fields)), fields)
 
 
 def field_lengths(raw: bytes, count: int) -> tuple[int, ...]:
     """Decode the ``count`` lengths that follow a header; reject absurd totals."""
-    lengths: tuple[int, ...] = struct.unpack(f"!{count}I", raw)
+    lengths: tuple[int, ...] = lengths_struct(count).unpack(raw)
     if sum(lengths) > MAX_FRAME_BYTES:
         raise ValueError(f"a frame of {sum(lengths)} bytes is larger than the store accepts")
     return lengths
@@ -87,16 +99,12 @@ def take_request(buffer: bytearray) -> tuple[int, float, list[bytes]] | None:
     start = REQUEST_HEADER.size + 4 * count
     if len(buffer) < start:
         return None
-    lengths = struct.unpack_from(f"!{count}I", buffer, REQUEST_HEADER.size)
+    lengths = lengths_struct(count).unpack_from(buffer, REQUEST_HEADER.size)
     end = start + sum(lengths)
     if end - start > MAX_FRAME_BYTES:
         raise ValueError(f"a frame of {end - start} bytes is larger than the store accepts")
     if len(buffer) < end:
         return None
-    fields = []
-    offset = start
-    for length in lengths:
-        fields.append(bytes(buffer[offset : offset + length]))
-        offset += length
+    frame = bytes(buffer[:end])
     del buffer[:end]
-    return op, timeout, fields
+    return op, timeout, split_fields(frame[start:], lengths)
