@@ -173,22 +173,26 @@ def test_children_left_behind_by_successful_ranks_are_killed() -> None:
 def test_timeout_stops_every_rank() -> None:
     result, lines, elapsed = run({}, 2, timeout_s=1.0, grace_s=1)
     assert result.timed_out and result.returncode == 1 and result.first_failure is None
-    assert result.describe() == "the job did not finish in time; all ranks stopped"
+    assert result.describe() == "the job did not finish within 1s; all ranks stopped"
     assert elapsed < 10
     assert_all_gone(lines.pids())
 
 
 @pytest.mark.timeout(30)
-def test_an_output_callback_error_is_raised_after_the_ranks_are_gone() -> None:
+def test_an_output_callback_error_stops_the_ranks_and_is_raised() -> None:
     pids: list[int] = []
 
     def broken(rank: int, stream: str, line: str) -> None:
         if line.startswith("pids "):
             pids.extend(int(p) for p in line.split()[1:])
-        raise RuntimeError("sink broke")
+        if len(pids) == 4:  # both ranks are known: now break
+            raise RuntimeError("sink broke")
 
+    started = time.monotonic()
     with pytest.raises(RuntimeError, match="sink broke"):
-        launch([PY, "-c", RANK_PROGRAM, "0=leave"], 1, output=broken)
+        launch([PY, "-c", RANK_PROGRAM], 2, output=broken, grace_s=1)  # ranks sleep 60 s
+    assert time.monotonic() - started < 15  # output that cannot be delivered stops the job
+    assert len(pids) == 4
     assert_all_gone(pids)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 from cclctl.config import inherited_environment
-from cclctl.errors import EXIT_ERROR, StoreError, UsageError
+from cclctl.errors import EXIT_ERROR, CclError, StoreError, UsageError
 from cclctl.runtime.launcher_output import LineSink, OutputPump
 from cclctl.runtime.store import StoreServer
 
@@ -59,6 +59,7 @@ class LaunchResult:
     first_failure: RankExit | None
     exits: list[RankExit]  # by rank
     timed_out: bool = False
+    timeout_s: float | None = None
     interrupted: bool = False
     others_stopped: bool = False  # ranks still running were stopped by the launcher
     job: str = ""
@@ -71,7 +72,7 @@ class LaunchResult:
         if self.first_failure is not None:
             return f"{self.first_failure}" + (" (others stopped)" if self.others_stopped else "")
         if self.timed_out:
-            return "the job did not finish in time; all ranks stopped"
+            return f"the job did not finish within {self.timeout_s:g}s; all ranks stopped"
         return f"all {len(self.exits)} ranks succeeded"
 
 
@@ -192,16 +193,17 @@ class _Job:
     def run(self, sink: LineSink, grace_s: float, timeout_s: float | None) -> LaunchResult:
         pump = OutputPump(sink)
         restore = self._catch_signals()
-        timed_out = interrupted = False
+        timed_out = False
         try:
             self._start_all(pump)
             pump.start()
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while len(self.exits) < len(self.procs):
                 self._reap(grace_s)
-                interrupted |= self._handle_signals(grace_s)
-                if deadline is not None and time.monotonic() > deadline and not timed_out:
-                    timed_out = True
+                self._handle_signals(grace_s)
+                late = deadline is not None and time.monotonic() > deadline
+                if not self.stopping and (late or pump.error is not None):
+                    timed_out = late  # or output cannot be delivered: stop, then raise below
                     self._stop(grace_s)
                 self._escalate()
                 time.sleep(self.poll_s)
@@ -211,7 +213,7 @@ class _Job:
             pump.join(OUTPUT_DRAIN_S)
         if pump.error is not None:
             raise pump.error
-        return self._result(timed_out, interrupted)
+        return self._result(timed_out, timeout_s)
 
     def _start_all(self, pump: OutputPump) -> None:
         for rank, env in enumerate(self.envs):
@@ -224,8 +226,10 @@ class _Job:
                     stderr=subprocess.PIPE,
                     process_group=0,
                 )
-            except OSError as exc:
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
                 raise UsageError(f"cannot run {self.cmd[0]!r}: {exc.strerror or exc}") from None
+            except OSError as exc:  # out of processes or file descriptors: not the user's typo
+                raise CclError(f"cannot start rank {rank}: {exc.strerror or exc}") from None
             self.procs.append(proc)
             assert proc.stdout is not None and proc.stderr is not None
             pump.add(proc.stdout, rank, "stdout")
@@ -251,10 +255,10 @@ class _Job:
         self.stopping = True
         self.others_stopped = len(self.exits) < len(self.procs)
 
-    def _handle_signals(self, grace_s: float) -> bool:
+    def _handle_signals(self, grace_s: float) -> None:
         """Ctrl-C (or SIGTERM) on the launcher: forward it, then stop; twice: kill now."""
         if not self.signals:
-            return False
+            return
         received, self.signals = self.signals, []
         if self.interrupted_by is None:
             self.interrupted_by = received[0]
@@ -269,7 +273,6 @@ class _Job:
                 (now + grace_s, signal.SIGTERM),
                 (now + 2 * grace_s, signal.SIGKILL),
             ]
-        return True
 
     def _escalate(self) -> None:
         now = time.monotonic()
@@ -301,7 +304,7 @@ class _Job:
 
         return restore
 
-    def _result(self, timed_out: bool, interrupted: bool) -> LaunchResult:
+    def _result(self, timed_out: bool, timeout_s: float | None) -> LaunchResult:
         exits = [self.exits[rank] for rank in range(len(self.procs))]
         failure = self.first_failure
         if self.interrupted_by is not None:
@@ -310,11 +313,13 @@ class _Job:
             code = failure.returncode if failure.returncode > 0 else EXIT_ERROR
         else:
             code = EXIT_ERROR if timed_out else 0
+        interrupted = self.interrupted_by is not None
         return LaunchResult(
             code,
             None if interrupted else failure,
             exits,
             timed_out=timed_out,
+            timeout_s=timeout_s,
             interrupted=interrupted,
             others_stopped=self.others_stopped,
             job=self.envs[0]["CCLCTL_JOB"],
