@@ -1,0 +1,250 @@
+"""Name each rank's state and say why it looks wrong: pure, from fetched statuses and a clock.
+
+The state is one word for the eye (ok, in_collective, waiting, stale, missing, error); the
+flags are every reason to look at a rank, so a stale rank that is also behind shows both.
+"Behind" is judged against ranks that are stuck, not against the fastest rank: in a healthy
+job ranks publish at different instants and always differ by a few seqs, but a rank whose
+peers have waited longer than ``slow_s`` in a collective it never started is the one to see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from cclctl.live.snapshot import JobStatuses, ListingStore, fetch
+from cclctl.records import STARTED, CollectiveRecord, CommInfo, RankSnapshot
+
+OK = "ok"
+IN_COLLECTIVE = "in_collective"
+WAITING = "waiting"
+STALE = "stale"
+MISSING = "missing"
+ERROR = "error"
+STATES = (OK, IN_COLLECTIVE, WAITING, STALE, MISSING, ERROR)
+
+#: Flags: each is a reason a rank looks wrong. "failed": its in-flight call failed or timed out.
+FLAGS = ("missing", "bad_status", "stale", "failed", "slow", "behind", "errors", "hangs")
+SEVERE_FLAGS = frozenset(("missing", "bad_status", "stale", "failed"))
+
+DEFAULT_STALE_S = 5.0
+DEFAULT_SLOW_S = 5.0
+
+_NS = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """When a heartbeat is stale and when a collective has lasted too long (seconds)."""
+
+    stale_s: float = DEFAULT_STALE_S
+    slow_s: float = DEFAULT_SLOW_S
+
+
+@dataclasses.dataclass(frozen=True)
+class RankView:
+    """One rank as the view shows it; ages are seconds as of the fetch (None: unknown)."""
+
+    rank: int
+    state: str
+    flags: tuple[str, ...] = ()
+    host: str = ""
+    pid: int = 0
+    heartbeat_age_s: float | None = None
+    inflight: CollectiveRecord | None = None
+    inflight_age_s: float | None = None
+    comms: dict[str, CommInfo] = dataclasses.field(default_factory=dict)
+    behind: dict[str, int] = dataclasses.field(default_factory=dict)  # comm -> seq others wait in
+    busbw_gbps: dict[str, float] = dataclasses.field(default_factory=dict)
+    collectives: int = 0
+    errors: int = 0
+    retries: int = 0
+    hangs: int = 0
+    error: str = ""
+    metrics_url: str = ""
+
+    @property
+    def wrong(self) -> bool:
+        return bool(self.flags)
+
+    @property
+    def severe(self) -> bool:
+        """Dead, frozen, unreadable or failed (as opposed to slow, behind or once erred)."""
+        return not SEVERE_FLAGS.isdisjoint(self.flags)
+
+    @property
+    def last_completed(self) -> int:
+        return max((c.last_completed for c in self.comms.values()), default=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobView:
+    """Every rank of one job, wrong ranks first and then by rank.
+
+    ``world_size_source`` says where the world size came from: "rendezvous", "flag",
+    "status" (the ranks' own documents) or "ranks" (the highest rank seen, plus one).
+    """
+
+    job: str
+    address: str
+    fetched_ns: int
+    world_size: int
+    world_size_source: str
+    thresholds: Thresholds
+    ranks: list[RankView]
+
+    @property
+    def seen(self) -> int:
+        return sum(1 for r in self.ranks if r.state != MISSING)
+
+    @property
+    def wrong(self) -> int:
+        return sum(1 for r in self.ranks if r.wrong)
+
+    @property
+    def missing(self) -> list[int]:
+        return sorted(r.rank for r in self.ranks if r.state == MISSING)
+
+
+def read_view(
+    store: ListingStore,
+    job: str | None = None,
+    *,
+    world_size: int | None = None,
+    thresholds: Thresholds | None = None,
+) -> JobView:
+    """Fetch (one round trip) and classify; see :func:`.snapshot.fetch` for the errors."""
+    return classify(fetch(store, job), world_size=world_size, thresholds=thresholds)
+
+
+def classify(
+    job: JobStatuses,
+    *,
+    world_size: int | None = None,
+    thresholds: Thresholds | None = None,
+    now_ns: int | None = None,
+) -> JobView:
+    """Classify every rank of ``job`` as of ``now_ns`` (default: when it was fetched).
+
+    ``world_size`` (the user's flag) is used when the job did not rendezvous in this store.
+    """
+    limits = thresholds or Thresholds()
+    now = job.fetched_ns if now_ns is None else now_ns
+    size, source = _world_size(job, world_size)
+    stuck = _stuck_seqs(job.statuses.values(), now, limits.slow_s)
+    members = _members(job.statuses.values())
+    seen = job.ranks_seen
+    views = [_missing(r) for r in range(size) if r not in seen]
+    views += [RankView(rank, ERROR, ("bad_status",), error=why) for rank, why in job.bad.items()]
+    views += [
+        _rank_view(snap, now, limits, _behind(snap, stuck, members))
+        for snap in job.statuses.values()
+    ]
+    views.sort(key=lambda v: (not v.wrong, v.rank))
+    return JobView(job.job, job.address, job.fetched_ns, size, source, limits, views)
+
+
+def _world_size(job: JobStatuses, flag: int | None) -> tuple[int, str]:
+    if job.rdzv_world_size is not None:
+        return job.rdzv_world_size, "rendezvous"
+    if flag is not None:
+        return flag, "flag"
+    if job.statuses:
+        return max(s.world_size for s in job.statuses.values()), "status"
+    return max(job.ranks_seen, default=-1) + 1, "ranks"
+
+
+def _missing(rank: int) -> RankView:
+    return RankView(rank, MISSING, ("missing",), error="no status published")
+
+
+def _age_s(now_ns: int, then_ns: int) -> float:
+    """Seconds since ``then_ns``; never negative (hosts' clocks may disagree a little)."""
+    return max(0.0, (now_ns - then_ns) / _NS)
+
+
+def _is_collective(rec: CollectiveRecord) -> bool:
+    return rec.peer is None  # point-to-point seqs are per pair, not per communicator
+
+
+def _stuck_seqs(snaps: Iterable[RankSnapshot], now_ns: int, slow_s: float) -> dict[str, int]:
+    """Per communicator, the highest seq some rank has been inside for longer than ``slow_s``."""
+    stuck: dict[str, int] = {}
+    for snap in snaps:
+        for rec in snap.records or ([snap.inflight] if snap.inflight else []):
+            if _is_collective(rec) and _age_s(now_ns, rec.start_ns) > slow_s:
+                stuck[rec.comm] = max(stuck.get(rec.comm, 0), rec.seq)
+    return stuck
+
+
+def _members(snaps: Iterable[RankSnapshot]) -> dict[str, list[int]]:
+    """Each communicator's member ranks, as the first rank reporting it lists them."""
+    members: dict[str, list[int]] = {}
+    for snap in snaps:
+        for name, info in snap.comms.items():
+            members.setdefault(name, info.ranks)
+    return members
+
+
+def _behind(
+    snap: RankSnapshot, stuck: dict[str, int], members: dict[str, list[int]]
+) -> dict[str, int]:
+    """Communicators where peers wait in a seq this rank has not started (comm -> that seq)."""
+    behind: dict[str, int] = {}
+    for comm, seq in stuck.items():
+        info = snap.comms.get(comm)
+        if info is None and snap.rank not in members.get(comm, ()):
+            continue
+        if (info.last_started if info else 0) < seq:
+            behind[comm] = seq
+    return behind
+
+
+def _rank_view(
+    snap: RankSnapshot, now_ns: int, limits: Thresholds, behind: dict[str, int]
+) -> RankView:
+    heartbeat_age = _age_s(now_ns, snap.time_ns)
+    rec = snap.inflight
+    rec_age = _age_s(now_ns, rec.start_ns) if rec else None
+    counters = snap.counters
+    errors, hangs = int(counters.get("errors", 0)), int(counters.get("hangs", 0))
+    failed = rec is not None and (rec.state != STARTED or bool(rec.error))
+    flags = [
+        name
+        for name, on in (
+            ("stale", heartbeat_age > limits.stale_s),
+            ("failed", failed),
+            ("slow", rec_age is not None and rec_age > limits.slow_s),
+            ("behind", bool(behind)),
+            ("errors", errors > 0),
+            ("hangs", hangs > 0),
+        )
+        if on
+    ]
+    if heartbeat_age > limits.stale_s:
+        state = STALE
+    elif failed:
+        state = ERROR
+    elif rec is not None:
+        state = WAITING if rec.waiting_on is not None else IN_COLLECTIVE
+    else:
+        state = OK
+    return RankView(
+        rank=snap.rank,
+        state=state,
+        flags=tuple(flags),
+        host=snap.host,
+        pid=snap.pid,
+        heartbeat_age_s=heartbeat_age,
+        inflight=rec,
+        inflight_age_s=rec_age,
+        comms=snap.comms,
+        behind=behind,
+        busbw_gbps={str(k): float(v) for k, v in counters.get("last_busbw_gbps", {}).items()},
+        collectives=int(counters.get("collectives", 0)),
+        errors=errors,
+        retries=int(counters.get("retries", 0)),
+        hangs=hangs,
+        error=(rec.error or f"collective {rec.state}") if rec is not None and failed else "",
+        metrics_url=snap.metrics_url,
+    )

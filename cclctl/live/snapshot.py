@@ -1,0 +1,143 @@
+"""Fetch every rank's status of one job from the store in a single round trip, and parse it.
+
+A refresh must stay cheap with thousands of ranks, so it is one ``list()`` of the job's
+namespace (``cclctl/<job>/``): statuses and the rendezvous' world size come back together.
+A status that cannot be parsed is kept as that rank's problem instead of failing the view:
+one broken rank must never hide the other 999.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from cclctl.errors import BadInput, UsageError
+from cclctl.live.decode import SharedListDecoder
+from cclctl.records import RankSnapshot, snapshot_from_dict
+
+ROOT = "cclctl/"
+STATUS_KEY = "status/"
+WORLD_SIZE_KEY = "rdzv/world_size"  # written once by rendezvous: {"world_size": N, ...}
+
+_WHERE = "status"
+_STATUS_KEY_RE = re.compile(r"^cclctl/(?P<job>.+)/status/(?P<rank>[0-9]+)$")
+
+
+class ListingStore(Protocol):
+    """What reading a live job needs from a store (a StoreClient is one)."""
+
+    @property
+    def address(self) -> str: ...
+
+    def list(self, prefix: str) -> dict[str, bytes]: ...
+
+
+@dataclasses.dataclass
+class JobStatuses:
+    """One job's statuses as fetched at ``fetched_ns`` (wall clock, like the heartbeats).
+
+    ``bad`` maps a rank to why its status document could not be used.
+    ``rdzv_world_size`` is None when the job did not rendezvous through this store.
+    """
+
+    job: str
+    address: str
+    fetched_ns: int
+    statuses: dict[int, RankSnapshot] = dataclasses.field(default_factory=dict)
+    bad: dict[int, str] = dataclasses.field(default_factory=dict)
+    rdzv_world_size: int | None = None
+
+    @property
+    def ranks_seen(self) -> set[int]:
+        return set(self.statuses) | set(self.bad)
+
+
+def job_prefix(job: str) -> str:
+    return f"{ROOT}{job}/"
+
+
+def jobs_in(keys: Mapping[str, Any]) -> list[str]:
+    """The jobs that published at least one status among ``keys`` (full store keys), sorted."""
+    jobs = {m["job"] for key in keys if (m := _STATUS_KEY_RE.match(key))}
+    return sorted(jobs)
+
+
+def fetch(store: ListingStore, job: str | None = None) -> JobStatuses:
+    """Read one job's statuses. Without ``job``, the store must hold exactly one job.
+
+    Raises UsageError (exit 2) when no job, or more than one, has published status;
+    StoreError when the store cannot be reached.
+    """
+    if job is not None:
+        return parse(job, store.address, store.list(job_prefix(job)))
+    listing = store.list(ROOT)
+    jobs = jobs_in(listing)
+    if not jobs:
+        raise UsageError(f"no cclctl job has published status to {store.address} yet")
+    if len(jobs) > 1:
+        raise UsageError(
+            f"{len(jobs)} jobs publish status to {store.address}: {', '.join(jobs)}; "
+            "choose one with --job",
+            jobs=jobs,
+        )
+    return parse(jobs[0], store.address, listing)
+
+
+def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
+    """Parse a listing of full store keys; keys of other jobs are ignored."""
+    out = JobStatuses(job=job, address=address, fetched_ns=time.time_ns())
+    status_head = job_prefix(job) + STATUS_KEY
+    world_size_key = job_prefix(job) + WORLD_SIZE_KEY
+    decoder = SharedListDecoder()
+    for key, value in listing.items():
+        if key == world_size_key:
+            out.rdzv_world_size = _rendezvous_world_size(value)
+            continue
+        rank_text = key[len(status_head) :] if key.startswith(status_head) else ""
+        if not (rank_text.isascii() and rank_text.isdigit()):
+            continue
+        rank = int(rank_text)
+        try:
+            out.statuses[rank] = _status(decoder, value, rank)
+        except BadInput as exc:
+            out.bad[rank] = f"bad status: {exc.message.removeprefix(_WHERE + ': ')}"
+    return out
+
+
+def _status(decoder: SharedListDecoder, value: bytes, rank: int) -> RankSnapshot:
+    """A rank's status, checked beyond the schema: the fields a view reads must be usable."""
+    where = _WHERE
+    try:
+        data = decoder.loads(value)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(f"{where}: not valid JSON ({exc})", where=where) from None
+    except RecursionError:
+        raise BadInput(f"{where}: JSON nested too deeply", where=where) from None
+    snap = snapshot_from_dict(data, where)
+    if snap.rank != rank:
+        raise BadInput(f"{where}: the document says it is rank {snap.rank}", where=where)
+    if snap.kind != "status":
+        raise BadInput(f"{where}: a {snap.schema} document, not a status", where=where)
+    for name in ("collectives", "errors", "retries", "hangs"):
+        count = snap.counters.get(name, 0)
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise BadInput(f"{where}: counter {name!r} is not an integer", where=where)
+    busbw = snap.counters.get("last_busbw_gbps", {})
+    if not isinstance(busbw, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in busbw.values()
+    ):
+        raise BadInput(f"{where}: 'last_busbw_gbps' is not a map of numbers", where=where)
+    return snap
+
+
+def _rendezvous_world_size(value: bytes) -> int | None:
+    """The agreed world size, or None if the key holds something else (never an error)."""
+    try:
+        size = json.loads(value).get("world_size")
+    except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
