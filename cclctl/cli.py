@@ -11,7 +11,7 @@ import sys
 import typer
 
 from cclctl import __version__
-from cclctl.commands import bench, launch
+from cclctl.commands import bench, launch, top
 from cclctl.errors import EXIT_ERROR, CclError
 
 app = typer.Typer(
@@ -27,7 +27,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for _module in (bench, launch):
+for _module in (bench, launch, top):
     _module.register(app)
 
 
