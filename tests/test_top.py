@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,7 @@ from cclctl.live.classify import Thresholds, classify
 from cclctl.live.decode import SharedListDecoder
 from cclctl.live.snapshot import fetch
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
+from cclctl.runtime.launcher import LaunchResult, launch
 from cclctl.runtime.store import StoreClient, StoreServer
 
 JOB = "j1"
@@ -440,3 +442,81 @@ def test_live_package_imports_no_ui_or_runtime() -> None:
         env={**os.environ},
     )
     assert out.stdout.strip() == "[]"
+
+
+LIVE_WORKER = """
+import json, os, sys, time
+import numpy as np
+import cclctl
+
+comm = cclctl.init()
+try:
+    for _ in range(5):
+        comm.all_reduce(np.ones(4096, dtype=np.float32))
+    ready = {"rank": comm.rank, "store": os.environ["CCLCTL_STORE"], "pid": os.getpid()}
+    print(json.dumps(ready), flush=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+finally:
+    comm.close()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_live_four_rank_job(tmp_path: Any) -> None:
+    """A real job (cclctl.init publishes status): top lists all four ranks, each done seq 5."""
+    release = tmp_path / "release"
+    ready: list[dict[str, Any]] = []
+    lines: list[str] = []
+    all_ready = threading.Event()
+
+    def output(rank: int, stream: str, line: str) -> None:
+        lines.append(f"[{rank}] {line}")
+        if stream == "stdout" and line.startswith("{"):
+            ready.append(json.loads(line))
+            if len(ready) == 4:
+                all_ready.set()
+
+    results: list[LaunchResult] = []
+    env = {"CCLCTL_JOB": "top-live", "CCLCTL_STATUS_INTERVAL": "0.2"}
+    job = threading.Thread(
+        target=lambda: results.append(
+            launch(
+                [sys.executable, "-c", LIVE_WORKER, str(release)],
+                4,
+                env=env,
+                output=output,
+                timeout_s=90,
+            )
+        )
+    )
+    job.start()
+    try:
+        assert all_ready.wait(60), "\n".join(lines[-20:])
+        store = ready[0]["store"]
+        deadline = time.monotonic() + 20
+        while True:  # the publisher runs every 0.2 s: wait for the last all_reduce to show
+            doc = top_json(store)
+            done = [r["comms"].get(comm_of(4), {}).get("last_completed") for r in doc["ranks"]]
+            if done == [5] * 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        release.touch()
+        job.join(60)
+    assert results and results[0].returncode == 0, "\n".join(lines[-20:])
+    assert (doc["job"], doc["world_size"], doc["world_size_source"]) == (
+        "top-live",
+        4,
+        "rendezvous",
+    )
+    assert (doc["ranks_seen"], doc["wrong"], doc["missing"]) == (4, 0, [])
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+    pids = {r["rank"]: r["pid"] for r in ready}
+    for rank in doc["ranks"]:
+        assert rank["state"] == "ok" and rank["pid"] == pids[rank["rank"]]
+        assert rank["comms"] == {comm_of(4): {"last_started": 5, "last_completed": 5}}
+        assert rank["collectives"] == 5 and rank["current"] is None
+        assert rank["last_busbw_gbps"]["all_reduce"] > 0
+        assert rank["heartbeat_age_s"] < 5

@@ -117,9 +117,11 @@ def _console() -> Console:
     return console
 
 
-def _fit(console: Console) -> int | None:
+def _fit(console: Console, extra_lines: int = 0) -> int | None:
     """Rows that fit the terminal (at least a few), or all of them in a pipe."""
-    return max(3, console.size.height - CHROME_LINES) if console.is_terminal else None
+    if not console.is_terminal:
+        return None
+    return max(3, console.size.height - CHROME_LINES - extra_lines)
 
 
 def render(view: JobView, max_rows: int | None, note: str = "") -> RenderableType:
@@ -189,7 +191,8 @@ class _Watch:
         with Live(console=console, auto_refresh=False) as live:
             try:
                 while True:
-                    live.update(render(view, rows or _fit(console), self.note), refresh=True)
+                    fit = rows or _fit(console, extra_lines=1 if self.note else 0)
+                    live.update(render(view, fit, self.note), refresh=True)
                     time.sleep(interval)
                     view = self.refresh()
             except KeyboardInterrupt:

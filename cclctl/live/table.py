@@ -28,7 +28,9 @@ COLUMNS = (
     "errors",
     "retries",
 )
-NUMERIC = frozenset(("rank", "pid", "heartbeat", "seq", "size", "age", "busbw GB/s", "errors"))
+NUMERIC = frozenset(
+    ("rank", "pid", "heartbeat", "seq", "size", "age", "busbw GB/s", "errors", "retries")
+)
 
 #: Flags a row's state word already says, so the state cell does not repeat them.
 _IMPLIED = {MISSING: {"missing"}, STALE: {"stale"}, ERROR: {"bad_status", "failed"}}
