@@ -19,7 +19,7 @@ from cclctl import records
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CollectiveTimeout, CommAborted, CommError
 from cclctl.records import CollectiveRecord
-from cclctl.runtime import buffers, selection
+from cclctl.runtime import buffers, faults, selection
 from cclctl.runtime.algorithms import latency, pairwise, pipeline, ring
 from cclctl.runtime.algorithms.context import (
     Scratch,
@@ -61,7 +61,11 @@ class Communicator:
         comm_id: str,
         tracer: Tracer | None = None,
         on_close: Callable[[], None] | None = None,
+        watchdog: bool = False,
     ) -> None:
+        """``watchdog``: a watchdog thread marks timed-out records (and aborts under the
+        ``abort`` policy), so calls wait on that mark instead of a deadline of their own.
+        """
         self.rank = rank
         self.world_size = world_size
         self.id = comm_id
@@ -71,7 +75,9 @@ class Communicator:
         self.tracer = tracer
         self._tag = comm_tag(comm_id)
         self._selection = selection.parse(cfg.algo)
-        self._timeout_s = math.inf if cfg.on_hang == "wait" else cfg.timeout_s
+        self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s
+        self._watched = watchdog and cfg.on_hang == "raise"
+        self._faults = faults.parse(cfg.fault)
         self._scratch = Scratch()
         self._seq = 0
         self._p2p_sent = [0] * world_size
@@ -282,11 +288,24 @@ class Communicator:
             self._seq += 1
             seq = self._seq
         count = arr.size if count is None else count
+        dtype = arr.dtype.name
+        fault = self._faults.at(self.rank, seq, self.id) if self._faults else None
+        if fault is not None:
+            if fault.kind == "op":
+                op = fault.arg
+            elif fault.kind == "count":
+                count = int(fault.arg)
+            elif fault.kind == "dtype":
+                dtype = fault.arg
+            elif fault.kind == "link":
+                self.transport.drop_link(int(fault.arg))
+            else:
+                faults.act_before_entering(fault)
         rec = CollectiveRecord(
             comm=self.id,
             seq=seq,
             op=op,
-            dtype=arr.dtype.name,
+            dtype=dtype,
             count=count,
             nbytes=arr.nbytes if nbytes is None else nbytes,
             root=root if root >= 0 else None,
@@ -296,26 +315,19 @@ class Communicator:
             start_ns=time.time_ns(),
         )
         call = Call(
-            self._tag,
-            self.epoch,
-            seq,
-            "send" if op == "recv" else op,
-            arr.dtype.name,
-            redop,
-            root,
-            count,
+            self._tag, self.epoch, seq, "send" if op == "recv" else op, dtype, redop, root, count
         )
         now = time.monotonic()
-        wait = Wait(self.rank, rec, now + self._timeout_s, now, self._aborted)
+        wait = Wait(self.rank, rec, now + self._timeout_s, now, self._aborted, self._watched)
         return _Traced(
             self, rec, Step(self.transport, self.rank, self.world_size, call, wait, self._scratch)
         )
 
     def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
         rec.end_ns = time.time_ns()
-        rec.waiting_on = None
-        rec.waiting_for = None
         if exc is None:
+            rec.waiting_on = None
+            rec.waiting_for = None
             rec.state = records.COMPLETED
         else:
             rec.state = (
@@ -325,7 +337,7 @@ class Communicator:
                 if isinstance(exc, CommAborted)
                 else records.FAILED
             )
-            rec.error = str(exc) or type(exc).__name__
+            rec.error = str(exc) or type(exc).__name__  # waiting_on stays: it is evidence
             # The links may hold half a message now: no later call can trust them.
             self._broken = f"{rec.op} seq {rec.seq}: {rec.error}"
             if isinstance(exc, CclError):

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
 from cclctl.errors import UsageError
 from cclctl.runtime.communicator import Communicator, world_comm_id
+from cclctl.runtime.job_signals import DumpRequests, request_dump
 from cclctl.runtime.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.store import StoreClient, parse_address
 from cclctl.runtime.store_scope import ScopedStore
 from cclctl.runtime.tcp import TcpTransport
 from cclctl.runtime.tcp_links import Links, local_address_towards
 from cclctl.telemetry.hub import Telemetry
+from cclctl.telemetry.watchdog import Watchdog
 
 
 def init(
@@ -72,15 +75,21 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
     transport.set_peers([a.decode() for a in addresses])
     comm_id = world_comm_id(rdzv.world_size)
     telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id, transport)
+    signals = ScopedStore.for_job(status_client, rdzv.job)
+    dump_requests = DumpRequests(signals, telemetry, rdzv.rank).start()
+    watchdog: Watchdog | None = None
 
     def close() -> None:
         try:
+            if watchdog is not None:
+                watchdog.stop()
+            dump_requests.stop()
             telemetry.close()
         finally:
             status_client.close()
             rdzv.close()
 
-    return Communicator(
+    comm = Communicator(
         rank=rdzv.rank,
         world_size=rdzv.world_size,
         transport=transport,
@@ -88,7 +97,16 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         comm_id=comm_id,
         tracer=telemetry,
         on_close=close,
+        watchdog=True,
     )
+    watchdog = Watchdog(
+        telemetry,
+        cfg.timeout_s,
+        cfg.on_hang,
+        on_abort=lambda rec, why: comm.abort(why),
+        on_expire=lambda rec, why: request_dump(signals, rdzv.rank, why),
+    ).start()
+    return comm
 
 
 def _start_telemetry(
@@ -103,6 +121,11 @@ def _start_telemetry(
     )
     telemetry.register_comm(comm_id, list(range(rdzv.world_size)))
     telemetry.add_link_source(transport.link_bytes)
+    if threading.current_thread() is threading.main_thread():
+        telemetry.install_signal_dump()  # kill -USR1 <pid>: dump now, keep running
+        if cfg.trace_dir:  # evidence on every way out, where the operator asked for it
+            telemetry.install_termination_dump()
+            telemetry.install_exit_dump()
     status_client = StoreClient(
         rdzv.store.host,
         rdzv.store.port,
@@ -114,6 +137,7 @@ def _start_telemetry(
         telemetry.publish_to(ScopedStore.for_job(status_client, rdzv.job))
     except BaseException:
         telemetry.close()
+        telemetry.remove_hooks()
         status_client.close()
         raise
     return telemetry, status_client

@@ -17,7 +17,7 @@ from typing import IO
 LineSink = Callable[[int, str, str], None]
 
 READ_BYTES = 1 << 16
-MAX_LINE_BYTES = 1 << 16  # a longer run without a newline is passed on in pieces
+MAX_LINE_BYTES = 1 << 20  # a longer run without a newline is passed on in pieces
 
 
 class OutputPump:

@@ -167,6 +167,9 @@ class TcpTransport:
             op=call.op,
         ) from None
 
+    def drop_link(self, peer: int) -> None:
+        self._links.drop(peer)
+
     def link_bytes(self) -> tuple[list[int], list[int]]:
         return list(self._sent), list(self._received)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from cclctl.errors import CollectiveTimeout, CommAborted
-from cclctl.records import CollectiveRecord
+from cclctl.records import TIMED_OUT, CollectiveRecord
 from cclctl.runtime.wire import Call
 
 #: One transfer of a step: the peer rank and the bytes to send or to receive into.
@@ -41,6 +41,7 @@ class Wait:
     deadline: float = math.inf  # time.monotonic() seconds
     started: float = dataclasses.field(default_factory=time.monotonic)
     aborted: Callable[[], str | None] = _never_aborted
+    watched: bool = False  # a watchdog marks the record timed_out; raise when it does
 
     def blocked_on(self, peer: int, what: str) -> None:
         rec = self.record
@@ -61,7 +62,8 @@ class Wait:
                 reason=reason,
             )
         now = time.monotonic()
-        if now >= self.deadline:
+        timed_out = self.watched and self.record is not None and self.record.state == TIMED_OUT
+        if timed_out or now >= self.deadline:
             elapsed = now - self.started
             raise CollectiveTimeout(
                 f"rank {self.rank}: {call.op} seq {call.seq} timed out after {elapsed:.1f}s "
@@ -94,6 +96,10 @@ class Transport(Protocol):
         Every message is preceded by a header naming ``call`` and ``step``; a received
         header that does not match raises :class:`~cclctl.errors.ProtocolError`.
         """
+        ...
+
+    def drop_link(self, peer: int) -> None:
+        """Close the link to ``peer`` (fault injection; the next use reconnects)."""
         ...
 
     def link_bytes(self) -> tuple[list[int], list[int]]:

@@ -99,6 +99,44 @@ def install_signal_dump(
     return restore
 
 
+def install_termination_dump(
+    target: Dumpable, directory: str | None, signum: int = signal.SIGTERM, wait_s: float = 2.0
+) -> Callable[[], None]:
+    """Dump when the process is told to terminate, then terminate as it would have.
+
+    A launcher stops the other ranks as soon as one fails; without this, the ranks that saw
+    nothing wrong (often the culprits) would leave no evidence. The dump runs in a thread that
+    the handler waits for at most ``wait_s``, so a lock held by the interrupted main thread can
+    delay termination but never prevent it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise UsageError("the termination dump can only be installed from the main thread")
+    name = signal.Signals(signum).name
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        worker = threading.Thread(
+            target=dump_quietly,
+            args=(target, f"terminated by {name}", directory),
+            name="cclctl-dump",
+            daemon=True,
+        )
+        worker.start()
+        worker.join(wait_s)
+        signal.signal(signum, previous)
+        if callable(previous):
+            previous(sig, frame)
+        else:
+            os.kill(os.getpid(), signum)
+
+    previous = signal.signal(signum, handler)
+
+    def restore() -> None:
+        if signal.getsignal(signum) is handler:
+            signal.signal(signum, previous)
+
+    return restore
+
+
 def install_exit_dump(target: Dumpable, directory: str | None) -> Callable[[], None]:
     """Dump when the process dies of an uncaught exception, or exits after errors or hangs.
 

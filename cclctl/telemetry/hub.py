@@ -152,6 +152,11 @@ class Telemetry(Recorder):
         where = directory or self.cfg.trace_dir or "."
         self._hooks.append(dumps.install_signal_dump(self, where, signum))
 
+    def install_termination_dump(self, directory: str | None = None) -> None:
+        """Dump on SIGTERM (as a launcher stops ranks), then terminate. Main thread only."""
+        where = directory or self.cfg.trace_dir or "."
+        self._hooks.append(dumps.install_termination_dump(self, where))
+
     def install_exit_dump(self, directory: str | None = None) -> None:
         """Dump if the process dies of an uncaught exception or exits after errors/hangs.
 

@@ -1,0 +1,92 @@
+"""Job-wide requests through the store: "every rank, dump your flight recorder now".
+
+When one rank's watchdog sees a hang, the ranks that matter most are often the ones that
+see nothing: a rank stuck in its own code never times out. A dump request in the store makes
+every live rank write its dump within about a second, so the post-mortem has the whole job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Protocol
+
+from cclctl.errors import CclError
+
+log = logging.getLogger("cclctl.signals")
+DUMP_KEY = "signal/dump"
+
+
+class SignalStore(Protocol):
+    def add(self, key: str, delta: int) -> int: ...
+    def set(self, key: str, value: bytes) -> None: ...
+    def try_get(self, key: str) -> bytes | None: ...
+
+
+class Dumper(Protocol):
+    def dump(self, reason: str, path: str | None = None) -> str | None: ...
+
+
+def request_dump(store: SignalStore, rank: int, reason: str) -> None:
+    """Ask every rank of the job to dump (counted, so each request is acted on once)."""
+    try:
+        store.set(f"{DUMP_KEY}/why", json.dumps({"rank": rank, "reason": reason}).encode())
+        store.add(f"{DUMP_KEY}/count", 1)
+    except CclError as exc:
+        log.warning("cclctl: could not ask the other ranks to dump: %s", exc)
+
+
+class DumpRequests:
+    """A daemon thread that dumps this rank's flight recorder when the job asks."""
+
+    def __init__(
+        self, store: SignalStore, dumper: Dumper, rank: int, interval_s: float = 1.0
+    ) -> None:
+        self._store = store
+        self._rank = rank
+        self._dumper = dumper
+        self._interval_s = interval_s
+        self._seen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cclctl-dump-requests", daemon=True)
+
+    def start(self) -> DumpRequests:
+        self._seen = self._count()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _count(self) -> int:
+        raw = self._store.try_get(f"{DUMP_KEY}/count")
+        return int(raw) if raw else 0
+
+    def poll(self) -> bool:
+        """Dump once if a new request arrived since the last poll."""
+        count = self._count()
+        if count <= self._seen:
+            return False
+        self._seen = count
+        why = self._store.try_get(f"{DUMP_KEY}/why") or b"{}"
+        try:
+            info = json.loads(why)
+            reason = f"requested by rank {info['rank']}: {info['reason']}"
+            if info["rank"] == self._rank:
+                return False  # our own watchdog asked, and it has dumped already
+        except (ValueError, KeyError, TypeError):
+            reason = "requested by another rank"
+        self._dumper.dump(reason)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.poll()
+            except CclError:
+                continue  # the store may be restarting or gone; try again next tick
+            except Exception:
+                log.exception("cclctl: dump request handling failed")

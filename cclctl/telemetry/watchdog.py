@@ -1,0 +1,122 @@
+"""The hang watchdog: one thread per process that watches every in-flight collective.
+
+It only reads in-memory records, so it never blocks on a dead peer. Past half the timeout it
+warns once; past the timeout it marks the record ``timed_out``, counts the hang, dumps the
+flight recorder, publishes the status at once and logs one line naming the collective and
+the peer this rank waits on. Then the policy applies: ``raise`` (the blocked caller sees the
+mark and raises :class:`~cclctl.errors.CollectiveTimeout`), ``abort`` (``on_abort`` is
+called, which aborts the communicator) or ``wait`` (nothing more: keep waiting).
+``on_expire`` runs on every expiry, whatever the policy (the runtime asks every rank of
+the job to dump there).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from cclctl.records import STARTED, TIMED_OUT, CollectiveRecord
+
+log = logging.getLogger("cclctl.watchdog")
+
+
+class Watched(Protocol):
+    """What the watchdog needs from telemetry (see :class:`~cclctl.telemetry.hub.Telemetry`)."""
+
+    rank: int
+
+    def inflight(self) -> list[CollectiveRecord]: ...
+    def count_hang(self, comm: str, op: str) -> None: ...
+    def dump(self, reason: str, path: str | None = None) -> str | None: ...
+    def publish_now(self) -> bool: ...
+
+
+def describe_wait(rank: int, rec: CollectiveRecord, age_s: float) -> str:
+    """One line an SRE can act on: which collective, how long, and whom this rank waits on."""
+    where = f"rank {rank}: {rec.op} seq {rec.seq} on comm {rec.comm} ({rec.nbytes} bytes)"
+    if rec.waiting_on is not None:
+        direction = "to" if rec.waiting_for == "send" else "from"
+        who = f"waiting to {rec.waiting_for} {direction} rank {rec.waiting_on}"
+    else:
+        who = "not waiting on any peer"
+    return f"{where} has run {age_s:.1f}s, {who}"
+
+
+class Watchdog:
+    def __init__(
+        self,
+        telemetry: Watched,
+        timeout_s: float,
+        policy: str = "raise",
+        on_abort: Callable[[CollectiveRecord, str], None] | None = None,
+        on_expire: Callable[[CollectiveRecord, str], None] | None = None,
+        period_s: float | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._telemetry = telemetry
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.policy = policy
+        self._on_abort = on_abort
+        self._on_expire = on_expire
+        self._period_s = period_s if period_s is not None else min(1.0, max(timeout_s / 10, 0.05))
+        self._clock = clock
+        self._warned: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Watchdog:
+        self._thread = threading.Thread(target=self._run, name="cclctl-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period_s):
+            try:
+                self.check(self._clock())
+            except Exception:  # the watchdog must outlive any one bad check
+                log.exception("cclctl watchdog check failed")
+
+    def check(self, now_ns: int) -> list[CollectiveRecord]:
+        """Look at every in-flight record once; return those that timed out just now."""
+        expired = []
+        live = set()
+        for rec in self._telemetry.inflight():
+            if rec.state != STARTED:
+                continue
+            key = id(rec)
+            live.add(key)
+            age = now_ns - rec.start_ns
+            if age >= self.timeout_ns:
+                expired.append(rec)
+                self._expire(rec, age / 1e9)
+            elif age >= self.timeout_ns // 2 and key not in self._warned:
+                self._warned.add(key)
+                log.warning(
+                    "cclctl: slow collective: %s",
+                    describe_wait(self._telemetry.rank, rec, age / 1e9),
+                )
+        self._warned &= live
+        return expired
+
+    def _expire(self, rec: CollectiveRecord, age_s: float) -> None:
+        tel = self._telemetry
+        line = describe_wait(tel.rank, rec, age_s)
+        rec.state = TIMED_OUT
+        rec.error = f"timed out after {age_s:.1f}s"
+        tel.count_hang(rec.comm, rec.op)
+        path = tel.dump("hang")
+        tel.publish_now()
+        suffix = f"; flight recorder dumped to {path}" if path else ""
+        log.error("cclctl: HANG: %s; policy %s%s", line, self.policy, suffix)
+        if self._on_expire is not None:
+            self._on_expire(rec, line)
+        if self.policy == "abort" and self._on_abort is not None:
+            self._on_abort(rec, f"watchdog: {line}")
