@@ -14,7 +14,7 @@ A plan is a ``;``-separated list of faults, each ``KIND:key=value:...``::
     dtype:rank=2:seq=5:to=float64     ... with a different dtype
     link:rank=2:seq=5:peer=3          the rank closes its link to rank 3 before seq 5
 
-``comm=ID`` restricts a fault to one communicator (default: any).
+``comm=ID``, last, restricts a fault to one communicator (default: any).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def _fail(item: str, why: str) -> ConfigError:
 
 
 def _parse_one(item: str) -> Fault:
-    kind, *pairs = item.split(":")
+    head, _, comm = item.partition(":comm=")  # last: a comm id may hold ':' and ','
+    kind, *pairs = head.split(":")
     kind = kind.strip()
     if kind not in KINDS:
         raise _fail(item, f"unknown fault {kind!r}; use one of {', '.join(KINDS)}")
@@ -68,7 +69,7 @@ def _parse_one(item: str) -> Fault:
         raise _fail(item, "rank and seq must be integers") from None
     if rank < 0 or seq < 1:
         raise _fail(item, "rank must be >= 0 and seq >= 1")
-    comm = fields.pop("comm", "")
+    comm = comm.strip()
     want = _ARGS.get(kind)
     arg = fields.pop(want, "") if want else ""
     if fields:
