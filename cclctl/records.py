@@ -41,8 +41,8 @@ class CollectiveRecord:
     seq: int
     op: str
     dtype: str = ""
-    count: int = 0
-    nbytes: int = 0
+    count: int = 0  # elements, as the caller passed them (per rank, like NCCL's count)
+    nbytes: int = 0  # bytes as nccl-tests sizes them: all_gather/reduce_scatter = full buffer
     root: int | None = None
     peer: int | None = None
     epoch: int = 0

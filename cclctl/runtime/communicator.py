@@ -119,7 +119,7 @@ class Communicator:
                     op="all_gather",
                 )
             own[...] = src
-        with self._call("all_gather", src, "ring", count=src.size) as step:
+        with self._call("all_gather", src, "ring", nbytes=dst.nbytes) as step:
             if src.size:
                 ring.all_gather(step, dst, [(i * src.size, (i + 1) * src.size) for i in range(n)])
         return out
