@@ -224,3 +224,32 @@ def test_closed_communicator_refuses_calls() -> None:
             comm.barrier()
 
     run_ranks(1, body)
+
+
+@pytest.mark.timeout(120)
+def test_sixty_four_ranks() -> None:
+    """The largest supported world size, every collective once, uneven counts."""
+    n = 64
+
+    def body(comm):  # type: ignore[no-untyped-def]
+        r = comm.rank
+        small = np.full(3, r, np.int64)
+        comm.all_reduce(small)  # recursive doubling
+        big = np.full(20_000, r, np.int64)  # 160 KB: the ring
+        comm.all_reduce(big)
+        gathered = np.empty(2 * n, np.int32)
+        comm.all_gather(np.full(2, r, np.int32), gathered)
+        scattered = np.empty(1, np.int64)
+        comm.reduce_scatter(np.arange(n, dtype=np.int64), scattered)
+        swapped = np.empty(n, np.int32)
+        comm.all_to_all(np.arange(n, dtype=np.int32) + 100 * r, swapped)
+        bcast = np.full(70_000, r, np.int32)  # 280 KB: the pipelined chain
+        comm.broadcast(bcast, root=5)
+        return small[0], big[-1], gathered, scattered[0], swapped, bcast[-1]
+
+    total = n * (n - 1) // 2
+    for r, (small, big, gathered, scattered, swapped, bcast) in enumerate(run_ranks(n, body)):
+        assert small == big == total and bcast == 5
+        np.testing.assert_array_equal(gathered, np.repeat(np.arange(n), 2))
+        assert scattered == n * r
+        np.testing.assert_array_equal(swapped, r + 100 * np.arange(n))
