@@ -68,9 +68,8 @@ def main() -> None:
     print(f"{'size':>10} {'off (us)':>10} {'on (us)':>10} {'delta (us)':>11} {'delta %':>8}")
     for size, best in data.items():
         off, on = best["off"] * 1e6, best["on"] * 1e6
-        print(
-            f"{int(size):>10} {off:>10.1f} {on:>10.1f} {on - off:>11.2f} {100 * (on - off) / off:>7.2f}%"
-        )
+        pct = 100 * (on - off) / off
+        print(f"{int(size):>10} {off:>10.1f} {on:>10.1f} {on - off:>11.2f} {pct:>7.2f}%")
 
 
 if __name__ == "__main__":
