@@ -1,0 +1,103 @@
+"""A fault-injection job under the test's control: a store of our own and bare rank processes.
+
+Unlike a launcher, nothing here stops the other ranks when one dies or freezes, so the live
+diagnosis sees the job exactly as an SRE would find a hung job. ``finish`` then terminates the
+survivors (they dump on SIGTERM) for the post-mortem, and SIGKILLs whatever remains.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cclctl.runtime.store import StoreServer
+
+WORKER = str(Path(__file__).with_name("fault_worker.py"))
+
+
+class FaultJob:
+    def __init__(
+        self,
+        tmp: Path,
+        n: int,
+        *,
+        fault: str = "",
+        op: str = "all_reduce",
+        timeout_s: float = 2.0,
+        iters: int = 8,
+        job: str = "faults",
+    ) -> None:
+        self.n = n
+        self.job = job
+        self.dump_dir = tmp / "dumps"
+        self.dump_dir.mkdir(exist_ok=True)
+        self.server = StoreServer("127.0.0.1", 0).start()
+        self.store = self.server.address
+        base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for rank in range(n):
+            env = {
+                **base,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(n),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(n),
+                "MASTER_ADDR": "127.0.0.1",
+                "CCLCTL_STORE": self.store,
+                "CCLCTL_JOB": job,
+                "CCLCTL_TIMEOUT": str(timeout_s),
+                "CCLCTL_ON_HANG": "wait",
+                "CCLCTL_TRACE_DIR": str(self.dump_dir),
+                "CCLCTL_STATUS_INTERVAL": "0.5",
+                "CCLCTL_FAULT": fault,
+                "FAULT_OP": op,
+                "ITERS": str(iters),
+                "HOLD_ON_ERROR": "1",
+            }
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, WORKER],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+            )
+
+    def pid(self, rank: int) -> int:
+        return self.procs[rank].pid
+
+    def wait_all_exited(self, timeout_s: float) -> list[int | None]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.1)
+        return [p.poll() for p in self.procs]
+
+    def finish(self, grace_s: float = 5.0) -> None:
+        """Terminate the survivors (they dump), then kill anything left and the store."""
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                os.killpg(p.pid, signal.SIGCONT)  # a stopped rank takes SIGTERM once resumed
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+        for p in self.procs:
+            if p.stderr is not None:
+                p.stderr.close()
+        self.server.close()
+
+    def kill_now(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+        self.server.close()

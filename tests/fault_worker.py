@@ -1,0 +1,53 @@
+"""A rank of a fault-injection job: ``ITERS`` collectives of one kind, then a clean exit.
+
+The fault itself comes from ``CCLCTL_FAULT`` (see cclctl/runtime/faults.py). With
+``HOLD_ON_ERROR=1`` a rank whose collective fails stays alive (as a training process stuck
+in its error handling does), so the live diagnosis can still read its status.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import numpy as np
+
+import cclctl
+from cclctl.errors import CclError
+
+OP = os.environ.get("FAULT_OP", "all_reduce")
+ITERS = int(os.environ.get("ITERS", "8"))
+COUNT = 1024
+
+
+def one(comm: cclctl.runtime.communicator.Communicator, buf: np.ndarray, out: np.ndarray) -> None:
+    if OP == "all_reduce":
+        comm.all_reduce(buf)
+    elif OP == "all_gather":
+        comm.all_gather(buf, out)
+    elif OP == "broadcast":
+        comm.broadcast(buf, root=0)
+    else:
+        raise SystemExit(f"unknown FAULT_OP {OP!r}")
+
+
+def main() -> int:
+    comm = cclctl.init()
+    buf = np.ones(COUNT, np.float32)
+    out = np.empty(COUNT * comm.world_size, np.float32)
+    try:
+        for _ in range(ITERS):
+            one(comm, buf, out)
+    except CclError as exc:
+        print(f"rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
+        if os.environ.get("HOLD_ON_ERROR") == "1":
+            threading.Event().wait()
+        return 1
+    print(f"rank {comm.rank} done", flush=True)
+    comm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
