@@ -1,0 +1,169 @@
+"""First check: ranks that cannot take part at all (dead, stopped, frozen or never heard of).
+
+The process state (``proc``) comes from the command, which can only look at processes on its
+own host; for those the heartbeat is compared with ``stale_after_s`` exactly. A rank on
+another host is judged on its heartbeat alone, with ``skew_margin_s`` added because that
+host's clock may disagree with the reader's. Post-mortem (no ``now_ns``) there is no
+heartbeat to judge, so only the process states and the missing documents speak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from cclctl.diagnose import text
+from cclctl.diagnose.model import DEAD, MISSING, STOPPED, Options, Suspect, Verdict
+from cclctl.diagnose.view import RankState
+
+PROC_RUNNING = "running"
+PROC_STOPPED = "stopped"  # SIGSTOP, Ctrl-Z or a debugger (state T)
+PROC_ZOMBIE = "zombie"
+PROC_GONE = "gone"
+PROC_STATES = (PROC_RUNNING, PROC_STOPPED, PROC_ZOMBIE, PROC_GONE)
+
+_NS = 1e9
+
+
+def check_liveness(
+    states: dict[int, RankState],
+    world_size: int,
+    *,
+    source: str,
+    now_ns: int | None,
+    proc: Mapping[int, str],
+    unreadable: Mapping[int, str],
+    opts: Options,
+) -> list[Verdict]:
+    """Verdicts for missing, dead, SIGSTOPped and frozen ranks (one per kind of trouble)."""
+    verdicts: list[Verdict] = []
+    missing = [r for r in range(world_size) if r not in states]
+    if missing:
+        verdicts.append(_missing(missing, source, len(states), unreadable))
+    dead: list[RankState] = []
+    stopped: list[RankState] = []
+    frozen: dict[int, float] = {}
+    unknown: dict[int, float] = {}
+    for rank in sorted(states):
+        st, ps = states[rank], proc.get(rank)
+        if ps in (PROC_GONE, PROC_ZOMBIE):
+            dead.append(st)
+        elif ps == PROC_STOPPED:
+            stopped.append(st)
+        elif now_ns is not None:
+            age = (now_ns - st.time_ns) / _NS
+            limit = opts.stale_after_s + (0.0 if ps is not None else opts.skew_margin_s)
+            if age > limit:
+                (frozen if ps == PROC_RUNNING else unknown)[rank] = age
+    if dead:
+        verdicts.append(_dead(dead, proc, now_ns))
+    if stopped:
+        verdicts.append(_sigstopped(stopped))
+    if frozen:
+        verdicts.append(_frozen(states, frozen, opts))
+    if unknown:
+        verdicts.append(_unknown(states, unknown, opts))
+    return verdicts
+
+
+def _missing(ranks: list[int], source: str, seen: int, unreadable: Mapping[int, str]) -> Verdict:
+    names = text.ranks_word(ranks)
+    silent = [r for r in ranks if r not in unreadable]
+    evidence: list[str] = []
+    if source == "dumps":
+        summary = f"{names} left no dump"
+        if silent:
+            evidence.append(f"no dump from {text.ranks_word(silent)} among the {seen} read")
+        step = (
+            "a killed or stopped process writes no dump: check whether "
+            f"{names} {text.verb(ranks, 'still runs', 'still run')} (logs, exit status, `ps` "
+            "on the host); a running rank dumps on `kill -USR1 <pid>`"
+        )
+    else:
+        summary = f"{names} {text.verb(ranks, 'has', 'have')} no usable status"
+        if silent:
+            evidence.append(f"no status from {text.ranks_word(silent)} in the store")
+        step = (
+            f"check that {names} started and can reach the store (the logs); "
+            "if a process runs, `py-spy dump --pid <pid>` shows where it is"
+        )
+    evidence += text.grouped(
+        unreadable, lambda r: f"sent a status that cannot be read: {unreadable[r]}"
+    )
+    suspects = [Suspect(r) for r in ranks]
+    return Verdict(MISSING, summary, suspects, evidence=evidence, next_step=step)
+
+
+def _dead(dead: list[RankState], proc: Mapping[int, str], now_ns: int | None) -> Verdict:
+    ranks = [st.rank for st in dead]
+    suspects = [st.suspect for st in dead]
+    names = text.ranks_word(ranks)
+    summary = f"{names} {text.verb(ranks, 'is', 'are')} dead: the process is gone"
+
+    def line(st: RankState) -> str:
+        state = "exited, not reaped (zombie)" if proc[st.rank] == PROC_ZOMBIE else "no such process"
+        age = f"; last heard of {text.seconds((now_ns - st.time_ns) / _NS)} ago" if now_ns else ""
+        return f"{text.who(st.suspect)}: {state}{age}"
+
+    evidence = [line(st) for st in dead]
+    first = suspects[0]
+    step = (
+        f"the job cannot finish without {names}: read the log and exit status of "
+        f"{text.who(first)} (killed by the OOM killer? `dmesg -T` on {first.host or 'its host'}),"
+        " then restart the job or shrink it away"
+    )
+    return Verdict(DEAD, summary, suspects, evidence=evidence, next_step=step)
+
+
+def _sigstopped(stopped: list[RankState]) -> Verdict:
+    suspects = [st.suspect for st in stopped]
+    ranks = [s.rank for s in suspects]
+    summary = f"{text.ranks_word(ranks)} {text.verb(ranks, 'is', 'are')} stopped (SIGSTOP)"
+    evidence = [
+        f"{text.who(s)}: process state T (stopped by a signal or a debugger)" for s in suspects
+    ]
+    first = suspects[0]
+    more = f" (and the other {len(suspects) - 1})" if len(suspects) > 1 else ""
+    step = (
+        f"kill -CONT {first.pid} on {first.host or 'its host'}{more} lets it run again; "
+        "then find out who stopped it (a debugger, Ctrl-Z, a supervisor)"
+    )
+    return Verdict(STOPPED, summary, suspects, evidence=evidence, next_step=step)
+
+
+def _frozen(states: dict[int, RankState], ages: dict[int, float], opts: Options) -> Verdict:
+    suspects = [states[r].suspect for r in sorted(ages)]
+    ranks = sorted(ages)
+    summary = (
+        f"{text.ranks_word(ranks)} {text.verb(ranks, 'is', 'are')} frozen: the process runs "
+        "but publishes nothing"
+    )
+    evidence = [
+        f"{text.who(s)}: running, but its status is {text.seconds(ages[s.rank])} old "
+        f"(stale after {text.seconds(opts.stale_after_s)})"
+        for s in suspects
+    ]
+    step = text.py_spy(suspects, "where it is stuck (a held GIL or a blocking call)")
+    return Verdict(STOPPED, summary, suspects, evidence=evidence, next_step=step)
+
+
+def _unknown(states: dict[int, RankState], ages: dict[int, float], opts: Options) -> Verdict:
+    suspects = [states[r].suspect for r in sorted(ages)]
+    ranks = sorted(ages)
+    limit = opts.stale_after_s + opts.skew_margin_s
+    summary = (
+        f"{text.ranks_word(ranks)} {text.verb(ranks, 'is', 'are')} frozen or dead: "
+        "no status for too long"
+    )
+    evidence = [
+        f"{text.who(s)}: last status {text.seconds(ages[s.rank])} ago (stale after "
+        f"{text.seconds(limit)}, clock skew margin included); its process cannot be "
+        "checked from this host"
+        for s in suspects
+    ]
+    first = suspects[0]
+    step = (
+        f"on {first.host or 'its host'}: ps -o stat= -p {first.pid} (T: stopped, "
+        f"`kill -CONT {first.pid}`; R/S: frozen, `py-spy dump --pid {first.pid}`; "
+        "nothing: it died, read its log)"
+    )
+    return Verdict(STOPPED, summary, suspects, evidence=evidence, next_step=step)

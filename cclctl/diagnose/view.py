@@ -1,0 +1,194 @@
+"""The engine's working view of a job: one :class:`RankState` per rank, one :class:`CommView`
+per communicator, built once from the snapshots so that every check is a linear pass.
+
+Ordering never uses wall-clock start times across ranks (hosts' clocks disagree): positions
+are sequence numbers, and a collective's age is measured on the clock of the rank that is in
+it (its snapshot's ``time_ns`` minus the record's ``start_ns``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cclctl.diagnose.model import Options, Suspect
+from cclctl.records import (
+    ABORTED,
+    COMPLETED,
+    FAILED,
+    STARTED,
+    TIMED_OUT,
+    CollectiveRecord,
+    CommInfo,
+    RankSnapshot,
+)
+
+#: Collective records kept per rank and communicator: enough to compare the last few calls.
+TAIL = 8
+_NS = 1e9
+
+
+def in_flight(rec: CollectiveRecord) -> bool:
+    """Still inside the call: started (or marked timed out by the watchdog) and not ended."""
+    return rec.state in (STARTED, TIMED_OUT) and not rec.end_ns
+
+
+@dataclasses.dataclass(slots=True)
+class RankState:
+    """What the checks need of one rank (the newest of its documents)."""
+
+    rank: int
+    host: str
+    pid: int
+    time_ns: int
+    comms: dict[str, CommInfo]
+    tail: dict[str, dict[int, CollectiveRecord]]  # comm -> seq -> collective record
+    inflight: list[CollectiveRecord]  # collective and point-to-point, oldest first
+
+    @property
+    def suspect(self) -> Suspect:
+        return Suspect(self.rank, self.host, self.pid)
+
+    def last(self, comm: str) -> CollectiveRecord | None:
+        calls = self.tail.get(comm)
+        return calls[max(calls)] if calls else None
+
+    def started(self, comm: str) -> int:
+        info = self.comms.get(comm)
+        calls = self.tail.get(comm)
+        return max(info.last_started if info else 0, max(calls) if calls else 0)
+
+    def completed(self, comm: str) -> int:
+        info = self.comms.get(comm)
+        best = info.last_completed if info else 0
+        for seq, rec in self.tail.get(comm, {}).items():
+            if rec.state == COMPLETED and seq > best:
+                best = seq
+        return best
+
+    def age_s(self, rec: CollectiveRecord) -> float:
+        """How long ``rec`` had run when this rank's document was written (its own clock)."""
+        if not rec.start_ns:
+            return 0.0
+        end = rec.end_ns or self.time_ns
+        return max(0.0, (end - rec.start_ns) / _NS)
+
+
+def rank_state(snap: RankSnapshot) -> RankState:
+    """Index a snapshot: the last :data:`TAIL` collective calls per communicator, and what is
+    in flight. A retried call (same seq, later epoch) replaces the earlier attempt.
+    """
+    tail: dict[str, dict[int, CollectiveRecord]] = {}
+    records = snap.records
+    if snap.inflight is not None and not any(r is snap.inflight for r in records):
+        records = [*records, snap.inflight]
+    inflight: list[CollectiveRecord] = []
+    for rec in records:
+        if in_flight(rec) and not any(_same_call(rec, r) for r in inflight):
+            inflight.append(rec)
+        if rec.peer is not None:
+            continue  # point-to-point seqs count per pair, not per communicator
+        calls = tail.get(rec.comm)
+        if calls is None:
+            calls = tail[rec.comm] = {}
+        old = calls.get(rec.seq)
+        if old is None or (rec.epoch, rec.start_ns) >= (old.epoch, old.start_ns):
+            calls[rec.seq] = rec
+    for comm, calls in tail.items():
+        if len(calls) > TAIL:
+            keep = sorted(calls)[-TAIL:]
+            tail[comm] = {seq: calls[seq] for seq in keep}
+    inflight.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
+    return RankState(snap.rank, snap.host, snap.pid, snap.time_ns, snap.comms, tail, inflight)
+
+
+def _same_call(a: CollectiveRecord, b: CollectiveRecord) -> bool:
+    return (a.comm, a.seq, a.peer, a.epoch) == (b.comm, b.seq, b.peer, b.epoch)
+
+
+def is_hung(state: RankState, rec: CollectiveRecord, opts: Options) -> bool:
+    """The call timed out, failed, or has been in flight past ``stuck_after_s``."""
+    if rec.state in (TIMED_OUT, FAILED, ABORTED):
+        return True
+    return in_flight(rec) and state.age_s(rec) >= opts.stuck_after_s
+
+
+@dataclasses.dataclass(slots=True)
+class CommView:
+    """One communicator across the ranks that were read.
+
+    ``inside``: members in flight in a call of it. ``open``: members whose last call on it
+    did not complete (in flight, or ended in failure), with that record. ``hung``: seqs some
+    member has waited in past the threshold (or that timed out or failed), ascending.
+    """
+
+    comm: str
+    members: list[int]
+    member_set: set[int]
+    position: dict[int, int]  # rank -> last started seq
+    completed: dict[int, int]
+    open: dict[int, CollectiveRecord]
+    inside: set[int]
+    hung: list[int]
+    ops: dict[int, str]  # seq -> op, as the lowest rank with a record of it says
+
+    def resolve(self, peer: int) -> int:
+        """``waiting_on`` as a global rank. It is one already when it names a member; a value
+        that cannot be (a sub-group's index into its members) is mapped through them.
+        """
+        if peer in self.member_set or not 0 <= peer < len(self.members):
+            return peer
+        return self.members[peer]
+
+    def waiters(self, seq: int) -> list[int]:
+        return [r for r, rec in self.open.items() if rec.seq == seq]
+
+    def longest_wait_s(self, states: dict[int, RankState], seq: int) -> float:
+        return max((states[r].age_s(self.open[r]) for r in self.waiters(seq)), default=0.0)
+
+
+def comm_views(states: dict[int, RankState], opts: Options) -> list[CommView]:
+    """Every communicator some rank knows of, sorted by id; members come from the lowest rank
+    that lists them (plus any rank that claims the communicator), so the cost stays linear.
+    """
+    names: set[str] = set()
+    for st in states.values():
+        names.update(st.comms)
+        names.update(st.tail)
+    return [_comm_view(name, states, opts) for name in sorted(names)]
+
+
+def _comm_view(comm: str, states: dict[int, RankState], opts: Options) -> CommView:
+    member_set: set[int] = set()
+    for rank in sorted(states):
+        info = states[rank].comms.get(comm)
+        if info is not None:
+            member_set = set(info.ranks)
+            break
+    member_set.update(r for r, st in states.items() if comm in st.comms or comm in st.tail)
+    position: dict[int, int] = {}
+    completed: dict[int, int] = {}
+    open_: dict[int, CollectiveRecord] = {}
+    inside: set[int] = set()
+    hung: set[int] = set()
+    ops: dict[int, str] = {}
+    for rank in sorted(member_set):
+        st = states.get(rank)
+        if st is None:
+            continue
+        position[rank] = started = st.started(comm)
+        completed[rank] = done = st.completed(comm)
+        for seq, rec in st.tail.get(comm, {}).items():
+            ops.setdefault(seq, rec.op)
+        last = st.last(comm)
+        if last is not None and last.seq == started and last.state != COMPLETED:
+            open_[rank] = last
+            if in_flight(last):
+                inside.add(rank)
+            if is_hung(st, last, opts):
+                hung.add(last.seq)
+        elif started > done:
+            inside.add(rank)  # entered, not finished, but its record was not kept
+    members = sorted(member_set)
+    return CommView(
+        comm, members, member_set, position, completed, open_, inside, sorted(hung), ops
+    )
