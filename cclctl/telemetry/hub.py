@@ -93,8 +93,10 @@ class Telemetry(Recorder):
         self._link_sources.append(source)
 
     def snapshot(self, kind: str = "status", reason: str = "") -> RankSnapshot:
-        """This rank's state as a status record (in-flight records only, and a heartbeat)
-        or a dump (the whole ring). ``inflight`` is the oldest call in flight.
+        """This rank's state as a status record (the calls in flight and the last finished
+        call of each communicator, and a heartbeat) or a dump (the whole ring). ``inflight``
+        is the oldest call in flight. The last status of a closed process says "closed", so
+        a reader can tell a rank that finished from one that died.
         """
         if kind not in SNAPSHOT_KINDS:
             raise UsageError(f"snapshot kind must be 'status' or 'dump', not {kind!r}")
@@ -102,6 +104,13 @@ class Telemetry(Recorder):
         if kind == "status":
             self.heartbeat_ns = now
         inflight = self.inflight()
+        if kind == "status":
+            records = sorted(
+                self.last_finished() + inflight, key=lambda r: (r.start_ns, r.comm, r.seq)
+            )
+            reason = reason or ("closed" if self._closed else "")
+        else:
+            records = self.records()
         return RankSnapshot(
             kind=kind,
             job=self.cfg.job,
@@ -111,7 +120,7 @@ class Telemetry(Recorder):
             pid=os.getpid(),
             time_ns=now,
             comms=self.comm_infos(),
-            records=inflight if kind == "status" else self.records(),
+            records=records,
             inflight=inflight[0] if inflight else None,
             reason=reason,
             counters=summarize(self.metrics_view()),

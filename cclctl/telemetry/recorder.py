@@ -12,7 +12,7 @@ import threading
 from bisect import bisect_left
 
 from cclctl.bandwidth import bus_factor
-from cclctl.records import COMPLETED, CollectiveRecord, CommInfo
+from cclctl.records import COMPLETED, FINAL_STATES, CollectiveRecord, CommInfo
 from cclctl.telemetry.counters import DURATION_BOUNDS_NS, CommState, CommView, OpStats
 
 
@@ -139,6 +139,21 @@ class Recorder:
             records += [r for key, r in self._inflight.items() if key not in held]
         records.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
         return records
+
+    def last_finished(self) -> list[CollectiveRecord]:
+        """The most recent finished record of each communicator (from its ring).
+
+        A status carries these beside the in-flight records, so a live reader sees a call
+        that failed (a mismatch, a broken link) and not only calls still running.
+        """
+        with self._lock:
+            found = []
+            for cs in self._comms.values():
+                for rec in reversed(cs.ring):
+                    if rec.state in FINAL_STATES:
+                        found.append(rec)
+                        break
+        return found
 
     def comm_infos(self) -> dict[str, CommInfo]:
         """Members and last started/completed seq of every communicator."""

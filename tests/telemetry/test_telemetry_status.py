@@ -33,7 +33,8 @@ def test_publisher_writes_the_status_record(make_tel):
     assert (snap.host, snap.pid, snap.metrics_url) == ("node-a", os.getpid(), url)
     assert snap.time_ns >= before and tel.heartbeat_ns >= snap.time_ns
     assert (snap.comms["w"].last_started, snap.comms["w"].last_completed) == (2, 1)
-    assert snap.inflight == hung and snap.records == [hung]
+    assert snap.inflight == hung
+    assert [(r.seq, r.state) for r in snap.records] == [(1, "completed"), (2, "started")]
     assert snap.counters["collectives"] == 1 and snap.counters["bytes"] == 2048
 
 
@@ -105,3 +106,21 @@ def test_publish_now_writes_immediately(make_tel):
     tel.count_hang("w", "all_reduce")
     assert tel.publish_now() is True
     assert snapshot_from_json(store.get("status/0") or b"").counters["hangs"] == 1
+
+
+@pytest.mark.timeout(20)
+def test_status_shows_the_last_failed_call_and_says_closed_at_the_end(make_tel):
+    tel = make_tel(rank=1, world_size=2)
+    tel.register_comm("w", [0, 1])
+    run(tel, "w", 1, nbytes=64)
+    failed = CollectiveRecord("w", 2, "broadcast", start_ns=T0 + 10**9)
+    tel.start(failed)
+    failed.state, failed.end_ns, failed.error = "failed", T0 + 2 * 10**9, "collective mismatch"
+    tel.finish(failed, 2)
+    snap = tel.snapshot("status")
+    assert [(r.seq, r.op, r.state) for r in snap.records] == [(2, "broadcast", "failed")]
+    assert snap.reason == ""
+    store = DictStore()
+    tel.publish_to(store, interval_s=10)
+    tel.close()
+    assert snapshot_from_json(store.get("status/1")).reason == "closed"
