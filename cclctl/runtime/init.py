@@ -8,12 +8,14 @@ from typing import Any
 from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
 from cclctl.errors import UsageError
 from cclctl.runtime.communicator import Communicator, world_comm_id
+from cclctl.runtime.hybrid import build_transport
 from cclctl.runtime.job_signals import DumpRequests, request_dump
 from cclctl.runtime.rendezvous import Rendezvous, join, join_store
+from cclctl.runtime.shm_segment import host_key
 from cclctl.runtime.store import StoreClient, parse_address
 from cclctl.runtime.store_scope import ScopedStore
-from cclctl.runtime.tcp import TcpTransport
 from cclctl.runtime.tcp_links import Links, local_address_towards
+from cclctl.runtime.transport import Transport
 from cclctl.telemetry.hub import Telemetry
 from cclctl.telemetry.watchdog import Watchdog
 
@@ -66,13 +68,15 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         local_address_towards(store_host),
         cfg.connect_timeout_s,
     )
-    transport = TcpTransport(links)
-    try:
-        addresses = rdzv.exchange("tcp", transport.address.encode(), cfg.connect_timeout_s)
-    except BaseException:
-        transport.close()
-        raise
-    transport.set_peers([a.decode() for a in addresses])
+    transport = build_transport(  # takes over links: closes them on failure
+        rdzv.rank,
+        rdzv.world_size,
+        cfg.job,
+        lambda key, value: rdzv.exchange(key, value, cfg.connect_timeout_s),
+        links,
+        choice=cfg.transport,
+        host=f"{cfg.hostname}|{host_key()}",
+    )
     comm_id = world_comm_id(rdzv.world_size)
     telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id, transport)
     signals = ScopedStore.for_job(status_client, rdzv.job)
@@ -110,7 +114,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
 
 
 def _start_telemetry(
-    rdzv: Rendezvous, cfg: RuntimeConfig, comm_id: str, transport: TcpTransport
+    rdzv: Rendezvous, cfg: RuntimeConfig, comm_id: str, transport: Transport
 ) -> tuple[Telemetry, StoreClient]:
     """Counters and flight recorder always; the exporter when a port is configured; the
     status publisher on a store connection of its own, so a rank blocked on the store in

@@ -112,6 +112,20 @@ class TcpTransport:
         recvs: Sequence[Transfer],
         wait: Wait,
     ) -> None:
+        pending = self.start(call, step, sends, recvs, wait)
+        while pending:
+            if not self.advance(pending, call) and pending:
+                self.block(pending, call, wait)
+
+    def start(
+        self,
+        call: wire.Call,
+        step: int,
+        sends: Sequence[Transfer],
+        recvs: Sequence[Transfer],
+        wait: Wait,
+    ) -> list[_Send | _Recv]:
+        """The transfers of one step, linked but not yet moved (the hybrid drives them too)."""
         pending: list[_Send | _Recv] = []
         for peer, view in sends:
             sock = self._links.get(peer, call, wait)
@@ -121,27 +135,36 @@ class TcpTransport:
             sock = self._links.get(peer, call, wait)
             pending.append(_Recv(sock, peer, view, call, step, self.rank))
             self._received[peer] += len(view)
-        while pending:
-            progressed = False
-            for item in list(pending):
-                try:
-                    moved = item.advance()
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError as exc:
-                    self._broken(item, call, exc)
-                except ProtocolError:
-                    # Half a foreign message is on the wire: close the link so the peer
-                    # fails at once instead of waiting for a reply that will not come.
-                    self._links.drop(item.peer)
-                    raise
-                progressed = True
-                if moved < 0:
-                    pending.remove(item)
-            if pending and not progressed:
-                self._block(pending, call, wait)
+        return pending
 
-    def _block(self, pending: list[_Send | _Recv], call: wire.Call, wait: Wait) -> None:
+    def advance(self, pending: list[_Send | _Recv], call: wire.Call) -> bool:
+        """Push and pull what the sockets take now; drop finished items; True if any moved."""
+        progressed = False
+        for item in list(pending):
+            try:
+                moved = item.advance()
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                self._broken(item, call, exc)
+            except ProtocolError:
+                # Half a foreign message is on the wire: close the link so the peer
+                # fails at once instead of waiting for a reply that will not come.
+                self._links.drop(item.peer)
+                raise
+            progressed = True
+            if moved < 0:
+                pending.remove(item)
+        return progressed
+
+    def block(
+        self,
+        pending: list[_Send | _Recv],
+        call: wire.Call,
+        wait: Wait,
+        slice_s: float = _POLL_SLICE_S,
+    ) -> None:
+        """Wait until a socket of ``pending`` can move, at most ``slice_s``."""
         first = next((p for p in pending if isinstance(p, _Recv)), pending[0])
         what = "recv" if isinstance(first, _Recv) else "send"
         wait.blocked_on(first.peer, what)
@@ -153,7 +176,7 @@ class TcpTransport:
             events[item.sock.fileno()] = events.get(item.sock.fileno(), 0) | flag
         for fd, mask in events.items():
             poller.register(fd, mask)
-        poller.poll(int(min(left, _POLL_SLICE_S) * 1000) + 1)
+        poller.poll(int(min(left, slice_s) * 1000) + (1 if slice_s >= 0.001 else 0))
 
     def _broken(self, item: _Send | _Recv, call: wire.Call, exc: OSError) -> None:
         self._links.drop(item.peer)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cclctl.runtime.transport import Transfer, Transport, Wait
 from cclctl.runtime.wire import Call
+
+if TYPE_CHECKING:
+    from cclctl.runtime.hybrid import Hierarchy
+    from cclctl.runtime.shm_group import ShmGroup
 
 Array = np.ndarray
 
@@ -66,7 +71,7 @@ class Scratch:
 class Step:
     """One collective call in progress on this rank: who we are and how to move bytes."""
 
-    __slots__ = ("call", "rank", "scratch", "size", "transport", "wait")
+    __slots__ = ("call", "hier", "rank", "scratch", "shared", "size", "transport", "wait")
 
     def __init__(
         self, transport: Transport, rank: int, size: int, call: Call, wait: Wait, scratch: Scratch
@@ -77,6 +82,10 @@ class Step:
         self.call = call
         self.wait = wait
         self.scratch = scratch
+        # The one-copy engine of a shared-memory transport that spans the communicator.
+        self.shared: ShmGroup | None = getattr(transport, "shared", None)
+        # Which ranks share a host, when the communicator spans several (hybrid transport).
+        self.hier: Hierarchy | None = getattr(transport, "hierarchy", None)
 
     def xfer(
         self, step: int, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()

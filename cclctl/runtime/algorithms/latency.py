@@ -6,6 +6,7 @@ partial results on both partners, and the reductions are commutative.
 
 from __future__ import annotations
 
+from cclctl.runtime.algorithms import hierarchical, shared
 from cclctl.runtime.algorithms.context import Array, Step, as_bytes, reducer
 
 
@@ -13,6 +14,12 @@ def all_reduce(ctx: Step, out: Array, redop: str) -> None:
     """Recursive doubling on ``out`` in place; non-powers of two fold the extra ranks in."""
     n, r = ctx.size, ctx.rank
     if n == 1:
+        return
+    if ctx.shared is not None:
+        shared.all_reduce(ctx, ctx.shared, out, out, redop)
+        return
+    if ctx.hier is not None:
+        hierarchical.all_reduce(ctx, ctx.hier, out, out, redop, large=False)
         return
     fn = reducer(redop)
     tmp = ctx.scratch.get(0, out.size, out.dtype)
@@ -44,6 +51,9 @@ def all_reduce(ctx: Step, out: Array, redop: str) -> None:
 def broadcast(ctx: Step, buf: Array, root: int) -> None:
     """Binomial tree from ``root``: ceil(log2(n)) rounds."""
     n = ctx.size
+    if ctx.shared is not None and n > 1:
+        shared.broadcast(ctx, ctx.shared, buf, root)
+        return
     vrank = (ctx.rank - root) % n
     data = as_bytes(buf)
     mask = 1

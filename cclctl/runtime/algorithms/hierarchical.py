@@ -1,0 +1,65 @@
+"""Hierarchical all-reduce for jobs that span hosts: within each host, across, within again.
+
+The ranks of each host first reduce together through shared memory (one copy, no network),
+then one leader per host all-reduces the host sums over TCP (ring for large messages,
+recursive doubling for small ones), and each leader broadcasts the result to its host
+through shared memory. The network carries each host's data once instead of once per rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from cclctl.runtime.algorithms import latency, ring, shared
+from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds
+from cclctl.runtime.transport import Transfer
+
+if TYPE_CHECKING:
+    from cclctl.runtime.hybrid import Hierarchy
+
+#: Steps of the inter-host phase are numbered from here, apart from the intra-host rounds.
+CROSS_STEP0 = 1 << 16
+
+
+class _Leaders(Step):
+    """The host leaders as a communicator of their own: virtual ranks map to real ones."""
+
+    __slots__ = ("members",)
+
+    def __init__(self, ctx: Step, members: Sequence[int]) -> None:
+        super().__init__(
+            ctx.transport, members.index(ctx.rank), len(members), ctx.call, ctx.wait, ctx.scratch
+        )
+        self.members = list(members)
+        self.shared = None
+        self.hier = None
+
+    def xfer(
+        self, step: int, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()
+    ) -> None:
+        m = self.members
+        super().xfer(
+            CROSS_STEP0 + step,
+            [(m[p], view) for p, view in sends],
+            [(m[p], view) for p, view in recvs],
+        )
+
+
+def all_reduce(ctx: Step, h: Hierarchy, src: Array, out: Array, redop: str, large: bool) -> None:
+    """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``)."""
+    if h.group is not None:
+        shared.all_reduce(ctx, h.group, src, out, redop)
+    elif out is not src:
+        out[...] = src
+    if ctx.rank == h.leader and len(h.leaders) > 1:
+        leaders = _Leaders(ctx, h.leaders)
+        if large and out.size >= len(h.leaders):
+            ring.all_reduce(leaders, out, out, redop, chunk_bounds(out.size, len(h.leaders)))
+        else:
+            latency.all_reduce(leaders, out, redop)
+    if h.group is not None:
+        shared.broadcast(ctx, h.group, out, h.leader)
+    rec = ctx.wait.record
+    if rec is not None:
+        rec.algo = "hier_ring" if large else "hier_rd"
