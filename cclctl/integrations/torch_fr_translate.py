@@ -1,0 +1,299 @@
+"""From PyTorch Flight Recorder entries to cclctl's records, one rank at a time.
+
+What a Flight Recorder dump holds, and how it maps:
+
+- ``entries``: the ring, oldest first. ``process_group`` is ``(name, desc)``; groups are
+  joined across ranks by *name* (torch names them by creation order, the same on every rank),
+  never by ``pg_id``, which counts per process. ``collective_seq_id`` is the seq every member
+  agrees on; point-to-point entries have their own ``p2p_seq_id``.
+- completion: NCCL moves ``state`` to ``completed``; gloo leaves it at ``scheduled`` and only
+  sets ``retired``, and ``pg_status[pg_id].last_completed_collective`` (in ``op_id`` terms)
+  says how far each group got. Any of the three counts.
+- ``pg_config`` names each group's member ranks for NCCL; gloo writes it empty. Members are
+  then inferred: the default group (``desc`` "default_pg") is the whole job, any other group
+  the ranks whose dumps mention it.
+
+Only what a diagnosis reads is kept: per group the newest :data:`TAIL` calls, the calls
+still open, and the highest started and completed seq. A dump of 2,000 entries becomes a
+few dozen small records, so 512 ranks fit in a few MB once read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from cclctl.errors import BadInput
+from cclctl.ranges import fold_ranks
+from cclctl.records import COMPLETED, STARTED, CollectiveRecord, CommInfo, RankSnapshot
+
+#: Completed calls kept per group (the engine compares the last 8).
+TAIL = 16
+#: Calls still open kept per group besides the tail (older async calls never waited on).
+OPEN = 64
+
+#: c10 scalar type names as dumps spell them -> (numpy-style name, bytes per element).
+DTYPES = {
+    "Float": ("float32", 4),
+    "Double": ("float64", 8),
+    "Half": ("float16", 2),
+    "BFloat16": ("bfloat16", 2),
+    "Long": ("int64", 8),
+    "Int": ("int32", 4),
+    "Short": ("int16", 2),
+    "Char": ("int8", 1),
+    "Byte": ("uint8", 1),
+    "Bool": ("bool", 1),
+    "ComplexFloat": ("complex64", 8),
+    "ComplexDouble": ("complex128", 16),
+    "Float8_e4m3fn": ("float8_e4m3fn", 1),
+    "Float8_e5m2": ("float8_e5m2", 1),
+}
+
+#: profiling names -> the op names cclctl's own records use (bandwidth.COLLECTIVES).
+OPS = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "_all_gather_base": "all_gather",
+    "all_gather_single": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_single": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "_broadcast_oop": "broadcast",
+    "_reduce_oop": "reduce",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "all_reduce_barrier": "barrier",
+}
+_P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
+_INT = re.compile(r"-?\d+")
+
+
+@dataclasses.dataclass(slots=True)
+class Group:
+    """One process group as one rank's dump shows it."""
+
+    name: str
+    desc: str
+    started: int = 0
+    completed: int = 0
+    kept: int = 0
+    open_kept: int = 0
+    records: list[CollectiveRecord] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(slots=True)
+class RankDump:
+    """What one rank's dump says, condensed (the parsed file itself is not kept)."""
+
+    rank: int
+    path: str
+    fmt: str
+    version: str
+    time_ns: int
+    entries: int
+    groups: dict[str, Group]
+    members: dict[str, list[int]]  # from pg_config, when the backend wrote it
+
+
+def _fail(path: str, why: str) -> BadInput:
+    return BadInput(f"{path}: {why}", path=path)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_int(value: object, default: int) -> int:
+    """An int from a dump field that may be an int or its text (JSON dumps write strings)."""
+    if _is_int(value):
+        return int(value)  # type: ignore[call-overload]
+    if isinstance(value, str) and _INT.fullmatch(value.strip()):
+        return int(value)
+    return default
+
+
+def _mapping(value: object) -> dict[Any, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _ranks(value: object) -> list[int]:
+    """``pg_config`` ranks: the text ``"[0, 1, 2]"`` or a list; never evaluated as code."""
+    if isinstance(value, str):
+        return [int(x) for x in _INT.findall(value)]
+    if isinstance(value, list | tuple):
+        return [int(x) for x in value if _is_int(x)]
+    return []
+
+
+def _numel(sizes: object) -> int:
+    total = 0
+    if isinstance(sizes, list | tuple):
+        for shape in sizes:
+            if isinstance(shape, list | tuple):
+                n = 1
+                for dim in shape:
+                    n *= dim if _is_int(dim) else 0
+                total += n
+    return total
+
+
+def _op(profiling_name: object) -> tuple[str, int | None]:
+    """(op, peer in the group) from ``"gloo:all_reduce"`` or ``"nccl:send 0->3"``."""
+    name = str(profiling_name or "")
+    name = name.split(":", 1)[1] if ":" in name else name
+    match = _P2P.match(name.strip())
+    if match is not None:
+        kind, a, arrow, b = match.groups()
+        # "send s->d" and "recv d<-s": the peer is the far end either way
+        return kind, int(b) if (arrow == "->") == (kind == "send") else int(a)
+    return OPS.get(name, name), None
+
+
+def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDump:
+    """Condense one parsed dump; BadInput naming the file when its shape is not a dump's."""
+    if not isinstance(doc, dict):
+        raise _fail(path, "not a Flight Recorder dump (expected a mapping at the top)")
+    entries = doc.get("entries", [])
+    if not isinstance(entries, list):
+        raise _fail(path, "field 'entries' is not a list")
+    status = _mapping(doc.get("pg_status"))
+    done_op = {
+        str(pg): _as_int(info.get("last_completed_collective"), -1)
+        for pg, info in status.items()
+        if isinstance(info, dict)
+    }
+    members: dict[str, list[int]] = {}
+    config = _mapping(doc.get("pg_config"))
+    for key, info in config.items():
+        if isinstance(info, dict):
+            name, ranks = str(info.get("name") or key), _ranks(info.get("ranks"))
+            if name and ranks:
+                members[name] = ranks
+    groups: dict[str, Group] = {}
+    latest = 0
+    for index in range(len(entries) - 1, -1, -1):
+        e = entries[index]
+        if not isinstance(e, dict):
+            raise _fail(path, f"entry {index} is not a mapping")
+        pg = e.get("process_group")
+        if isinstance(pg, list | tuple) and len(pg) == 2:
+            name, desc = str(pg[0]), str(pg[1])
+        else:
+            name, desc = str(e.get("pg_id", "")), ""
+        group = groups.get(name)
+        if group is None:
+            group = groups[name] = Group(name, desc)
+        p2p = e.get("is_p2p") is True
+        seq = e.get("p2p_seq_id" if p2p else "collective_seq_id")
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise _fail(path, f"entry {index} has no integer sequence number")
+        done = (
+            e.get("retired") is True
+            or e.get("state") == "completed"
+            or _as_int(e.get("op_id"), 1 << 62) <= done_op.get(str(e.get("pg_id")), -1)
+        )
+        if not p2p:
+            group.started = max(group.started, seq)
+            if done:
+                group.completed = max(group.completed, seq)
+        if group.kept >= TAIL if done else group.open_kept >= OPEN:
+            continue
+        rec = _record(e, name, seq, done, p2p)
+        latest = max(latest, rec.start_ns)
+        group.records.append(rec)
+        if done:
+            group.kept += 1
+        else:
+            group.open_kept += 1
+    for group in groups.values():
+        group.records.reverse()
+    version = str(doc.get("version", ""))
+    return RankDump(rank, path, fmt, version, max(mtime_ns, latest), len(entries), groups, members)
+
+
+def _record(e: dict[str, Any], group: str, seq: int, done: bool, p2p: bool) -> CollectiveRecord:
+    op, peer = _op(e.get("profiling_name"))
+    dtypes = e.get("input_dtypes") or e.get("output_dtypes")
+    first = dtypes[0] if isinstance(dtypes, list | tuple) and dtypes else ""
+    dtype, itemsize = DTYPES.get(str(first), (str(first).lower(), 0))
+    count = _numel(e.get("input_sizes"))
+    full = _numel(e.get("output_sizes")) if op == "all_gather" else count
+    start = _as_int(e.get("time_discovered_started_ns"), 0) or _as_int(e.get("time_created_ns"), 0)
+    end = _as_int(e.get("time_discovered_completed_ns"), 0) if done else 0
+    rec = CollectiveRecord(
+        comm=group,
+        seq=seq,
+        op=op,
+        dtype=dtype,
+        count=count,
+        nbytes=full * itemsize,
+        peer=(-1 if peer is None else peer) if p2p else None,
+        state=COMPLETED if done else STARTED,
+        start_ns=start,
+        end_ns=end,
+    )
+    if p2p and not done and op in ("send", "recv"):
+        rec.waiting_on, rec.waiting_for = rec.peer, op
+    return rec
+
+
+def snapshots(
+    dumps: Sequence[RankDump], job: str, world_size: int | None = None
+) -> list[RankSnapshot]:
+    """Every rank's snapshot, with group members and comm ids agreed across all dumps, so the
+    result is the same whatever order the files came in.
+    """
+    dumps = sorted(dumps, key=lambda d: (d.rank, d.path))
+    highest = max((r for d in dumps for ranks in d.members.values() for r in ranks), default=-1)
+    size = world_size or max(highest, max(d.rank for d in dumps)) + 1
+    members: dict[str, list[int]] = {}
+    for d in dumps:  # pg_config first: the lowest rank that lists a group decides
+        for name, ranks in d.members.items():
+            members.setdefault(name, sorted(set(ranks)))
+    seen: dict[str, list[int]] = {}
+    for d in dumps:  # in rank order, so each list is sorted
+        for name, group in d.groups.items():
+            seen.setdefault(name, []).append(d.rank)
+            if name not in members and group.desc == "default_pg":
+                members[name] = list(range(size))
+    for name, ranks in seen.items():
+        members.setdefault(name, sorted(set(ranks)))
+    ids = {name: f"{name}:{fold_ranks(ranks)}" for name, ranks in members.items()}
+    return [_snapshot(d, job, size, members, ids) for d in dumps]
+
+
+def _snapshot(
+    d: RankDump, job: str, size: int, members: dict[str, list[int]], ids: dict[str, str]
+) -> RankSnapshot:
+    comms: dict[str, CommInfo] = {}
+    records: list[CollectiveRecord] = []
+    for name, group in d.groups.items():
+        comm, ranks = ids[name], members[name]
+        comms[comm] = CommInfo(ranks, group.started, group.completed)
+        for rec in group.records:
+            rec.comm = comm
+            if rec.peer is not None and 0 <= rec.peer < len(ranks):
+                rec.peer = ranks[rec.peer]  # dumps name peers by their index in the group
+                if rec.waiting_on is not None:
+                    rec.waiting_on = rec.peer
+        records += group.records
+    records.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
+    inflight = [r for r in records if r.state == STARTED]
+    return RankSnapshot(
+        kind="dump",
+        job=job,
+        rank=d.rank,
+        world_size=size,
+        host="",
+        pid=0,
+        time_ns=d.time_ns,
+        comms=comms,
+        records=records,
+        inflight=inflight[0] if inflight else None,
+        reason=f"PyTorch Flight Recorder dump ({d.fmt}, version {d.version}, {d.entries} entries)",
+    )

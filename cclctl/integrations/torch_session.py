@@ -1,0 +1,220 @@
+"""One instrumented torch.distributed process: its telemetry and its process groups.
+
+A session starts when the default process group exists (``init_process_group`` returned) and
+ends with ``destroy_process_group()`` or at exit. It owns the same parts the runtime wires up
+in ``cclctl.runtime.init``: counters and flight recorder (:class:`Telemetry`), the watchdog,
+the exporter, dumps and, when the job's store can be found, the status publisher and
+job-wide dump requests (see :mod:`cclctl.integrations.torch_store`).
+
+Every process group is a communicator: id ``<group name>:<folded member ranks>`` (torch
+names groups by creation order, the same on every rank, so ``0:0-7`` is the world of 8 as in
+the runtime), its own collective seq from 1 and a per-pair seq for point-to-point calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from cclctl.config import RuntimeConfig
+from cclctl.integrations.torch_calls import Call
+from cclctl.integrations.torch_store import StoreAttachment, attach
+from cclctl.integrations.torch_timing import Completions
+from cclctl.ranges import fold_ranks
+from cclctl.records import COMPLETED, FAILED, TIMED_OUT, CollectiveRecord
+from cclctl.telemetry.hub import Telemetry
+from cclctl.telemetry.watchdog import Watchdog
+
+log = logging.getLogger("cclctl.torch")
+
+_DTYPES: dict[Any, str] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.float32`` -> ``"float32"`` (cached: str() of a dtype costs a microsecond)."""
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+class TorchComm:
+    """A process group as cclctl counts it."""
+
+    __slots__ = ("group", "id", "ranks", "received", "sent", "seq", "size")
+
+    def __init__(self, group: Any, name: str, ranks: list[int]) -> None:
+        self.group = group
+        self.ranks = ranks
+        self.size = len(ranks)
+        self.id = f"{name}:{fold_ranks(ranks)}"
+        self.seq = 0
+        self.sent: dict[int, int] = {}
+        self.received: dict[int, int] = {}
+
+    def global_rank(self, given: int | None, in_group: int | None) -> int | None:
+        """A root or peer as a global rank, from torch's ``src`` or ``group_src`` form."""
+        if given is not None:
+            return int(given)
+        if in_group is not None and 0 <= in_group < self.size:
+            return self.ranks[in_group]
+        return None
+
+
+class Session:
+    """Telemetry of one process of an instrumented torch.distributed job."""
+
+    def __init__(self, cfg: RuntimeConfig, dist: Any, world: Any) -> None:
+        self.cfg = cfg
+        self._dist = dist
+        self.world = world
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.telemetry = Telemetry(
+            cfg, rank=self.rank, world_size=self.world_size, backend=str(dist.get_backend())
+        )
+        self.completions = Completions(self.close_record)
+        self._comms: dict[Any, TorchComm] = {}
+        self._sizes: dict[str, int] = {}  # comm id -> members, for busbw when a record closes
+        self._lock = threading.Lock()
+        self.store: StoreAttachment | None = None
+        self.watchdog: Watchdog | None = None
+        self._closed = False
+
+    def start(self) -> Session:
+        """Start the background parts; a failure here is logged, never raised to the job."""
+        tel = self.telemetry
+        self.comm(self.world)
+        if threading.current_thread() is threading.main_thread():
+            tel.install_signal_dump()
+            if self.cfg.trace_dir:
+                tel.install_termination_dump()
+                tel.install_exit_dump()
+        try:
+            self.store = attach(tel, self.cfg, self.rank, self.world_size)
+        except Exception as exc:
+            log.warning("cclctl: no live status for this job: %s", exc)
+        if self.store is not None:
+            tel.local_rank = self.store.local_rank
+        try:
+            tel.serve_metrics()
+        except Exception as exc:
+            log.warning("cclctl: no metrics endpoint: %s", exc)
+        self.watchdog = Watchdog(
+            tel,
+            self.cfg.timeout_s,
+            self.cfg.on_hang,
+            on_abort=self._abort,
+            on_expire=self._expired,
+        ).start()
+        return self
+
+    # -- process groups -------------------------------------------------------------------
+
+    def comm(self, group: Any) -> TorchComm | None:
+        """The communicator of ``group`` (None: the default group); None when this process
+        is not a member or ``group`` is not a process group.
+        """
+        key = self.world if group is None else group
+        comm = self._comms.get(key)
+        if comm is not None:
+            return comm
+        try:
+            ranks = list(self._dist.get_process_group_ranks(key))
+            name = str(key.group_name)
+        except Exception:
+            return None
+        if self.rank not in ranks:
+            return None
+        with self._lock:
+            comm = self._comms.setdefault(key, TorchComm(key, name, ranks))
+            self._sizes[comm.id] = comm.size
+        self.telemetry.register_comm(comm.id, ranks)
+        return comm
+
+    def forget(self, group: Any) -> None:
+        """``destroy_process_group(group)``: its counters stay, the group object goes."""
+        with self._lock:
+            self._comms.pop(group, None)
+
+    # -- records --------------------------------------------------------------------------
+
+    def open_record(self, comm: TorchComm, call: Call) -> CollectiveRecord:
+        """Number the call, start its record and put it in flight."""
+        peer = root = None
+        if call.direction is not None:
+            peer = comm.global_rank(call.peer, call.group_peer)
+            counts = comm.sent if call.direction == "send" else comm.received
+            key = -1 if peer is None else peer  # recv from any source: its own sequence
+            seq = counts[key] = counts.get(key, 0) + 1
+            peer = key
+        else:
+            comm.seq += 1
+            seq = comm.seq
+            if call.root is not None or call.group_root is not None:
+                root = comm.global_rank(call.root, call.group_root)
+        tensor = call.tensor
+        rec = CollectiveRecord(
+            comm=comm.id,
+            seq=seq,
+            op=call.op,
+            dtype="" if tensor is None else dtype_name(tensor.dtype),
+            count=call.count,
+            nbytes=call.nbytes,
+            root=root,
+            peer=peer,
+            start_ns=time.time_ns(),
+        )
+        if peer is not None and peer >= 0:
+            rec.waiting_on, rec.waiting_for = peer, call.direction
+        self.telemetry.start(rec)
+        return rec
+
+    def close_record(self, rec: CollectiveRecord, error: BaseException | None, end_ns: int) -> None:
+        """The call ended: completed, or failed with ``error`` (torch's own exception)."""
+        rec.end_ns = end_ns or time.time_ns()
+        if error is None:
+            rec.state = COMPLETED
+            rec.waiting_on = rec.waiting_for = None
+        else:
+            if rec.state != TIMED_OUT:
+                rec.state = FAILED
+            text = str(error).strip().splitlines()
+            rec.error = f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+        self.telemetry.finish(rec, self._sizes.get(rec.comm, self.world_size))
+
+    # -- watchdog -------------------------------------------------------------------------
+
+    def _expired(self, rec: CollectiveRecord, why: str) -> None:
+        if self.store is not None:
+            self.store.request_dump(why)
+
+    def _abort(self, rec: CollectiveRecord, why: str) -> None:
+        """``CCLCTL_ON_HANG=abort``: abort the group (NCCL unblocks; gloo ignores it)."""
+        group = next((c.group for c in list(self._comms.values()) if c.id == rec.comm), None)
+        abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
+        if abort is None:
+            return
+        try:
+            abort(group)
+        except Exception as exc:
+            log.warning("cclctl: aborting process group %s failed: %s", rec.comm, exc)
+
+    # -- end ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Final status, then stop every thread and leave the job's store. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self.completions.poll()
+        self.completions.close()
+        try:
+            self.telemetry.close()
+        finally:
+            if self.store is not None:
+                self.store.close()
