@@ -165,6 +165,34 @@ def _store_address(env: Mapping[str, str]) -> tuple[str, int, bool]:
     return host, port, False
 
 
+def attach_from_env(
+    rank: int, world_size: int, env: Mapping[str, str] | None = None
+) -> RendezvousConfig | None:
+    """Where a job that already rendezvoused by other means (torch.distributed) finds
+    cclctl's store: ``CCLCTL_STORE`` (running: join it), else ``MASTER_ADDR``:``MASTER_PORT``
+    + 1, hosted by rank 0, because torch.distributed's own store holds ``MASTER_PORT`` under
+    torchrun and plain env:// alike. None when neither variable is set.
+    """
+    env = os.environ if env is None else env
+    if env.get("CCLCTL_STORE", "").strip():
+        host, port, external = _store_address(env)
+    elif env.get("MASTER_PORT", "").strip():
+        host = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
+        port = _parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, _port) + 1
+        if port > 65535:
+            raise ConfigError("MASTER_PORT=65535 leaves no port for cclctl's store")
+        external = False
+    else:
+        return None
+    local_rank, local_size = 0, 1
+    if in_launched_job(env):
+        launched = rendezvous_from_env(env)
+        local_rank, local_size = launched.local_rank, launched.local_world_size
+    return RendezvousConfig(
+        rank, world_size, local_rank, local_size, host, port, "torch", external
+    )
+
+
 def _slurm_first_host(env: Mapping[str, str]) -> str | None:
     """First host of a simple Slurm node list (``node[01-04]`` -> ``node01``)."""
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
