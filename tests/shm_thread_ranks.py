@@ -132,4 +132,3 @@ def run_ranks(
     one_copy: bool = True,
 ) -> list[Any]:
     return run_on(make_transports(n, hosts, one_copy=one_copy), fn, cfg)
-

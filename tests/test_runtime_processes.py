@@ -1,4 +1,5 @@
-"""Real processes, real rendezvous: the full correctness matrix at world sizes 1 to 7."""
+"""Real processes, real rendezvous: the full correctness matrix at world sizes 1 to 7, over
+shared memory (the default on one host) and over TCP (``CCLCTL_TRANSPORT=tcp``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ WORKER = str(Path(__file__).with_name("matrix_worker.py"))
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
-def test_every_collective_dtype_and_reduction_matches_numpy(n: int) -> None:
+def test_every_collective_dtype_and_reduction_matches_numpy(n: int, transport: str) -> None:
     """Every collective x dtype x reduction x in/out-of-place, with 0, 1, odd and large counts."""
     lines: list[tuple[int, str]] = []
     result = launch(
         [sys.executable, WORKER],
         n,
+        env={"CCLCTL_TRANSPORT": transport},
         output=lambda rank, stream, line: lines.append((rank, line)),
         timeout_s=200,
     )

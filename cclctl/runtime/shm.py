@@ -30,7 +30,8 @@ from cclctl.runtime.transport import Transfer, Wait
 #: Publish ``value`` under ``key`` and return every rank's value by rank (all ranks call it).
 Exchange = Callable[[str, bytes], list[bytes]]
 
-DEFAULT_SPIN_S = 0.001
+DEFAULT_SPIN_S = 50e-6  # busy polling before yielding the core
+YIELD_S = 1e-3  # then yielding it (to a peer that may be waiting for it) before sleeping
 
 
 def usable_cpus() -> int:
@@ -88,11 +89,10 @@ def open_group(
         if own is not None:
             own.close()
         raise
-    cpus = usable_cpus()
-    oversubscribed = len(ranks) > cpus
-    spin = (0.0 if oversubscribed else DEFAULT_SPIN_S) if spin_s is None else spin_s
+    if spin_s is None:  # ranks that outnumber the cores must not spin on each other
+        spin_s = 0.0 if len(ranks) > usable_cpus() else DEFAULT_SPIN_S
     group = ShmGroup(
-        rank, ranks, views, layout, spin_s=spin, oversubscribed=oversubscribed, futex=Futex()
+        rank, ranks, views, layout, spin_s=spin_s, yield_s=spin_s + YIELD_S, futex=Futex()
     )
     return group, True
 

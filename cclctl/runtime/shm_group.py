@@ -46,7 +46,7 @@ class ShmGroup:
         layout: Layout,
         *,
         spin_s: float,
-        oversubscribed: bool,
+        yield_s: float,
         futex: Futex,
     ) -> None:
         self.rank = rank
@@ -58,7 +58,7 @@ class ShmGroup:
         self.others = [v for v in self.views if v is not self.me]
         self.layout = layout
         self.spin_s = spin_s
-        self.oversubscribed = oversubscribed
+        self.yield_s = yield_s
         self.futex = futex
         self.round = 0  # collective rounds this rank has taken part in
         self.last_res_round = -1  # the latest round that used the result slots
@@ -82,11 +82,19 @@ class ShmGroup:
         q = view.q
         if q[index] >= target:
             return
-        end = time.perf_counter() + self.spin_s
-        while time.perf_counter() < end:
+        now = time.perf_counter()
+        busy, polite = now + self.spin_s, now + self.yield_s
+        while True:  # spin: the peer is usually running on another core right now
             if q[index] >= target:
                 return
+            now = time.perf_counter()
+            if now >= busy:
+                break
+        while now < polite:  # yield: or it waits for the core this rank is holding
             os.sched_yield()
+            if q[index] >= target:
+                return
+            now = time.perf_counter()
         self.block(lambda: q[index] >= target, view.rank, what, call, wait)
 
     def block(

@@ -1,0 +1,239 @@
+"""The shared-memory transport on thread ranks: results, bit-identity, mismatches, failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from shm_thread_ranks import CFG, make_transports, run_on, run_ranks
+
+from cclctl.errors import CollectiveTimeout, CommAborted, PeerError, ProtocolError
+from cclctl.records import CollectiveRecord
+from cclctl.runtime.communicator import Communicator
+from cclctl.runtime.hybrid import HybridTransport
+from cclctl.runtime.shm import ShmTransport
+from cclctl.runtime.shm_layout import Layout
+
+pytestmark = pytest.mark.timeout(60)
+FAST_FAIL = CFG.replace(timeout_s=3.0)
+
+
+def tiny(local_size: int) -> Layout:
+    """Slots of 4 KiB, two of each: every collective runs many rounds and reuses slots."""
+    return Layout(local_size, slots=2, slot_bytes=4096, p2p_slots=2, p2p_bytes=4096)
+
+
+def every_collective(comm: Communicator, count: int) -> dict[str, np.ndarray]:
+    r, n = comm.rank, comm.world_size
+    x = ((np.arange(count) * 7 + r * 3) % 11 + 1).astype(np.int64)
+    got: dict[str, np.ndarray] = {}
+    y = x.copy()
+    comm.all_reduce(y, op="max" if count % 2 else "sum")
+    got["all_reduce"] = y
+    got["all_reduce_out"] = comm.all_reduce(x, out=np.empty_like(x), op="prod")
+    got["all_gather"] = comm.all_gather(x, np.empty(count * n, np.int64))
+    got["reduce_scatter"] = comm.reduce_scatter(np.tile(x, n) + r, np.empty(count, np.int64))
+    b = x.copy()
+    comm.broadcast(b, root=n - 1)
+    got["broadcast"] = b
+    red = x.copy()
+    comm.reduce(red, root=0)
+    got["reduce"] = red
+    got["all_to_all"] = comm.all_to_all(np.tile(x, n) + r, np.empty(count * n, np.int64))
+    comm.barrier()
+    return got
+
+
+def expected(n: int, count: int, rank: int) -> dict[str, np.ndarray]:
+    xs = [((np.arange(count) * 7 + r * 3) % 11 + 1).astype(np.int64) for r in range(n)]
+    want = {
+        "all_reduce": np.max(xs, axis=0) if count % 2 else np.sum(xs, axis=0),
+        "all_reduce_out": np.prod(xs, axis=0),
+        "all_gather": np.concatenate(xs),
+        "reduce_scatter": np.sum(xs, axis=0) + sum(range(n)),
+        "broadcast": xs[n - 1],
+        "all_to_all": np.concatenate([xs[j] + j for j in range(n)]),
+    }
+    if rank == 0:
+        want["reduce"] = np.sum(xs, axis=0)
+    return want
+
+
+@pytest.mark.parametrize(
+    ("n", "hosts", "one_copy"),
+    [
+        (2, None, True),
+        (3, None, True),
+        (4, None, True),
+        (3, None, False),  # every collective through the point-to-point rings
+        (4, ["a", "a", "b", "b"], True),  # hybrid: hierarchical all-reduce
+        (3, ["a", "b", "a"], True),  # hybrid, hosts interleaved
+        (3, ["a", "b", "c"], True),  # one rank per host: plain TCP
+    ],
+)
+def test_every_collective_matches_numpy_through_many_slot_rounds(
+    n: int, hosts: list[str] | None, one_copy: bool
+) -> None:
+    transports = make_transports(n, hosts, layout=tiny, one_copy=one_copy)
+    counts = [1, 5, 1000, 2999]  # 2999 int64s: 6 rounds of 4 KiB, slots reused 3 times
+
+    def body(comm: Communicator) -> list[dict[str, np.ndarray]]:
+        return [every_collective(comm, c) for c in counts]
+
+    results = run_on(transports, body)
+    for rank, per_count in enumerate(results):
+        for count, got in zip(counts, per_count, strict=True):
+            for name, want in expected(n, count, rank).items():
+                np.testing.assert_array_equal(got[name], want, err_msg=f"{name} count {count}")
+
+
+@pytest.mark.parametrize("n", [3, 5])
+@pytest.mark.parametrize("count", [10, 300_007])  # direct, and reduce-scatter + all-gather
+def test_float_all_reduce_is_bit_identical_on_every_rank(n: int, count: int) -> None:
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal(count).astype(np.float32) for _ in range(n)]
+
+    def body(comm: Communicator) -> np.ndarray:
+        return comm.all_reduce(inputs[comm.rank].copy())
+
+    results = run_ranks(n, body)
+    for got in results[1:]:
+        assert got.tobytes() == results[0].tobytes()
+    np.testing.assert_allclose(results[0], np.sum(inputs, axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_records_name_the_shared_memory_algorithm() -> None:
+    seen: list[CollectiveRecord] = []
+
+    class Tracer:
+        def start(self, rec: CollectiveRecord) -> None:
+            pass
+
+        def finish(self, rec: CollectiveRecord, world_size: int) -> None:
+            if rec.peer is None:
+                seen.append(rec)
+
+    def body(comm: Communicator) -> None:
+        if comm.rank == 0:
+            comm.tracer = Tracer()
+        comm.all_reduce(np.ones(4, np.float32))
+        comm.all_reduce(np.ones(1 << 20, np.float32))
+
+    run_ranks(3, body)
+    assert [r.algo for r in seen] == ["shm_direct", "shm_rsag"]
+    assert seen[1].step > 0  # it ran several rounds
+
+
+def test_dtype_mismatch_is_named_on_both_ranks() -> None:
+    def body(comm: Communicator) -> str:
+        dtype = np.float32 if comm.rank == 0 else np.int32
+        with pytest.raises(ProtocolError) as info:
+            comm.all_reduce(np.ones(8, dtype=dtype))
+        return str(info.value)
+
+    msgs = run_ranks(2, body, FAST_FAIL)
+    assert msgs[0] == (
+        "collective mismatch: rank 0 called all_reduce(float32, sum, count 8) at seq 1 epoch 0 "
+        "but peer 1 called all_reduce(int32, sum, count 8) at seq 1 epoch 0"
+    )
+    assert "rank 1 called all_reduce(int32, sum, count 8)" in msgs[1]
+
+
+@pytest.mark.parametrize("one_copy", [True, False])
+def test_different_op_fails_fast_and_breaks_the_communicator(one_copy: bool) -> None:
+    def body(comm: Communicator) -> str:
+        x = np.ones(8, dtype=np.float32)
+        started = time.monotonic()
+        with pytest.raises((ProtocolError, PeerError)) as info:
+            if comm.rank == 0:
+                comm.all_reduce(x)
+            else:
+                comm.broadcast(x, root=0)
+        assert time.monotonic() - started < 2.0  # not the 3 s timeout
+        with pytest.raises(CommAborted, match="unusable after an earlier failure"):
+            comm.all_reduce(x)
+        return type(info.value).__name__
+
+    transports = make_transports(2, one_copy=one_copy)
+    kinds = run_on(transports, body, FAST_FAIL)
+    assert "ProtocolError" in kinds
+
+
+def test_a_rank_that_never_comes_times_out_naming_it() -> None:
+    transports = make_transports(3)
+    records: list[CollectiveRecord] = []
+
+    class Tracer:
+        def start(self, rec: CollectiveRecord) -> None:
+            records.append(rec)
+
+        def finish(self, rec: CollectiveRecord, world_size: int) -> None:
+            pass
+
+    def body(comm: Communicator) -> str:
+        if comm.rank == 2:
+            return "skipped"
+        comm.tracer = Tracer()
+        with pytest.raises(CollectiveTimeout) as info:
+            comm.all_reduce(np.ones(4, np.float32))
+        return str(info.value)
+
+    cfg = CFG.replace(timeout_s=0.5)
+    msgs = run_on(transports, body, cfg)
+    assert "waiting to recv from rank 2" in msgs[0] and "waiting to recv from rank 2" in msgs[1]
+    assert {(r.waiting_on, r.waiting_for) for r in records} == {(2, "recv")}
+
+
+def test_a_peer_that_closes_fails_the_waiting_rank_at_once() -> None:
+    transports = make_transports(2)
+    closed = threading.Event()
+
+    def body(comm: Communicator) -> str:
+        if comm.rank == 1:
+            comm.close()
+            closed.set()
+            return ""
+        closed.wait(5)
+        started = time.monotonic()
+        with pytest.raises(PeerError) as info:
+            comm.all_reduce(np.ones(4, np.float32))
+        assert time.monotonic() - started < 1.0
+        return str(info.value)
+
+    msg = run_on(transports, body, FAST_FAIL)[0]
+    assert "shared-memory link to rank 1 broke" in msg and "closed its communicator" in msg
+
+
+def test_an_abort_ends_a_blocked_wait() -> None:
+    transports = make_transports(2)
+
+    def body(comm: Communicator) -> str:
+        if comm.rank == 1:
+            time.sleep(1.0)
+            return ""
+        threading.Timer(0.2, comm.abort, args=("operator said so",)).start()
+        with pytest.raises(CommAborted, match="operator said so"):
+            comm.all_reduce(np.ones(4, np.float32))
+        return "aborted"
+
+    assert run_on(transports, body, CFG)[0] == "aborted"
+
+
+def test_transports_and_link_bytes() -> None:
+    shm = make_transports(2)
+    hybrid = make_transports(4, ["a", "a", "b", "b"])
+
+    def body(comm: Communicator) -> tuple[list[int], list[int]]:
+        x = np.zeros(100, np.uint8)
+        if comm.rank == 0:
+            comm.send(x, 1)
+        elif comm.rank == 1:
+            comm.recv(x, 0)
+        return comm.transport.link_bytes()
+
+    assert all(isinstance(t, ShmTransport) for t in shm)
+    assert all(isinstance(t, HybridTransport) for t in hybrid)
+    counts = run_on(hybrid, body)
+    assert counts[0][0][1] == 100 and counts[1][1][0] == 100

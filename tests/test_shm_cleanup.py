@@ -1,0 +1,120 @@
+"""Shared memory leaves nothing behind: not after a clean exit, not after ``kill -9``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cclctl.runtime import shm_segment
+from cclctl.runtime.store import StoreServer
+
+WORKER = str(Path(__file__).with_name("shm_worker.py"))
+
+pytestmark = pytest.mark.skipif(not shm_segment.available(), reason="no writable /dev/shm")
+
+
+def job_files(job: str) -> list[str]:
+    prefix = f"cclctl-{zlib.crc32(job.encode()):08x}-"
+    return [p.name for p in shm_segment.SHM_DIR.iterdir() if p.name.startswith(prefix)]
+
+
+def run_job(n: int, job: str, **env: str) -> list[dict[str, Any]]:
+    """Bare rank processes around a store of our own: when one dies, nobody stops the rest."""
+    with StoreServer("127.0.0.1", 0).start() as server:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, WORKER],
+                env={
+                    **base,
+                    "RANK": str(r),
+                    "WORLD_SIZE": str(n),
+                    "CCLCTL_STORE": server.address,
+                    "CCLCTL_JOB": job,
+                    **env,
+                },
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for r in range(n)
+        ]
+        lines: list[dict[str, Any]] = []
+        try:
+            for p in procs:
+                out, _ = p.communicate(timeout=60)
+                lines += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(5)
+    return lines
+
+
+@pytest.mark.timeout(90)
+def test_segments_are_unlinked_as_soon_as_every_rank_mapped_them() -> None:
+    job = f"shm-clean-{os.getpid()}"
+    lines = run_job(3, job, ITERS="20")
+    joined = [line for line in lines if "transport" in line]
+    assert [line["transport"] for line in joined] == ["shm"] * 3
+    assert all(line["files"] == [] for line in joined)  # gone while the job still runs
+    assert sum(1 for line in lines if line.get("done")) == 3
+    assert job_files(job) == []
+
+
+@pytest.mark.timeout(90)
+def test_kill_9_leaks_nothing_and_the_survivors_fail_fast_naming_the_dead_rank() -> None:
+    job = f"shm-kill-{os.getpid()}"
+    lines = run_job(
+        3,
+        job,
+        ITERS="1000000",
+        CCLCTL_FAULT="kill:rank=1:seq=50",
+        CCLCTL_TIMEOUT="30",
+    )
+    errors = [line for line in lines if "error" in line]
+    assert sorted(line["rank"] for line in errors) == [0, 2]
+    assert all(line["error"] == "PeerError" for line in errors)
+    assert any("rank 1's process exited" in str(line["message"]) for line in errors)
+    assert all(float(line["seconds"]) < 5 for line in errors)  # not the 30 s timeout
+    assert job_files(job) == []
+
+
+@pytest.mark.timeout(30)
+def test_sweep_removes_segments_whose_owner_is_gone_and_keeps_live_ones() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = shm_segment.SHM_DIR / f"cclctl-0badc0de-r3-p{dead.pid}-00000000"
+    live = shm_segment.SHM_DIR / f"cclctl-0badc0de-r4-p{os.getpid()}-00000000"
+    stranger = shm_segment.SHM_DIR / f"not-cclctl-p{dead.pid}"
+    for path in (stale, live, stranger):
+        path.write_bytes(b"x")
+    try:
+        removed = shm_segment.sweep()
+        assert stale.name in removed and not stale.exists()
+        assert live.exists() and stranger.exists()
+    finally:
+        for path in (stale, live, stranger):
+            path.unlink(missing_ok=True)
+
+
+@pytest.mark.timeout(60)
+def test_a_new_job_sweeps_what_a_crashed_setup_left() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = shm_segment.SHM_DIR / f"cclctl-0badc0de-r0-p{dead.pid}-11111111"
+    stale.write_bytes(b"\0" * 4096)
+    try:
+        lines = run_job(2, f"shm-sweep-{os.getpid()}", ITERS="2")
+        assert sum(1 for line in lines if line.get("done")) == 2
+        assert not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
