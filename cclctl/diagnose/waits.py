@@ -4,9 +4,9 @@ Inside one collective every rank waits on at most one peer, so the waits form ch
 end in one of three ways: at a rank that waits on nobody (busy inside the call, or it left
 with an error), at a rank outside the call (it finished it already, or a check before this
 one has explained it), or in a cycle. A cycle of two ranks waiting on each other is a link
-that carries nothing: ``link 2<->3``. A longer cycle is broken where a rank waits to *send*
-(the far end does not drain), else where the lowest algorithm step is (the data stopped
-there); when neither tells, no single rank is named.
+that carries nothing: ``link 2<->3``. A longer cycle is broken where a rank's call failed on
+a link, else where a rank waits to *send* (the far end does not drain), else where the
+lowest algorithm step is (the data stopped there); when none tells, no rank is named.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from cclctl.diagnose import text
 from cclctl.diagnose.model import STUCK, Suspect, Verdict
 from cclctl.diagnose.view import CommView, RankState, in_flight
 from cclctl.ranges import fold_ranks
+from cclctl.records import FAILED
 
 #: Peers named by the runtime's own error messages, for records whose waits were cleared.
 _PEER_IN_ERROR = re.compile(
@@ -93,14 +94,14 @@ def _terminals(
         index: dict[int, int] = {}
         cur = start
         while True:
+            if cur not in inside or (cur in explained and cur != start):
+                term = ("outside", (cur,))
+                break
             if cur in memo:
                 term = memo[cur]
                 break
             if cur in index:
                 term = ("cycle", tuple(sorted(path[index[cur] :])))
-                break
-            if cur not in inside or (cur in explained and cur != start):
-                term = ("outside", (cur,))
                 break
             index[cur] = len(path)
             path.append(cur)
@@ -222,6 +223,15 @@ def _broken_link(
 ) -> tuple[int, int] | None:
     if len(ring) == 2:
         return ring[0], ring[1]
+    broken = [
+        r
+        for r in ring
+        if cv.open[r].state == FAILED and _PEER_IN_ERROR.search(cv.open[r].error or "")
+    ]
+    if broken:
+        r = broken[0]
+        evidence.append(f"rank {r} reports: {cv.open[r].error}")
+        return min(r, edges[r][0]), max(r, edges[r][0])
     senders = [r for r in ring if edges[r][1] == "send"]
     if senders:
         r = senders[0]

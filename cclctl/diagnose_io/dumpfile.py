@@ -3,8 +3,8 @@
 A dump holds up to thousands of records per communicator, and a diagnosis needs the last few
 of each. Parsing all of them costs ~10 ms a file (5 s for 512 ranks), so the fast path
 parses the document *without* its records array (which still checks every other byte, the
-end of the file included, so a truncated dump is caught) and then parses only the tail of
-the array, growing it until it holds each communicator's last started call. Anything the
+end of the file included, so a truncated dump is caught), then only the tail of the array,
+plus each communicator's last started call found by its exact bytes. Anything the
 fast path does not recognise falls back to the plain full parse, which also words the error.
 
 Record boundaries are found by the bytes ``{"comm":``: JSON escapes quotes inside strings,
@@ -22,8 +22,8 @@ from cclctl.records import DUMP_SCHEMA, STATUS_SCHEMA, RankSnapshot, snapshot_fr
 
 #: A dump of 2,000 records per communicator is about 0.6 MB; this is far beyond any.
 MAX_BYTES = 256 << 20
-#: Records parsed at first; multiplied by 4 until every communicator's last call is in.
-FIRST_TAIL = 32
+#: Records kept from the end of the ring (the engine keeps 8 per communicator of them).
+TAIL = 64
 
 _RECORDS = b',"records":['
 _AFTER = b'],"counters":'
@@ -41,7 +41,7 @@ def read_bytes(path: str) -> bytes:
             size = os.fstat(fh.fileno()).st_size
             if size > MAX_BYTES:
                 raise fail(path, f"too large for a dump ({size} bytes)")
-            data = fh.read(MAX_BYTES + 1)
+            data = fh.read()  # read(n) would reserve n bytes up front
     except IsADirectoryError:
         raise fail(path, "is a directory") from None
     except OSError as exc:
@@ -116,50 +116,58 @@ def _last_started(head: dict[str, Any]) -> dict[str, int]:
     return wanted
 
 
-def _covers(records: list[Any], wanted: dict[str, int]) -> bool:
-    """Every communicator's last started call is among ``records``."""
-    found = {
-        (r.get("comm"), r.get("seq"))
-        for r in records
-        if isinstance(r, dict) and r.get("peer") is None
-    }
-    return all((comm, seq) in found for comm, seq in wanted.items())
-
-
 def _tail(body: bytes, head: dict[str, Any]) -> list[Any] | None:
+    """The last :data:`TAIL` records, plus each communicator's last started call wherever it
+    is (a sub-group used once, long ago, must not force parsing the whole ring).
+    """
     if not body.strip():
         return []
-    wanted = _last_started(head)
-    starts: list[int] = []
-    want = FIRST_TAIL
-    pos = len(body)
-    while True:
-        while len(starts) < want and (found := body.rfind(_START, 0, pos)) >= 0:
-            starts.append(found)
-            pos = found
-        if not starts:
-            return None  # not cclctl's record layout
-        front = len(starts) < want
-        if front and body[: starts[-1]].strip():
-            return None
+    cut, starts = len(body), 0
+    while starts < TAIL and (found := body.rfind(_START, 0, cut)) >= 0:
+        cut, starts = found, starts + 1
+    if not starts or (starts < TAIL and body[:cut].strip()):
+        return None  # not cclctl's record layout
+    try:
+        tail = json.loads(b"[" + body[cut:] + b"]")
+    except (ValueError, RecursionError):
+        return None
+    have = {
+        (r.get("comm"), r.get("seq")) for r in tail if isinstance(r, dict) and r.get("peer") is None
+    }
+    earlier: list[Any] = []
+    for comm, seq in sorted(_last_started(head).items()):
+        if (comm, seq) not in have:
+            rec = _find(body, cut, comm, seq)
+            if rec is not None:
+                earlier.append(rec)
+    return earlier + tail
+
+
+def _find(body: bytes, before: int, comm: str, seq: int) -> Any:
+    """The collective record (comm, seq) starting before ``before``, parsed alone; None when
+    the ring does not hold it (it is off, or a foreign writer laid records out differently).
+    """
+    key = _START + json.dumps(comm).encode() + b',"seq":' + str(seq).encode() + b","
+    at = body.rfind(key, 0, before)
+    while at >= 0:
+        end = body.find(b"," + _START, at + 1, before + 1)
         try:
-            records = json.loads(b"[" + body[starts[-1] :] + b"]")
+            rec = json.loads(body[at : end if end >= 0 else before])
         except (ValueError, RecursionError):
             return None
-        if front or _covers(records, wanted):
-            return list(records)
-        want *= 4
+        if isinstance(rec, dict) and rec.get("peer") is None:
+            return rec
+        at = body.rfind(key, 0, at)  # a point-to-point call with the same number
+    return None
 
 
 def _cut(records: list[Any], doc: Any) -> list[Any]:
-    """The tail the fast path would have kept, for dumps read the slow way."""
-    if len(records) <= FIRST_TAIL:
+    """The records the fast path would have kept, for dumps read the slow way."""
+    if len(records) <= TAIL:
         return records
+    tail = records[-TAIL:]
+    have = {(r.comm, r.seq) for r in tail if r.peer is None}
     wanted = _last_started(doc) if isinstance(doc, dict) else {}
-    keep = FIRST_TAIL
-    while keep < len(records):
-        tail = records[-keep:]
-        if _covers([{"comm": r.comm, "seq": r.seq, "peer": r.peer} for r in tail], wanted):
-            return tail
-        keep *= 4
-    return records
+    lost = {(c, s) for c, s in wanted.items() if (c, s) not in have}
+    earlier = [r for r in records[:-TAIL] if r.peer is None and (r.comm, r.seq) in lost]
+    return earlier + tail
