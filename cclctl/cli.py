@@ -12,6 +12,7 @@ import typer
 
 from cclctl import __version__
 from cclctl.commands import bench, launch, top
+from cclctl.commands import run as run_command
 from cclctl.errors import EXIT_ERROR, CclError
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ app = typer.Typer(
 
 for _module in (bench, launch, top):
     _module.register(app)
+run_command.register(app)
 
 
 def _version(value: bool) -> None:

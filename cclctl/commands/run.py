@@ -1,0 +1,107 @@
+"""`cclctl run`: run a PyTorch job with cclctl's telemetry, without editing the script.
+
+The command is exec'd (same pid, signals and exit code: a launcher watching this process
+sees the job itself) with a folder first on PYTHONPATH whose ``sitecustomize`` instruments
+torch.distributed when torch is imported. The variable is inherited, so every Python
+process below is covered too: ``cclctl run -- torchrun ...`` instruments each worker
+torchrun starts, and ``torchrun ... -m cclctl run -- train.py`` works as well.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from cclctl.config import inherited_environment
+from cclctl.errors import UsageError
+
+HELP = (
+    "Run a PyTorch job with cclctl's counters, flight recorder, live status, metrics and "
+    "hang watchdog on every torch.distributed collective, without editing the script.\n\n"
+    "Each rank publishes its status to cclctl's store: the one `cclctl launch` runs, else "
+    "one rank 0 hosts on MASTER_PORT+1 (rank 0 prints the `cclctl top` command to use). "
+    "A CMD ending in .py runs with this Python."
+)
+
+EPILOG = """Examples:
+
+  cclctl run -- python train.py --epochs 1
+
+  cclctl run --trace-dir /tmp/traces -- torchrun --nproc-per-node 8 train.py
+
+  torchrun --nproc-per-node 8 -m cclctl run -- train.py
+
+  cclctl launch -n 4 -- cclctl run -- python train.py
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "run",
+        help=HELP,
+        epilog=EPILOG,
+        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+    )(run_command)
+
+
+def run_command(
+    cmd: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="-- CMD ARGS", help="The job to run.", show_default=False),
+    ] = None,
+    trace_dir: str | None = typer.Option(
+        None, "--trace-dir", help="Where ranks write dumps (CCLCTL_TRACE_DIR)."
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", help="Seconds before the watchdog calls a collective hung."
+    ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", help="Serve Prometheus metrics from this port + local rank."
+    ),
+    job: str | None = typer.Option(None, "--job", help="Job name in the store and dumps."),
+) -> None:
+    argv = command_line(cmd or [])
+    env = run_environment(
+        inherited_environment(),
+        CCLCTL_TRACE_DIR=trace_dir,
+        CCLCTL_TIMEOUT=None if timeout is None else str(timeout),
+        CCLCTL_METRICS_PORT=None if metrics_port is None else str(metrics_port),
+        CCLCTL_JOB=job,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], argv, env)
+    except FileNotFoundError:
+        raise UsageError(f"cclctl run: {argv[0]}: command not found") from None
+    except PermissionError:
+        raise UsageError(f"cclctl run: {argv[0]}: permission denied") from None
+
+
+def command_line(cmd: list[str]) -> list[str]:
+    """The command to exec: as given, with this Python in front of a bare ``script.py``."""
+    if not cmd or not cmd[0]:
+        raise UsageError("no command to run: give it after --, e.g. cclctl run -- python train.py")
+    return [sys.executable, *cmd] if cmd[0].endswith(".py") else list(cmd)
+
+
+def bootstrap_dir() -> str:
+    """The folder whose ``sitecustomize`` instruments torch at start-up."""
+    from cclctl.integrations import bootstrap
+
+    return os.path.dirname(os.path.abspath(bootstrap.__file__))
+
+
+def run_environment(base: dict[str, str], **settings: str | None) -> dict[str, str]:
+    """``base`` with the bootstrap folder first on PYTHONPATH and the given CCLCTL_*
+    settings (None: leave as inherited).
+    """
+    env = dict(base)
+    here = bootstrap_dir()
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
+    env["PYTHONPATH"] = os.pathsep.join([here, *paths])
+    env.update({name: value for name, value in settings.items() if value is not None})
+    return env

@@ -1,0 +1,1 @@
+"""The folder ``cclctl run`` puts first on PYTHONPATH: it holds only ``sitecustomize``."""
