@@ -9,6 +9,17 @@ from cclctl.runtime.wire import DTYPE_NAMES
 
 SUPPORTED_DTYPES = frozenset(name for name in DTYPE_NAMES if name)
 REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
+_NAMES: dict[np.dtype, str] = {}  # dtype -> name, for the supported dtypes only
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, cached: numpy computes it in Python (~3 us, twice per call)."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = dtype.name
+        if name in SUPPORTED_DTYPES:
+            _NAMES[dtype] = name
+    return name
 
 
 def flat(arr: object, what: str, op: str, *, writable: bool = False) -> np.ndarray:
@@ -17,7 +28,7 @@ def flat(arr: object, what: str, op: str, *, writable: bool = False) -> np.ndarr
         raise InvalidArgument(
             f"{op}: {what} must be a numpy array, got {type(arr).__name__}", op=op
         )
-    if arr.dtype.name not in SUPPORTED_DTYPES:
+    if dtype_name(arr.dtype) not in SUPPORTED_DTYPES:
         raise InvalidArgument(
             f"{op}: {what} has dtype {arr.dtype.name}, which cclctl does not reduce or send; "
             f"use one of {', '.join(sorted(SUPPORTED_DTYPES))}",

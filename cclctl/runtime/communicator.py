@@ -288,7 +288,7 @@ class Communicator:
             self._seq += 1
             seq = self._seq
         count = arr.size if count is None else count
-        dtype = arr.dtype.name
+        dtype = buffers.dtype_name(arr.dtype)
         fault = self._faults.at(self.rank, seq, self.id) if self._faults else None
         if fault is not None:
             if fault.kind == "op":
