@@ -82,7 +82,9 @@ def test_every_collective_matches_numpy_through_many_slot_rounds(
     def body(comm: Communicator) -> list[dict[str, np.ndarray]]:
         return [every_collective(comm, c) for c in counts]
 
-    results = run_on(transports, body)
+    # From 1 KiB up the bandwidth algorithms run: reduce-scatter + all-gather, chains.
+    cfg = CFG.replace(algo="all_reduce>=1K=ring,broadcast>=1K=chain,reduce>=1K=ring")
+    results = run_on(transports, body, cfg)
     for rank, per_count in enumerate(results):
         for count, got in zip(counts, per_count, strict=True):
             for name, want in expected(n, count, rank).items():
@@ -237,3 +239,18 @@ def test_transports_and_link_bytes() -> None:
     assert all(isinstance(t, HybridTransport) for t in hybrid)
     counts = run_on(hybrid, body)
     assert counts[0][0][1] == 100 and counts[1][1][0] == 100
+
+
+def test_a_dropped_link_fails_both_ranks() -> None:
+    def body(comm: Communicator) -> str:
+        x = np.ones(4, np.float32)
+        comm.all_reduce(x)
+        if comm.rank == 0:
+            comm.transport.drop_link(1)
+        with pytest.raises(PeerError) as info:
+            comm.all_reduce(x)
+        return str(info.value)
+
+    msgs = run_ranks(2, body, FAST_FAIL)
+    assert "link to rank 1 was dropped" in msgs[0]
+    assert "rank 0 failed" in msgs[1]

@@ -92,7 +92,7 @@ def open_group(
     if spin_s is None:  # ranks that outnumber the cores must not spin on each other
         spin_s = 0.0 if len(ranks) > usable_cpus() else DEFAULT_SPIN_S
     group = ShmGroup(
-        rank, ranks, views, layout, spin_s=spin_s, yield_s=spin_s + YIELD_S, futex=Futex()
+        rank, ranks, views, layout, spin_s=spin_s, yield_s=YIELD_S, futex=Futex()
     )
     return group, True
 
@@ -134,8 +134,9 @@ class ShmTransport:
 
     @property
     def shared(self) -> ShmGroup | None:
-        """The one-copy engine, when every rank of the communicator is on this host."""
-        return self.group if self.group.spans else None
+        """The one-copy engine, when every rank of the communicator is on this host (and no
+        link was dropped: then every step goes through :meth:`start`, which reports it)."""
+        return self.group if self.group.spans and not self._dropped else None
 
     def is_local(self, peer: int) -> bool:
         return peer in self._local

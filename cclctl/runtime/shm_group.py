@@ -57,7 +57,8 @@ class ShmGroup:
         self.me = self.views[self.local]
         self.others = [v for v in self.views if v is not self.me]
         self.layout = layout
-        self.spin_s = spin_s
+        self.spin_s = spin_s  # the longest busy spin
+        self.spin = spin_s  # the current one (see wait_counter)
         self.yield_s = yield_s
         self.futex = futex
         self.round = 0  # collective rounds this rank has taken part in
@@ -78,18 +79,25 @@ class ShmGroup:
     def wait_counter(
         self, view: View, index: int, target: int, call: wire.Call, wait: Wait, what: str
     ) -> None:
-        """Return once ``view``'s counter ``index`` reaches ``target``."""
+        """Return once ``view``'s counter ``index`` reaches ``target``.
+
+        The busy spin adapts: it doubles after a wait that it ended and halves after one it
+        did not, so when the ranks share cores (a loaded machine) it shrinks toward zero
+        and the rank yields at once to whoever holds the answer.
+        """
         q = view.q
         if q[index] >= target:
             return
         now = time.perf_counter()
-        busy, polite = now + self.spin_s, now + self.yield_s
+        busy, polite = now + self.spin, now + self.spin + self.yield_s
         while True:  # spin: the peer is usually running on another core right now
             if q[index] >= target:
+                self.spin = min(self.spin_s, 2 * self.spin + 1e-6)
                 return
             now = time.perf_counter()
             if now >= busy:
                 break
+        self.spin *= 0.5
         while now < polite:  # yield: or it waits for the core this rank is holding
             os.sched_yield()
             if q[index] >= target:

@@ -47,7 +47,7 @@ _P2P_BASE = 4 * LINE
 class Layout:
     local_size: int
     slots: int = 4
-    slot_bytes: int = 256 << 10
+    slot_bytes: int = 1 << 20
     p2p_slots: int = 4
     p2p_bytes: int = 256 << 10
 

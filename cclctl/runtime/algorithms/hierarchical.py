@@ -49,7 +49,7 @@ class _Leaders(Step):
 def all_reduce(ctx: Step, h: Hierarchy, src: Array, out: Array, redop: str, large: bool) -> None:
     """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``)."""
     if h.group is not None:
-        shared.all_reduce(ctx, h.group, src, out, redop)
+        shared.all_reduce(ctx, h.group, src, out, redop, large)
     elif out is not src:
         out[...] = src
     if ctx.rank == h.leader and len(h.leaders) > 1:

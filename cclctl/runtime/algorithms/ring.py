@@ -64,7 +64,7 @@ def all_reduce(
 ) -> None:
     """Reduce-scatter then all-gather: 2(n-1)/n of the buffer crosses each link."""
     if ctx.shared is not None:
-        shared.all_reduce(ctx, ctx.shared, src, out, redop)
+        shared.all_reduce(ctx, ctx.shared, src, out, redop, large=True)
         return
     if ctx.hier is not None:
         hierarchical.all_reduce(ctx, ctx.hier, src, out, redop, large=True)

@@ -91,9 +91,15 @@ def _rounds(count: int, itemsize: int, slot_bytes: int, parts: int = 1) -> list[
     return [(lo, min(count, lo + per)) for lo in range(0, max(count, 1), per)]
 
 
-def all_reduce(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str) -> None:
-    """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``)."""
-    if g.size > 2 and src.nbytes > g.layout.slot_bytes:
+def all_reduce(
+    ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str, large: bool = False
+) -> None:
+    """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``).
+
+    ``large`` (the selection chose the bandwidth algorithm) picks reduce-scatter +
+    all-gather for 3+ ranks; with 2 ranks *direct* moves the least data at every size.
+    """
+    if large and g.size > 2:
         _label(ctx, "shm_rsag")
         _all_reduce_rsag(ctx, g, src, out, redop)
     else:
