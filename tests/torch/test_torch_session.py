@@ -1,0 +1,148 @@
+"""instrument()/uninstrument() in this process (a one-rank gloo group), and how records of
+calls that return early are closed (the completion tracker, with stand-in works).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cclctl.integrations import torch as cclctl_torch
+from cclctl.integrations.torch_timing import Completions
+from cclctl.records import COMPLETED, CollectiveRecord
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[Path]:
+    """Instrumented before init, as `cclctl run` does; everything undone afterwards."""
+    originals = (dist.all_reduce, dist.distributed_c10d.Work.wait)
+    cclctl_torch.instrument(trace_dir=str(tmp_path), timeout_s=30)
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1
+        )
+        yield tmp_path
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        cclctl_torch.uninstrument()
+        assert (dist.all_reduce, dist.distributed_c10d.Work.wait) == originals
+
+
+@pytest.mark.timeout(30)
+def test_a_one_rank_job_is_counted_and_dumped(one_rank: Path) -> None:
+    sess = cclctl_torch.session()
+    assert sess is not None
+    t = torch.ones(256)
+    assert dist.all_reduce(t) is None
+    work = dist.all_reduce(t, async_op=True)
+    assert isinstance(work, dist.distributed_c10d.Work)
+    work.wait()
+    dist.barrier()
+    deadline = time.monotonic() + 5
+    while sess.telemetry.inflight() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the async record closes from gloo's own thread
+    recs = sess.telemetry.records()
+    assert [(r.comm, r.seq, r.op, r.state, r.nbytes) for r in recs] == [
+        ("0:0", 1, "all_reduce", COMPLETED, 1024),
+        ("0:0", 2, "all_reduce", COMPLETED, 1024),
+        ("0:0", 3, "barrier", COMPLETED, 0),
+    ]
+    view = sess.telemetry.metrics_view()
+    assert view.backend == "gloo"
+    assert view.ops[("0:0", "all_reduce")].collectives == 2
+    path = sess.telemetry.dump("test")
+    assert path is not None and Path(path).parent == one_rank
+    dist.destroy_process_group()
+    assert cclctl_torch.session() is None  # destroying the world ends the session
+
+
+@pytest.mark.timeout(30)
+def test_instrumenting_a_running_job_starts_at_once(tmp_path: Path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        dist.all_reduce(torch.ones(1))  # before: not counted
+        cclctl_torch.instrument()
+        sess = cclctl_torch.session()
+        assert sess is not None
+        dist.broadcast(torch.ones(3), src=0)
+        assert [(r.seq, r.op, r.root) for r in sess.telemetry.records()] == [(1, "broadcast", 0)]
+    finally:
+        dist.destroy_process_group()
+        cclctl_torch.uninstrument()
+
+
+class _Work:
+    def __init__(self) -> None:
+        self.completed = False
+
+    def is_completed(self) -> bool:
+        return self.completed
+
+    def get_future(self) -> Any:
+        raise RuntimeError("Work::getFuture not implemented.")
+
+
+def _closer() -> tuple[list[tuple[int, str, int]], Any]:
+    closed: list[tuple[int, str, int]] = []
+    lock = threading.Lock()
+
+    def close(rec: CollectiveRecord, error: BaseException | None, end_ns: int) -> None:
+        with lock:
+            closed.append((rec.seq, type(error).__name__ if error else "", end_ns))
+
+    return closed, close
+
+
+def test_a_work_without_future_closes_at_wait_or_when_polled_done() -> None:
+    closed, close = _closer()
+    done = Completions(close, poll_s=3600)  # no background poll: the test polls
+    try:
+        waited, polled = _Work(), _Work()
+        assert done.on_future(CollectiveRecord("c", 1, "send", peer=1), waited) is False
+        done.on_wait_or_poll(CollectiveRecord("c", 1, "send", peer=1), waited)
+        done.on_wait_or_poll(CollectiveRecord("c", 2, "send", peer=1), polled)
+        assert done.poll() == 0 and closed == []
+        done.waited(waited)
+        done.waited(waited)  # a second wait() closes nothing more
+        polled.completed = True
+        assert done.poll() == 1
+        assert [c[:2] for c in closed] == [(1, ""), (2, "")]
+        assert done.pending() == 0
+    finally:
+        done.close()
+
+
+def test_cuda_style_events_give_the_duration_and_failures_close_with_the_error() -> None:
+    class Event:
+        def __init__(self, ready: bool, fail: bool = False) -> None:
+            self.ready, self.fail = ready, fail
+
+        def query(self) -> bool:
+            if self.fail:
+                raise RuntimeError("CUDA error: an illegal memory access")
+            return self.ready
+
+        def elapsed_time(self, end: Any) -> float:
+            return 1.5  # milliseconds
+
+    closed, close = _closer()
+    done = Completions(close, poll_s=0.001)
+    try:
+        rec = CollectiveRecord("c", 7, "all_reduce", start_ns=1_000)
+        done.on_events(rec, Event(True), Event(True))
+        done.on_events(CollectiveRecord("c", 8, "all_reduce"), Event(True), Event(False, True))
+        deadline = time.monotonic() + 5
+        while len(closed) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the background poll closes both
+        assert sorted(closed) == [(7, "", 1_000 + 1_500_000), (8, "RuntimeError", 0)]
+    finally:
+        done.close()
