@@ -11,7 +11,7 @@ import sys
 import typer
 
 from cclctl import __version__
-from cclctl.commands import bench, launch, top
+from cclctl.commands import bench, diagnose, launch, top
 from cclctl.commands import run as run_command
 from cclctl.errors import EXIT_ERROR, CclError
 
@@ -28,7 +28,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for _module in (bench, launch, top):
+for _module in (bench, launch, top, diagnose):
     _module.register(app)
 run_command.register(app)
 

@@ -92,6 +92,7 @@ def _terminals(
     for start in sorted(inside):
         path: list[int] = []
         index: dict[int, int] = {}
+        term: Terminal
         cur = start
         while True:
             if cur not in inside or (cur in explained and cur != start):

@@ -46,6 +46,9 @@ class Job:
         self.world = world(n)
         self.ranks = {r: _Rank() for r in range(n)}
         self.skew_s: dict[str, float] = {}
+        self.t0 = T0  # the reader's clock; tests with real processes set it to now
+        self.hosts: dict[int, str] = {}  # overrides of host_of()
+        self.pids: dict[int, int] = {}  # overrides of pid_of()
         self.add_comm(self.world, range(n), done, op=op)
 
     def add_comm(
@@ -104,8 +107,8 @@ class Job:
     def _record(
         self, rank: int, comm: str, seq: int, op: str, state: str, age_s: float, **fields: Any
     ) -> CollectiveRecord:
-        fields = {"dtype": "float32", "count": 1024, "nbytes": 4096, "algo": "ring"} | fields
-        rec = CollectiveRecord(comm, seq, op, state=state, **fields)
+        defaults: dict[str, Any] = {"dtype": "float32", "count": 1024, "nbytes": 4096}
+        rec = CollectiveRecord(comm, seq, op, state=state, **(defaults | {"algo": "ring"} | fields))
         rec.start_ns = -int(age_s * NS)  # relative to the document's time; fixed in snapshot()
         if state == COMPLETED:
             rec.end_ns = rec.start_ns + 50_000
@@ -114,7 +117,8 @@ class Job:
     def snapshot(self, rank: int, kind: str = "dump") -> RankSnapshot:
         """Rank ``rank``'s document: time on its host's (possibly skewed) clock."""
         info = self.ranks[rank]
-        clock = T0 + int(self.skew_s.get(host_of(rank), 0.0) * NS)
+        host = self.hosts.get(rank, host_of(rank))
+        clock = self.t0 + int(self.skew_s.get(host, 0.0) * NS)
         time_ns = clock - int(info.age_s * NS)
         records = []
         for rec in info.records:
@@ -128,8 +132,8 @@ class Job:
             job=self.job,
             rank=rank,
             world_size=self.n,
-            host=host_of(rank),
-            pid=pid_of(rank),
+            host=host,
+            pid=self.pids.get(rank, pid_of(rank)),
             time_ns=time_ns,
             comms={k: dataclasses.replace(v) for k, v in info.comms.items()},  # lists shared
             records=inflight if kind == "status" else records,

@@ -303,7 +303,10 @@ def test_timed_out_records_without_waits_use_the_error_message():
     """After the timeout the runtime clears waiting_on; its error still names the peer."""
     job = Job(4)
     for rank in range(3):
-        error = f"rank {rank}: all_reduce seq 11 timed out after 60.0s waiting to recv from rank {(rank - 1) % 4}"
+        left = (rank - 1) % 4
+        error = (
+            f"rank {rank}: all_reduce seq 11 timed out after 60.0s waiting to recv from rank {left}"
+        )
         job.enter([rank], state=TIMED_OUT, age_s=1, end_ns=1, error=error)
     job.enter(
         [3],

@@ -1,0 +1,179 @@
+"""`cclctl diagnose hang`: find the rank (or link) that hangs a job, from dumps or live.
+
+This module gathers (dump files, the job's store, local process states), hands plain records
+to the pure engine in :mod:`cclctl.diagnose`, and draws the answer: a rich report, or the
+``cclctl.diagnosis`` JSON document. Exit 0 healthy, 3 a fault found, 2 unusable input,
+1 store unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from cclctl import ui
+from cclctl.diagnose import report
+from cclctl.diagnose.engine import diagnose
+from cclctl.diagnose.model import Diagnosis, Options
+from cclctl.diagnose_io import procs
+from cclctl.diagnose_io.inputs import Inputs, dump_paths, from_live, load_dumps
+from cclctl.errors import ConfigError, FaultFound, StoreError, UsageError
+from cclctl.live.snapshot import fetch
+from cclctl.runtime.store import StoreClient, parse_address
+
+HELP = "Diagnose a job: find the rank or link that hangs it."
+
+HANG_HELP = (
+    "Find the rank or link that hangs a job, from flight-recorder dumps or a live job.\n\n"
+    "Checks, in order: ranks that are missing, dead, SIGSTOPped or frozen; per communicator, "
+    "ranks that never entered the collective the others wait in (and what they do instead); "
+    "ranks whose op, dtype, count or root disagree at the same seq; and where the chains of "
+    "'waiting on' end (a rank, or a link when two ranks wait on each other). Each finding "
+    "names the suspects with host and pid, the evidence, and what to do next.\n\n"
+    "Examples:\n\n"
+    "  cclctl diagnose hang /tmp/traces    (the cclctl-<job>-rank<r>.json in it)\n\n"
+    "  cclctl diagnose hang r0.json r3.json    (just these dumps)\n\n"
+    "  cclctl diagnose hang --store node0:29500    (a live job, from its store)\n\n"
+    "  cclctl diagnose hang --store node0:29500 --job train7 --json\n\n"
+    "Dumps are written by the hang watchdog, on `kill -USR1 <pid>`, or at an exit after "
+    "errors, into CCLCTL_TRACE_DIR. Processes on this host are looked at too (stopped, "
+    "zombie, gone). Exit codes: 0 no fault, 3 fault found, 2 unusable input (the message "
+    "names the file), 1 store unreachable."
+)
+
+CONNECT_TIMEOUT_S = 2.0
+REQUEST_TIMEOUT_S = 10.0
+#: Folders with more dump files than this get a progress bar while they load.
+PROGRESS_FILES = 64
+PIPE_WIDTH = 160
+
+
+def register(app: typer.Typer) -> None:
+    sub = typer.Typer(help=HELP, no_args_is_help=True)
+    sub.command("hang", help=HANG_HELP, no_args_is_help=False)(hang)
+    app.add_typer(sub, name="diagnose")
+
+
+def hang(
+    dumps: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="DUMP", help="Dump files, or folders of them.", show_default=False
+        ),
+    ] = None,
+    store: str | None = typer.Option(
+        None, "--store", help="A live job's store, HOST:PORT (instead of dumps)."
+    ),
+    job: str | None = typer.Option(
+        None, "--job", help="Job to diagnose \\[default: the only one in the store or dumps]."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the cclctl.diagnosis document."),
+    world_size: int | None = typer.Option(
+        None, "--world-size", help="Ranks in the job, when the documents cannot say."
+    ),
+    stale: float = typer.Option(
+        Options.stale_after_s, "--stale", help="Live: a heartbeat older than this (s) is stale."
+    ),
+    skew: float = typer.Option(
+        Options.skew_margin_s,
+        "--skew",
+        help="Live: seconds of clock skew allowed for ranks on other hosts.",
+    ),
+    stuck_after: float = typer.Option(
+        Options.stuck_after_s,
+        "--stuck-after",
+        help="A collective in flight longer than this (s) counts as hung.",
+    ),
+) -> None:
+    opts = _options(stale, skew, stuck_after, world_size)
+    if store is not None and dumps:
+        raise UsageError("give dump files or --store, not both")
+    if store is None and not dumps:
+        raise UsageError("give dump files or folders, or --store HOST:PORT for a live job")
+    inputs = _live(store, job, world_size) if store is not None else _dumps(dumps or [], job)
+    diag = diagnose(
+        inputs.snapshots,
+        world_size=world_size if world_size is not None else inputs.world_size,
+        now_ns=inputs.now_ns,
+        proc=_proc(inputs),
+        unreadable=inputs.unreadable,
+        notes=inputs.notes,
+        options=opts,
+    )
+    if as_json:
+        sys.stdout.write(json.dumps(diag.to_dict(), indent=2) + "\n")
+    else:
+        _print(diag)
+    if diag.fault:
+        raise FaultFound(report.fault_message(diag), kinds=[v.kind for v in diag.faults])
+
+
+def _options(stale: float, skew: float, stuck_after: float, world_size: int | None) -> Options:
+    for flag, value in (("--stale", stale), ("--stuck-after", stuck_after)):
+        if not value > 0:
+            raise ConfigError(f"{flag} must be positive, not {value!r}", flag=flag)
+    if not skew >= 0:
+        raise ConfigError(f"--skew must be zero or more, not {skew!r}", flag="--skew")
+    if world_size is not None and world_size < 1:
+        raise ConfigError(f"--world-size must be at least 1, not {world_size}", flag="--world-size")
+    return Options(stale_after_s=stale, skew_margin_s=skew, stuck_after_s=stuck_after)
+
+
+def _dumps(paths: list[str], job: str | None) -> Inputs:
+    count = len(dump_paths(paths))
+    with ui.progress_bar(count, "reading dumps", enabled=count > PROGRESS_FILES) as bar:
+        return load_dumps(paths, job, progress=lambda done: bar.advance())
+
+
+def _live(address: str, job: str | None, world_size: int | None) -> Inputs:
+    try:
+        host, port = parse_address(address)
+    except StoreError as exc:
+        raise ConfigError(f"--store: {exc}", flag="--store") from None
+    client = StoreClient(
+        host, port, timeout_s=REQUEST_TIMEOUT_S, connect_timeout_s=CONNECT_TIMEOUT_S
+    )
+    try:
+        return from_live(fetch(client, job), world_size)
+    finally:
+        client.close()
+
+
+def _proc(inputs: Inputs) -> dict[int, str]:
+    states = procs.process_states(inputs.snapshots)
+    return states if inputs.source == "live" else procs.for_post_mortem(states)
+
+
+def _print(diag: Diagnosis) -> None:
+    console = Console(highlight=False, soft_wrap=True)  # commands in the text stay whole
+    if not console.is_terminal and console.width <= 80:
+        console.width = PIPE_WIDTH  # a pipe or a log: no column squeezed away
+    console.print(Text(report.headline(diag), style="bold"))
+    for i, block in enumerate(report.blocks(diag), 1):
+        style = "bold red" if block.fault else "bold green"
+        line = Text(f"\n{i}. ")
+        line.append(block.label, style=style)
+        line.append(f"  {block.summary}")
+        console.print(line)
+        if block.suspects:
+            console.print(Text("   suspects: ").append(block.suspects, style="bold"))
+        for item in block.evidence:
+            console.print(Text(f"   - {item}"))
+        if block.next_step:
+            console.print(Text("   next: ", style="cyan").append(block.next_step))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left")
+    for name in report.COMM_COLUMNS:
+        table.add_column(name, no_wrap=True, justify="right" if name == "size" else "left")
+    for row in report.comm_rows(diag):
+        table.add_row(*row, style="red" if row[3].startswith("hung") else "")
+    console.print()
+    console.print(table)
+    for note in diag.notes:
+        console.print(Text(f"note: {note}", style="dim"))
