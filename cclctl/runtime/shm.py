@@ -91,9 +91,7 @@ def open_group(
         raise
     if spin_s is None:  # ranks that outnumber the cores must not spin on each other
         spin_s = 0.0 if len(ranks) > usable_cpus() else DEFAULT_SPIN_S
-    group = ShmGroup(
-        rank, ranks, views, layout, spin_s=spin_s, yield_s=YIELD_S, futex=Futex()
-    )
+    group = ShmGroup(rank, ranks, views, layout, spin_s=spin_s, yield_s=YIELD_S, futex=Futex())
     return group, True
 
 

@@ -16,6 +16,8 @@ import select
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from cclctl.errors import PeerError
 from cclctl.runtime import wire
 from cclctl.runtime.shm_layout import (
@@ -32,6 +34,8 @@ from cclctl.runtime.shm_layout import (
 from cclctl.runtime.shm_signal import Futex
 from cclctl.runtime.transport import Wait
 
+_CACHED_VIEW_BYTES = 64 << 10
+_CACHED_VIEWS = 512
 SLEEP_SLICE_S = 0.02  # the longest a sleeper goes without re-checking liveness and deadline
 
 
@@ -65,6 +69,7 @@ class ShmGroup:
         self.last_res_round = -1  # the latest round that used the result slots
         self.spans = False  # set by the owner: True when these ranks are the whole job
         self._pids_checked = time.monotonic()
+        self._arrays: dict[tuple[int, int, int, np.dtype], np.ndarray] = {}
 
     # ------------------------------------------------------------------ signalling
     def notify(self) -> None:
@@ -153,6 +158,21 @@ class ShmGroup:
             op=call.op,
         )
 
+    # ------------------------------------------------------------------ data
+    def slot_array(self, view: View, offset: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
+        """``nbytes`` of ``view`` at ``offset`` as a ``dtype`` array; small ones are cached,
+        since making a numpy view costs about as much as moving a few kilobytes.
+        """
+        if nbytes > _CACHED_VIEW_BYTES:
+            return view.u8[offset : offset + nbytes].view(dtype)
+        key = (view.rank, offset, nbytes, dtype)
+        arr = self._arrays.get(key)
+        if arr is None:
+            if len(self._arrays) >= _CACHED_VIEWS:
+                self._arrays.clear()
+            arr = self._arrays[key] = view.u8[offset : offset + nbytes].view(dtype)
+        return arr
+
     # ------------------------------------------------------------------ headers
     def write_header(self, offset: int, header: bytes) -> None:
         self.me.mv[offset : offset + wire.HEADER_SIZE] = header
@@ -185,5 +205,6 @@ class ShmGroup:
         if self.me.i[W_STATE] == STATE_OK:
             self.me.i[W_STATE] = STATE_CLOSED
             self.notify()
+        self._arrays.clear()
         for view in self.views:
             view.release()

@@ -72,13 +72,21 @@ def _publish(ctx: Step, g: ShmGroup, src: Array, step: int) -> tuple[int, int, b
 
 
 def _peer_chunk(
-    ctx: Step, g: ShmGroup, view: View, k: int, off: int, header: bytes, step: int, nbytes: int
+    ctx: Step,
+    g: ShmGroup,
+    view: View,
+    k: int,
+    off: int,
+    header: bytes,
+    step: int,
+    nbytes: int,
+    dtype: np.dtype,
 ) -> np.ndarray:
-    """Wait for ``view``'s round ``k`` and return its slot's bytes (after the header check)."""
+    """Wait for ``view``'s round ``k``; return its slot as ``dtype`` (after the header check)."""
     if view.q[Q_COLL_PUB] <= k:
         g.wait_counter(view, Q_COLL_PUB, k + 1, ctx.call, ctx.wait, "recv")
     g.check_header(view, off, header, ctx.call, step, nbytes)
-    return view.u8[off + HEADER : off + HEADER + nbytes]
+    return g.slot_array(view, off + HEADER, nbytes, dtype)
 
 
 def _done(g: ShmGroup, counter: int, k: int) -> None:
@@ -116,7 +124,7 @@ def _all_reduce_direct(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: st
             rec.step = step
         k, off, header = _publish(ctx, g, src[lo:hi], step)
         nbytes = (hi - lo) * dtype.itemsize
-        chunks = [_peer_chunk(ctx, g, v, k, off, header, step, nbytes).view(dtype) for v in g.views]
+        chunks = [_peer_chunk(ctx, g, v, k, off, header, step, nbytes, dtype) for v in g.views]
         dst = out[lo:hi]
         fn(chunks[0], chunks[1], out=dst)
         for chunk in chunks[2:]:
@@ -135,7 +143,7 @@ def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str)
         parts = chunk_bounds(hi - lo, n)
         a, b = parts[g.local]
         nbytes = (hi - lo) * isz
-        chunks = [_peer_chunk(ctx, g, v, k, off, header, step, nbytes).view(dtype) for v in g.views]
+        chunks = [_peer_chunk(ctx, g, v, k, off, header, step, nbytes, dtype) for v in g.views]
         _slot_free(ctx, g, Q_RES_USED, k, g.last_res_round)
         g.last_res_round = k
         res_off = g.layout.res_slot(k) + HEADER
@@ -167,9 +175,9 @@ def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]
             rec.step = step
         k, off, header = _publish(ctx, g, out[lo0 + lo : lo0 + hi], step)
         for view in g.others:
-            chunk = _peer_chunk(ctx, g, view, k, off, header, step, (hi - lo) * isz)
+            chunk = _peer_chunk(ctx, g, view, k, off, header, step, (hi - lo) * isz, dtype)
             base = bounds[view.rank][0]
-            out[base + lo : base + hi] = chunk.view(dtype)
+            out[base + lo : base + hi] = chunk
         _done(g, Q_COLL_USED, k)
 
 
@@ -190,9 +198,7 @@ def reduce_scatter(
         k, off, header = _publish(ctx, g, blocks[:, lo:hi], step)
         nbytes = n * width * isz
         a, b = g.local * width, (g.local + 1) * width
-        chunks = [
-            _peer_chunk(ctx, g, v, k, off, header, step, nbytes).view(dtype)[a:b] for v in g.views
-        ]
+        chunks = [_peer_chunk(ctx, g, v, k, off, header, step, nbytes, dtype)[a:b] for v in g.views]
         part = dst[lo:hi]
         fn(chunks[0], chunks[1], out=part)
         for chunk in chunks[2:]:
@@ -216,6 +222,6 @@ def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int) -> None:
             g.round = k + 1
             off = g.layout.coll_slot(k)
             header = wire.pack(ctx.call, step, (hi - lo) * isz)
-            chunk = _peer_chunk(ctx, g, source, k, off, header, step, (hi - lo) * isz)
-            buf[lo:hi] = chunk.view(dtype)
+            chunk = _peer_chunk(ctx, g, source, k, off, header, step, (hi - lo) * isz, dtype)
+            buf[lo:hi] = chunk
         _done(g, Q_COLL_USED, k)
