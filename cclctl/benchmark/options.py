@@ -14,6 +14,7 @@ from typing import Any
 
 from cclctl.benchmark.catalog import REDOPS, REDUCING_OPS, DType, normalize_op, resolve_dtype
 from cclctl.benchmark.sizes import parse_size, size_sweep
+from cclctl.benchmark.torch_backend import BACKENDS
 from cclctl.errors import BadInput, ConfigError
 
 DEFAULT_MINBYTES = 8
@@ -41,6 +42,7 @@ class BenchOptions:
     check: bool = True
     min_busbw: float | None = None
     command: tuple[str, ...] = ()
+    backend: str = "cclctl"  # or torch.distributed's: torch (auto), gloo, nccl
 
     def __post_init__(self) -> None:
         if not self.ops:
@@ -59,6 +61,10 @@ class BenchOptions:
             )
         if self.root < 0:
             raise ConfigError(f"--root {self.root} must not be negative", flag="--root")
+        if self.backend not in BACKENDS:
+            raise ConfigError(
+                f"--backend {self.backend!r} is not one of {', '.join(BACKENDS)}", flag="--backend"
+            )
         if self.min_busbw is not None and not self.min_busbw >= 0:
             raise ConfigError(
                 f"--min-busbw {self.min_busbw} must be a bandwidth >= 0 (GB/s)", flag="--min-busbw"
@@ -145,6 +151,7 @@ def build_options(
     check: int = 1,
     min_busbw: float | None = None,
     command: Sequence[str] = (),
+    backend: str = "cclctl",
 ) -> BenchOptions:
     """Turn the command line's raw values into BenchOptions, naming the flag on any error."""
     ops = parse_ops(op)
@@ -172,4 +179,5 @@ def build_options(
         check=bool(check),
         min_busbw=min_busbw,
         command=tuple(command),
+        backend=backend,
     )

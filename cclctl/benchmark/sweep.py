@@ -104,6 +104,9 @@ class Sweep:
         """Time one placement of ``case`` and, with --check, count its wrong elements."""
         comm, size = self.comm, case.shape.size
         placement = bind(comm, case, in_place)
+        on_device = getattr(comm, "on_device", None)  # torch's nccl: buffers on the GPU
+        if on_device is not None:
+            placement = on_device(placement)
         iters = self.opts.iters_for(size)
         with np.errstate(all="ignore"):  # repeated in-place sums may overflow: only timed
             for _ in range(self.opts.warmup_for(size)):

@@ -39,7 +39,13 @@ class RankSweep:
 
     def __enter__(self) -> RankSweep:
         corrupt = Corruption.parse(bench_corrupt_from_env())
-        comm = cclctl.init(**self._flags)
+        comm: Communicator
+        if self.opts.backend == "cclctl":
+            comm = cclctl.init(**self._flags)
+        else:  # torch.distributed, through the same Communicator interface
+            from cclctl.benchmark.torch_backend import connect
+
+            comm = connect(self.opts.backend, **self._flags)
         try:
             self.opts.check_world(comm.world_size)
             self._meta = gather_meta(comm, self.opts)

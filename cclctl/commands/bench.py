@@ -83,6 +83,12 @@ def bench(
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", help="Serve Prometheus metrics from this base port per rank."
     ),
+    backend: str = typer.Option(
+        "cclctl",
+        "--backend",
+        help="cclctl (this runtime), or torch.distributed: torch (nccl with CUDA, else gloo), "
+        "gloo, nccl.",
+    ),
 ) -> None:
     opts = build_options(
         op=op,
@@ -97,6 +103,7 @@ def bench(
         check=check,
         min_busbw=min_busbw,
         command=["cclctl", *sys.argv[1:]],
+        backend=backend,
     )
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise ConfigError(
