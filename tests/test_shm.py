@@ -254,3 +254,14 @@ def test_a_dropped_link_fails_both_ranks() -> None:
     msgs = run_ranks(2, body, FAST_FAIL)
     assert "link to rank 1 was dropped" in msgs[0]
     assert "rank 0 failed" in msgs[1]
+
+
+def test_one_copy_collectives_count_link_bytes_both_ways() -> None:
+    def body(comm: Communicator) -> tuple[list[int], list[int]]:
+        comm.all_reduce(np.ones(250, np.float32))  # 1000 bytes read from the peer
+        comm.broadcast(np.ones(100, np.uint8), root=1)  # 100 bytes from rank 1
+        return comm.transport.link_bytes()
+
+    (sent0, received0), (sent1, received1) = run_ranks(2, body)
+    assert (sent0, received0) == ([0, 1000], [0, 1100])
+    assert (sent1, received1) == ([1100, 0], [1000, 0])

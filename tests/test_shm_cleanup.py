@@ -92,17 +92,20 @@ def test_kill_9_leaks_nothing_and_the_survivors_fail_fast_naming_the_dead_rank()
 def test_sweep_removes_segments_whose_owner_is_gone_and_keeps_live_ones() -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = shm_segment.SHM_DIR / f"cclctl-0badc0de-r3-p{dead.pid}-00000000"
-    live = shm_segment.SHM_DIR / f"cclctl-0badc0de-r4-p{os.getpid()}-00000000"
+    ns = shm_segment.pid_namespace()
+    stale = shm_segment.SHM_DIR / f"cclctl-0badc0de-r3-p{dead.pid}-n{ns}-00000000"
+    live = shm_segment.SHM_DIR / f"cclctl-0badc0de-r4-p{os.getpid()}-n{ns}-00000000"
+    elsewhere = shm_segment.SHM_DIR / f"cclctl-0badc0de-r5-p{dead.pid}-n{ns + 1}-00000000"
     stranger = shm_segment.SHM_DIR / f"not-cclctl-p{dead.pid}"
-    for path in (stale, live, stranger):
+    for path in (stale, live, elsewhere, stranger):
         path.write_bytes(b"x")
     try:
         removed = shm_segment.sweep()
         assert stale.name in removed and not stale.exists()
         assert live.exists() and stranger.exists()
+        assert elsewhere.exists()  # another pid namespace: its pid means nothing here
     finally:
-        for path in (stale, live, stranger):
+        for path in (stale, live, elsewhere, stranger):
             path.unlink(missing_ok=True)
 
 
@@ -110,7 +113,8 @@ def test_sweep_removes_segments_whose_owner_is_gone_and_keeps_live_ones() -> Non
 def test_a_new_job_sweeps_what_a_crashed_setup_left() -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = shm_segment.SHM_DIR / f"cclctl-0badc0de-r0-p{dead.pid}-11111111"
+    ns = shm_segment.pid_namespace()
+    stale = shm_segment.SHM_DIR / f"cclctl-0badc0de-r0-p{dead.pid}-n{ns}-11111111"
     stale.write_bytes(b"\0" * 4096)
     try:
         lines = run_job(2, f"shm-sweep-{os.getpid()}", ITERS="2")

@@ -74,10 +74,10 @@ def test_hybrid_routes_local_peers_through_shared_memory() -> None:
         kinds(transports)
 
 
-def test_the_host_key_tells_kernels_and_shm_mounts_apart() -> None:
+def test_the_host_key_tells_kernels_shm_mounts_and_pid_namespaces_apart() -> None:
     key = shm_segment.host_key()
-    boot, _, dev = key.rpartition(":")
-    assert boot and dev.lstrip("-").isdigit()
+    boot, dev, pidns = key.rsplit(":", 2)
+    assert boot and dev.lstrip("-").isdigit() and pidns == str(shm_segment.pid_namespace())
     assert key == shm_segment.host_key()
 
 

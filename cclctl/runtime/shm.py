@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from cclctl.errors import CclError, PeerError
 from cclctl.runtime import shm_segment, wire
 from cclctl.runtime.shm_group import ShmGroup
-from cclctl.runtime.shm_layout import HEADER, Layout, View
+from cclctl.runtime.shm_layout import HEADER, W_PID, Layout, View
 from cclctl.runtime.shm_signal import Futex
 from cclctl.runtime.transport import Transfer, Wait
 
@@ -104,7 +104,7 @@ def _map(own: shm_segment.Segment, name: str, layout: Layout, rank: int, me: int
     if not view.valid() or view.segment.mm.size() != layout.size:
         view.release()
         raise CclError(f"rank {rank}'s segment {name} is not a cclctl segment of this job")
-    pid = view.i[1]
+    pid = view.i[W_PID]
     if pid != os.getpid():
         with contextlib.suppress(OSError, AttributeError):
             view.pidfd = os.pidfd_open(pid)
@@ -125,8 +125,8 @@ class ShmTransport:
         self._local = {r: i for i, r in enumerate(group.ranks)}
         self._sent_chunks = [0] * group.size
         self._recv_chunks = [0] * group.size
-        self._sent = [0] * world_size
-        self._received = [0] * world_size
+        self._sent = group.sent = [0] * world_size
+        self._received = group.received = [0] * world_size
         self._dropped: set[int] = set()
         self._closed = False
 

@@ -70,6 +70,9 @@ class ShmGroup:
         self.spans = False  # set by the owner: True when these ranks are the whole job
         self._pids_checked = time.monotonic()
         self._arrays: dict[tuple[int, int, int, np.dtype], np.ndarray] = {}
+        # Bytes moved to and from each rank (by global rank), set by the owning transport.
+        self.sent: list[int] = [0] * (max(self.ranks) + 1)
+        self.received: list[int] = [0] * (max(self.ranks) + 1)
 
     # ------------------------------------------------------------------ signalling
     def notify(self) -> None:

@@ -1,10 +1,13 @@
 """Shared-memory segments in ``/dev/shm``: create, map, unlink early, sweep what crashes left.
 
-A segment's name embeds the job, the rank and the owner's pid
-(``cclctl-<job tag>-r<rank>-p<pid>-<nonce>``). The owner unlinks it as soon as every peer
-on the host has mapped it, so from then on the memory lives only in the mappings and a
-``kill -9`` of any rank leaks nothing. Only the few milliseconds of setup can leave a file
-behind; :func:`sweep` removes segments whose owner is gone, and every job runs it first.
+A segment's name embeds the job, the rank, the owner's pid and its pid namespace
+(``cclctl-<job tag>-r<rank>-p<pid>-n<namespace>-<nonce>``). The owner unlinks it as soon
+as every peer on the host has mapped it, so from then on the memory lives only in the
+mappings and a ``kill -9`` of any rank leaks nothing. Only the few milliseconds of setup
+can leave a file behind; :func:`sweep` removes segments whose owner is gone, and every job
+runs it first.
+Pids mean something only inside their namespace, so sweeps and liveness checks stay within
+it, and ranks in different pid namespaces are not put on one host (see :func:`host_key`).
 """
 
 from __future__ import annotations
@@ -26,9 +29,17 @@ def available() -> bool:
     return SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK)
 
 
+def pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def host_key() -> str:
-    """What ranks share when they can map each other's segments: the running kernel (boot
-    id) and the very ``/dev/shm`` mount (its device number differs between containers).
+    """What ranks share when they can map each other's segments and see each other's pids:
+    the running kernel (boot id), the very ``/dev/shm`` mount (its device number differs
+    between containers) and the pid namespace.
     """
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -38,22 +49,24 @@ def host_key() -> str:
         dev = os.stat(SHM_DIR).st_dev
     except OSError:
         dev = -1
-    return f"{boot}:{dev}"
+    return f"{boot}:{dev}:{pid_namespace()}"
 
 
 def segment_name(job: str, rank: int) -> str:
     tag = zlib.crc32(job.encode())
-    return f"{PREFIX}{tag:08x}-r{rank}-p{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{PREFIX}{tag:08x}-r{rank}-p{os.getpid()}-n{pid_namespace()}-{secrets.token_hex(4)}"
 
 
 def owner_pid(name: str) -> int | None:
-    """The pid embedded in a segment name, or None for a name cclctl did not make."""
+    """The pid embedded in a segment name, or None for a name cclctl did not make or one
+    made in another pid namespace (where the pid names some other process).
+    """
     if not name.startswith(PREFIX):
         return None
-    for part in name.split("-"):
-        if part.startswith("p") and part[1:].isdigit():
-            return int(part[1:])
-    return None
+    fields = {part[:1]: part[1:] for part in name.split("-")[2:] if part[1:].isdigit()}
+    if "p" not in fields or fields.get("n", "") != str(pid_namespace()):
+        return None
+    return int(fields["p"])
 
 
 def _alive(pid: int) -> bool:

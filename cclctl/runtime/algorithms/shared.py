@@ -63,9 +63,7 @@ def _publish(ctx: Step, g: ShmGroup, src: Array, step: int) -> tuple[int, int, b
     me = g.me
     me.mv[off : off + wire.HEADER_SIZE] = header
     if src.nbytes:
-        me.u8[off + HEADER : off + HEADER + src.nbytes].view(src.dtype).reshape(src.shape)[...] = (
-            src
-        )
+        g.slot_array(me, off + HEADER, src.nbytes, src.dtype).reshape(src.shape)[...] = src
     me.q[Q_COLL_PUB] = k + 1
     g.notify()
     return k, off, header
@@ -87,6 +85,18 @@ def _peer_chunk(
         g.wait_counter(view, Q_COLL_PUB, k + 1, ctx.call, ctx.wait, "recv")
     g.check_header(view, off, header, ctx.call, step, nbytes)
     return g.slot_array(view, off + HEADER, nbytes, dtype)
+
+
+def _account(g: ShmGroup, nbytes: int) -> None:
+    """Count ``nbytes`` each way between this rank and each peer.
+
+    One-copy rounds are symmetric: what this rank reads from a peer's slot, that peer
+    reads from this rank's, so both directions count the same.
+    """
+    sent, received = g.sent, g.received
+    for view in g.others:
+        sent[view.rank] += nbytes
+        received[view.rank] += nbytes
 
 
 def _done(g: ShmGroup, counter: int, k: int) -> None:
@@ -130,6 +140,7 @@ def _all_reduce_direct(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: st
         for chunk in chunks[2:]:
             fn(dst, chunk, out=dst)
         _done(g, Q_COLL_USED, k)
+        _account(g, nbytes)
 
 
 def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str) -> None:
@@ -147,7 +158,7 @@ def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str)
         _slot_free(ctx, g, Q_RES_USED, k, g.last_res_round)
         g.last_res_round = k
         res_off = g.layout.res_slot(k) + HEADER
-        mine = g.me.u8[res_off + a * isz : res_off + b * isz].view(dtype)
+        mine = g.slot_array(g.me, res_off + a * isz, (b - a) * isz, dtype)
         if b > a:
             fn(chunks[0][a:b], chunks[1][a:b], out=mine)
             for chunk in chunks[2:]:
@@ -158,10 +169,10 @@ def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str)
             if view.q[Q_RES_PUB] <= k:
                 g.wait_counter(view, Q_RES_PUB, k + 1, ctx.call, ctx.wait, "recv")
             if pb > pa:
-                out[lo + pa : lo + pb] = view.u8[res_off + pa * isz : res_off + pb * isz].view(
-                    dtype
-                )
+                share = g.slot_array(view, res_off + pa * isz, (pb - pa) * isz, dtype)
+                out[lo + pa : lo + pb] = share
         _done(g, Q_RES_USED, k)
+        _account(g, 2 * nbytes // n)
 
 
 def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]) -> None:
@@ -179,6 +190,7 @@ def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]
             base = bounds[view.rank][0]
             out[base + lo : base + hi] = chunk
         _done(g, Q_COLL_USED, k)
+        _account(g, (hi - lo) * isz)
 
 
 def reduce_scatter(
@@ -204,6 +216,7 @@ def reduce_scatter(
         for chunk in chunks[2:]:
             fn(part, chunk, out=part)
         _done(g, Q_COLL_USED, k)
+        _account(g, width * isz)
 
 
 def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int) -> None:
@@ -217,6 +230,8 @@ def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int) -> None:
             rec.step = step
         if g.rank == root:
             k, _, _ = _publish(ctx, g, buf[lo:hi], step)
+            for view in g.others:
+                g.sent[view.rank] += (hi - lo) * isz
         else:
             k = g.round
             g.round = k + 1
@@ -224,4 +239,5 @@ def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int) -> None:
             header = wire.pack(ctx.call, step, (hi - lo) * isz)
             chunk = _peer_chunk(ctx, g, source, k, off, header, step, (hi - lo) * isz, dtype)
             buf[lo:hi] = chunk
+            g.received[root] += (hi - lo) * isz
         _done(g, Q_COLL_USED, k)
