@@ -121,7 +121,7 @@ def test_records_name_the_shared_memory_algorithm() -> None:
         if comm.rank == 0:
             comm.tracer = Tracer()
         comm.all_reduce(np.ones(4, np.float32))
-        comm.all_reduce(np.ones(1 << 20, np.float32))
+        comm.all_reduce(np.ones(3 << 20, np.float32))  # 12 MiB: several rounds
 
     run_ranks(3, body)
     assert [r.algo for r in seen] == ["shm_direct", "shm_rsag"]

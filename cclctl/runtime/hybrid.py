@@ -60,8 +60,6 @@ def build_transport(
         if any(info["transport"] == "tcp" for info in infos) or len(set(keys)) == world_size:
             return tcp
         local = [r for r in range(world_size) if keys[r] == keys[rank]]
-        if layout is None and len(local) > 1:
-            layout = Layout(len(local))
         group, every_host_ok = open_group(rank, local, job, exchange, layout=layout, spin_s=spin_s)
     except BaseException:
         tcp.close()

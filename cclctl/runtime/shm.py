@@ -57,7 +57,10 @@ def open_group(
     """
     ranks = sorted(local_ranks)
     alone = len(ranks) < 2 or not shm_segment.available()
-    layout = layout or Layout(len(ranks))
+    oversubscribed = len(ranks) > usable_cpus()
+    # Ranks that outnumber the cores pay a context switch per synchronisation: give them
+    # bigger rounds (fewer synchronisations) and no busy spin.
+    layout = layout or Layout(len(ranks), slot_bytes=(4 if oversubscribed else 1) << 20)
     own: shm_segment.Segment | None = None
     views: list[View] = []
     try:
@@ -89,8 +92,8 @@ def open_group(
         if own is not None:
             own.close()
         raise
-    if spin_s is None:  # ranks that outnumber the cores must not spin on each other
-        spin_s = 0.0 if len(ranks) > usable_cpus() else DEFAULT_SPIN_S
+    if spin_s is None:
+        spin_s = 0.0 if oversubscribed else DEFAULT_SPIN_S
     group = ShmGroup(rank, ranks, views, layout, spin_s=spin_s, yield_s=YIELD_S, futex=Futex())
     return group, True
 
