@@ -96,7 +96,11 @@ class Completions:
         self._add(id(rec), _Pending(rec, end.query, elapsed, None))
 
     def waited(self, work: Any) -> None:
-        """``work.wait()`` returned: its record ends now (called by the wrapped wait)."""
+        """``work.wait()`` returned: its record ends now (called by the wrapped wait, also
+        inside every synchronous torch call, so the common case returns at once).
+        """
+        if not self._pending:
+            return
         with self._lock:
             pending = self._pending.pop(id(work), None)
         if pending is not None:

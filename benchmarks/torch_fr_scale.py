@@ -1,0 +1,142 @@
+"""PyTorch Flight Recorder dumps at scale: cclctl's reader and diagnosis vs PyTorch's own
+analyzer (``python -m torch.distributed.flight_recorder.fr_trace``) on the same files.
+
+Writes ``--ranks`` dumps of ``--entries`` entries each, as NCCL writes them (pickle, group
+config, ``state`` updated, a stack of ``--frames`` frames per entry), for a job of two
+process groups hung at the last all_reduce of the world group, which one rank never
+entered. Each reader runs in a child process of its own; its wall time and peak RSS (from
+``wait4``) are reported, and for cclctl also the largest of the reader processes it forks
+(up to 8, see cclctl.integrations.torch_fr_pool). cclctl's verdict is also computed for
+a few shuffled file orders and must not change. Asserts nothing else.
+
+    python benchmarks/torch_fr_scale.py [--ranks 512] [--entries 2000] [--frames 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+T0 = 1_700_000_000_000_000_000
+
+READ_CCLCTL = """
+import json, resource, sys
+from cclctl.diagnose.engine import diagnose
+from cclctl.diagnose.model import Options
+from cclctl.integrations.torch_fr import load_flight_recorder
+snaps = load_flight_recorder(sys.argv[1:])
+diag = diagnose(snaps, options=Options(stuck_after_s=5))
+v = diag.verdicts[0]
+worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(json.dumps([v.kind, v.ranks, v.comm, v.seq, v.op]), f"(largest reader {worker:.0f} MB)")
+"""
+
+
+def _frames(depth: int) -> list[dict[str, Any]]:
+    files = [f"/opt/venv/lib/python3.11/site-packages/pkg{i}/module{i}.py" for i in range(depth)]
+    return [{"name": f"function_{i}", "filename": files[i], "line": 100 + i} for i in range(depth)]
+
+
+def _entries(n: int, tp_name: str, frames: list[dict[str, Any]], last_done: bool) -> list[Any]:
+    """One rank's ring: every 4th call on its tp group (its pair of ranks, named as
+    torch names groups: by creation), the rest on the world; the last world all_reduce is
+    still running (or absent, for the straggler)."""
+    out = []
+    world_seq = tp_seq = 0
+    for i in range(n):
+        tp = i % 4 == 2
+        if tp:
+            tp_seq += 1
+        else:
+            world_seq += 1
+        running = i == n - 1
+        out.append({
+            "record_id": i, "pg_id": 1 if tp else 0,
+            "process_group": (tp_name, "tp") if tp else ("0", "default_pg"),
+            "collective_seq_id": tp_seq if tp else world_seq, "p2p_seq_id": 0, "op_id": i + 1,
+            "profiling_name": "nccl:all_gather" if tp else "nccl:all_reduce",
+            "time_created_ns": T0 + i * 1_000_000, "timeout_ms": 600_000,
+            "input_sizes": [[1 << 20]], "input_dtypes": ["BFloat16"],
+            "output_sizes": [[2, 1 << 20]] if tp else [[1 << 20]], "output_dtypes": ["BFloat16"],
+            "state": "started" if running else "completed", "retired": not running,
+            "time_discovered_started_ns": T0 + i * 1_000_000 + 1000,
+            "time_discovered_completed_ns": None if running else T0 + i * 1_000_000 + 400_000,
+            "duration_ms": None if running else 0.4, "is_p2p": False,
+            "frames": [dict(f) for f in frames],  # new dicts, shared strings: as torch writes
+            "thread_id": "140000000000000", "thread_name": "pt_main_thread",
+        })  # fmt: skip
+    if not last_done:
+        out.pop()  # the straggler never entered the last call
+    return out
+
+
+def write_dumps(folder: Path, ranks: int, entries: int, depth: int) -> None:
+    frames = _frames(depth)
+    straggler = ranks // 3
+    for rank in range(ranks):
+        pair = rank // 2
+        name = str(1 + pair)  # every rank creates every pair's group, in the same order
+        config = {
+            "0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(ranks)))},
+            name: {"name": name, "desc": "tp", "ranks": str([2 * pair, 2 * pair + 1])},
+        }
+        ring = _entries(entries, name, frames, rank != straggler)
+        doc = {"version": "2.10", "comm_lib_version": "2.21.5", "pg_config": config,
+               "pg_status": {}, "entries": ring}  # fmt: skip
+        (folder / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(doc, protocol=4))
+
+
+def measure(cmd: list[str]) -> tuple[float, float, str, int]:
+    """(seconds, peak RSS in MB, stdout+stderr tail, exit code) of one child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )  # fmt: skip
+    out = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - t0
+    return seconds, usage.ru_maxrss / 1024, out.strip()[-300:], proc.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=512)
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--frames", type=int, default=12)
+    parser.add_argument("--orders", type=int, default=3, help="shuffled file orders to check")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        t0 = time.perf_counter()
+        write_dumps(folder, args.ranks, args.entries, args.frames)
+        size = sum(p.stat().st_size for p in folder.iterdir())
+        print(f"{args.ranks} dumps x {args.entries} entries ({args.frames} frames each): "
+              f"{size / 1e6:.0f} MB written in {time.perf_counter() - t0:.1f}s")  # fmt: skip
+        files = sorted(str(p) for p in folder.iterdir())
+        secs, rss, out, code = measure([sys.executable, "-c", READ_CCLCTL, str(folder)])
+        print(f"cclctl   : {secs:6.1f}s {rss:7.0f} MB  exit {code}  verdict {out}")
+        verdicts = {out.split(" (")[0]}  # the verdict, without the memory note
+        for seed in range(args.orders):
+            order = files[:]
+            random.Random(seed).shuffle(order)
+            verdicts.add(measure([sys.executable, "-c", READ_CCLCTL, *order])[2].split(" (")[0])
+        print(f"cclctl verdicts over {args.orders + 1} file orders: {len(verdicts)} distinct")
+        torch_cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                     str(folder), "-p", "nccl_trace_rank_"]  # fmt: skip
+        secs, rss, out, code = measure(torch_cmd)
+        last = out.splitlines()[-1] if out else ""
+        print(f"fr_trace : {secs:6.1f}s {rss:7.0f} MB  exit {code}  last line: {last[:160]}")
+
+
+if __name__ == "__main__":
+    main()
