@@ -64,9 +64,7 @@ def register(app: typer.Typer) -> None:
 def hang(
     dumps: Annotated[
         list[str] | None,
-        typer.Argument(
-            metavar="DUMP", help="Dump files, or folders of them.", show_default=False
-        ),
+        typer.Argument(metavar="DUMP", help="Dump files, or folders of them.", show_default=False),
     ] = None,
     store: str | None = typer.Option(
         None, "--store", help="A live job's store, HOST:PORT (instead of dumps)."
@@ -141,9 +139,12 @@ def _live(address: str, job: str | None, world_size: int | None) -> Inputs:
         host, port, timeout_s=REQUEST_TIMEOUT_S, connect_timeout_s=CONNECT_TIMEOUT_S
     )
     try:
-        return from_live(fetch(client, job), world_size)
+        statuses = fetch(client, job)
     finally:
         client.close()
+    if not statuses.statuses and not statuses.bad:
+        raise UsageError(f"job {statuses.job!r} has published no status to {address} yet")
+    return from_live(statuses, world_size)
 
 
 def _proc(inputs: Inputs) -> dict[int, str]:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from cclctl.diagnose import text
 from cclctl.diagnose.frontier import check_frontier
-from cclctl.diagnose.liveness import PROC_STATES, check_liveness
+from cclctl.diagnose.liveness import PROC_STATES, check_liveness, place_unplaced
 from cclctl.diagnose.mismatch import check_mismatch
 from cclctl.diagnose.model import HEALTHY, CommSummary, Diagnosis, Options, Verdict
 from cclctl.diagnose.view import CommView, RankState, comm_views, rank_state
@@ -63,7 +63,6 @@ def diagnose(
     size, general = _world_size(newest, unreadable, world_size)
     rank_notes.update(notes or {})
     states = {rank: rank_state(newest[rank]) for rank in sorted(newest)}
-    views = comm_views(states, opts)
     verdicts = check_liveness(
         states,
         size,
@@ -74,9 +73,11 @@ def diagnose(
         opts=opts,
     )
     explained = {s.rank: v for v in verdicts for s in v.suspects}
+    views = comm_views(states, opts, doomed=set(explained))
     for check in (check_frontier, check_mismatch, check_waits):
         for cv in views:
             verdicts += check(cv, states, explained)
+    place_unplaced(verdicts, states)
     for verdict in verdicts:
         for suspect in verdict.suspects:
             if suspect.rank in rank_notes:

@@ -10,46 +10,81 @@ that older call, which can see whom they wait on.
 from __future__ import annotations
 
 from cclctl.diagnose import text
-from cclctl.diagnose.model import NOT_ENTERED, Verdict
+from cclctl.diagnose.model import DEAD, NOT_ENTERED, STOPPED, Verdict
 from cclctl.diagnose.view import CommView, RankState
 from cclctl.records import COMPLETED
+
+#: Collectives no member can complete unless every member entered them.
+NEEDS_ALL = frozenset(("all_reduce", "all_gather", "reduce_scatter", "alltoall", "barrier"))
 
 
 def check_frontier(
     cv: CommView, states: dict[int, RankState], explained: dict[int, Verdict]
 ) -> list[Verdict]:
-    """``not_entered`` verdicts, one per group of stragglers at the same position."""
-    if not cv.hung:
+    """``not_entered`` verdicts, one per group of stragglers at the same position.
+
+    A member that is already explained (dead, stopped) is tied to the seq it never entered
+    even before the others count as hung; a new verdict needs a hung frontier. A member
+    whose last call failed did enter it: its error is for the mismatch and wait checks.
+    """
+    watched = cv.watched()
+    if not watched:
         return []
-    frontier = cv.hung[-1]
+    frontier = watched[-1]
+    hung = cv.hung[-1] if cv.hung else 0
     behind: dict[int, list[int]] = {}  # last started seq -> ranks
     for rank, started in cv.position.items():
         if started < frontier and rank not in cv.inside:
             behind.setdefault(started, []).append(rank)
-    waiting = cv.waiters(frontier)
     where = text.call_at(cv.ops.get(frontier), frontier, cv.comm)
+    waiting = cv.waiters(frontier)
     waits_line = (
         f"{text.ranks_word(waiting)} {text.verb(waiting, 'waits', 'wait')} in {where} "
         f"(the longest for {text.seconds(cv.longest_wait_s(states, frontier))})"
     )
     verdicts: list[Verdict] = []
+    floor = max((c for c in cv.completed.values() if cv.ops.get(c) in NEEDS_ALL), default=0)
+    for rank in sorted(r for r in cv.position if r in explained):
+        if explained[rank].kind in (DEAD, STOPPED):
+            _tie(cv, explained[rank], rank, (floor, frontier), waits_line if waiting else "")
     for started in sorted(behind):
-        ranks = sorted(behind[started])
-        missed = started + 1
-        op = cv.ops.get(missed)
-        for rank in [r for r in ranks if r in explained]:
-            known = explained[rank]
-            known.add(f"rank {rank} never entered {text.call_at(op, missed, cv.comm)}")
-            known.add(waits_line)
-            known.place(cv.comm, missed, op)
-            known.corroborated = True
-        fresh = [r for r in ranks if r not in explained]
-        if fresh:
-            verdict = _verdict(cv, states, fresh, missed, op, waits_line)
+        ranks = [r for r in sorted(behind[started]) if r not in explained and not cv.failed(r)]
+        if ranks and started < hung:
+            verdict = _verdict(cv, states, ranks, started + 1, cv.ops.get(started + 1), waits_line)
             verdicts.append(verdict)
-            for rank in fresh:
+            for rank in ranks:
                 explained[rank] = verdict
     return verdicts
+
+
+def _tie(cv: CommView, known: Verdict, rank: int, bounds: tuple[int, int], waits_line: str) -> None:
+    """Tie an explained (dead, frozen) rank to the call it never entered.
+
+    Its last status may lag well behind its death (it publishes about once a second). Where
+    every member must take part (all_reduce, all_gather, ...), another member's completing a
+    seq proves this rank entered it: that places the verdict. Otherwise its own position is
+    only a suggestion, and the wait check (where the others wait on it) places it better.
+    """
+    floor, frontier = bounds
+    started = cv.position[rank]
+    proven = started < floor
+    if proven:
+        started = floor
+        proof = f"the others completed {text.call_at(cv.ops.get(floor), floor, cv.comm)}"
+        known.add(f"rank {rank} took part in seq {floor} ({proof})")
+    if started >= frontier or rank in cv.inside:
+        return
+    missed = started + 1
+    where = text.call_at(cv.ops.get(missed), missed, cv.comm)
+    if proven:
+        known.add(f"rank {rank} never entered {where}")
+        known.place(cv.comm, missed, cv.ops.get(missed))
+    else:
+        known.add(f"rank {rank} had not entered {where} when it last reported")
+        known.suggest(cv.comm, missed, cv.ops.get(missed))
+    if waits_line:
+        known.add(waits_line)
+    known.corroborated = True
 
 
 def _verdict(
@@ -93,4 +128,6 @@ def _last_on_comm(cv: CommView, st: RankState) -> str:
 
 
 def _instead(st: RankState) -> str:
+    if st.closed:
+        return "closed its communicators and finished instead"
     return text.activity(st) + (" instead" if st.inflight else "")

@@ -4,7 +4,8 @@ The process state (``proc``) comes from the command, which can only look at proc
 own host; for those the heartbeat is compared with ``stale_after_s`` exactly. A rank on
 another host is judged on its heartbeat alone, with ``skew_margin_s`` added because that
 host's clock may disagree with the reader's. Post-mortem (no ``now_ns``) there is no
-heartbeat to judge, so only the process states and the missing documents speak.
+heartbeat to judge, so only the process states and the missing documents speak. A rank
+whose last status says it closed cleanly is never dead or frozen: it finished.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from cclctl.diagnose import text
 from cclctl.diagnose.model import DEAD, MISSING, STOPPED, Options, Suspect, Verdict
 from cclctl.diagnose.view import RankState
+from cclctl.records import COMPLETED
 
 PROC_RUNNING = "running"
 PROC_STOPPED = "stopped"  # SIGSTOP, Ctrl-Z or a debugger (state T)
@@ -45,6 +47,8 @@ def check_liveness(
     unknown: dict[int, float] = {}
     for rank in sorted(states):
         st, ps = states[rank], proc.get(rank)
+        if st.closed:
+            continue  # it finished and said so: gone and silent is what it should be
         if ps in (PROC_GONE, PROC_ZOMBIE):
             dead.append(st)
         elif ps == PROC_STOPPED:
@@ -167,3 +171,31 @@ def _unknown(states: dict[int, RankState], ages: dict[int, float], opts: Options
         "nothing: it died, read its log)"
     )
     return Verdict(STOPPED, summary, suspects, evidence=evidence, next_step=step)
+
+
+def place_unplaced(verdicts: list[Verdict], states: dict[int, RankState]) -> None:
+    """Verdicts that nothing placed take their suggested place (the call their rank had not
+    entered when it last reported); a dead or frozen rank no hung call is tied to yet (the
+    others' statuses may lag by a beat) is placed by its own last call.
+    """
+    for verdict in verdicts:
+        if verdict.comm is None and verdict.fallback is not None:
+            verdict.place(*verdict.fallback)
+        if verdict.kind not in (DEAD, STOPPED) or verdict.comm is not None:
+            continue
+        st = states.get(verdict.suspects[0].rank)
+        calls = [rec for recs in st.tail.values() for rec in recs.values()] if st else []
+        if st is None or not calls:
+            continue
+        last = max(calls, key=lambda r: (r.start_ns, r.comm, r.seq))
+        if any(last is rec for rec in st.inflight):
+            verdict.add(f"rank {st.rank} stopped inside {text.call(last)}")
+            verdict.place(last.comm, last.seq, last.op)
+            continue
+        ended = "completed" if last.state == COMPLETED else f"ended {last.state}"
+        nxt = st.started(last.comm) + 1
+        verdict.add(
+            f"rank {st.rank}'s last call, {text.call(last)}, {ended}; it never started "
+            f"seq {nxt} of comm {last.comm}"
+        )
+        verdict.place(last.comm, nxt, None)

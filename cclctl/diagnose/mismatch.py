@@ -9,11 +9,10 @@ a verdict: once ranks diverge, every later seq tends to disagree too, and those 
 
 from __future__ import annotations
 
-from cclctl.diagnose import text
+from cclctl.diagnose import errtext, text
 from cclctl.diagnose.model import MISMATCH, Verdict
 from cclctl.diagnose.view import CommView, RankState
 from cclctl.ranges import fold_ranks
-from cclctl.records import CollectiveRecord
 
 Signature = tuple[str, str, int, int | None]
 
@@ -22,10 +21,7 @@ def check_mismatch(
     cv: CommView, states: dict[int, RankState], explained: dict[int, Verdict]
 ) -> list[Verdict]:
     """At most one ``mismatch`` verdict for this communicator (its first disagreeing seq)."""
-    by_seq: dict[int, dict[int, CollectiveRecord]] = {}
-    for rank in sorted(cv.position):
-        for seq, rec in states[rank].tail.get(cv.comm, {}).items():
-            by_seq.setdefault(seq, {})[rank] = rec
+    by_seq, inferred = _calls(cv, states)
     disagreeing = [seq for seq in sorted(by_seq) if len(_groups(by_seq[seq])) > 1]
     if not disagreeing:
         return []
@@ -43,6 +39,11 @@ def check_mismatch(
         lines.append(
             f"the largest groups are the same size; the one with rank {ref_ranks[0]} is "
             "taken as the reference"
+        )
+    if seq in inferred:
+        lines.append(
+            f"{text.ranks_word(inferred[seq])} completed seq {seq}, so they called what the "
+            "ranks they exchanged with called"
         )
     if len(disagreeing) > 1:
         later = fold_ranks(disagreeing[1:])  # seq numbers fold like ranks
@@ -77,17 +78,68 @@ def check_mismatch(
     return [verdict]
 
 
-def _groups(calls: dict[int, CollectiveRecord]) -> dict[Signature, list[int]]:
-    """Ranks by what they called. A field some record leaves empty (a foreign trace without
+def _calls(
+    cv: CommView, states: dict[int, RankState]
+) -> tuple[dict[int, dict[int, Signature]], dict[int, list[int]]]:
+    """seq -> rank -> what it called, from the records, from what a failed rank's mismatch
+    error says its peer called, and (at such a seq) for ranks that completed it: they agreed
+    with their peers, so they called what a completed rank is known to have called. A live
+    status keeps only a rank's last calls, so the error is often the only word on the peer.
+    Returns the calls and, per seq, the ranks whose call was inferred from completion.
+    """
+    by_seq: dict[int, dict[int, Signature]] = {}
+    claims: dict[int, dict[int, Signature]] = {}
+    for rank in sorted(cv.position):
+        for seq, rec in states[rank].tail.get(cv.comm, {}).items():
+            by_seq.setdefault(seq, {})[rank] = (rec.op, rec.dtype, rec.count, rec.root)
+            claim = errtext.mismatch_claim(rec.error, seq)
+            if claim is not None:
+                claims.setdefault(seq, {})[claim[0]] = _parse(claim[1])
+    inferred: dict[int, list[int]] = {}
+    for seq, said in sorted(claims.items()):
+        calls = by_seq.setdefault(seq, {})
+        for peer, sig in said.items():
+            calls.setdefault(peer, sig)
+        done = [r for r, c in cv.completed.items() if c >= seq and not _failed_at(cv, r, seq)]
+        known = {calls[r] for r in done if r in calls}
+        if len(known) == 1:
+            sig = known.pop()
+            inferred[seq] = [r for r in done if r not in calls]
+            for rank in inferred[seq]:
+                calls[rank] = sig
+    return by_seq, {seq: ranks for seq, ranks in inferred.items() if ranks}
+
+
+def _failed_at(cv: CommView, rank: int, seq: int) -> bool:
+    rec = cv.open.get(rank)
+    return rec is not None and rec.seq == seq
+
+
+def _parse(text_: str) -> Signature:
+    """``"broadcast(float32, root 0, count 1024)"`` (the runtime's words) -> a signature."""
+    op, _, inner = text_.partition("(")
+    dtype, count, root = "", 0, None
+    for part in (p.strip() for p in inner.rstrip(")").split(",")):
+        if part.startswith("root ") and part[5:].isdigit():
+            root = int(part[5:])
+        elif part.startswith("count ") and part[6:].isdigit():
+            count = int(part[6:])
+        elif part and not dtype:
+            dtype = part  # the reduction op, if any, comes after it
+    return op, dtype, count, root
+
+
+def _groups(calls: dict[int, Signature]) -> dict[Signature, list[int]]:
+    """Ranks by what they called. A field some call leaves empty (a foreign trace without
     dtype or count) is not compared at this seq, so missing data never looks like a mismatch.
     """
-    recs = calls.values()
-    dtypes = all(r.dtype for r in recs)
-    counts = all(r.count for r in recs)
+    sigs = calls.values()
+    dtypes = all(s[1] for s in sigs)
+    counts = all(s[2] for s in sigs)
     groups: dict[Signature, list[int]] = {}
     for rank in sorted(calls):
-        rec = calls[rank]
-        sig = (rec.op, rec.dtype if dtypes else "", rec.count if counts else 0, rec.root)
+        op, dtype, count, root = calls[rank]
+        sig = (op, dtype if dtypes else "", count if counts else 0, root)
         groups.setdefault(sig, []).append(rank)
     return groups
 

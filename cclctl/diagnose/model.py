@@ -21,13 +21,23 @@ STOPPED = "stopped"
 MISSING = "missing"
 NOT_ENTERED = "not_entered"
 MISMATCH = "mismatch"
+LINK = "link"
 STUCK = "stuck"
 HEALTHY = "healthy"
-KINDS = (DEAD, STOPPED, MISSING, NOT_ENTERED, MISMATCH, STUCK, HEALTHY)
+KINDS = (DEAD, STOPPED, MISSING, NOT_ENTERED, MISMATCH, LINK, STUCK, HEALTHY)
 
 #: Report order: the most certain faults first. A missing rank that others wait on is as
 #: certain as a dead one; a missing rank nobody waits on is the weakest evidence of all.
-_PRIORITY = {DEAD: 0, STOPPED: 1, NOT_ENTERED: 3, MISMATCH: 4, STUCK: 5, MISSING: 6, HEALTHY: 9}
+_PRIORITY = {
+    DEAD: 0,
+    STOPPED: 1,
+    NOT_ENTERED: 3,
+    MISMATCH: 4,
+    LINK: 5,
+    STUCK: 6,
+    MISSING: 7,
+    HEALTHY: 9,
+}
 _CORROBORATED_MISSING = 2
 
 #: Evidence lines kept per verdict; the rest are counted, so 4,096 ranks stay readable.
@@ -72,7 +82,7 @@ class Suspect:
 
 @dataclasses.dataclass
 class Verdict:
-    """One finding. ``link`` names two ranks whose connection is suspect (kind ``stuck``)."""
+    """One finding. ``link`` names the two ranks whose connection is suspect (kind ``link``)."""
 
     kind: str
     summary: str
@@ -84,6 +94,7 @@ class Verdict:
     next_step: str = ""
     link: tuple[int, int] | None = None
     corroborated: bool = False  # some hung rank waits on a suspect (orders missing ranks)
+    fallback: tuple[str, int, str | None] | None = None  # a weaker place, if none is found
 
     @property
     def fault(self) -> bool:
@@ -110,6 +121,11 @@ class Verdict:
         """Say where the verdict bites, unless an earlier check already did."""
         if self.comm is None:
             self.comm, self.seq, self.op = comm, seq, op
+
+    def suggest(self, comm: str, seq: int, op: str | None) -> None:
+        """A weaker place (the first suggestion wins), taken only if nothing places it."""
+        if self.fallback is None:
+            self.fallback = (comm, seq, op)
 
     def to_dict(self) -> dict[str, Any]:
         evidence = self.evidence[:MAX_EVIDENCE]

@@ -94,20 +94,3 @@ def fault_message(diag: Diagnosis) -> str:
     first = faults[0].summary
     more = f" (and {len(faults) - 1} more finding{'s' if len(faults) > 2 else ''})"
     return f"fault found: {first}{more if len(faults) > 1 else ''}"
-
-
-def plain(diag: Diagnosis) -> str:
-    """The whole report without colours (logs, tests)."""
-    lines = [headline(diag), ""]
-    for i, block in enumerate(blocks(diag), 1):
-        lines.append(f"{i}. {block.label}: {block.summary}")
-        if block.suspects:
-            lines.append(f"   suspects: {block.suspects}")
-        lines += [f"   - {line}" for line in block.evidence]
-        if block.next_step:
-            lines.append(f"   next: {block.next_step}")
-        lines.append("")
-    lines.append("  ".join(COMM_COLUMNS))
-    lines += ["  ".join(row) for row in comm_rows(diag)]
-    lines += [f"note: {n}" for n in diag.notes]
-    return "\n".join(lines)

@@ -24,6 +24,8 @@ from cclctl.records import (
 
 #: Collective records kept per rank and communicator: enough to compare the last few calls.
 TAIL = 8
+#: The reason in the last status of a rank that closed cleanly (see telemetry.hub.snapshot).
+CLOSED = "closed"
 _NS = 1e9
 
 
@@ -43,6 +45,7 @@ class RankState:
     comms: dict[str, CommInfo]
     tail: dict[str, dict[int, CollectiveRecord]]  # comm -> seq -> collective record
     inflight: list[CollectiveRecord]  # collective and point-to-point, oldest first
+    closed: bool = False  # its last status says it closed cleanly (it finished, not died)
 
     @property
     def suspect(self) -> Suspect:
@@ -98,7 +101,10 @@ def rank_state(snap: RankSnapshot) -> RankState:
             keep = sorted(calls)[-TAIL:]
             tail[comm] = {seq: calls[seq] for seq in keep}
     inflight.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
-    return RankState(snap.rank, snap.host, snap.pid, snap.time_ns, snap.comms, tail, inflight)
+    closed = snap.reason == CLOSED
+    return RankState(
+        snap.rank, snap.host, snap.pid, snap.time_ns, snap.comms, tail, inflight, closed
+    )
 
 
 def _same_call(a: CollectiveRecord, b: CollectiveRecord) -> bool:
@@ -119,6 +125,8 @@ class CommView:
     ``inside``: members in flight in a call of it. ``open``: members whose last call on it
     did not complete (in flight, or ended in failure), with that record. ``hung``: seqs some
     member has waited in past the threshold (or that timed out or failed), ascending.
+    ``doomed``: a member is dead, frozen or missing, so every open call is stuck already,
+    however young: checks may tie that member to them (but name nobody new on that alone).
     """
 
     comm: str
@@ -130,6 +138,18 @@ class CommView:
     inside: set[int]
     hung: list[int]
     ops: dict[int, str]  # seq -> op, as the lowest rank with a record of it says
+    doomed: bool = False
+
+    def watched(self) -> list[int]:
+        """Seqs worth following: the hung ones, and every open one when the comm is doomed."""
+        if not self.doomed:
+            return self.hung
+        return sorted(set(self.hung) | {rec.seq for rec in self.open.values()})
+
+    def failed(self, rank: int) -> bool:
+        """Its last call on this communicator ended without completing (an error)."""
+        rec = self.open.get(rank)
+        return rec is not None and not in_flight(rec)
 
     def resolve(self, peer: int) -> int:
         """``waiting_on`` as a global rank. It is one already when it names a member; a value
@@ -146,15 +166,21 @@ class CommView:
         return max((states[r].age_s(self.open[r]) for r in self.waiters(seq)), default=0.0)
 
 
-def comm_views(states: dict[int, RankState], opts: Options) -> list[CommView]:
+def comm_views(
+    states: dict[int, RankState], opts: Options, doomed: set[int] | None = None
+) -> list[CommView]:
     """Every communicator some rank knows of, sorted by id; members come from the lowest rank
     that lists them (plus any rank that claims the communicator), so the cost stays linear.
+    ``doomed``: ranks that cannot take part any more (dead, frozen, missing).
     """
     names: set[str] = set()
     for st in states.values():
         names.update(st.comms)
         names.update(st.tail)
-    return [_comm_view(name, states, opts) for name in sorted(names)]
+    views = [_comm_view(name, states, opts) for name in sorted(names)]
+    for cv in views:
+        cv.doomed = bool(doomed) and not cv.member_set.isdisjoint(doomed or ())
+    return views
 
 
 def _comm_view(comm: str, states: dict[int, RankState], opts: Options) -> CommView:

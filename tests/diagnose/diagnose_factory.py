@@ -127,6 +127,12 @@ class Job:
                 copy.end_ns = time_ns + rec.end_ns
             records.append(copy)
         inflight = [r for r in records if r.state in (STARTED, TIMED_OUT) and not r.end_ns]
+        if kind == "status":  # as the hub publishes: each comm's last finished call + in flight
+            last: dict[str, CollectiveRecord] = {}
+            for rec in records:
+                if rec not in inflight and rec.seq >= getattr(last.get(rec.comm), "seq", 0):
+                    last[rec.comm] = rec
+            records = sorted([*last.values(), *inflight], key=lambda r: (r.start_ns, r.seq))
         return RankSnapshot(
             kind=kind,
             job=self.job,
@@ -136,7 +142,7 @@ class Job:
             pid=self.pids.get(rank, pid_of(rank)),
             time_ns=time_ns,
             comms={k: dataclasses.replace(v) for k, v in info.comms.items()},  # lists shared
-            records=inflight if kind == "status" else records,
+            records=records,
             inflight=inflight[0] if inflight else None,
             reason="test",
         )

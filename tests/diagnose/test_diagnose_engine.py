@@ -238,7 +238,7 @@ def test_two_ranks_waiting_on_each_other_is_a_link():
     waits = {0: 1, 1: 2, 2: 5, 5: 2, 3: 2, 4: 3, 6: 5, 7: 6}
     job = Job(8).enter(range(8), waiting_on=waits)
     diag = diagnose(job.snapshots())
-    assert kinds(diag.verdicts) == [("stuck", "2,5")]
+    assert kinds(diag.verdicts) == [("link", "2,5")]
     verdict = diag.verdicts[0]
     assert verdict.link == (2, 5)
     assert verdict.summary.startswith("link 2<->5 is broken or stalled")
@@ -256,7 +256,7 @@ def test_chain_ending_at_a_rank_that_waits_on_nobody():
 def test_waits_on_a_rank_that_already_left_name_the_link():
     job = Job(4).complete([3], 11).enter([0, 1, 2], waiting_on={0: 3, 1: 0, 2: 1})
     verdict = diagnose(job.snapshots()).verdicts[0]
-    assert (verdict.kind, verdict.ranks, verdict.link) == ("stuck", "0,3", (0, 3))
+    assert (verdict.kind, verdict.ranks, verdict.link) == ("link", "0,3", (0, 3))
     assert verdict.summary.endswith("but rank 3 already finished it")
 
 
@@ -264,7 +264,7 @@ def test_ring_cycle_broken_where_a_rank_waits_to_send():
     job = Job(4).enter([0, 1, 3], waiting_on=ring_left(4))
     job.enter([2], waiting_on={2: 3}, waiting_for="send")
     verdict = diagnose(job.snapshots()).verdicts[0]
-    assert (verdict.kind, verdict.link) == ("stuck", (2, 3))
+    assert (verdict.kind, verdict.link) == ("link", (2, 3))
 
 
 def test_ring_cycle_broken_where_the_step_is_lowest():
@@ -274,7 +274,7 @@ def test_ring_cycle_broken_where_the_step_is_lowest():
         .enter([2], waiting_on={2: 1}, step=2)
     )
     verdict = diagnose(job.snapshots()).verdicts[0]
-    assert (verdict.kind, verdict.link) == ("stuck", (1, 2))
+    assert (verdict.kind, verdict.link) == ("link", (1, 2))
     assert (
         "rank 2 is at step 2, behind the others: data from rank 1 stopped there" in verdict.evidence
     )
@@ -315,7 +315,7 @@ def test_timed_out_records_without_waits_use_the_error_message():
         error="rank 3: link to rank 2 broke while receiving it in all_reduce seq 11: reset",
     )
     diag = diagnose(job.snapshots())
-    assert kinds(diag.verdicts) == [("stuck", "2-3")]
+    assert kinds(diag.verdicts) == [("link", "2-3")]
     assert diag.verdicts[0].link == (2, 3)
 
 
@@ -323,7 +323,7 @@ def test_sub_group_waits_given_as_indexes_into_its_members():
     job = Job(4).add_comm("1:2-3", [2, 3], done=4)
     job.enter([2, 3], comm="1:2-3", waiting_on={2: 1, 3: 0})  # local 1 is rank 3, 0 is rank 2
     verdict = diagnose(job.snapshots()).verdicts[0]
-    assert (verdict.kind, verdict.link, verdict.comm) == ("stuck", (2, 3), "1:2-3")
+    assert (verdict.kind, verdict.link, verdict.comm) == ("link", (2, 3), "1:2-3")
 
 
 # -- input handling and determinism --------------------------------------------------------------

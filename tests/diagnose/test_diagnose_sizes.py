@@ -73,7 +73,7 @@ def link(n: int) -> Scenario:
     k = suspect(n)
     waits = {r: k for r in range(n)} | {k: k - 1, k - 1: k}
     job = Job(n).enter(range(n), waiting_on=waits)
-    return job.snapshots(), {}, [("stuck", f"{k - 1}-{k}")]
+    return job.snapshots(), {}, [("link", f"{k - 1}-{k}")]
 
 
 def busy(n: int) -> Scenario:

@@ -1,0 +1,52 @@
+"""What the runtime's error messages say about peers, for records that say nothing else.
+
+A call that timed out or failed has its ``waiting_on`` cleared, and a live status keeps only
+a rank's last calls, so the error text is often the only word on whom a rank waited for,
+which link broke, or what a mismatched peer called. The patterns are cclctl's own messages
+(runtime/transport.py, tcp.py, shm.py, shm_group.py, wire.py); anything else matches nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: (peer rank, "send" | "recv" | "")
+Edge = tuple[int, str]
+
+_TIMEOUT = re.compile(r"waiting to (?P<what>send|recv) (?:to|from) rank (?P<peer>\d+)")
+_TCP_BROKE = re.compile(r"link to rank (?P<peer>\d+) broke while (?P<what>sending|receiving)")
+_DROPPED = re.compile(r"link to rank (?P<peer>\d+) was dropped")
+_PEER_FAILED = re.compile(r"link to rank (?P<peer>\d+) broke in ")  # shm: the peer failed
+_MISMATCH = re.compile(
+    r"collective mismatch: rank \d+ called \w+\([^)]*\) at seq (?P<seq>\d+) epoch \d+ "
+    r"but peer (?P<peer>\d+) called (?P<theirs>\w+\([^)]*\)) at seq (?P<pseq>\d+)"
+)
+
+
+def waited_on(error: str | None) -> Edge | None:
+    """The peer a failed call was waiting for, when its error names one."""
+    if not error:
+        return None
+    if m := _TIMEOUT.search(error):
+        return int(m["peer"]), m["what"]
+    if m := _TCP_BROKE.search(error):
+        return int(m["peer"]), "send" if m["what"] == "sending" else "recv"
+    if m := _DROPPED.search(error) or _PEER_FAILED.search(error):
+        return int(m["peer"]), ""
+    return None
+
+
+def broken_link(error: str | None) -> int | None:
+    """The peer at the far end of a link this call saw break (not a peer that failed)."""
+    if not error:
+        return None
+    m = _DROPPED.search(error) or _TCP_BROKE.search(error)
+    return int(m["peer"]) if m else None
+
+
+def mismatch_claim(error: str | None, seq: int) -> tuple[int, str] | None:
+    """(peer, what the peer called, in the runtime's words) from a mismatch at ``seq``."""
+    m = _MISMATCH.search(error or "")
+    if m is None or not int(m["seq"]) == int(m["pseq"]) == seq:
+        return None  # a peer at another seq is a different story (a skipped call)
+    return int(m["peer"]), m["theirs"]
