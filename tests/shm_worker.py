@@ -2,7 +2,9 @@
 
 Prints JSON lines: ``{"rank", "transport", "files"}`` once joined, then either
 ``{"rank", "done"}`` or ``{"rank", "error", "message", "seconds"}`` (how long the failing
-call took). ``ITERS`` all-reduces of ``COUNT`` floats; ``CCLCTL_FAULT`` may kill a rank.
+call took). ``ITERS`` all-reduces of ``COUNT`` floats, each checked; ``CCLCTL_FAULT`` may
+kill a rank.
+``FAKE_HOSTS=k`` puts rank r on host ``fake<r % k>`` (one machine laid out as k hosts).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def job_files(job: str) -> list[str]:
 
 
 def main() -> int:
-    comm = cclctl.init()
+    hosts = int(os.environ.get("FAKE_HOSTS", "0"))
+    flags = {"hostname": f"fake{int(os.environ['RANK']) % hosts}"} if hosts else {}
+    comm = cclctl.init(**flags)
     job = comm.cfg.job
     say = {"rank": comm.rank, "transport": comm.transport.name, "files": job_files(job)}
     print(json.dumps(say), flush=True)
@@ -35,7 +39,11 @@ def main() -> int:
     try:
         for _ in range(int(os.environ.get("ITERS", "10"))):
             started = time.monotonic()
+            x[:] = comm.rank + 1
             comm.all_reduce(x)
+            want = comm.world_size * (comm.world_size + 1) // 2
+            if not (x == want).all():
+                raise SystemExit(f"rank {comm.rank}: wrong all_reduce result")
     except CclError as exc:
         took = time.monotonic() - started
         print(

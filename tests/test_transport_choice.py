@@ -82,19 +82,27 @@ def test_the_host_key_tells_kernels_shm_mounts_and_pid_namespaces_apart() -> Non
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("env", "want"), [({}, "shm"), ({"CCLCTL_TRANSPORT": "tcp"}, "tcp")])
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, "shm"),
+        ({"CCLCTL_TRANSPORT": "tcp"}, "tcp"),
+        ({"FAKE_HOSTS": "2", "COUNT": "100000"}, "hybrid"),  # hierarchical, ring across
+    ],
+)
 def test_a_launched_job_uses_shared_memory_unless_told_tcp(env: dict[str, str], want: str) -> None:
     lines: list[str] = []
     result = launch(
         [sys.executable, WORKER],
-        2,
+        4,
         env={**env, "ITERS": "3"},
         output=lambda rank, stream, line: lines.append(line),
         timeout_s=60,
     )
     assert result.returncode == 0, lines
     joined = [json.loads(line) for line in lines if line.startswith('{"rank"')]
-    assert sorted(j["transport"] for j in joined if "transport" in j) == [want, want]
+    assert sorted(j["transport"] for j in joined if "transport" in j) == [want] * 4
+    assert sum(1 for j in joined if j.get("done")) == 4
 
 
 def test_shm_transport_is_a_transport() -> None:
