@@ -63,7 +63,11 @@ def _publish(ctx: Step, g: ShmGroup, src: Array, step: int) -> tuple[int, int, b
     me = g.me
     me.mv[off : off + wire.HEADER_SIZE] = header
     if src.nbytes:
-        g.slot_array(me, off + HEADER, src.nbytes, src.dtype).reshape(src.shape)[...] = src
+        slot = g.slot_array(me, off + HEADER, src.nbytes, src.dtype)
+        if src.ndim == 1:
+            slot[...] = src
+        else:  # reduce_scatter's round: one strided piece of every block
+            slot.reshape(src.shape)[...] = src
     me.q[Q_COLL_PUB] = k + 1
     g.notify()
     return k, off, header
@@ -81,9 +85,10 @@ def _peer_chunk(
     dtype: np.dtype,
 ) -> np.ndarray:
     """Wait for ``view``'s round ``k``; return its slot as ``dtype`` (after the header check)."""
-    if view.q[Q_COLL_PUB] <= k:
-        g.wait_counter(view, Q_COLL_PUB, k + 1, ctx.call, ctx.wait, "recv")
-    g.check_header(view, off, header, ctx.call, step, nbytes)
+    if view is not g.me:
+        if view.q[Q_COLL_PUB] <= k:
+            g.wait_counter(view, Q_COLL_PUB, k + 1, ctx.call, ctx.wait, "recv")
+        g.check_header(view, off, header, ctx.call, step, nbytes)
     return g.slot_array(view, off + HEADER, nbytes, dtype)
 
 
