@@ -43,7 +43,8 @@ HANG_HELP = (
     "  cclctl diagnose hang --store node0:29500    (a live job, from its store)\n\n"
     "  cclctl diagnose hang --store node0:29500 --job train7 --json\n\n"
     "Dumps are written by the hang watchdog, on `kill -USR1 <pid>`, or at an exit after "
-    "errors, into CCLCTL_TRACE_DIR. Processes on this host are looked at too (stopped, "
+    "errors, into CCLCTL_TRACE_DIR; PyTorch Flight Recorder dumps (nccl_trace_rank_<r>, "
+    "pickle or JSON) are read too. Processes on this host are looked at too (stopped, "
     "zombie, gone). Exit codes: 0 no fault, 3 fault found, 2 unusable input (the message "
     "names the file), 1 store unreachable."
 )
@@ -125,6 +126,12 @@ def _options(stale: float, skew: float, stuck_after: float, world_size: int | No
 
 
 def _dumps(paths: list[str], job: str | None) -> Inputs:
+    """cclctl's dumps, or PyTorch Flight Recorder dumps when the paths hold those."""
+    from cclctl.integrations.torch_fr import load_flight_recorder  # no torch import
+
+    torch_dumps = load_flight_recorder(paths, job)
+    if torch_dumps is not None:
+        return Inputs(torch_dumps, "dumps", files=len(torch_dumps))
     count = len(dump_paths(paths))
     with ui.progress_bar(count, "reading dumps", enabled=count > PROGRESS_FILES) as bar:
         return load_dumps(paths, job, progress=lambda done: bar.advance())

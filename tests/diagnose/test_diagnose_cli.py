@@ -246,3 +246,29 @@ def test_live_healthy_job(store: StoreClient):
     publish_live(store, Job(3).enter(range(3), age_s=0.2), {r: me for r in range(3)})
     out = hang("--store", store.address)
     assert (out.returncode, out.stderr) == (EXIT_OK, "")
+
+
+def fr_entry(seq: int, state: str = "completed") -> dict[str, Any]:
+    """One entry of a PyTorch Flight Recorder dump, as NCCL writes it."""
+    return {
+        "record_id": seq, "pg_id": 0, "process_group": ["0", "default_pg"],
+        "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
+        "profiling_name": "nccl:all_reduce", "time_created_ns": 1_700_000_000_000_000_000 + seq,
+        "input_sizes": [[1024]], "input_dtypes": ["Float"], "output_sizes": [[1024]],
+        "output_dtypes": ["Float"], "state": state, "retired": state == "completed",
+        "is_p2p": False, "frames": [],
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_pytorch_flight_recorder_dumps_are_read_too(tmp_path: Path):
+    """JSON dumps of a 4-rank NCCL job where rank 2 never entered seq 3."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"}}
+    for rank in range(4):
+        entries = [fr_entry(1), fr_entry(2)] + ([] if rank == 2 else [fr_entry(3, "started")])
+        doc = {"version": "2.10", "pg_config": config, "pg_status": {}, "entries": entries}
+        (tmp_path / f"nccl_trace_rank_{rank}.json").write_text(json.dumps(doc))
+    out = hang(str(tmp_path), "--stuck-after", "0.000001", "--json")
+    assert out.returncode == EXIT_FAULT, out.stderr
+    verdict = json.loads(out.stdout)["verdicts"][0]
+    assert (verdict["kind"], verdict["suspects"], verdict["seq"]) == ("not_entered", "2", 3)
