@@ -9,7 +9,7 @@ entered. Each reader runs in a child process of its own; its wall time and peak 
 (up to 8, see cclctl.integrations.torch_fr_pool). cclctl's verdict is also computed for
 a few shuffled file orders and must not change. Asserts nothing else.
 
-    python benchmarks/torch_fr_scale.py [--ranks 512] [--entries 2000] [--frames 12]
+    python benchmarks/torch_fr_scale.py [--ranks 512] [--entries 2000] [--frames 12] [--no-pytorch]
 """
 
 from __future__ import annotations
@@ -94,8 +94,10 @@ def write_dumps(folder: Path, ranks: int, entries: int, depth: int) -> None:
         (folder / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(doc, protocol=4))
 
 
-def measure(cmd: list[str]) -> tuple[float, float, str, int]:
-    """(seconds, peak RSS in MB, stdout+stderr tail, exit code) of one child process."""
+def measure(cmd: list[str]) -> tuple[float, float, float, str, int]:
+    """(wall seconds, CPU seconds with its own children, peak RSS in MB, output tail, exit
+    code) of one child process. CPU time is the steadier number on a busy machine.
+    """
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -105,7 +107,8 @@ def measure(cmd: list[str]) -> tuple[float, float, str, int]:
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - t0
-    return seconds, usage.ru_maxrss / 1024, out.strip()[-300:], proc.returncode
+    cpu = usage.ru_utime + usage.ru_stime
+    return seconds, cpu, usage.ru_maxrss / 1024, out.strip()[-300:], proc.returncode
 
 
 def main() -> None:
@@ -114,6 +117,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--frames", type=int, default=12)
     parser.add_argument("--orders", type=int, default=3, help="shuffled file orders to check")
+    parser.add_argument("--no-pytorch", action="store_true", help="skip PyTorch's analyzer")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -123,19 +127,22 @@ def main() -> None:
         print(f"{args.ranks} dumps x {args.entries} entries ({args.frames} frames each): "
               f"{size / 1e6:.0f} MB written in {time.perf_counter() - t0:.1f}s")  # fmt: skip
         files = sorted(str(p) for p in folder.iterdir())
-        secs, rss, out, code = measure([sys.executable, "-c", READ_CCLCTL, str(folder)])
-        print(f"cclctl   : {secs:6.1f}s {rss:7.0f} MB  exit {code}  verdict {out}")
+        secs, cpu, rss, out, code = measure([sys.executable, "-c", READ_CCLCTL, str(folder)])
+        print(f"cclctl   : {secs:6.1f}s wall {cpu:6.1f}s CPU {rss:6.0f} MB  exit {code}  {out}")
         verdicts = {out.split(" (")[0]}  # the verdict, without the memory note
         for seed in range(args.orders):
             order = files[:]
             random.Random(seed).shuffle(order)
-            verdicts.add(measure([sys.executable, "-c", READ_CCLCTL, *order])[2].split(" (")[0])
+            verdicts.add(measure([sys.executable, "-c", READ_CCLCTL, *order])[3].split(" (")[0])
         print(f"cclctl verdicts over {args.orders + 1} file orders: {len(verdicts)} distinct")
+        if args.no_pytorch:
+            return
         torch_cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
                      str(folder), "-p", "nccl_trace_rank_"]  # fmt: skip
-        secs, rss, out, code = measure(torch_cmd)
+        secs, cpu, rss, out, code = measure(torch_cmd)
         last = out.splitlines()[-1] if out else ""
-        print(f"fr_trace : {secs:6.1f}s {rss:7.0f} MB  exit {code}  last line: {last[:160]}")
+        tail = last[:70]
+        print(f"fr_trace : {secs:6.1f}s wall {cpu:6.1f}s CPU {rss:6.0f} MB  exit {code}  {tail}")
 
 
 if __name__ == "__main__":
