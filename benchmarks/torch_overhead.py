@@ -11,7 +11,11 @@ own cost per call from the noise of the network path. The calling thread's CPU t
 call is reported beside the wall time: the wrapper runs in that thread, and CPU time does
 not count the time the thread waits for the CPU on a busy machine.
 
-    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 7]
+``--wrapper`` measures the wrapper alone, in this process: the wrapped all_reduce around a
+function that does nothing, against that function, in CPU time. That is the cost cclctl
+adds to every call, free of gloo's noise.
+
+    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 7] [--wrapper]
 """
 
 from __future__ import annotations
@@ -61,11 +65,49 @@ def _rank_main(rounds: int) -> None:
         print(json.dumps({"sizes": {str(k): v for k, v in results.items()}, "counted": counted}))
 
 
+def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+
+    from cclctl.integrations import torch as cclctl_torch
+    from cclctl.integrations.torch_calls import describer
+
+    store = tempfile.NamedTemporaryFile(delete=False).name  # noqa: SIM115 (gloo opens it)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    real = dist.all_reduce
+    cclctl_torch.instrument()
+    state = cclctl_torch._state
+    assert state is not None
+
+    def nothing(*args: object, **kwargs: object) -> None:
+        return None
+
+    wrapped = cclctl_torch._wrap(state, nothing, describer("all_reduce", real, torch.Tensor))
+    t = torch.zeros(2)
+    best = {"bare": float("inf"), "wrapped": float("inf")}
+    for _ in range(rounds):
+        for side, fn in (("bare", nothing), ("wrapped", wrapped)):
+            c0 = time.thread_time()
+            for _ in range(calls):
+                fn(t)
+            best[side] = min(best[side], (time.thread_time() - c0) / calls)
+    dist.destroy_process_group()
+    os.unlink(store)
+    cost = (best["wrapped"] - best["bare"]) * 1e6
+    print(f"wrapper alone: {cost:.2f} us CPU per call (best of {rounds} x {calls} calls)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--wrapper", action="store_true", help="the wrapper alone, here")
     args = parser.parse_args()
+    if args.wrapper:
+        _wrapper_cost(args.rounds)
+        return
     if "RANK" in os.environ:
         _rank_main(args.rounds)
         return
