@@ -20,6 +20,10 @@ from cclctl.runtime.store import StoreClient
 from cclctl.runtime.store_scope import ScopedStore
 from cclctl.telemetry.hub import Telemetry
 
+#: torch's init_process_group has just lined the ranks up, so they reach cclctl's store
+#: together; a store that does not answer by then is missing, and the job must not wait.
+ATTACH_TIMEOUT_S = 15.0
+
 
 class StoreAttachment:
     """The rendezvous, the publisher's own connection and the dump-request poller."""
@@ -61,7 +65,7 @@ def attach(
     where = attach_from_env(rank, world_size)
     if where is None:
         return None
-    rdzv = join(where, cfg)
+    rdzv = join(where, cfg.replace(connect_timeout_s=min(cfg.connect_timeout_s, ATTACH_TIMEOUT_S)))
     try:
         client = StoreClient(
             rdzv.store.host,
