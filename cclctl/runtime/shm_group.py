@@ -1,12 +1,12 @@
 """The ranks of one host and their mapped segments: publish, wait, check, fail fast.
 
-A wait first looks once (most small-message waits end there), then spins for a short while,
-then sleeps on this rank's futex word. Peers bump that word after they publish, but only
-when they see this rank's ``sleeping`` flag, so a run where every rank has its own core
-makes no system call at all, while one with more ranks than cores stops burning the cores
-that the awaited rank needs. Every sleep is bounded, so a dead peer (its pidfd turns
-readable), a peer that failed (its ``state`` word), the deadline and an abort are all seen
-within one slice.
+A wait first looks once (most small-message waits end there), then spins briefly, then
+yields the core for up to a millisecond, then sleeps on this rank's futex word. Peers bump
+that word after they publish, but only when they see this rank's ``sleeping`` flag, so a
+run where every rank has its own core makes no system call at all, while one with more
+ranks than cores hands the core to the awaited rank instead of burning it. Every sleep is
+bounded, so a dead peer (its pidfd turns readable), a peer that failed (its ``state``
+word), the deadline and an abort are all seen within one slice.
 """
 
 from __future__ import annotations
