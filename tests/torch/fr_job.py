@@ -12,7 +12,7 @@ symbolizer), so a thread makes one while the job runs. Calls are async so that e
 can dump while the collective hangs (nothing special is enabled: gloo records by default).
 Each rank writes ``OUT_DIR/pickle/nccl_trace_rank_<r>``
 (``_dump_fr_trace``) and ``OUT_DIR/json/fr_rank<r>.json`` (``_dump_fr_trace_json``), then
-leaves without waiting on the hung work.
+leaves, once all ranks have dumped, without waiting on the hung work.
 """
 
 import datetime
@@ -53,5 +53,13 @@ for fmt, name, dump in (
     os.makedirs(os.path.join(out, fmt), exist_ok=True)
     with open(os.path.join(out, fmt, name), "wb") as fh:
         fh.write(dump())
+# Leave only once every rank has dumped: a rank that exits breaks its links, and gloo then
+# ends (and retires) the call the others still wait in.
+open(os.path.join(out, f"done{rank}"), "w").close()
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    if all(os.path.exists(os.path.join(out, f"done{r}")) for r in range(world)):
+        break
+    time.sleep(0.05)
 print("dumped", flush=True)
 os._exit(0)

@@ -129,3 +129,18 @@ def test_pytorch_s_own_analyzer_fails_on_these_gloo_dumps(mismatch: Path) -> Non
     )
     assert proc.returncode != 0
     assert "KeyError" in proc.stderr
+
+
+@pytest.mark.timeout(90)
+def test_cclctl_diagnose_hang_reads_the_folder(not_entered: Path) -> None:
+    cclctl = str(Path(sys.executable).with_name("cclctl"))
+    proc = subprocess.run(
+        [cclctl, "diagnose", "hang", str(not_entered / "pickle"), "--stuck-after", "1", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr  # a fault was found
+    doc = json.loads(proc.stdout)
+    assert [(v["kind"], v["suspects"], v["seq"]) for v in doc["verdicts"]] == [
+        ("not_entered", "1", 4)
+    ]
+    assert doc["source"] == "dumps" and doc["ranks_seen"] == 2
