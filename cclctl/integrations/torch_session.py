@@ -14,6 +14,7 @@ the runtime), its own collective seq from 1 and a per-pair seq for point-to-poin
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -82,6 +83,7 @@ class Session:
         self.store: StoreAttachment | None = None
         self.watchdog: Watchdog | None = None
         self._closed = False
+        self._pid = os.getpid()
 
     def start(self) -> Session:
         """Start the background parts; a failure here is logged, never raised to the job."""
@@ -200,8 +202,12 @@ class Session:
     # -- end ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Final status, then stop every thread and leave the job's store. Idempotent."""
-        if self._closed:
+        """Final status, then stop every thread and leave the job's store. Idempotent.
+
+        A forked child (a data loader worker exiting normally) inherits the session but
+        none of its threads, and must not speak on the parent's store connections.
+        """
+        if self._closed or os.getpid() != self._pid:
             return
         self._closed = True
         if self.watchdog is not None:
