@@ -17,6 +17,7 @@ Prints; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -79,6 +80,7 @@ def snapshot(rank: int, n: int, records: int, kind: str, members: list[int]) -> 
 def best(repeat: int, work: Callable[[], Any]) -> tuple[float, Any]:
     times, result = [], None
     for _ in range(repeat):
+        gc.collect()  # garbage of the previous step is not this step's cost
         start = time.perf_counter()
         result = work()
         times.append(time.perf_counter() - start)

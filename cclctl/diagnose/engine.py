@@ -63,10 +63,11 @@ def diagnose(
     size, general = _world_size(newest, unreadable, world_size)
     rank_notes.update(notes or {})
     states = {rank: rank_state(newest[rank]) for rank in sorted(newest)}
+    source = "live" if now_ns is not None else "dumps"
     verdicts = check_liveness(
         states,
         size,
-        source="live" if now_ns is not None else "dumps",
+        source=source,
         now_ns=now_ns,
         proc=proc,
         unreadable=unreadable,
@@ -88,7 +89,7 @@ def diagnose(
     all_notes = general + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
     return Diagnosis(
         job=job,
-        source="live" if now_ns is not None else "dumps",
+        source=source,
         world_size=size,
         ranks_seen=len(states),
         verdicts=verdicts,
