@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-T0 = 1_700_000_000_000_000_000
+#: Entries start a minute before the dumps are written, as after a real hang.
+T0 = time.time_ns() - 60_000_000_000
 
 READ_CCLCTL = """
 import json, resource, sys
