@@ -8,11 +8,13 @@ library only, so every layer (and tests with record factories) can use it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from cclctl.errors import BadInput
+from cclctl.errors import BadInput, UsageError
+from cclctl.ranges import fold_ranks, parse_ranks
 
 DUMP_SCHEMA = "cclctl.dump"
 STATUS_SCHEMA = "cclctl.status"
@@ -103,14 +105,31 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
 
 @dataclasses.dataclass(slots=True)
 class CommInfo:
-    """What a rank knows about one communicator: members and how far it got."""
+    """What a rank knows about one communicator: members and how far it got.
+
+    In JSON the members are folded (``"0-4095"``): every rank's status repeats them, and a
+    list of 10,000 integers in each of 10,000 statuses would be most of what a reader parses.
+    Parsed member lists are shared between snapshots: readers must not modify them.
+    """
 
     ranks: list[int]
     last_started: int = 0
     last_completed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {
+            "ranks": fold_ranks(self.ranks),
+            "last_started": self.last_started,
+            "last_completed": self.last_completed,
+        }
+
+
+@functools.lru_cache(maxsize=1024)
+def _members(folded: str) -> list[int] | None:
+    try:
+        return parse_ranks(folded)
+    except UsageError:
+        return None
 
 
 def _comms_from_dict(data: object, where: str) -> dict[str, CommInfo]:
@@ -118,16 +137,21 @@ def _comms_from_dict(data: object, where: str) -> dict[str, CommInfo]:
         raise _fail(where, "field 'comms' must be an object")
     comms: dict[str, CommInfo] = {}
     for name, info in data.items():
-        if not isinstance(info, Mapping) or not isinstance(info.get("ranks"), list):
+        raw = info.get("ranks") if isinstance(info, Mapping) else None
+        if isinstance(raw, str):
+            ranks = _members(raw)
+            if ranks is None:
+                raise _fail(where, f"communicator {name!r} has members {raw!r}, not like 0-3,7")
+        elif isinstance(raw, list) and set(map(type, raw)) <= {int}:  # older writers: a list
+            ranks = list(raw)
+        else:
             raise _fail(where, f"communicator {name!r} has no list of ranks")
-        ranks = info["ranks"]
+        assert isinstance(info, Mapping)
         started = info.get("last_started", 0)
         completed = info.get("last_completed", 0)
-        # type() over the list in C: a status of a 1,000-rank job lists 1,000 members, and
-        # cclctl top parses 1,000 such statuses per refresh
-        if not set(map(type, ranks)) <= {int} or not _is_int(started) or not _is_int(completed):
+        if not _is_int(started) or not _is_int(completed):
             raise _fail(where, f"communicator {name!r} has non-integer fields")
-        comms[str(name)] = CommInfo(list(ranks), started, completed)
+        comms[str(name)] = CommInfo(ranks, started, completed)
     return comms
 
 

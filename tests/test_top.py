@@ -19,7 +19,6 @@ import pytest
 
 from cclctl.live import table
 from cclctl.live.classify import Thresholds, classify
-from cclctl.live.decode import SharedListDecoder
 from cclctl.live.snapshot import fetch
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
 from cclctl.runtime.launcher import LaunchResult, launch
@@ -361,20 +360,6 @@ def test_human_units() -> None:
         "1m15s",
         "2h01m",
     ]
-
-
-def test_shared_list_decoder_matches_json_loads() -> None:
-    decoder = SharedListDecoder()
-    docs = [status(r, world=8, inflight=in_flight(3, 1.0, 2, 8) if r else None) for r in range(8)]
-    docs += [b'{"comms":{"a":{"ranks":[]},"b":{"ranks":[5,6]}},"ranks":[5,6]}', b"[1,2]"]
-    decoded = [decoder.loads(doc) for doc in docs]
-    assert decoded == [json.loads(doc) for doc in docs]
-    assert decoded[0]["comms"][comm_of(8)]["ranks"] is decoded[1]["comms"][comm_of(8)]["ranks"]
-    for bad in (b'{"ranks":[1,,2]}', b'{"ranks":[01]}', b'{"ranks":[1]', b"\xff"):
-        with pytest.raises(ValueError):
-            json.loads(bad)
-        with pytest.raises(ValueError):
-            decoder.loads(bad)
 
 
 class _Listing:

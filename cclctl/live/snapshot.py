@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from cclctl.errors import BadInput, UsageError
-from cclctl.live.decode import SharedListDecoder
 from cclctl.records import RankSnapshot, snapshot_from_dict
 
 ROOT = "cclctl/"
@@ -92,7 +91,6 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
     out = JobStatuses(job=job, address=address, fetched_ns=time.time_ns())
     status_head = job_prefix(job) + STATUS_KEY
     world_size_key = job_prefix(job) + WORLD_SIZE_KEY
-    decoder = SharedListDecoder()
     for key, value in listing.items():
         if key == world_size_key:
             out.rdzv_world_size = _rendezvous_world_size(value)
@@ -102,17 +100,17 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
             continue
         rank = int(rank_text)
         try:
-            out.statuses[rank] = _status(decoder, value, rank)
+            out.statuses[rank] = _status(value, rank)
         except BadInput as exc:
             out.bad[rank] = f"bad status: {exc.message.removeprefix(_WHERE + ': ')}"
     return out
 
 
-def _status(decoder: SharedListDecoder, value: bytes, rank: int) -> RankSnapshot:
+def _status(value: bytes, rank: int) -> RankSnapshot:
     """A rank's status, checked beyond the schema: the fields a view reads must be usable."""
     where = _WHERE
     try:
-        data = decoder.loads(value)
+        data = json.loads(value)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadInput(f"{where}: not valid JSON ({exc})", where=where) from None
     except RecursionError:
