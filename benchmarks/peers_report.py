@@ -24,6 +24,17 @@ OTHER_OPS_SLACK = 0.8  # other collectives: within 20% of the all_reduce targets
 LATENCY_GOAL_S = 30e-6
 
 
+def best_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (runtime, ranks, op, size, latency): the fastest of the passes."""
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["runtime"], row["ranks"], row["op"], row["size"], bool(row.get("latency")))
+        old = best.get(key)
+        if old is None or ("seconds" in row and row["seconds"] < old.get("seconds", 1e30)):
+            best[key] = row
+    return list(best.values())
+
+
 def busbw(row: dict[str, Any]) -> float:
     return row["size"] / row["seconds"] / 1e9 * bus_factor(row["op"], row["ranks"])
 
@@ -141,6 +152,9 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(
             f"{g['op']:>15}  {g['goal']:<28} target {g['target']:<6} worst {worst}  {state}"
         )
+    cores = doc.get("machine", {}).get("effective_cores_before_after")
+    if cores:
+        lines.append(f"# cores two busy processes got, before and after the run: {cores}")
     for name, why in doc["skipped"].items():
         lines.append(f"# skipped {name}: {why}")
     return "\n".join(lines)
