@@ -30,6 +30,7 @@ class FaultJob:
         timeout_s: float = 2.0,
         iters: int = 8,
         job: str = "faults",
+        pause_s: float = 0.3,
     ) -> None:
         self.n = n
         self.job = job
@@ -52,10 +53,11 @@ class FaultJob:
                 "CCLCTL_TIMEOUT": str(timeout_s),
                 "CCLCTL_ON_HANG": "wait",
                 "CCLCTL_TRACE_DIR": str(self.dump_dir),
-                "CCLCTL_STATUS_INTERVAL": "0.5",
+                "CCLCTL_STATUS_INTERVAL": "0.2",
                 "CCLCTL_FAULT": fault,
                 "FAULT_OP": op,
                 "ITERS": str(iters),
+                "PAUSE": str(pause_s),
                 "HOLD_ON_ERROR": "1",
             }
             self.procs.append(

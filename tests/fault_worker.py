@@ -1,5 +1,8 @@
 """A rank of a fault-injection job: ``ITERS`` collectives of one kind, then a clean exit.
 
+Between collectives each rank "computes" for ``PAUSE`` seconds, as a training step does, so
+the statuses it publishes keep up with its progress before the fault strikes.
+
 The fault itself comes from ``CCLCTL_FAULT`` (see cclctl/runtime/faults.py). With
 ``HOLD_ON_ERROR=1`` a rank whose collective fails stays alive (as a training process stuck
 in its error handling does), so the live diagnosis can still read its status.
@@ -10,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -18,6 +22,7 @@ from cclctl.errors import CclError
 
 OP = os.environ.get("FAULT_OP", "all_reduce")
 ITERS = int(os.environ.get("ITERS", "8"))
+PAUSE = float(os.environ.get("PAUSE", "0.3"))
 COUNT = 1024
 
 
@@ -38,6 +43,7 @@ def main() -> int:
     out = np.empty(COUNT * comm.world_size, np.float32)
     try:
         for _ in range(ITERS):
+            time.sleep(PAUSE)
             one(comm, buf, out)
     except CclError as exc:
         print(f"rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
