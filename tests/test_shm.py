@@ -70,6 +70,7 @@ def expected(n: int, count: int, rank: int) -> dict[str, np.ndarray]:
         (3, None, False),  # every collective through the point-to-point rings
         (4, ["a", "a", "b", "b"], True),  # hybrid: hierarchical all-reduce
         (3, ["a", "b", "a"], True),  # hybrid, hosts interleaved
+        (3, ["a", "a", "b"], True),  # hybrid, rank 2 alone on its host
         (3, ["a", "b", "c"], True),  # one rank per host: plain TCP
     ],
 )
