@@ -11,6 +11,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from thread_ranks import run_comms
+
 from cclctl.config import RuntimeConfig
 from cclctl.runtime.communicator import Communicator, world_comm_id
 from cclctl.runtime.shm_layout import Layout
@@ -98,30 +100,7 @@ def run_on(
         Communicator(rank=r, world_size=n, transport=t, cfg=cfg, comm_id=world_comm_id(n))
         for r, t in enumerate(transports)
     ]
-    results: list[Any] = [None] * n
-    errors: list[BaseException | None] = [None] * n
-
-    def body(r: int) -> None:
-        try:
-            results[r] = fn(comms[r])
-        except BaseException as exc:
-            errors[r] = exc
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s)
-    try:
-        if any(t.is_alive() for t in threads):
-            raise TimeoutError("thread ranks did not finish")
-        for exc in errors:
-            if exc is not None:
-                raise exc
-        return results
-    finally:
-        for c in comms:
-            c.close()
+    return run_comms(comms, fn, timeout_s)
 
 
 def run_ranks(

@@ -90,30 +90,31 @@ def _rank(
     )
 
 
-@pytest.mark.timeout(240)
-def test_correctness_matrix_across_two_hosts(hosts: dict[str, str]) -> None:
-    """Every collective, dtype and reduction, with ranks 0-1 on h1 and 2-3 on h2."""
-    port = 29611
+def _run_job(
+    hosts: dict[str, str], script: Path, port: int, timeout_s: float
+) -> list[tuple[str, str]]:
+    """Ranks 0-1 on h1 and 2-3 on h2; every rank must exit 0. Returns (stdout, stderr)."""
     procs = [
-        _rank(
-            hosts["h1" if r < 2 else "h2"],
-            "h1" if r < 2 else "h2",
-            r,
-            4,
-            port,
-            HERE / "matrix_worker.py",
-        )
+        _rank(hosts["h1" if r < 2 else "h2"], "h1" if r < 2 else "h2", r, 4, port, script)
         for r in range(4)
     ]
     try:
-        outs = [p.communicate(timeout=200) for p in procs]
+        outs = [p.communicate(timeout=timeout_s) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, 9)
                 p.wait(5)
-    for rank, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+    for rank, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"rank {rank}: {err[-2000:]}"
+    return outs
+
+
+@pytest.mark.timeout(240)
+def test_correctness_matrix_across_two_hosts(hosts: dict[str, str]) -> None:
+    """Every collective, dtype and reduction, with ranks 0-1 on h1 and 2-3 on h2."""
+    outs = _run_job(hosts, HERE / "matrix_worker.py", port=29611, timeout_s=200)
+    for rank, (out, _) in enumerate(outs):
         report = json.loads(out.strip().splitlines()[-1])
         assert report["rank"] == rank and report["failures"] == [] and report["cases"] > 1000
 
@@ -121,24 +122,7 @@ def test_correctness_matrix_across_two_hosts(hosts: dict[str, str]) -> None:
 @pytest.mark.timeout(120)
 def test_all_reduce_is_hierarchical_across_hosts(hosts: dict[str, str]) -> None:
     """Inside a host ranks share memory; only one rank per host crosses the network."""
-    procs = [
-        _rank(
-            hosts["h1" if r < 2 else "h2"],
-            "h1" if r < 2 else "h2",
-            r,
-            4,
-            29612,
-            HERE / "multihost_probe.py",
-        )
-        for r in range(4)
-    ]
-    try:
-        outs = [p.communicate(timeout=100) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait(5)
+    outs = _run_job(hosts, HERE / "multihost_probe.py", port=29612, timeout_s=100)
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert [r["value"] for r in reports] == [4.0] * 4
     assert {r["transport"] for r in reports} == {"hybrid"}

@@ -36,7 +36,14 @@ def run_ranks(
     timeout_s: float = 60.0,
 ) -> list[Any]:
     """Run ``fn(comm)`` on ``n`` thread ranks; results by rank; re-raise the first error."""
-    comms = make_comms(n, cfg)
+    return run_comms(make_comms(n, cfg), fn, timeout_s)
+
+
+def run_comms(
+    comms: list[Communicator], fn: Callable[[Communicator], Any], timeout_s: float = 60.0
+) -> list[Any]:
+    """Run ``fn(comm)`` on one thread per communicator, then close them all."""
+    n = len(comms)
     results: list[Any] = [None] * n
     errors: list[BaseException | None] = [None] * n
 
