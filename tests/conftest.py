@@ -1,8 +1,26 @@
-"""Shared test setup: make the helpers in tests/ importable."""
+"""Shared test setup: the helpers in tests/ importable, and a store for tests that need one."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from cclctl.runtime.store import StoreClient, StoreServer
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def server() -> Iterator[StoreServer]:
+    """A real store on a free loopback port."""
+    with StoreServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: StoreServer) -> Iterator[StoreClient]:
+    with StoreClient("127.0.0.1", server.port, timeout_s=10, connect_timeout_s=5) as c:
+        yield c

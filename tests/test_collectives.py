@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from shm_thread_ranks import run_ranks as shm_run_ranks
 from thread_ranks import run_ranks
 
 from cclctl.config import RuntimeConfig
@@ -94,14 +95,15 @@ def test_sequence_numbers_match_across_ranks_and_records_complete() -> None:
     assert seen[0][0].nbytes == 16 and seen[0][1].root == 1 and seen[0][3].peer == 1
 
 
-def test_dtype_mismatch_is_named_on_both_ranks() -> None:
+@pytest.mark.parametrize("runner", [run_ranks, shm_run_ranks], ids=["tcp", "shm"])
+def test_dtype_mismatch_is_named_on_both_ranks(runner) -> None:  # type: ignore[no-untyped-def]
     def body(comm):  # type: ignore[no-untyped-def]
         dtype = np.float32 if comm.rank == 0 else np.int32
         with pytest.raises(ProtocolError) as info:
             comm.all_reduce(np.ones(8, dtype=dtype))
         return str(info.value)
 
-    msgs = run_ranks(2, body, FAST_FAIL)
+    msgs = runner(2, body, FAST_FAIL)
     assert msgs[0] == (
         "collective mismatch: rank 0 called all_reduce(float32, sum, count 8) at seq 1 epoch 0 "
         "but peer 1 called all_reduce(int32, sum, count 8) at seq 1 epoch 0"

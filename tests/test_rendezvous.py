@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,12 +20,6 @@ from cclctl.runtime.store import StoreClient, StoreServer
 from cclctl.runtime.store_scope import ScopedStore
 
 PID = os.getpid()
-
-
-@pytest.fixture
-def server() -> Iterator[StoreServer]:
-    with StoreServer() as srv:
-        yield srv
 
 
 def cfg(job: str = "job", host: str = "host-a", connect_timeout_s: float = 10.0) -> RuntimeConfig:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,18 +15,6 @@ import pytest
 from cclctl.errors import StoreError
 from cclctl.runtime.store import StoreClient, StoreServer, parse_address
 from cclctl.runtime.store_protocol import Op, pack_request
-
-
-@pytest.fixture
-def server() -> Iterator[StoreServer]:
-    with StoreServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def client(server: StoreServer) -> Iterator[StoreClient]:
-    with StoreClient("127.0.0.1", server.port, timeout_s=10, connect_timeout_s=5) as c:
-        yield c
 
 
 def connect(server: StoreServer, **kw: Any) -> StoreClient:

@@ -5,25 +5,12 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from cclctl.errors import StoreError, StoreTimeout
 from cclctl.runtime.store import StoreClient, StoreServer
 from cclctl.runtime.store_protocol import REPLY_HEADER, Status
-
-
-@pytest.fixture
-def server() -> Iterator[StoreServer]:
-    with StoreServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def client(server: StoreServer) -> Iterator[StoreClient]:
-    with StoreClient("127.0.0.1", server.port, timeout_s=10, connect_timeout_s=5) as c:
-        yield c
 
 
 def free_port() -> int:

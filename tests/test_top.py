@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -93,18 +92,6 @@ def put(client: StoreClient, rank: int, doc: bytes, job: str = JOB) -> None:
 def rendezvous(client: StoreClient, world: int, job: str = JOB) -> None:
     doc = {"rank": 0, "host": "node-0", "pid": 1000, "world_size": world}
     client.set(f"cclctl/{job}/rdzv/world_size", json.dumps(doc).encode())
-
-
-@pytest.fixture
-def server() -> Iterator[StoreServer]:
-    with StoreServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def client(server: StoreServer) -> Iterator[StoreClient]:
-    with StoreClient(server.host, server.port, connect_timeout_s=5) as c:
-        yield c
 
 
 def top(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
