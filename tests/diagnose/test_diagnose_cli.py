@@ -192,18 +192,6 @@ def store() -> Iterator[StoreClient]:
         yield client
 
 
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """A real process to stand for a rank; always killed and reaped."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-        proc.wait(timeout=10)
-
-
 def publish_live(client: StoreClient, job: Job, pids: dict[int, int]) -> None:
     """Statuses of ``job`` as its ranks on this host would publish them, just now."""
     job.t0 = time.time_ns()

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -20,17 +19,6 @@ def now_ns() -> int:
     return time.time_ns()
 
 
-@pytest.fixture
-def child() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-        proc.wait(timeout=10)
-
-
 def wait_for(pid: int, status: str) -> None:
     deadline = time.monotonic() + 10
     while psutil.Process(pid).status() != status:
@@ -39,15 +27,15 @@ def wait_for(pid: int, status: str) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_running_stopped_and_continued(child: subprocess.Popen[bytes]):
+def test_running_stopped_and_continued(sleeper: subprocess.Popen[bytes]):
     written = now_ns()
-    assert process_state(child.pid, written) == "running"
-    child.send_signal(signal.SIGSTOP)
-    wait_for(child.pid, psutil.STATUS_STOPPED)
-    assert process_state(child.pid, written) == "stopped"
-    child.send_signal(signal.SIGCONT)
-    wait_for(child.pid, psutil.STATUS_SLEEPING)
-    assert process_state(child.pid, written) == "running"
+    assert process_state(sleeper.pid, written) == "running"
+    sleeper.send_signal(signal.SIGSTOP)
+    wait_for(sleeper.pid, psutil.STATUS_STOPPED)
+    assert process_state(sleeper.pid, written) == "stopped"
+    sleeper.send_signal(signal.SIGCONT)
+    wait_for(sleeper.pid, psutil.STATUS_SLEEPING)
+    assert process_state(sleeper.pid, written) == "running"
 
 
 @pytest.mark.timeout(30)
