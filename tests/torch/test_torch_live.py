@@ -74,14 +74,18 @@ def _cclctl(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _hung(store: str) -> bool:
-    """Both ranks publish and rank 0 is inside seq 3 (polled in-process: cheap)."""
+    """Both ranks publish and rank 0's latest status shows it inside seq 3 for longer than
+    the ``--stuck-after 1`` the tests diagnose with (polled in-process: cheap).
+    """
     try:
         with StoreClient.from_address(store, connect_timeout_s=1, timeout_s=5) as client:
             statuses = fetch(client).statuses
     except CclError:
         return False
     rank0 = statuses.get(0)
-    return len(statuses) == 2 and rank0 is not None and getattr(rank0.inflight, "seq", 0) == 3
+    if len(statuses) != 2 or rank0 is None or rank0.inflight is None:
+        return False
+    return rank0.inflight.seq == 3 and rank0.time_ns - rank0.inflight.start_ns > 1.5e9
 
 
 def _top(store: str) -> dict[str, Any]:
