@@ -1,10 +1,10 @@
 """Telemetry on vs off, on real all_reduces between real processes (asserts nothing).
 
-Two ranks alternate blocks of calls with telemetry attached and detached, so machine noise
-hits both sides alike; the best block of each side is compared. The goal from the telemetry
-issue: at most 1% more time per collective from 1 MiB up, and at most 5 us at 8 B.
+The ranks run short blocks of calls with telemetry attached ("on") and detached ("off" and
+its control copy "off2"), paired round by round (see ``paired.py``). The goal from the
+telemetry issue: at most 1% more time per collective from 1 MiB up, and at most 5 us at 8 B.
 
-    python benchmarks/telemetry_on_off.py [--ranks 2] [--rounds 7]
+    python benchmarks/telemetry_on_off.py [--ranks 2] [--rounds 30] [--json out.json]
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ import argparse
 import json
 import os
 import sys
-import time
+from collections.abc import Callable
+from pathlib import Path
 
-SIZES = {8: 4000, 1 << 20: 200, 16 << 20: 12}  # bytes -> calls per block
+from paired import render, run_rounds, summarize
+
+SIZES = {8: 2000, 1 << 20: 60, 16 << 20: 6}  # bytes -> calls per block
 
 
 def _rank_main(rounds: int) -> None:
@@ -25,21 +28,17 @@ def _rank_main(rounds: int) -> None:
 
     comm = cclctl.init()
     telemetry = comm.tracer
-    results = {}
+    results: dict[int, dict[str, list[float]]] = {}
     for nbytes, calls in SIZES.items():
         buf = np.zeros(max(nbytes // 4, 1), np.float32)  # sums of zeros never overflow
-        best = {"on": float("inf"), "off": float("inf")}
-        for round_no in range(rounds):
-            order = ("off", "on") if round_no % 2 else ("on", "off")  # no side always goes first
-            for side in order:
-                comm.tracer = telemetry if side == "on" else None
-                comm.barrier()
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    comm.all_reduce(buf)
-                per_call = (time.perf_counter() - t0) / calls
-                best[side] = min(best[side], per_call)
-        results[nbytes] = best
+        for _ in range(max(3, calls // 10)):  # warm up: links, slots, caches
+            comm.all_reduce(buf)
+
+        def call_of(side: str, buf: np.ndarray = buf) -> Callable[[], object]:
+            comm.tracer = telemetry if side == "on" else None
+            return lambda: comm.all_reduce(buf)
+
+        results[nbytes] = run_rounds(rounds, calls, call_of, comm.barrier)
     comm.tracer = telemetry
     comm.close()
     if comm.rank == 0:
@@ -49,7 +48,8 @@ def _rank_main(rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--json", type=Path, help="also write the summary here")
     args = parser.parse_args()
     if "RANK" in os.environ:
         _rank_main(args.rounds)
@@ -64,12 +64,11 @@ def main() -> None:
     )
     if result.returncode != 0 or not out:
         sys.exit(f"benchmark ranks failed (exit {result.returncode})")
-    data = json.loads(out[-1])
-    print(f"{'size':>10} {'off (us)':>10} {'on (us)':>10} {'delta (us)':>11} {'delta %':>8}")
-    for size, best in data.items():
-        off, on = best["off"] * 1e6, best["on"] * 1e6
-        pct = 100 * (on - off) / off
-        print(f"{int(size):>10} {off:>10.1f} {on:>10.1f} {on - off:>11.2f} {pct:>7.2f}%")
+    summary = {size: summarize(times) for size, times in json.loads(out[-1]).items()}
+    print(f"cclctl all_reduce, {args.ranks} ranks, {args.rounds} rounds; medians over rounds")
+    print(render(summary, "off", "on"))
+    if args.json:
+        args.json.write_text(json.dumps({"ranks": args.ranks, "sizes": summary}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,26 +11,32 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from cclctl.config import RuntimeConfig
 from cclctl.records import COMPLETED, CollectiveRecord
 from cclctl.telemetry.hub import Telemetry
+from cclctl.telemetry.recorder import FOLD_BATCH
 
 
 class Sink(Protocol):
-    def start(self, rec: CollectiveRecord) -> None: ...
+    start: Callable[[CollectiveRecord], None]
+    finish: Callable[[CollectiveRecord], None]
 
-    def finish(self, rec: CollectiveRecord, world_size: int) -> None: ...
+    def fold(self) -> None: ...
 
 
 class NoOp:
-    """The floor: two method calls that do nothing."""
+    """The floor: two calls that do nothing."""
 
     def start(self, rec: CollectiveRecord) -> None:
         pass
 
-    def finish(self, rec: CollectiveRecord, world_size: int) -> None:
+    def finish(self, rec: CollectiveRecord) -> None:
+        pass
+
+    def fold(self) -> None:
         pass
 
 
@@ -42,14 +48,17 @@ def records(n: int, comms: int) -> list[CollectiveRecord]:
     ]
 
 
-def per_call_us(sink: Sink, recs: list[CollectiveRecord], world_size: int = 8) -> float:
-    start, finish = sink.start, sink.finish
+def per_call_us(sink: Sink, recs: list[CollectiveRecord]) -> float:
+    """As the communicator drives it: start, finish, and a fold every FOLD_BATCH calls."""
+    start, finish, fold = sink.start, sink.finish, sink.fold
     t0 = time.perf_counter()
-    for rec in recs:
+    for i, rec in enumerate(recs, 1):
         start(rec)
         rec.state = COMPLETED
         rec.end_ns = rec.start_ns + 250_000
-        finish(rec, world_size)
+        finish(rec)
+        if i % FOLD_BATCH == 0:
+            fold()
     return (time.perf_counter() - t0) / len(recs) * 1e6
 
 

@@ -188,9 +188,7 @@ def attach_from_env(
     if in_launched_job(env):
         launched = rendezvous_from_env(env)
         local_rank, local_size = launched.local_rank, launched.local_world_size
-    return RendezvousConfig(
-        rank, world_size, local_rank, local_size, host, port, "torch", external
-    )
+    return RendezvousConfig(rank, world_size, local_rank, local_size, host, port, "torch", external)
 
 
 def _slurm_first_host(env: Mapping[str, str]) -> str | None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from recording_tracer import RecordingTracer
 from shm_thread_ranks import run_ranks as shm_run_ranks
 from thread_ranks import run_ranks
 
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CommAborted, InvalidArgument, PeerError, ProtocolError
-from cclctl.records import COMPLETED, FAILED, CollectiveRecord
+from cclctl.records import COMPLETED, FAILED
 
 pytestmark = pytest.mark.timeout(60)
 FAST_FAIL = RuntimeConfig(job="t", timeout_s=5.0, connect_timeout_s=5.0)
@@ -60,20 +61,10 @@ def test_forced_algorithms_give_the_same_answer(spec: str) -> None:
 
 
 def test_sequence_numbers_match_across_ranks_and_records_complete() -> None:
-    seen: list[list[CollectiveRecord]] = [[], []]
-
-    class Tracer:
-        def __init__(self, rank: int) -> None:
-            self.rank = rank
-
-        def start(self, rec: CollectiveRecord) -> None:
-            pass
-
-        def finish(self, rec: CollectiveRecord, world_size: int) -> None:
-            seen[self.rank].append(rec)
+    tracers = [RecordingTracer(), RecordingTracer()]
 
     def body(comm):  # type: ignore[no-untyped-def]
-        comm.tracer = Tracer(comm.rank)
+        comm.tracer = tracers[comm.rank]
         x = np.ones(4, dtype=np.float32)
         comm.all_reduce(x)
         comm.broadcast(x, root=1)
@@ -84,6 +75,7 @@ def test_sequence_numbers_match_across_ranks_and_records_complete() -> None:
             comm.recv(x, 0)
 
     run_ranks(2, body)
+    seen = [tracer.finished for tracer in tracers]
     for recs in seen:
         assert [(r.op, r.seq, r.state) for r in recs] == [
             ("all_reduce", 1, COMPLETED),
@@ -133,18 +125,12 @@ def test_different_op_fails_fast_and_breaks_the_communicator() -> None:
 
 
 def test_failed_call_is_recorded_as_failed() -> None:
-    records: list[CollectiveRecord] = []
-
-    class Tracer:
-        def start(self, rec: CollectiveRecord) -> None:
-            pass
-
-        def finish(self, rec: CollectiveRecord, world_size: int) -> None:
-            records.append(rec)
+    tracer = RecordingTracer()
+    records = tracer.finished
 
     def body(comm):  # type: ignore[no-untyped-def]
         if comm.rank == 0:
-            comm.tracer = Tracer()
+            comm.tracer = tracer
         with pytest.raises(ProtocolError):
             comm.all_reduce(np.ones(4 + comm.rank, dtype=np.float32))
 

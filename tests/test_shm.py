@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 import pytest
+from recording_tracer import RecordingTracer
 from shm_thread_ranks import CFG, make_transports, run_on, run_ranks
 
 from cclctl.errors import CollectiveTimeout, CommAborted, PeerError, ProtocolError
-from cclctl.records import CollectiveRecord
 from cclctl.runtime.communicator import Communicator
 from cclctl.runtime.hybrid import HybridTransport
 from cclctl.runtime.shm import ShmTransport
@@ -108,23 +108,16 @@ def test_float_all_reduce_is_bit_identical_on_every_rank(n: int, count: int) -> 
 
 
 def test_records_name_the_shared_memory_algorithm() -> None:
-    seen: list[CollectiveRecord] = []
-
-    class Tracer:
-        def start(self, rec: CollectiveRecord) -> None:
-            pass
-
-        def finish(self, rec: CollectiveRecord, world_size: int) -> None:
-            if rec.peer is None:
-                seen.append(rec)
+    tracer = RecordingTracer()
 
     def body(comm: Communicator) -> None:
         if comm.rank == 0:
-            comm.tracer = Tracer()
+            comm.tracer = tracer
         comm.all_reduce(np.ones(4, np.float32))
         comm.all_reduce(np.ones(3 << 20, np.float32))  # 12 MiB: several rounds
 
     run_ranks(3, body)
+    seen = [r for r in tracer.finished if r.peer is None]
     assert [r.algo for r in seen] == ["shm_direct", "shm_rsag"]
     assert seen[1].step > 0  # it ran several rounds
 
@@ -151,19 +144,13 @@ def test_different_op_fails_fast_and_breaks_the_communicator(one_copy: bool) -> 
 
 def test_a_rank_that_never_comes_times_out_naming_it() -> None:
     transports = make_transports(3)
-    records: list[CollectiveRecord] = []
-
-    class Tracer:
-        def start(self, rec: CollectiveRecord) -> None:
-            records.append(rec)
-
-        def finish(self, rec: CollectiveRecord, world_size: int) -> None:
-            pass
+    tracer = RecordingTracer()
+    records = tracer.started
 
     def body(comm: Communicator) -> str:
         if comm.rank == 2:
             return "skipped"
-        comm.tracer = Tracer()
+        comm.tracer = tracer
         with pytest.raises(CollectiveTimeout) as info:
             comm.all_reduce(np.ones(4, np.float32))
         return str(info.value)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pytest
+from recording_tracer import RecordingTracer
 from thread_ranks import run_ranks
 
 from cclctl.config import RuntimeConfig
@@ -107,24 +109,17 @@ def test_caller_raises_when_the_watchdog_marks_its_record() -> None:
         assert isinstance(comm, Communicator)
         if comm.rank == 1:
             return None  # never enters: rank 0 blocks
-        marked: list[CollectiveRecord] = []
 
-        class Tracer:
-            def start(self, rec: CollectiveRecord) -> None:
-                marked.append(rec)
-                import threading
+        def mark_later(rec: CollectiveRecord) -> None:
+            threading.Timer(0.2, lambda: setattr(rec, "state", TIMED_OUT)).start()
 
-                threading.Timer(0.2, lambda: setattr(rec, "state", TIMED_OUT)).start()
-
-            def finish(self, rec: CollectiveRecord, world_size: int) -> None:
-                pass
-
-        comm.tracer = Tracer()
+        tracer = RecordingTracer(on_start=mark_later)
+        comm.tracer = tracer
         comm._timeout_s = float("inf")  # as when a watchdog is in charge
         comm._watched = True
         with pytest.raises(CollectiveTimeout, match="waiting to recv from rank 1"):
             comm.all_reduce(np.ones(4, np.float32))
-        return marked[0].state
+        return tracer.started[0].state
 
     assert run_ranks(2, body, cfg)[0] == TIMED_OUT
 

@@ -26,6 +26,7 @@ from cclctl.integrations.torch_timing import Completions
 from cclctl.ranges import fold_ranks
 from cclctl.records import COMPLETED, FAILED, STARTED, TIMED_OUT, CollectiveRecord
 from cclctl.telemetry.hub import Telemetry
+from cclctl.telemetry.recorder import FOLD_BATCH
 from cclctl.telemetry.watchdog import Watchdog
 
 log = logging.getLogger("cclctl.torch")
@@ -78,7 +79,7 @@ class Session:
         )
         self.completions = Completions(self.close_record)
         self._comms: dict[Any, TorchComm] = {}
-        self._sizes: dict[str, int] = {}  # comm id -> members, for busbw when a record closes
+        self._unfolded = 0  # records finished since telemetry last folded (a hint: no lock)
         self._lock = threading.Lock()
         self.store: StoreAttachment | None = None
         self.watchdog: Watchdog | None = None
@@ -132,7 +133,6 @@ class Session:
             return None
         with self._lock:
             comm = self._comms.setdefault(key, TorchComm(key, name, ranks))
-            self._sizes[comm.id] = comm.size
         self.telemetry.register_comm(comm.id, ranks)
         return comm
 
@@ -180,7 +180,11 @@ class Session:
                 rec.state = FAILED
             text = str(error).strip().splitlines()
             rec.error = f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
-        self.telemetry.finish(rec, self._sizes.get(rec.comm, self.world_size))
+        self.telemetry.finish(rec)
+        self._unfolded += 1
+        if self._unfolded >= FOLD_BATCH:
+            self._unfolded = 0
+            self.telemetry.fold()
 
     # -- watchdog -------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from cclctl.runtime.algorithms.context import (
 )
 from cclctl.runtime.transport import Transport, Wait
 from cclctl.runtime.wire import Call, comm_tag
+from cclctl.telemetry.recorder import FOLD_BATCH
 
 Array = np.ndarray
 
@@ -40,10 +41,16 @@ def world_comm_id(world_size: int) -> str:
 
 
 class Tracer(Protocol):
-    """What the communicator tells telemetry (see cclctl.telemetry.hub.Telemetry)."""
+    """What the communicator tells telemetry (see cclctl.telemetry.recorder.Recorder).
 
-    def start(self, rec: CollectiveRecord) -> None: ...
-    def finish(self, rec: CollectiveRecord, world_size: int) -> None: ...
+    ``start`` and ``finish`` only queue the record; ``fold`` does the bookkeeping, and the
+    communicator runs it every ``FOLD_BATCH`` calls.
+    """
+
+    start: Callable[[CollectiveRecord], None]
+    finish: Callable[[CollectiveRecord], None]
+
+    def fold(self) -> None: ...
 
 
 class Communicator:
@@ -80,6 +87,7 @@ class Communicator:
         self._faults = faults.parse(cfg.fault)
         self._scratch = Scratch()
         self._seq = 0
+        self._unfolded = 0  # calls handed to the tracer since it last folded
         self._p2p_sent = [0] * world_size
         self._p2p_received = [0] * world_size
         self._broken: str | None = None
@@ -343,8 +351,13 @@ class Communicator:
             if isinstance(exc, CclError):
                 exc.fields.setdefault("comm", self.id)
                 exc.fields.setdefault("rank", self.rank)
-        if self.tracer is not None:
-            self.tracer.finish(rec, self.world_size)
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.finish(rec)
+            self._unfolded += 1
+            if self._unfolded >= FOLD_BATCH:
+                self._unfolded = 0
+                tracer.fold()
 
 
 class _Traced:

@@ -44,7 +44,7 @@ class Telemetry(Recorder):
         local_rank: int = 0,
         backend: str = "cclctl",
     ) -> None:
-        super().__init__(cfg.trace_buffer)
+        super().__init__(cfg.trace_buffer, world_size)
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size

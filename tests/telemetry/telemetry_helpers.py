@@ -26,17 +26,21 @@ def run(
     nbytes: int = 1024,
     duration_ns: int = 50_000,
     state: str = COMPLETED,
-    world_size: int = 4,
+    world_size: int | None = None,
     start_ns: int | None = None,
     peer: int | None = None,
 ) -> CollectiveRecord:
-    """Drive one record through start() and finish() as the runtime would."""
+    """Drive one record through start() and finish() as the runtime would; a
+    ``world_size`` declares ``comm`` with that many members first (else Telemetry's own).
+    """
+    if world_size is not None:
+        tel.register_comm(comm, list(range(world_size)))
     begin = T0 + seq * 1_000_000 if start_ns is None else start_ns
     rec = CollectiveRecord(comm, seq, op, nbytes=nbytes, start_ns=begin, peer=peer)
     tel.start(rec)
     rec.state = state
     rec.end_ns = begin + duration_ns
-    tel.finish(rec, world_size)
+    tel.finish(rec)
     return rec
 
 

@@ -106,26 +106,61 @@ def test_status_summary_reports_totals_and_last_busbw(make_tel):
 
 
 @pytest.mark.timeout(20)
-def test_counters_stay_exact_with_concurrent_threads(make_tel):
+def test_counters_stay_exact_while_readers_fold_under_concurrent_writers(make_tel):
+    """Writers queue without the lock and fold now and then; readers fold at any moment.
+
+    Every reader must see a consistent state (no call counted before it started, none
+    counted twice), and at the end every call is counted exactly once.
+    """
     tel = make_tel()
     per_thread, threads = 5000, 4
+    seen: list[str] = []
 
     def drive(comm: str) -> None:
         for seq in range(1, per_thread + 1):
             rec = CollectiveRecord(comm, seq, "all_reduce", nbytes=8, start_ns=1, end_ns=2)
             tel.start(rec)
             rec.state = "completed"
-            tel.finish(rec, 4)
+            tel.finish(rec)
             tel.link_bytes(0, 1, 1)
+            if seq % 100 == 0:
+                tel.fold()
 
+    def read(stop: threading.Event) -> None:
+        while not stop.is_set():
+            ops, comms, _ = tel.copy_counters()
+            done = sum(st.collectives for st in ops.values())
+            started = sum(c.last_started for c in comms)
+            if done > per_thread * threads or any(c.last_completed > c.last_started for c in comms):
+                seen.append(f"inconsistent: {done} done, {started} started")
+            tel.inflight()
+
+    stop = threading.Event()
+    reader = threading.Thread(target=read, args=(stop,))
+    reader.start()
     workers = [threading.Thread(target=drive, args=(f"c{i % 2}",)) for i in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
         w.join(15)
-    assert not any(w.is_alive() for w in workers)
-    ops, _, links = tel.copy_counters()
+    stop.set()
+    reader.join(5)
+    assert not any(w.is_alive() for w in workers) and not reader.is_alive()
+    assert seen == []
+    ops, comms, links = tel.copy_counters()
     assert sum(st.collectives for st in ops.values()) == per_thread * threads
     assert sum(st.bytes for st in ops.values()) == 8 * per_thread * threads
+    assert sum(sum(st.buckets) for st in ops.values()) == per_thread * threads
     assert links == {0: (per_thread * threads, per_thread * threads)}
+    assert {c.comm: c.last_completed for c in comms} == {"c0": per_thread, "c1": per_thread}
     assert tel.inflight() == []
+
+
+def test_queued_calls_are_counted_as_soon_as_anyone_reads(make_tel):
+    """The hot path only queues; a scrape or status between folds still sees every call."""
+    tel = make_tel()
+    rec = run(tel, "w", 1, nbytes=100)
+    assert len(tel._finished) == 1  # queued: the caller has not folded yet
+    assert tel.copy_counters()[0][("w", "all_reduce")].collectives == 1
+    assert tel.snapshot().counters["bytes"] == 100
+    assert tel.records() == [rec] and tel.inflight() == []

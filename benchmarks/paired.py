@@ -1,0 +1,71 @@
+"""Paired A/B timing for "X on vs off" benchmarks on a shared, noisy machine.
+
+Each round runs one short block of calls per side, in an order that rotates every round, so
+slow spells of the machine hit every side alike and no side always goes first. A round
+gives one ratio per side against the baseline from blocks run back to back; the median
+over rounds is reported. A second copy of the baseline ("off2") is the control: its
+distance from "off" is the run's noise floor, printed beside the overhead.
+
+Best-of-N blocks, which these benchmarks used first, swung by ±5% between runs here; the
+paired medians agree between runs within the control's spread.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+#: The sides every benchmark runs: the baseline, the thing measured, and the A/A control.
+SIDES = ("off", "on", "off2")
+
+
+def run_rounds(
+    rounds: int,
+    calls: int,
+    call_of: Callable[[str], Callable[[], object]],
+    line_up: Callable[[], None],
+) -> dict[str, list[float]]:
+    """Seconds per call of every side's block in every round.
+
+    ``call_of(side)`` prepares the side (attach or detach what is measured) and returns the
+    call to time; ``line_up()`` runs untimed before each block (a barrier between ranks).
+    """
+    times: dict[str, list[float]] = {side: [] for side in SIDES}
+    for round_no in range(rounds):
+        shift = round_no % len(SIDES)
+        for side in SIDES[shift:] + SIDES[:shift]:
+            call = call_of(side)
+            line_up()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            times[side].append((time.perf_counter() - t0) / calls)
+    return times
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, float]:
+    """Medians of the per-call time and of the per-round differences and ratios to "off"."""
+    off, on, off2 = times["off"], times["on"], times["off2"]
+    pairs = list(zip(off, on, strict=True))
+    return {
+        "off_us": statistics.median(off) * 1e6,
+        "on_us": statistics.median(on) * 1e6,
+        "overhead_us": statistics.median(b - a for a, b in pairs) * 1e6,
+        "overhead_pct": 100 * (statistics.median(b / a for a, b in pairs) - 1),
+        "noise_pct": 100 * (statistics.median(b / a for a, b in zip(off, off2, strict=True)) - 1),
+    }
+
+
+def render(summary: dict[str, dict[str, float]], off: str = "off", on: str = "on") -> str:
+    """The summary as a table, one row per size (bytes)."""
+    lines = [
+        f"{'size':>10} {off + ' (us)':>12} {on + ' (us)':>12} {'delta (us)':>11}"
+        f" {'delta %':>8} {'A/A noise %':>12}"
+    ]
+    for size, s in summary.items():
+        lines.append(
+            f"{int(size):>10} {s['off_us']:>12.1f} {s['on_us']:>12.1f} {s['overhead_us']:>11.2f}"
+            f" {s['overhead_pct']:>7.2f}% {s['noise_pct']:>11.2f}%"
+        )
+    return "\n".join(lines)
