@@ -31,7 +31,10 @@ class FaultJob:
         iters: int = 8,
         job: str = "faults",
         pause_s: float = 0.3,
+        buffers: str = "plain",
+        hold_on_error: bool = True,
     ) -> None:
+        """``buffers="shared"``: the ranks' buffers come from ``comm.empty()`` (zero-copy)."""
         self.n = n
         self.job = job
         self.dump_dir = tmp / "dumps"
@@ -58,7 +61,8 @@ class FaultJob:
                 "FAULT_OP": op,
                 "ITERS": str(iters),
                 "PAUSE": str(pause_s),
-                "HOLD_ON_ERROR": "1",
+                "HOLD_ON_ERROR": "1" if hold_on_error else "0",
+                "FAULT_BUFFERS": buffers,
             }
             self.procs.append(
                 subprocess.Popen(

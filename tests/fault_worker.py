@@ -3,7 +3,8 @@
 Between collectives each rank "computes" for ``PAUSE`` seconds, as a training step does, so
 the statuses it publishes keep up with its progress before the fault strikes.
 
-The fault itself comes from ``CCLCTL_FAULT`` (see cclctl/runtime/faults.py). With
+The fault itself comes from ``CCLCTL_FAULT`` (see cclctl/runtime/faults.py);
+``FAULT_BUFFERS=shared`` puts the buffers in ``comm.empty()`` (zero-copy). With
 ``HOLD_ON_ERROR=1`` a rank whose collective fails stays alive (as a training process stuck
 in its error handling does), so the live diagnosis can still read its status.
 """
@@ -23,7 +24,7 @@ from cclctl.errors import CclError
 OP = os.environ.get("FAULT_OP", "all_reduce")
 ITERS = int(os.environ.get("ITERS", "8"))
 PAUSE = float(os.environ.get("PAUSE", "0.3"))
-COUNT = 1024
+COUNT = 16384  # 64 KiB of float32: large enough to run zero-copy on shared buffers
 
 
 def one(comm: cclctl.runtime.communicator.Communicator, buf: np.ndarray, out: np.ndarray) -> None:
@@ -39,8 +40,13 @@ def one(comm: cclctl.runtime.communicator.Communicator, buf: np.ndarray, out: np
 
 def main() -> int:
     comm = cclctl.init()
-    buf = np.ones(COUNT, np.float32)
-    out = np.empty(COUNT * comm.world_size, np.float32)
+    if os.environ.get("FAULT_BUFFERS") == "shared":  # zero-copy: peers read these directly
+        buf = comm.empty(COUNT, np.float32)
+        buf[:] = 1
+        out = comm.empty(COUNT * comm.world_size, np.float32)
+    else:
+        buf = np.ones(COUNT, np.float32)
+        out = np.empty(COUNT * comm.world_size, np.float32)
     try:
         for _ in range(ITERS):
             time.sleep(PAUSE)

@@ -3,11 +3,14 @@
 Run as a real process under the launcher. Inputs are small integers, so every expected value
 is exact in every dtype and the numpy reference (computed independently on each rank from
 every rank's input) must match bit for bit. Prints one JSON line and exits 1 on any mismatch.
+With ``MATRIX_BUFFERS=shared`` every buffer a collective gets comes from ``comm.empty()``
+(zero-copy over shared memory); the report counts the calls that ran zero-copy.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 
@@ -52,8 +55,31 @@ def reference(inputs: list[np.ndarray], redop: str) -> np.ndarray:
     return fn.reduce(stack, axis=0, dtype=dtype)
 
 
+class Buffers:
+    """Where the worker puts the buffers it hands to collectives: numpy's memory, or shared
+    buffers from ``comm.empty()``."""
+
+    def __init__(self, comm: cclctl.runtime.communicator.Communicator, shared: bool) -> None:
+        self.comm = comm
+        self.shared = shared
+
+    def zeros(self, shape: int, dtype: np.dtype) -> np.ndarray:
+        if not self.shared:
+            return np.zeros(shape, dtype)
+        arr = self.comm.empty(shape, dtype)
+        arr[...] = 0
+        return arr
+
+    def copy(self, x: np.ndarray) -> np.ndarray:
+        arr = self.zeros(x.size, x.dtype)
+        arr[...] = x
+        return arr
+
+
 def main() -> int:
     comm = cclctl.init()
+    mem = Buffers(comm, os.environ.get("MATRIX_BUFFERS") == "shared")
+    zero_copy = 0
     r, n = comm.rank, comm.world_size
     failures: list[str] = []
     cases = 0
@@ -73,24 +99,30 @@ def main() -> int:
                 tag = f"{dtype.name}/{count}/{redop}"
                 for inplace in (False, True):
                     mode = "in" if inplace else "out"
-                    run_reducing(comm, inputs, want, redop, inplace, f"{tag}/{mode}", check)
+                    run_reducing(comm, mem, inputs, want, redop, inplace, f"{tag}/{mode}", check)
             inputs = [make_input(k, count, dtype, "sum") for k in range(n)]
             for inplace in (False, True):
                 run_moving(
                     comm,
+                    mem,
                     inputs,
                     inplace,
                     f"{dtype.name}/{count}/{'in' if inplace else 'out'}",
                     check,
                 )
     comm.barrier()
+    tracer = comm.tracer  # run with a trace buffer large enough to hold every call
+    if tracer is not None:
+        zero_copy = sum(rec.algo == "shm_zero_copy" for rec in tracer.records())
     comm.close()
-    print(json.dumps({"rank": r, "cases": cases, "failures": failures[:20]}))
+    report = {"rank": r, "cases": cases, "failures": failures[:20], "zero_copy": zero_copy}
+    print(json.dumps(report))
     return 1 if failures else 0
 
 
 def run_reducing(
     comm: cclctl.runtime.communicator.Communicator,
+    mem: Buffers,
     inputs: list[np.ndarray],
     want: np.ndarray,
     redop: str,
@@ -99,22 +131,22 @@ def run_reducing(
     check: Callable[[str, np.ndarray, np.ndarray], None],
 ) -> None:
     r, n = comm.rank, comm.world_size
-    mine = inputs[r].copy()
+    mine = mem.copy(inputs[r])
     if inplace:
         comm.all_reduce(mine, op=redop)
         check(f"all_reduce/{tag}", mine, want)
     else:
-        out = np.empty_like(mine)
+        out = mem.zeros(mine.size, mine.dtype)
         comm.all_reduce(mine, op=redop, out=out)
         check(f"all_reduce/{tag}", out, want)
         check(f"all_reduce/{tag}/input-intact", mine, inputs[r])
     for root in sorted({0, n - 1}):
-        mine = inputs[r].copy()
+        mine = mem.copy(inputs[r])
         if inplace:
             comm.reduce(mine, op=redop, root=root)
             got = mine
         else:
-            got = np.zeros_like(mine)
+            got = mem.zeros(mine.size, mine.dtype)
             comm.reduce(mine, op=redop, root=root, out=got)
             check(f"reduce/{tag}/root{root}/input-intact", mine, inputs[r])
         if r == root:
@@ -123,18 +155,19 @@ def run_reducing(
     blocks = [np.concatenate([np.roll(x, k) for k in range(n)]) for x in inputs]
     full = reference(blocks, redop)
     k = inputs[0].size
-    mine = blocks[r].copy()
+    mine = mem.copy(blocks[r])
     if inplace:
         comm.reduce_scatter(mine, out=mine[r * k : (r + 1) * k], op=redop)
         got = mine[r * k : (r + 1) * k]
     else:
-        got = np.empty(k, dtype=mine.dtype)
+        got = mem.zeros(k, mine.dtype)
         comm.reduce_scatter(mine, out=got, op=redop)
     check(f"reduce_scatter/{tag}", got, full[r * k : (r + 1) * k])
 
 
 def run_moving(
     comm: cclctl.runtime.communicator.Communicator,
+    mem: Buffers,
     inputs: list[np.ndarray],
     inplace: bool,
     tag: str,
@@ -144,31 +177,31 @@ def run_moving(
     k = inputs[0].size
     gathered = np.concatenate(inputs)
     if inplace:
-        out = np.zeros_like(gathered)
+        out = mem.zeros(gathered.size, gathered.dtype)
         out[r * k : (r + 1) * k] = inputs[r]
         comm.all_gather(out[r * k : (r + 1) * k], out=out)
     else:
-        out = np.zeros_like(gathered)
-        comm.all_gather(inputs[r].copy(), out=out)
+        out = mem.zeros(gathered.size, gathered.dtype)
+        comm.all_gather(mem.copy(inputs[r]), out=out)
     check(f"all_gather/{tag}", out, gathered)
     for root in sorted({0, n - 1}):
-        buf = inputs[r].copy()
+        buf = mem.copy(inputs[r])
         if inplace:
             comm.broadcast(buf, root=root)
             check(f"broadcast/{tag}/root{root}", buf, inputs[root])
         else:
-            out = np.zeros_like(buf)
+            out = mem.zeros(buf.size, buf.dtype)
             comm.broadcast(buf, root=root, out=out)
             check(f"broadcast/{tag}/root{root}", out, inputs[root])
     # all_to_all: rank r's block j goes to rank j as its block r.
     sends = [np.concatenate([x + j for j in range(n)]).astype(x.dtype) for x in inputs]
     want = np.concatenate([sends[j][r * k : (r + 1) * k] for j in range(n)])
-    mine = sends[r].copy()
+    mine = mem.copy(sends[r])
     if inplace:
         comm.all_to_all(mine, out=mine)
         check(f"all_to_all/{tag}", mine, want)
     else:
-        out = np.empty_like(mine)
+        out = mem.zeros(mine.size, mine.dtype)
         comm.all_to_all(mine, out=out)
         check(f"all_to_all/{tag}", out, want)
     if n > 1:  # a ring of send/recv: even ranks send first, so nobody waits on a waiter

@@ -20,6 +20,7 @@ import numpy as np
 
 from cclctl.errors import PeerError
 from cclctl.runtime import wire
+from cclctl.runtime.shared_buffers import PeerBuffers
 from cclctl.runtime.shm_layout import (
     MASK32,
     STATE_BROKEN,
@@ -70,6 +71,7 @@ class ShmGroup:
         self.spans = False  # set by the owner: True when these ranks are the whole job
         self._pids_checked = time.monotonic()
         self._arrays: dict[tuple[int, int, int, np.dtype], np.ndarray] = {}
+        self.peer_buffers = PeerBuffers()  # peers' shared buffers (zero-copy collectives)
         # Bytes moved to and from each rank (by global rank), set by the owning transport.
         self.sent: list[int] = [0] * (max(self.ranks) + 1)
         self.received: list[int] = [0] * (max(self.ranks) + 1)
@@ -209,5 +211,6 @@ class ShmGroup:
             self.me.i[W_STATE] = STATE_CLOSED
             self.notify()
         self._arrays.clear()
+        self.peer_buffers.close()
         for view in self.views:
             view.release()

@@ -42,6 +42,7 @@ DTYPE_NAMES = (
 _DTYPE_CODES = {name: code for code, name in enumerate(DTYPE_NAMES)}
 _OP_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _REDOP_CODES = {name: code for code, name in enumerate(REDOPS)}
+SHARED_BIT = 0x80  # set in the op byte when the call runs on shared buffers
 
 
 def comm_tag(comm_id: str) -> int:
@@ -65,12 +66,15 @@ class Call:
     redop: str = ""
     root: int = -1
     count: int = 0
+    shared: bool = False  # on buffers from cclctl.runtime.shared_buffers (zero-copy)
 
     def describe(self) -> str:
         parts = [p for p in (self.dtype, self.redop) if p]
         if self.root >= 0:
             parts.append(f"root {self.root}")
         parts.append(f"count {self.count}")
+        if self.shared:
+            parts.append("shared buffers")
         return f"{self.op}({', '.join(parts)}) at seq {self.seq} epoch {self.epoch}"
 
 
@@ -85,7 +89,7 @@ def pack(call: Call, step: int, nbytes: int) -> bytes:
     return _HEADER.pack(
         MAGIC,
         VERSION,
-        _OP_CODES.get(call.op, 255),
+        _OP_CODES.get(call.op, 127) | (SHARED_BIT if call.shared else 0),
         _DTYPE_CODES.get(call.dtype, 0),
         _REDOP_CODES.get(call.redop, 0),
         call.root,
@@ -108,6 +112,8 @@ def unpack(data: bytes | bytearray | memoryview, peer: int) -> Header:
             f"version {version}); is another program using this port?",
             peer=peer,
         )
+    shared = bool(op & SHARED_BIT)
+    op &= ~SHARED_BIT
     call = Call(
         comm=comm,
         epoch=epoch,
@@ -117,6 +123,7 @@ def unpack(data: bytes | bytearray | memoryview, peer: int) -> Header:
         redop=REDOPS[redop] if redop < len(REDOPS) else f"redop#{redop}",
         root=root,
         count=count,
+        shared=shared,
     )
     return Header(call, step, nbytes)
 
@@ -129,6 +136,8 @@ def check(got: Header, expected: Call, step: int, nbytes: int, rank: int, peer: 
         why = f"step {got.step} with {got.nbytes} bytes, expected step {step} with {nbytes}"
     else:
         why = f"peer {peer} called {got.call.describe()}"
+        if dataclasses.replace(got.call, shared=expected.shared) == expected:
+            why += " (pass buffers from comm.empty() on every rank or on none)"
     raise ProtocolError(
         f"collective mismatch: rank {rank} called {expected.describe()} but {why}",
         rank=rank,

@@ -39,7 +39,7 @@ def _label(ctx: Step, algo: str) -> None:
         rec.algo = algo
 
 
-def _slot_free(ctx: Step, g: ShmGroup, counter: int, k: int, last: int | None = None) -> None:
+def slot_free(ctx: Step, g: ShmGroup, counter: int, k: int, last: int | None = None) -> None:
     """Wait until every peer has finished round ``k - slots`` of ``counter`` (or ``last``,
     the latest earlier round that used this kind of slot, when that is older).
     """
@@ -57,7 +57,7 @@ def _publish(ctx: Step, g: ShmGroup, src: Array, step: int) -> tuple[int, int, b
     """Copy ``src`` into this rank's next collective slot; return (round, offset, header)."""
     k = g.round
     g.round = k + 1
-    _slot_free(ctx, g, Q_COLL_USED, k)
+    slot_free(ctx, g, Q_COLL_USED, k)
     off = g.layout.coll_slot(k)
     header = wire.pack(ctx.call, step, src.nbytes)
     me = g.me
@@ -92,7 +92,7 @@ def _peer_chunk(
     return g.slot_array(view, off + HEADER, nbytes, dtype)
 
 
-def _account(g: ShmGroup, nbytes: int) -> None:
+def account(g: ShmGroup, nbytes: int) -> None:
     """Count ``nbytes`` each way between this rank and each peer.
 
     One-copy rounds are symmetric: what this rank reads from a peer's slot, that peer
@@ -153,7 +153,7 @@ def _all_reduce_direct(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: st
         for chunk in chunks[2:]:
             fn(dst, chunk, out=dst)
         _done(g, Q_COLL_USED, k)
-        _account(g, nbytes)
+        account(g, nbytes)
 
 
 def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str) -> None:
@@ -168,7 +168,7 @@ def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str)
         a, b = parts[g.local]
         nbytes = (hi - lo) * isz
         chunks = [_peer_chunk(ctx, g, v, k, off, header, step, nbytes, dtype) for v in g.views]
-        _slot_free(ctx, g, Q_RES_USED, k, g.last_res_round)
+        slot_free(ctx, g, Q_RES_USED, k, g.last_res_round)
         g.last_res_round = k
         res_off = g.layout.res_slot(k) + HEADER
         mine = g.slot_array(g.me, res_off + a * isz, (b - a) * isz, dtype)
@@ -185,7 +185,7 @@ def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str)
                 share = g.slot_array(view, res_off + pa * isz, (pb - pa) * isz, dtype)
                 out[lo + pa : lo + pb] = share
         _done(g, Q_RES_USED, k)
-        _account(g, 2 * nbytes // n)
+        account(g, 2 * nbytes // n)
 
 
 def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]) -> None:
@@ -203,7 +203,7 @@ def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]
             base = bounds[view.rank][0]
             out[base + lo : base + hi] = chunk
         _done(g, Q_COLL_USED, k)
-        _account(g, (hi - lo) * isz)
+        account(g, (hi - lo) * isz)
 
 
 def reduce_scatter(
@@ -229,7 +229,7 @@ def reduce_scatter(
         for chunk in chunks[2:]:
             fn(part, chunk, out=part)
         _done(g, Q_COLL_USED, k)
-        _account(g, width * isz)
+        account(g, width * isz)
 
 
 def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int) -> None:

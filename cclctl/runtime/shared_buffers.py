@@ -1,0 +1,201 @@
+"""Buffers that ranks on one host read from each other directly (zero-copy collectives).
+
+:func:`empty` allocates a numpy array in an anonymous memory file (``memfd``) of this
+process. A peer on the same host opens that file through ``/proc/<pid>/fd/<fd>`` and maps it
+read-only, so a collective whose buffers all come from here skips the copy into the
+shared-memory slots: each rank reduces its share straight out of every peer's input and
+copies the other shares straight out of the peers' outputs (``algorithms/zero_copy.py``).
+This is what a CPU-relay staging buffer should be: memory the library owns, so that peers
+can read it. (NCCL calls the same idea buffer registration; PyTorch, symmetric memory.)
+
+Nothing gets a name in ``/dev/shm``: the memory goes away with the last process that maps
+it, so a crash leaks nothing. A buffer lives as long as any array that views it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import contextlib
+import dataclasses
+import mmap
+import os
+import struct
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from cclctl.errors import InvalidArgument, ProtocolError
+
+_DESC = struct.Struct("<iiQQQ")
+#: Bytes of one packed :class:`Descriptor`.
+DESCRIPTOR_SIZE = _DESC.size
+#: Peers' buffers kept mapped per process (least recently used ones are unmapped first).
+MAX_PEER_MAPS = 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Descriptor:
+    """Where a peer finds an array: process, file descriptor, the buffer's token (checked
+    against the file's name, so a reused fd number is never taken for the buffer), and
+    the array's byte range in the file."""
+
+    pid: int
+    fd: int
+    token: int
+    offset: int
+    nbytes: int
+
+    def pack(self) -> bytes:
+        return _DESC.pack(self.pid, self.fd, self.token, self.offset, self.nbytes)
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview) -> Descriptor:
+        return cls(*_DESC.unpack(data))
+
+
+@dataclasses.dataclass(slots=True)
+class _Buffer:
+    start: int
+    size: int
+    fd: int
+    token: int
+
+
+class _Registry:
+    """This process's shared buffers, found by address (so views and slices work too)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = []
+        self._buffers: dict[int, _Buffer] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._starts)
+
+    def empty(self, shape: Any, dtype: Any) -> np.ndarray:
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        if count < 0:
+            raise InvalidArgument(f"empty: negative shape {shape}", op="empty")
+        nbytes = max(count * dt.itemsize, 1)
+        token = int.from_bytes(os.urandom(8), "little") >> 1
+        fd = os.memfd_create(f"cclctl-buf-{token}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+            mm = mmap.mmap(fd, nbytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        arr = np.frombuffer(mm, dtype=dt, count=count).reshape(shape)
+        start = arr.__array_interface__["data"][0] if count else _address(mm)
+        buf = _Buffer(start, nbytes, fd, token)
+        with self._lock:
+            bisect.insort(self._starts, start)
+            self._buffers[start] = buf
+        weakref.finalize(mm, self._forget, start, fd)
+        return arr
+
+    def _forget(self, start: int, fd: int) -> None:
+        """The last array viewing the buffer is gone: drop it and close its file."""
+        with self._lock:
+            if self._buffers.pop(start, None) is not None:
+                self._starts.pop(bisect.bisect_left(self._starts, start))
+        os.close(fd)
+
+    def describe(self, arr: np.ndarray) -> Descriptor | None:
+        """The descriptor of ``arr`` (contiguous) if it lies inside one shared buffer."""
+        addr = arr.__array_interface__["data"][0]
+        with self._lock:
+            i = bisect.bisect_right(self._starts, addr) - 1
+            if i < 0:
+                return None
+            buf = self._buffers[self._starts[i]]
+        offset = addr - buf.start
+        if offset + arr.nbytes > buf.size:
+            return None
+        return Descriptor(os.getpid(), buf.fd, buf.token, offset, arr.nbytes)
+
+
+def _address(mm: mmap.mmap) -> int:
+    view = np.frombuffer(mm, dtype=np.uint8)
+    address = int(view.__array_interface__["data"][0])
+    del view
+    return address
+
+
+_registry = _Registry()
+
+
+def empty(shape: Any, dtype: Any = np.float32) -> np.ndarray:
+    """A new, uninitialised array that peers on this host can read directly."""
+    return _registry.empty(shape, dtype)
+
+
+def in_use() -> bool:
+    """Whether this process holds any shared buffer (if not, nothing needs looking up)."""
+    return bool(_registry)
+
+
+def describe(arr: np.ndarray) -> Descriptor | None:
+    """Where peers find ``arr``, or None when it is not inside a shared buffer."""
+    return _registry.describe(arr)
+
+
+class PeerBuffers:
+    """Peers' shared buffers, mapped read-only on first use and kept for later calls."""
+
+    def __init__(self, limit: int = MAX_PEER_MAPS) -> None:
+        self._maps: collections.OrderedDict[tuple[int, int], mmap.mmap] = collections.OrderedDict()
+        self._limit = limit
+
+    def array(self, desc: Descriptor, dtype: np.dtype, peer: int) -> np.ndarray:
+        """``desc``'s bytes as a read-only array of ``dtype``; ProtocolError if the buffer
+        cannot be opened or does not hold that range."""
+        key = (desc.pid, desc.token)
+        mm = self._maps.get(key)
+        if mm is None:
+            mm = self._maps[key] = self._open(desc, peer)
+            while len(self._maps) > self._limit:
+                _close(self._maps.popitem(last=False)[1])
+        else:
+            self._maps.move_to_end(key)
+        if desc.offset + desc.nbytes > len(mm):
+            raise ProtocolError(
+                f"peer {peer} named bytes {desc.offset}-{desc.offset + desc.nbytes} of a "
+                f"shared buffer of {len(mm)} bytes",
+                peer=peer,
+            )
+        count = desc.nbytes // dtype.itemsize
+        return np.frombuffer(mm, dtype=dtype, count=count, offset=desc.offset)
+
+    @staticmethod
+    def _open(desc: Descriptor, peer: int) -> mmap.mmap:
+        path = f"/proc/{desc.pid}/fd/{desc.fd}"
+        try:
+            name = os.readlink(path)
+            if not name.startswith(f"/memfd:cclctl-buf-{desc.token} "):
+                raise OSError(f"{path} is {name!r}, not the buffer the peer named")
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise ProtocolError(
+                f"cannot map peer {peer}'s shared buffer ({exc}); shared buffers need the "
+                "ranks of a host to run as one user and see each other's /proc",
+                peer=peer,
+            ) from None
+
+    def close(self) -> None:
+        while self._maps:
+            _close(self._maps.popitem()[1])
+
+
+def _close(mm: mmap.mmap) -> None:
+    # BufferError: an array still views it, and it is unmapped when that array goes
+    with contextlib.suppress(BufferError):
+        mm.close()
