@@ -55,6 +55,7 @@ def _run(
         (["--op", "all_gather", "--redop", "max"], "--redop"),
         (["-c", "3"], "--check"),
         (["--metrics-port", "70000"], "--metrics-port"),
+        (["--shared-buffers", "--backend", "gloo"], "--shared-buffers"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -89,6 +90,23 @@ def test_sweep_of_five_ops_on_three_ranks_checks_clean(tmp_path: Path) -> None:
         assert row["size"] <= 1 << 20
     table_rows = [line for line in out.splitlines() if line and not line.startswith("#")]
     assert len(table_rows) == len(doc["rows"])
+
+
+@pytest.mark.timeout(120)
+def test_shared_buffers_run_zero_copy_and_check_clean(tmp_path: Path) -> None:
+    """--shared-buffers: every op's buffers come from comm.empty() (all_reduce, all_gather,
+    reduce_scatter and broadcast run zero-copy from 64 KiB up) and every element checks."""
+    out_json = tmp_path / "out.json"
+    code, out, err = _run(
+        ["bench", "--shared-buffers", "--op", ALL_BUT_SENDRECV, "-n", "3", "-b", "16K",
+         "-e", "256K", "-f", "4", "--json", str(out_json)],
+    )  # fmt: skip
+    assert code == 0, err
+    assert "buffers: shared (zero-copy)" in out
+    doc = json.loads(out_json.read_text())
+    assert doc["meta"]["shared_buffers"] is True
+    for row in doc["rows"]:
+        assert row["out_of_place"]["#wrong"] == 0 and row["in_place"]["#wrong"] == 0, row
 
 
 @pytest.mark.timeout(120)

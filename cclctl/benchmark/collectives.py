@@ -54,17 +54,32 @@ def _slot(buf: np.ndarray, rank: int, chunk: int) -> np.ndarray:
     return buf[rank * chunk : (rank + 1) * chunk]
 
 
-def bind(comm: Communicator, case: Case, in_place: bool) -> Placement:
-    """Allocate ``case``'s buffers on this rank and return how to run and check it."""
+#: Allocates a zeroed buffer of (count, dtype).
+Alloc = Callable[[int, np.dtype], Array]
+
+
+def zeros(count: int, dtype: np.dtype) -> Array:
+    return np.zeros(count, dtype=dtype)
+
+
+def bind(comm: Communicator, case: Case, in_place: bool, alloc: Alloc = zeros) -> Placement:
+    """Allocate ``case``'s buffers on this rank (with ``alloc``) and return how to run and
+    check it."""
     rank, shape, op = comm.rank, case.shape, case.op
     data = make_input(case, rank)
     redop, root = case.redop, case.root
+
+    def copy_of(arr: Array) -> Array:
+        out = alloc(arr.size, arr.dtype)
+        out[...] = arr
+        return out
+
     if in_place:
         if op == "all_gather":
-            buf = np.zeros(shape.recv, dtype=data.dtype)
+            buf = alloc(shape.recv, data.dtype)
             send = _slot(buf, rank, shape.chunk)
         else:
-            buf = send = data.copy()
+            buf = send = copy_of(data)
         result = _slot(buf, rank, shape.chunk) if op == "reduce_scatter" else buf
 
         def reset() -> None:
@@ -82,8 +97,8 @@ def bind(comm: Communicator, case: Case, in_place: bool) -> Placement:
         }
         checked = op != "sendrecv"
     else:
-        send = data.copy()
-        result = buf = np.zeros(shape.recv, dtype=data.dtype)
+        send = copy_of(data)
+        result = buf = alloc(shape.recv, data.dtype)
 
         def reset() -> None:
             buf[...] = 0

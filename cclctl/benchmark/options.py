@@ -43,6 +43,7 @@ class BenchOptions:
     min_busbw: float | None = None
     command: tuple[str, ...] = ()
     backend: str = "cclctl"  # or torch.distributed's: torch (auto), gloo, nccl
+    shared_buffers: bool = False  # buffers from comm.empty(): zero-copy on one host
 
     def __post_init__(self) -> None:
         if not self.ops:
@@ -64,6 +65,12 @@ class BenchOptions:
         if self.backend not in BACKENDS:
             raise ConfigError(
                 f"--backend {self.backend!r} is not one of {', '.join(BACKENDS)}", flag="--backend"
+            )
+        if self.shared_buffers and self.backend != "cclctl":
+            raise ConfigError(
+                f"--shared-buffers needs --backend cclctl (torch allocates {self.backend}'s "
+                "buffers itself)",
+                flag="--shared-buffers",
             )
         if self.min_busbw is not None and not self.min_busbw >= 0:
             raise ConfigError(
@@ -152,6 +159,7 @@ def build_options(
     min_busbw: float | None = None,
     command: Sequence[str] = (),
     backend: str = "cclctl",
+    shared_buffers: bool = False,
 ) -> BenchOptions:
     """Turn the command line's raw values into BenchOptions, naming the flag on any error."""
     ops = parse_ops(op)
@@ -180,4 +188,5 @@ def build_options(
         min_busbw=min_busbw,
         command=tuple(command),
         backend=backend,
+        shared_buffers=shared_buffers,
     )

@@ -110,7 +110,8 @@ def _run_header(meta: RunMeta) -> list[str]:
         f"maxBytes {opts.get('maxbytes')} step: {opts.get('stepfactor')}(factor) "
         f"warmup iters: {'auto' if warmup is None else warmup} "
         f"iters: {'auto' if iters is None else iters} "
-        f"validation: {int(bool(opts.get('check')))} backend: {meta.backend}",
+        f"validation: {int(bool(opts.get('check')))} backend: {meta.backend}"
+        + (" buffers: shared (zero-copy)" if opts.get("shared_buffers") else ""),
         "#",
         "# Using ranks",
     ]

@@ -19,7 +19,7 @@ import numpy as np
 import cclctl
 from cclctl.bandwidth import algbw_gbps, bus_factor
 from cclctl.benchmark.catalog import REDUCING_OPS, ROOTED_OPS, bus_name
-from cclctl.benchmark.collectives import Communicator, Placement, bind
+from cclctl.benchmark.collectives import Alloc, Communicator, Placement, bind, zeros
 from cclctl.benchmark.inputs import Case, count_wrong, expected
 from cclctl.benchmark.options import BenchOptions
 from cclctl.benchmark.results import RankInfo, Row, RunMeta, Timing
@@ -67,6 +67,18 @@ def gather_meta(comm: Communicator, opts: BenchOptions) -> RunMeta:
     return RunMeta(n, ranks, backend, cclctl.__version__, opts.to_dict(), now_iso())
 
 
+def _shared_zeros(comm: Communicator) -> Alloc:
+    """Zeroed buffers from ``comm.empty()`` (--shared-buffers: peers read them directly)."""
+    empty = comm.empty  # type: ignore[attr-defined]  # cclctl's communicator only
+
+    def alloc(count: int, dtype: np.dtype) -> np.ndarray:
+        arr: np.ndarray = empty(count, dtype)
+        arr[...] = 0
+        return arr
+
+    return alloc
+
+
 class Sweep:
     """The benchmark loop for one rank; every rank of the communicator must run it."""
 
@@ -81,6 +93,7 @@ class Sweep:
         self.opts = opts
         self.corrupt = corrupt
         self.clock = clock
+        self.alloc = _shared_zeros(comm) if opts.shared_buffers else zeros
 
     def rows(self) -> Iterator[Row]:
         opts, world = self.opts, self.comm.world_size
@@ -103,7 +116,7 @@ class Sweep:
     def measure(self, case: Case, in_place: bool) -> Timing:
         """Time one placement of ``case`` and, with --check, count its wrong elements."""
         comm, size = self.comm, case.shape.size
-        placement = bind(comm, case, in_place)
+        placement = bind(comm, case, in_place, self.alloc)
         on_device = getattr(comm, "on_device", None)  # torch's nccl: buffers on the GPU
         if on_device is not None:
             placement = on_device(placement)

@@ -89,6 +89,12 @@ def bench(
         help="cclctl (this runtime), or torch.distributed: torch (nccl with CUDA, else gloo), "
         "gloo, nccl.",
     ),
+    shared_buffers: bool = typer.Option(
+        False,
+        "--shared-buffers",
+        help="Allocate the buffers with comm.empty(): ranks on one host then read each "
+        "other's buffers directly (zero-copy), as nccl-tests' -R registers them.",
+    ),
 ) -> None:
     opts = build_options(
         op=op,
@@ -104,6 +110,7 @@ def bench(
         min_busbw=min_busbw,
         command=["cclctl", *sys.argv[1:]],
         backend=backend,
+        shared_buffers=shared_buffers,
     )
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise ConfigError(
