@@ -2,14 +2,17 @@
 analyzer (``python -m torch.distributed.flight_recorder.fr_trace``) on the same files.
 
 Writes ``--ranks`` dumps of ``--entries`` entries each, as NCCL writes them (pickle, group
-config, ``state`` updated, a stack of ``--frames`` frames per entry), for a job of two
+config, ``state`` updated, a stack of ``--frames`` frames per entry; ``--protocol 2`` is
+what torch's own pickler writes, unframed, and the default), for a job of two
 process groups hung at the last all_reduce of the world group, which one rank never
 entered. Each reader runs in a child process of its own; its wall time and peak RSS (from
-``wait4``) are reported, and for cclctl also the largest of the reader processes it forks
-(up to 8, see cclctl.integrations.torch_fr_pool). cclctl's verdict is also computed for
-a few shuffled file orders and must not change. Asserts nothing else.
+``wait4``) are reported, and for cclctl also how many reader processes it forks (one per
+usable CPU, up to 8, see cclctl.integrations.torch_fr_pool) and the largest of them.
+cclctl's verdict is also computed for a few shuffled file orders and must not change.
+Asserts nothing else.
 
-    python benchmarks/torch_fr_scale.py [--ranks 512] [--entries 2000] [--frames 12] [--no-pytorch]
+    python benchmarks/torch_fr_scale.py [--ranks 512] [--entries 2000] [--frames 12]
+        [--protocol 2] [--no-pytorch]
 """
 
 from __future__ import annotations
@@ -33,11 +36,14 @@ import json, resource, sys
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Options
 from cclctl.integrations.torch_fr import load_flight_recorder
+from cclctl.integrations.torch_fr_pool import MAX_WORKERS, cores
 snaps = load_flight_recorder(sys.argv[1:])
 diag = diagnose(snaps, options=Options(stuck_after_s=5))
 v = diag.verdicts[0]
 worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(json.dumps([v.kind, v.ranks, v.comm, v.seq, v.op]), f"(largest reader {worker:.0f} MB)")
+readers = min(cores(), MAX_WORKERS)
+verdict = json.dumps([v.kind, v.ranks, v.comm, v.seq, v.op])
+print(verdict, f"(largest of {readers} readers {worker:.0f} MB)")
 """
 
 
@@ -79,7 +85,7 @@ def _entries(n: int, tp_name: str, frames: list[dict[str, Any]], last_done: bool
     return out
 
 
-def write_dumps(folder: Path, ranks: int, entries: int, depth: int) -> None:
+def write_dumps(folder: Path, ranks: int, entries: int, depth: int, protocol: int = 2) -> None:
     frames = _frames(depth)
     straggler = ranks // 3
     for rank in range(ranks):
@@ -92,7 +98,7 @@ def write_dumps(folder: Path, ranks: int, entries: int, depth: int) -> None:
         ring = _entries(entries, name, frames, rank != straggler)
         doc = {"version": "2.10", "comm_lib_version": "2.21.5", "pg_config": config,
                "pg_status": {}, "entries": ring}  # fmt: skip
-        (folder / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(doc, protocol=4))
+        (folder / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(doc, protocol=protocol))
 
 
 def measure(cmd: list[str]) -> tuple[float, float, float, str, int]:
@@ -117,15 +123,19 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=512)
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--frames", type=int, default=12)
+    parser.add_argument(
+        "--protocol", type=int, default=2, help="pickle protocol of the dumps (torch writes 2)"
+    )
     parser.add_argument("--orders", type=int, default=3, help="shuffled file orders to check")
     parser.add_argument("--no-pytorch", action="store_true", help="skip PyTorch's analyzer")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         t0 = time.perf_counter()
-        write_dumps(folder, args.ranks, args.entries, args.frames)
+        write_dumps(folder, args.ranks, args.entries, args.frames, args.protocol)
         size = sum(p.stat().st_size for p in folder.iterdir())
-        print(f"{args.ranks} dumps x {args.entries} entries ({args.frames} frames each): "
+        print(f"{args.ranks} dumps x {args.entries} entries ({args.frames} frames each, "
+              f"pickle protocol {args.protocol}): "
               f"{size / 1e6:.0f} MB written in {time.perf_counter() - t0:.1f}s")  # fmt: skip
         files = sorted(str(p) for p in folder.iterdir())
         secs, cpu, rss, out, code = measure([sys.executable, "-c", READ_CCLCTL, str(folder)])

@@ -12,13 +12,14 @@ Flight Recorder dump here", and the caller goes on with cclctl's own dump format
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import json
 import os
 import pickle
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cclctl.errors import BadInput
@@ -46,6 +47,19 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("refusing a persistent id: dumps hold plain data")
 
 
+class _Peekable(io.BytesIO):
+    """Bytes the unpickler can read ahead in. Given no ``peek``, it calls ``read`` for every
+    opcode of an unframed pickle, and PyTorch writes its dumps unframed (protocol 2): 3.5x
+    slower, 29 instead of 9 ms for 2,000 entries. (io.BufferedReader has ``peek`` too, but
+    it allocates whatever length a corrupt opcode claims before finding the data short.)
+    """
+
+    def peek(self, size: int = 0) -> bytes:
+        data = self.read(max(size, 1))
+        self.seek(-len(data), io.SEEK_CUR)
+        return data
+
+
 def sniff(head: bytes) -> str | None:
     """``"pickle"``, ``"json"`` (a Flight Recorder JSON dump) or None from a file's start."""
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
@@ -56,15 +70,24 @@ def sniff(head: bytes) -> str | None:
 
 
 def parse(data: bytes, fmt: str, path: str) -> Any:
-    """The dump as plain Python data; BadInput naming the file when it cannot be read.
+    """The dump as plain Python data; BadInput naming the file when it cannot be read."""
+    with gc_paused():
+        return _parse(data, fmt, path)
 
-    The cyclic garbage collector is paused meanwhile: a dump builds hundreds of thousands
-    of containers at once, and the collector would scan them again and again (~20%).
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a parsed dump is alive.
+
+    A dump is hundreds of thousands of containers, freed by their reference counts. Built
+    while the collector runs, they would be scanned again and again (~20%); and the first
+    collection after it resumes would scan them all once more, so :func:`read_dump` keeps
+    it paused until the dump is condensed and freed (another ~20%).
     """
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _parse(data, fmt, path)
+        yield
     finally:
         if paused:
             gc.enable()
@@ -73,7 +96,7 @@ def parse(data: bytes, fmt: str, path: str) -> Any:
 def _parse(data: bytes, fmt: str, path: str) -> Any:
     if fmt == PICKLE:
         try:
-            return _PlainUnpickler(io.BytesIO(data)).load()
+            return _PlainUnpickler(_Peekable(data)).load()
         except pickle.UnpicklingError as exc:
             why = f"not a usable Flight Recorder pickle ({exc})"
         except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError):
@@ -154,9 +177,15 @@ def read_dump(path: str, fmt: str) -> RankDump:
             mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
     except OSError as exc:
         raise BadInput(f"{path}: cannot read ({exc.strerror or exc})", path=path) from None
-    doc = parse(data, fmt, path)
-    del data
-    return read_rank(doc, rank_of(path), path, fmt, mtime_ns)
+    with gc_paused():
+        doc = parse(data, fmt, path)
+        del data
+        try:
+            dump = read_rank(doc, rank_of(path), path, fmt, mtime_ns)
+        except (ValueError, TypeError, OverflowError) as exc:  # e.g. an int of 5,000 digits
+            raise BadInput(f"{path}: malformed Flight Recorder dump ({exc})", path=path) from None
+        del doc  # freed before the collector resumes, so it never scans the dump
+    return dump
 
 
 def load_flight_recorder(

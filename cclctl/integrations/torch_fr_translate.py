@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from cclctl.errors import BadInput
 from cclctl.ranges import fold_ranks
@@ -104,14 +104,14 @@ def _fail(path: str, why: str) -> BadInput:
     return BadInput(f"{path}: {why}", path=path)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _as_int(value: object, default: int) -> int:
     """An int from a dump field that may be an int or its text (JSON dumps write strings)."""
     if _is_int(value):
-        return int(value)  # type: ignore[call-overload]
+        return int(value)
     if isinstance(value, str) and _INT.fullmatch(value.strip()):
         return int(value)
     return default
@@ -176,44 +176,57 @@ def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDu
                 members[name] = ranks
     groups: dict[str, Group] = {}
     latest = 0
-    for index in range(len(entries) - 1, -1, -1):
-        e = entries[index]
-        if not isinstance(e, dict):
-            raise _fail(path, f"entry {index} is not a mapping")
+    last = len(entries) - 1
+    # Newest first, and cheap for every entry: only the few kept become records, but the
+    # seq maxima and the checks need them all (type() first: isinstance is slower).
+    for back, e in enumerate(reversed(entries)):
+        if type(e) is not dict and not isinstance(e, dict):
+            raise _fail(path, f"entry {last - back} is not a mapping")
         pg = e.get("process_group")
-        if isinstance(pg, list | tuple) and len(pg) == 2:
-            name, desc = str(pg[0]), str(pg[1])
+        if (type(pg) is tuple or type(pg) is list) and len(pg) == 2 and type(pg[0]) is str:
+            name = pg[0]
         else:
-            name, desc = str(e.get("pg_id", "")), ""
+            name = _group_of(e, pg)[0]
         group = groups.get(name)
         if group is None:
-            group = groups[name] = Group(name, desc)
+            group = groups[name] = Group(*_group_of(e, pg))
         p2p = e.get("is_p2p") is True
         seq = e.get("p2p_seq_id" if p2p else "collective_seq_id")
-        if not isinstance(seq, int) or isinstance(seq, bool):
-            raise _fail(path, f"entry {index} has no integer sequence number")
+        if not (type(seq) is int or _is_int(seq)):
+            raise _fail(path, f"entry {last - back} has no integer sequence number")
         done = (
             e.get("retired") is True
             or e.get("state") == "completed"
             or _as_int(e.get("op_id"), 1 << 62) <= done_op.get(str(e.get("pg_id")), -1)
         )
         if not p2p:
-            group.started = max(group.started, seq)
-            if done:
-                group.completed = max(group.completed, seq)
-        if group.kept >= TAIL if done else group.open_kept >= OPEN:
-            continue
-        rec = _record(e, name, seq, done, p2p)
-        latest = max(latest, rec.start_ns)
-        group.records.append(rec)
+            if seq > group.started:
+                group.started = seq
+            if done and seq > group.completed:
+                group.completed = seq
         if done:
+            if group.kept >= TAIL:
+                continue
             group.kept += 1
+        elif group.open_kept >= OPEN:
+            continue
         else:
             group.open_kept += 1
+        rec = _record(e, name, seq, done, p2p)
+        if rec.start_ns > latest:
+            latest = rec.start_ns
+        group.records.append(rec)
     for group in groups.values():
         group.records.reverse()
     version = str(doc.get("version", ""))
     return RankDump(rank, path, fmt, version, max(mtime_ns, latest), len(entries), groups, members)
+
+
+def _group_of(e: dict[str, Any], pg: object) -> tuple[str, str]:
+    """(name, desc) of an entry's group: ``process_group`` is (name, desc), else ``pg_id``."""
+    if isinstance(pg, list | tuple) and len(pg) == 2:
+        return str(pg[0]), str(pg[1])
+    return str(e.get("pg_id", "")), ""
 
 
 def _record(e: dict[str, Any], group: str, seq: int, done: bool, p2p: bool) -> CollectiveRecord:

@@ -5,7 +5,9 @@ Real gloo dumps are covered in test_torch_fr.py.
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ pytest.importorskip("torch")
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import MISSING, NOT_ENTERED, Options
 from cclctl.errors import BadInput
-from cclctl.integrations.torch_fr import load_flight_recorder, sniff
+from cclctl.integrations import torch_fr, torch_fr_pool
+from cclctl.integrations.torch_fr import find_dumps, load_flight_recorder, read_dump, sniff
+from cclctl.integrations.torch_fr_translate import RankDump
 from cclctl.records import COMPLETED, STARTED
 
 NS = 1_700_000_000_000_000_000
@@ -177,8 +181,145 @@ def test_other_files_are_left_to_the_cclctl_reader(tmp_path: Path) -> None:
         load_flight_recorder([str(tmp_path / "fr" / "nccl_trace_rank_0"), str(cclctl)])
 
 
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_pickles_are_read_ahead_not_opcode_by_opcode(
+    monkeypatch: pytest.MonkeyPatch, protocol: int
+) -> None:
+    # torch writes protocol 2, which has no frames: read() per opcode was 3.5x slower
+    doc = nccl_dump([entry(s) for s in range(1, 1001)], {"0": [0, 1]})
+    data = pickle.dumps(doc, protocol=protocol)
+    calls: list[int] = []
+    read = torch_fr._Peekable.read
+
+    def counted(self: torch_fr._Peekable, size: int | None = -1) -> bytes:
+        calls.append(size or 0)
+        return read(self, size)
+
+    monkeypatch.setattr(torch_fr._Peekable, "read", counted)
+    assert torch_fr.parse(data, "pickle", "p") == pickle.loads(data)
+    assert len(calls) < 10 + 4 * len(data) // (1 << 17)
+    with pytest.raises(BadInput, match="truncated"):
+        torch_fr.parse(data[: len(data) // 2], "pickle", "p")
+
+
+@pytest.mark.timeout(10)
+def test_groups_named_every_way_a_dump_names_them(tmp_path: Path) -> None:
+    # process_group as a tuple (pickle) or list (JSON), a non-text name, or only pg_id
+    ring = [entry(1), entry(1, pg=(7, "tp")), entry(2, pg=None, pg_id=5)]  # type: ignore[arg-type]
+    for rank, fmt in ((0, "pickle"), (1, "json")):
+        write(tmp_path, rank, nccl_dump(ring, {"0": [0, 1]}), fmt=fmt)
+    snaps = load_flight_recorder([str(tmp_path)])
+    assert snaps is not None
+    for snap in snaps:
+        assert sorted((r.comm, r.seq) for r in snap.records) == [("0:0-1", 1), ("5:0-1", 2),
+                                                                 ("7:0-1", 1)]  # fmt: skip
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("ring", "message"),
+    [
+        ([entry(1), [1], entry(3), "x"], "entry 3 is not a mapping"),  # the newest bad one
+        ([entry(1), entry(2, collective_seq_id=True), entry(3)], "entry 1 has no integer seq"),
+        ([entry(1, is_p2p=True, p2p_seq_id=None)], "entry 0 has no integer seq"),
+    ],
+)
+def test_a_bad_entry_is_named_by_its_place_in_the_ring(
+    tmp_path: Path, ring: list[Any], message: str
+) -> None:
+    path = write(tmp_path, 0, nccl_dump(ring, {"0": [0]}))
+    with pytest.raises(BadInput, match=message):
+        load_flight_recorder([str(path)])
+
+
+def _many(folder: Path, ranks: int) -> list[tuple[str, str]]:
+    world = {"0": list(range(ranks)), "1": [0, 1]}
+    for rank in range(ranks):
+        ring = [entry(s) for s in range(1, 30 + rank)]
+        ring.insert(5, entry(1, "nccl:send 0->1", ("1", "tp"), is_p2p=True, p2p_seq_id=1,
+                             state="scheduled", retired=False))  # fmt: skip
+        ring.append(entry(30 + rank, state="started", retired=False))
+        write(folder, rank, nccl_dump(ring, world))
+    return find_dumps([str(folder)]) or []
+
+
+@pytest.mark.timeout(20)
+def test_forked_readers_give_what_one_process_gives(tmp_path: Path) -> None:
+    files = _many(tmp_path, torch_fr_pool.MIN_FILES + 3)
+    one = torch_fr_pool.read_all(files, read_dump, workers=1)
+    forked = torch_fr_pool.read_all(files, read_dump, workers=3)
+    assert sorted(map(_seen, forked)) == sorted(map(_seen, one))
+    assert {len(g.records) for d in one for g in d.groups.values()} == {1, 17}  # cut to 16+1
+
+
+def _seen(d: RankDump) -> str:
+    """What a diagnosis reads of a condensed dump (not the counters used while reading)."""
+    groups = {n: (g.desc, g.started, g.completed, g.records) for n, g in d.groups.items()}
+    return repr((d.path, d.rank, d.fmt, d.version, d.time_ns, d.entries, d.members, groups))
+
+
+@pytest.mark.timeout(20)
+def test_forked_readers_name_the_first_bad_file(tmp_path: Path) -> None:
+    files = _many(tmp_path, torch_fr_pool.MIN_FILES)
+    for rank in (20, 7):
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(b"\x80\x02}q\x00(X\x07")
+    with pytest.raises(BadInput, match="truncated") as caught:
+        torch_fr_pool.read_all(files, read_dump, workers=2)
+    assert caught.value.fields["path"] == str(tmp_path / "nccl_trace_rank_20")  # by path
+
+
+@pytest.mark.timeout(20)
+def test_one_reader_per_cpu_this_process_may_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert torch_fr_pool.cores() == 3
+    files = _many(tmp_path, torch_fr_pool.MIN_FILES)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2}, raising=False)
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked with one CPU"))
+    assert len(torch_fr_pool.read_all(files, read_dump)) == len(files)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_until_the_dump_is_freed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enabled: bool
+) -> None:
+    path = write(tmp_path, 0, nccl_dump([entry(1)], {"0": [0]}))
+    seen: list[bool] = []
+    condense = torch_fr.read_rank
+
+    def spy(*args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return condense(*args)
+
+    monkeypatch.setattr(torch_fr, "read_rank", spy)
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        read_dump(str(path), "pickle")
+        assert (seen, gc.isenabled()) == ([False], enabled)
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_sniffing_tells_pickle_json_and_cclctl_apart() -> None:
     assert sniff(pickle.dumps({}, protocol=2)) == "pickle"
     assert sniff(b' {"version": "2.10", "pg_config": {}}') == "json"
     assert sniff(b'{"schema":"cclctl.dump","entries":[]}') is None
     assert sniff(b"\x80\x09") is None  # no such pickle protocol
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("files", [1, torch_fr_pool.MIN_FILES])
+def test_a_number_too_long_to_print_is_bad_input_naming_the_file(
+    tmp_path: Path, files: int
+) -> None:
+    """Python refuses str() of an int past 4,300 digits: a hostile or corrupt dump with one
+    must be BadInput naming the file, read here or by a forked reader (which used to die)."""
+    for rank in range(files):
+        ring = [entry(1), entry(2, name=10**5000 if rank == files - 1 else "nccl:all_reduce")]
+        write(tmp_path, rank, nccl_dump(ring, {"0": list(range(files))}))
+    with pytest.raises(BadInput, match=rf"nccl_trace_rank_{files - 1}: malformed"):
+        load_flight_recorder([str(tmp_path)])
