@@ -24,7 +24,7 @@ from cclctl.errors import CclError
 OP = os.environ.get("FAULT_OP", "all_reduce")
 ITERS = int(os.environ.get("ITERS", "8"))
 PAUSE = float(os.environ.get("PAUSE", "0.3"))
-COUNT = 16384  # 64 KiB of float32: large enough to run zero-copy on shared buffers
+COUNT = 65536  # 256 KiB of float32: large enough to run zero-copy on shared buffers
 
 
 def one(comm: cclctl.runtime.communicator.Communicator, buf: np.ndarray, out: np.ndarray) -> None:

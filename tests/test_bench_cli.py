@@ -95,7 +95,7 @@ def test_sweep_of_five_ops_on_three_ranks_checks_clean(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_shared_buffers_run_zero_copy_and_check_clean(tmp_path: Path) -> None:
     """--shared-buffers: every op's buffers come from comm.empty() (all_reduce, all_gather,
-    reduce_scatter and broadcast run zero-copy from 64 KiB up) and every element checks."""
+    reduce_scatter and broadcast run zero-copy from 256 KiB up) and every element checks."""
     out_json = tmp_path / "out.json"
     code, out, err = _run(
         ["bench", "--shared-buffers", "--op", ALL_BUT_SENDRECV, "-n", "3", "-b", "16K",

@@ -7,8 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+import matrix_worker
 import pytest
 
+from cclctl.runtime.algorithms import zero_copy
 from cclctl.runtime.launcher import launch
 
 WORKER = str(Path(__file__).with_name("matrix_worker.py"))
@@ -52,6 +54,15 @@ def test_the_matrix_on_shared_buffers_runs_zero_copy_and_matches_numpy(n: int) -
     assert result.returncode == 0, "\n".join(f"[{r}] {line}" for r, line in lines[-40:])
     assert sorted(rep["rank"] for rep in reports) == list(range(n))
     assert all(rep["failures"] == [] for rep in reports)
-    # 8 dtypes x the one count of at least 64 KiB x (10 all_reduce + 10 reduce_scatter +
-    # 2 all_gather + 4 broadcast); smaller calls take the slot path
-    assert all(rep["zero_copy"] == 8 * 26 for rep in reports), reports
+    assert all(rep["zero_copy"] == _zero_copy_calls(n) for rep in reports), reports
+
+
+def _zero_copy_calls(n: int) -> int:
+    """How many of the worker's calls are large enough to run zero-copy: per dtype, at the
+    largest count, 10 all_reduce and 4 broadcast (sized by one rank's buffer), 10
+    reduce_scatter and 2 all_gather (sized by all ranks' blocks)."""
+    count, total = matrix_worker.COUNTS[-1], 0
+    for dtype in matrix_worker.dtypes():
+        one = count * dtype.itemsize
+        total += 14 * (one >= zero_copy.MIN_BYTES) + 12 * (n * one >= zero_copy.MIN_BYTES)
+    return total

@@ -162,20 +162,26 @@ class Communicator:
         src = buffers.flat(buf, "buf", "all_gather")
         dst = buffers.matching_out(out, src, src.size * n, "all_gather")
         own = dst[self.rank * src.size : (self.rank + 1) * src.size]
-        if not buffers.is_slot(src, dst, self.rank):
-            if buffers.overlaps(src, dst):
-                raise buffers.InvalidArgument(
-                    "all_gather: buf overlaps out but is not this rank's slot of it",
-                    op="all_gather",
-                )
-            own[...] = src
+        in_slot = buffers.is_slot(src, dst, self.rank)
+        if not in_slot and buffers.overlaps(src, dst):
+            raise buffers.InvalidArgument(
+                "all_gather: buf overlaps out but is not this rank's slot of it",
+                op="all_gather",
+            )
         bounds = [(i * src.size, (i + 1) * src.size) for i in range(n)]
-        zc = self._zero_copy(dst.nbytes, dst)
+        # Zero-copy: peers read this rank's block from a shared ``buf`` while this rank
+        # copies it into ``out`` (the two copies overlap), else from its slot of ``out``.
+        zc = None if in_slot else self._zero_copy(dst.nbytes, src)
+        copy_in = zc is not None
+        if not in_slot and zc is None:
+            own[...] = src
+        if zc is None:
+            zc = self._zero_copy(dst.nbytes, own)
         if zc is not None:
             with self._call(
                 "all_gather", src, zero_copy.ALGO, nbytes=dst.nbytes, shared=True
             ) as step:
-                zero_copy.all_gather(step, zc[0], dst, bounds, zc[1][0])
+                zero_copy.all_gather(step, zc[0], dst, bounds, zc[1][0], src if copy_in else None)
             return out
         with self._call("all_gather", src, "ring", nbytes=dst.nbytes) as step:
             if src.size:
