@@ -1,7 +1,8 @@
 """cclctl against its peers on this machine, in one run (asserts nothing; it measures).
 
 For 2 and 4 ranks and sizes from 1 KiB to 256 MiB it times all_reduce, all_gather,
-reduce_scatter and broadcast on cclctl over shared memory and over TCP, on gloo through
+reduce_scatter and broadcast on cclctl over shared memory (on plain numpy buffers, and
+zero-copy on shared buffers from ``comm.empty()``: ``cclctl-zc``) and over TCP, on gloo through
 torch.distributed and on Open MPI through mpi4py, and the machine's limit: numpy copy and
 add bandwidth of one process at the same sizes. It prints busbw (nccl-tests' definition),
 cclctl's ratio to each peer and to the limit, the per-call latency of an 8-byte all_reduce,
@@ -104,10 +105,12 @@ def _parse(lines: list[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.startswith('{"runtime"')]
 
 
-def run_cclctl(n: int, transport: str, worker_args: list[str]) -> list[dict[str, Any]]:
+def run_cclctl(
+    n: int, transport: str, worker_args: list[str], runtime: str = "cclctl"
+) -> list[dict[str, Any]]:
     lines: list[str] = []
     result = launch(
-        [sys.executable, WORKER, "--runtime", "cclctl", *worker_args],
+        [sys.executable, WORKER, "--runtime", runtime, *worker_args],
         n,
         env={"CCLCTL_TRANSPORT": transport},
         output=lambda rank, stream, line: lines.append(line) if stream == "stdout" else None,
@@ -152,6 +155,8 @@ def run_one(name: str, n: int, worker_args: list[str]) -> list[dict[str, Any]]:
         return run_gloo(n, worker_args)
     if name == "openmpi":
         return run_mpi(n, worker_args)
+    if name == "cclctl-zc":
+        return run_cclctl(n, "auto", worker_args, runtime="cclctl-zc")
     return run_cclctl(n, name.removeprefix("cclctl-").replace("shm", "auto"), worker_args)
 
 
@@ -160,6 +165,7 @@ def peers_available() -> dict[str, str]:
     torch = importlib.util.find_spec("torch") is not None
     mpi = importlib.util.find_spec("mpi4py") is not None and shutil.which("mpirun")
     return {
+        "cclctl-zc": "",
         "cclctl-shm": "",
         "cclctl-tcp": "",
         "gloo": "" if torch else "torch is not installed (pip install torch==2.13.0)",
@@ -184,7 +190,7 @@ def main() -> int:
         default=1,
         help="run every runtime this many times, alternating, and keep the best of each",
     )
-    ap.add_argument("--runtimes", default="cclctl-shm,cclctl-tcp,gloo,openmpi")
+    ap.add_argument("--runtimes", default="cclctl-zc,cclctl-shm,cclctl-tcp,gloo,openmpi")
     ap.add_argument("--json", default="peers-results.json")
     args = ap.parse_args()
     sizes = sizes_between(parse_size(args.min), parse_size(args.max), args.factor)

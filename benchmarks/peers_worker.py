@@ -5,7 +5,7 @@ same warm-up, the same number of timed calls, the best of ``--reps`` blocks, and
 a block is the slowest rank's (taken with the runtime's own max all-reduce). Rank 0 prints
 one JSON line per measurement.
 
-    python benchmarks/peers_worker.py --runtime cclctl|gloo|mpi --ops all_reduce --sizes 1024
+    python benchmarks/peers_worker.py --runtime cclctl|cclctl-zc|gloo|mpi --sizes 1024
 """
 
 from __future__ import annotations
@@ -23,12 +23,21 @@ Op = Callable[[], object]
 
 
 class Cclctl:
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = False) -> None:
+        """``shared``: buffers from ``comm.empty()``, which one-host ranks read zero-copy."""
         import cclctl
 
         self.comm = cclctl.init()
         self.rank, self.size = self.comm.rank, self.comm.world_size
-        self.name = f"cclctl-{self.comm.transport.name}"
+        self.shared = shared
+        self.name = "cclctl-zc" if shared else f"cclctl-{self.comm.transport.name}"
+
+    def zeros(self, count: int) -> np.ndarray:
+        if not self.shared:
+            return np.zeros(count, np.float32)
+        arr = self.comm.empty(count, np.float32)
+        arr[:] = 0
+        return arr
 
     def ops(self, x: np.ndarray, big: np.ndarray, part: np.ndarray) -> dict[str, Op]:
         c = self.comm
@@ -99,7 +108,17 @@ class Mpi:
         pass
 
 
-RUNTIMES: dict[str, Callable[[], Any]] = {"cclctl": Cclctl, "gloo": Gloo, "mpi": Mpi}
+RUNTIMES: dict[str, Callable[[], Any]] = {
+    "cclctl": Cclctl,
+    "cclctl-zc": lambda: Cclctl(shared=True),
+    "gloo": Gloo,
+    "mpi": Mpi,
+}
+
+
+def zeros(rt: Any, count: int) -> np.ndarray:
+    """Float32 zeros where the runtime wants its buffers (cclctl-zc: shared buffers)."""
+    return rt.zeros(count) if hasattr(rt, "zeros") else np.zeros(count, np.float32)
 
 
 def calls_for(nbytes: int) -> tuple[int, int]:
@@ -137,8 +156,8 @@ def main() -> int:
             print(json.dumps({"runtime": rt.name, "ranks": n, **fields}), flush=True)
 
     if args.latency_calls:
-        tiny = np.zeros(2, np.float32)
-        fn = rt.ops(tiny, np.zeros(2 * n, np.float32), tiny)["all_reduce"]
+        tiny = zeros(rt, 2)
+        fn = rt.ops(tiny, zeros(rt, 2 * n), tiny)["all_reduce"]
         emit(
             op="all_reduce",
             size=8,
@@ -147,9 +166,9 @@ def main() -> int:
         )
     for size in (int(s) for s in args.sizes.split(",")):
         count = max(size // 4 // n * n, n)  # divisible by the world size for the gathers
-        x = np.zeros(count, np.float32)
-        big = np.zeros(count, np.float32)
-        part = np.zeros(count // n, np.float32)
+        x = zeros(rt, count)
+        big = zeros(rt, count)
+        part = zeros(rt, count // n)
         for op, fn in rt.ops(x, big, part).items():
             if op not in args.ops.split(","):
                 continue
