@@ -28,10 +28,12 @@ from pathlib import Path
 
 from paired import render, run_rounds, summarize
 
+from cclctl.benchmark.sizes import parse_size
+
 SIZES = {8: 400, 1 << 20: 40, 4 << 20: 12, 16 << 20: 4}  # bytes -> calls per block
 
 
-def _rank_main(rounds: int) -> None:
+def _rank_main(rounds: int, sizes: list[int]) -> None:
     import torch
     import torch.distributed as dist
 
@@ -42,7 +44,8 @@ def _rank_main(rounds: int) -> None:
     cclctl_torch.instrument()
     traced = dist.all_reduce
     assert traced is not plain and cclctl_torch.session() is not None
-    calls_of = SIZES if dist.get_world_size() > 1 else dict.fromkeys(SIZES, 4000)
+    wanted = {size: SIZES.get(size, max(4, (16 << 20) // size)) for size in sizes}
+    calls_of = wanted if dist.get_world_size() > 1 else dict.fromkeys(wanted, 4000)
     results = {}
     for nbytes, calls in calls_of.items():
         t = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
@@ -102,18 +105,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--wrapper", action="store_true", help="the wrapper alone, here")
     parser.add_argument("--json", type=Path, help="also write the summary here")
+    parser.add_argument("--sizes", default="8,1M,4M,16M", help="message sizes, e.g. 8,1M")
     args = parser.parse_args()
     if args.wrapper:
         _wrapper_cost(args.rounds)
         return
     if "RANK" in os.environ:
-        _rank_main(args.rounds)
+        _rank_main(args.rounds, [parse_size(s, "--sizes") for s in args.sizes.split(",")])
         return
     from cclctl.runtime.launcher import launch
 
     out: list[str] = []
     result = launch(
-        [sys.executable, __file__, "--rounds", str(args.rounds)],
+        [sys.executable, __file__, "--rounds", str(args.rounds), "--sizes", args.sizes],
         args.ranks,
         env={"PYTHONWARNINGS": "ignore"},
         capture_rank0_stdout=out.append,
