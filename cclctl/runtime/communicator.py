@@ -11,13 +11,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from cclctl import records
 from cclctl.config import RuntimeConfig
-from cclctl.errors import CclError, CollectiveTimeout, CommAborted, CommError
+from cclctl.errors import CclError, CommAborted, CommError
 from cclctl.records import CollectiveRecord
 from cclctl.runtime import buffers, faults, selection, shared_buffers
 from cclctl.runtime.algorithms import latency, pairwise, pipeline, ring, zero_copy
@@ -28,14 +27,10 @@ from cclctl.runtime.algorithms.context import (
     chunk_bounds,
     finish_avg,
 )
+from cclctl.runtime.tracing import Traced, Tracer, close_record
 from cclctl.runtime.transport import Transport, Wait
 from cclctl.runtime.wire import Call, comm_tag
 from cclctl.telemetry.recorder import FOLD_BATCH
-
-if TYPE_CHECKING:
-    from cclctl.runtime.shm_group import ShmGroup
-
-    ZeroCopy = tuple[ShmGroup, list[shared_buffers.Descriptor]]
 
 Array = np.ndarray
 
@@ -43,19 +38,6 @@ Array = np.ndarray
 def world_comm_id(world_size: int) -> str:
     """The world communicator's id: creation index 0 and its member ranks."""
     return f"0:0-{world_size - 1}" if world_size > 1 else "0:0"
-
-
-class Tracer(Protocol):
-    """What the communicator tells telemetry (see cclctl.telemetry.recorder.Recorder).
-
-    ``start`` and ``finish`` only queue the record; ``fold`` does the bookkeeping, and the
-    communicator runs it every ``FOLD_BATCH`` calls.
-    """
-
-    start: Callable[[CollectiveRecord], None]
-    finish: Callable[[CollectiveRecord], None]
-
-    def fold(self) -> None: ...
 
 
 class Communicator:
@@ -112,23 +94,8 @@ class Communicator:
         """
         return shared_buffers.empty(shape, dtype)
 
-    def _zero_copy(self, nbytes: int, *arrays: Array) -> ZeroCopy | None:
-        """The shared-memory group and the descriptors of ``arrays`` when the call runs
-        zero-copy: every rank on this host, every array in a shared buffer, and ``nbytes``
-        (the same on every rank) large enough that skipping the copy pays for the extra
-        synchronisation."""
-        if nbytes < zero_copy.MIN_BYTES or self.world_size == 1 or not shared_buffers.in_use():
-            return None
-        group: ShmGroup | None = getattr(self.transport, "shared", None)
-        if group is None:
-            return None
-        descs = []
-        for arr in arrays:
-            desc = shared_buffers.describe(arr)
-            if desc is None:
-                return None
-            descs.append(desc)
-        return group, descs
+    def _zero_copy(self, nbytes: int, *arrays: Array) -> zero_copy.Plan | None:
+        return zero_copy.plan(self.transport, self.world_size, nbytes, arrays)
 
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
@@ -350,7 +317,7 @@ class Communicator:
         count: int | None = None,
         nbytes: int | None = None,
         shared: bool = False,
-    ) -> _Traced:
+    ) -> Traced[Step]:
         if self._closed:
             raise CommError(f"rank {self.rank}: {op} on a closed communicator", op=op)
         if self._broken is not None:
@@ -404,25 +371,12 @@ class Communicator:
         )
         now = time.monotonic()
         wait = Wait(self.rank, rec, now + self._timeout_s, now, self._aborted, self._watched)
-        return _Traced(
-            self, rec, Step(self.transport, self.rank, self.world_size, call, wait, self._scratch)
-        )
+        step = Step(self.transport, self.rank, self.world_size, call, wait, self._scratch)
+        return Traced(self.tracer, rec, step, self._finished)
 
     def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
-        rec.end_ns = time.time_ns()
-        if exc is None:
-            rec.waiting_on = None
-            rec.waiting_for = None
-            rec.state = records.COMPLETED
-        else:
-            rec.state = (
-                records.TIMED_OUT
-                if isinstance(exc, CollectiveTimeout)
-                else records.ABORTED
-                if isinstance(exc, CommAborted)
-                else records.FAILED
-            )
-            rec.error = str(exc) or type(exc).__name__  # waiting_on stays: it is evidence
+        close_record(rec, exc)
+        if exc is not None:
             # The links may hold half a message now: no later call can trust them.
             self._broken = f"{rec.op} seq {rec.seq}: {rec.error}"
             if isinstance(exc, CclError):
@@ -435,23 +389,3 @@ class Communicator:
             if self._unfolded >= FOLD_BATCH:
                 self._unfolded = 0
                 tracer.fold()
-
-
-class _Traced:
-    """Context manager around one call: opens and closes its trace record."""
-
-    __slots__ = ("comm", "rec", "step")
-
-    def __init__(self, comm: Communicator, rec: CollectiveRecord, step: Step) -> None:
-        self.comm = comm
-        self.rec = rec
-        self.step = step
-
-    def __enter__(self) -> Step:
-        tracer = self.comm.tracer
-        if tracer is not None:
-            tracer.start(self.rec)
-        return self.step
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.comm._finished(self.rec, exc)

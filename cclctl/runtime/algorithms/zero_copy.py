@@ -22,11 +22,11 @@ calls on shared buffers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cclctl.runtime import wire
+from cclctl.runtime import shared_buffers, wire
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, reducer
 from cclctl.runtime.algorithms.shared import account, slot_free
 from cclctl.runtime.shared_buffers import DESCRIPTOR_SIZE, Descriptor
@@ -39,6 +39,29 @@ ALGO = "shm_zero_copy"
 #: --shared-buffers`` against plain buffers: slower at 64 KiB, even at 128 KiB, ahead from
 #: 256 KiB, 2-3x from 4 MiB).
 MIN_BYTES = 256 << 10
+
+
+#: What a call runs zero-copy on: this host's group and where each of its arrays is.
+Plan = tuple[ShmGroup, list[Descriptor]]
+
+
+def plan(transport: object, world_size: int, nbytes: int, arrays: Sequence[Array]) -> Plan | None:
+    """The group and the descriptors of ``arrays`` when a call runs zero-copy: every rank
+    on this host, every array in a shared buffer, and ``nbytes`` (the same on every rank,
+    so every rank decides alike) large enough that skipping the copy pays for the extra
+    synchronisation."""
+    if nbytes < MIN_BYTES or world_size == 1 or not shared_buffers.in_use():
+        return None
+    group: ShmGroup | None = getattr(transport, "shared", None)
+    if group is None:
+        return None
+    descs = []
+    for arr in arrays:
+        desc = shared_buffers.describe(arr)
+        if desc is None:
+            return None
+        descs.append(desc)
+    return group, descs
 
 
 def _label(ctx: Step) -> None:
