@@ -9,8 +9,8 @@ always see exact counters, and a collective pays two appends.
 
 Why: on 1 MiB all_reduces (``benchmarks/telemetry_on_off.py``) the reduction evicts the
 interpreter's and the counters' cache lines, so doing the bookkeeping per call cost 8-10 µs
-there (against ~2 µs warm) and missed the 1% goal. Folding the queue in one go runs that
-code warm, once per few hundred calls.
+there (against ~2 µs warm). Folding the queue in one go runs that code warm, once per few
+hundred calls.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from cclctl.bandwidth import bus_factor
 from cclctl.records import COMPLETED, FINAL_STATES, STARTED, CollectiveRecord, CommInfo
 from cclctl.telemetry.counters import DURATION_BOUNDS_NS, CommState, CommView, OpStats
 
-#: How many calls a caller lets queue before it runs :meth:`Recorder.fold` (readers fold at
-#: once, and the status publisher does every second, so a caller that forgets leaks nothing).
+#: How many calls a caller lets queue before it runs :meth:`Recorder.fold` (the runtime's
+#: communicator and the PyTorch integration do; readers fold before they look).
 FOLD_BATCH = 256
 
 
