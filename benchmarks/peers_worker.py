@@ -33,11 +33,8 @@ class Cclctl:
         self.name = "cclctl-zc" if shared else f"cclctl-{self.comm.transport.name}"
 
     def zeros(self, count: int) -> np.ndarray:
-        if not self.shared:
-            return np.zeros(count, np.float32)
-        arr = self.comm.empty(count, np.float32)
-        arr[:] = 0
-        return arr
+        zeros = self.comm.zeros if self.shared else np.zeros
+        return zeros(count, np.float32)
 
     def ops(self, x: np.ndarray, big: np.ndarray, part: np.ndarray) -> dict[str, Op]:
         c = self.comm

@@ -64,11 +64,7 @@ class Buffers:
         self.shared = shared
 
     def zeros(self, shape: int, dtype: np.dtype) -> np.ndarray:
-        if not self.shared:
-            return np.zeros(shape, dtype)
-        arr = self.comm.empty(shape, dtype)
-        arr[...] = 0
-        return arr
+        return self.comm.zeros(shape, dtype) if self.shared else np.zeros(shape, dtype)
 
     def copy(self, x: np.ndarray) -> np.ndarray:
         arr = self.zeros(x.size, x.dtype)

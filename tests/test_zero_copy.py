@@ -143,6 +143,8 @@ def test_the_registry_finds_views_inside_a_buffer_and_forgets_it_when_it_dies() 
     assert desc is not None
     assert (desc.pid, desc.offset, desc.nbytes) == (os.getpid(), 2 * 256 * 8, 256 * 8)
     assert shared_buffers.describe(np.zeros(4)) is None
+    zeroed = shared_buffers.zeros(3000, np.int64)
+    assert zeroed.shape == (3000,) and not zeroed.any()
     fd = desc.fd
     assert os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:cclctl-buf-{desc.token} ")
     del buf

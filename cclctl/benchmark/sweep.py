@@ -67,18 +67,6 @@ def gather_meta(comm: Communicator, opts: BenchOptions) -> RunMeta:
     return RunMeta(n, ranks, backend, cclctl.__version__, opts.to_dict(), now_iso())
 
 
-def _shared_zeros(comm: Communicator) -> Alloc:
-    """Zeroed buffers from ``comm.empty()`` (--shared-buffers: peers read them directly)."""
-    empty = comm.empty  # type: ignore[attr-defined]  # cclctl's communicator only
-
-    def alloc(count: int, dtype: np.dtype) -> np.ndarray:
-        arr: np.ndarray = empty(count, dtype)
-        arr[...] = 0
-        return arr
-
-    return alloc
-
-
 class Sweep:
     """The benchmark loop for one rank; every rank of the communicator must run it."""
 
@@ -93,7 +81,8 @@ class Sweep:
         self.opts = opts
         self.corrupt = corrupt
         self.clock = clock
-        self.alloc = _shared_zeros(comm) if opts.shared_buffers else zeros
+        # --shared-buffers: buffers peers read directly (cclctl's communicator only)
+        self.alloc: Alloc = comm.zeros if opts.shared_buffers else zeros  # type: ignore[attr-defined]
 
     def rows(self) -> Iterator[Row]:
         opts, world = self.opts, self.comm.world_size

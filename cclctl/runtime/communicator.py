@@ -94,6 +94,10 @@ class Communicator:
         """
         return shared_buffers.empty(shape, dtype)
 
+    def zeros(self, shape: Any, dtype: Any = np.float32) -> Array:
+        """As :meth:`empty`, zeroed (free: new shared memory starts zero-filled)."""
+        return shared_buffers.zeros(shape, dtype)
+
     def _zero_copy(self, nbytes: int, *arrays: Array) -> zero_copy.Plan | None:
         return zero_copy.plan(self.transport, self.world_size, nbytes, arrays)
 

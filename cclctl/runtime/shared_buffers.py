@@ -134,6 +134,12 @@ def empty(shape: Any, dtype: Any = np.float32) -> np.ndarray:
     return _registry.empty(shape, dtype)
 
 
+def zeros(shape: Any, dtype: Any = np.float32) -> np.ndarray:
+    """A new zeroed array that peers on this host can read directly. A memfd starts
+    zero-filled, so this costs no pass over the memory beyond what :func:`empty` costs."""
+    return _registry.empty(shape, dtype)
+
+
 def in_use() -> bool:
     """Whether this process holds any shared buffer (if not, nothing needs looking up)."""
     return bool(_registry)
