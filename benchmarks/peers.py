@@ -4,9 +4,10 @@ For 2 and 4 ranks and sizes from 1 KiB to 256 MiB it times all_reduce, all_gathe
 reduce_scatter and broadcast on cclctl over shared memory (on plain numpy buffers, and
 zero-copy on shared buffers from ``comm.empty()``: ``cclctl-zc``) and over TCP, on gloo through
 torch.distributed and on Open MPI through mpi4py, and the machine's limit: numpy copy and
-add bandwidth of one process at the same sizes. It prints busbw (nccl-tests' definition),
-cclctl's ratio to each peer and to the limit, the per-call latency of an 8-byte all_reduce,
-and whether each goal of the performance issue is met; it writes everything as JSON.
+add bandwidth of one process at the same sizes (the better of glibc's default copy and of
+the streaming copy cclctl's launcher sets up for its ranks). It prints busbw (nccl-tests'
+definition), cclctl's ratio to each peer and to the limit, the per-call latency of an 8-byte
+all_reduce, and whether each goal of the performance issue is met; it writes everything as JSON.
 Peers that are not installed are reported as skipped.
 
     pip install torch==2.13.0 mpi4py    # (apt-get install openmpi-bin libopenmpi-dev first)
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from peers_report import best_rows, goals, render
 
+from cclctl.runtime import streaming_copies
 from cclctl.runtime.launcher import launch
 
 WORKER = str(Path(__file__).with_name("peers_worker.py"))
@@ -77,6 +79,22 @@ def machine_limit(sizes: list[int], reps: int) -> dict[str, dict[int, float]]:
                 best = min(best, (time.perf_counter() - t0) / calls)
             limit[name][size] = size / best / 1e9
     return limit
+
+
+def streaming_machine_limit(sizes: list[int], reps: int) -> dict[str, dict[int, float]]:
+    """:func:`machine_limit` in a process started as ``cclctl launch`` starts ranks, with
+    the streaming-copy threshold (``runtime/streaming_copies.py``). The limit is the better
+    of the two: cclctl's copies must not be judged against a copy slower than theirs."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "--limit-only", ",".join(map(str, sizes)), "--reps", str(reps)],
+        env=streaming_copies.rank_environment(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=True,
+    )
+    raw: dict[str, dict[str, float]] = json.loads(proc.stdout)
+    return {kind: {int(size): v for size, v in by_size.items()} for kind, by_size in raw.items()}
 
 
 _SPIN = (
@@ -192,7 +210,11 @@ def main() -> int:
     )
     ap.add_argument("--runtimes", default="cclctl-zc,cclctl-shm,cclctl-tcp,gloo,openmpi")
     ap.add_argument("--json", default="peers-results.json")
+    ap.add_argument("--limit-only", metavar="SIZES", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.limit_only:  # the child of streaming_machine_limit
+        print(json.dumps(machine_limit([int(s) for s in args.limit_only.split(",")], args.reps)))
+        return 0
     sizes = sizes_between(parse_size(args.min), parse_size(args.max), args.factor)
     worker_args = [
         "--ops",
@@ -221,6 +243,7 @@ def main() -> int:
                     skipped[f"{name}/{n}"] = f"failed: {exc}"
         print("# machine limit (numpy, one process) ...", file=sys.stderr, flush=True)
         limits.append(machine_limit(sizes, args.reps))
+        limits.append(streaming_machine_limit(sizes, args.reps))
     limit = {k: {s: max(lim[k][s] for lim in limits) for s in sizes} for k in ("copy", "add")}
     cores.append(effective_cores())
     doc = {

@@ -22,6 +22,7 @@ from types import FrameType
 
 from cclctl.config import inherited_environment
 from cclctl.errors import EXIT_ERROR, CclError, StoreError, UsageError
+from cclctl.runtime import streaming_copies
 from cclctl.runtime.launcher_output import LineSink, OutputPump
 from cclctl.runtime.store import StoreServer
 
@@ -99,16 +100,16 @@ def launch(
     ``env`` adds variables to the inherited environment. Each rank also gets RANK,
     WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port for
     frameworks that host their own store), CCLCTL_STORE (this launcher's store),
-    CCLCTL_JOB and CCLCTL_TOKEN. Lines go to ``output`` (default: ``[rank k] line``).
+    CCLCTL_JOB and CCLCTL_TOKEN, and GLIBC_TUNABLES names a streaming-copy threshold (see
+    :mod:`~cclctl.runtime.streaming_copies`). Lines go to ``output`` (default: ``[rank k] line``).
     """
     _check_arguments(cmd, nprocs, port, grace_s, timeout_s)
+    base = streaming_copies.rank_environment({**inherited_environment(), **(env or {})})
     try:
         server = StoreServer("127.0.0.1", port).start()
     except StoreError as exc:
         raise UsageError(f"{exc} (pick another --port, or 0 for a free one)") from None
     with server:
-        base = inherited_environment()
-        base.update(env or {})
         job = _Job(list(cmd), nprocs, _rank_environments(base, nprocs, server.address))
         sink = _route(output or print_prefixed, capture_rank0_stdout)
         return job.run(sink, grace_s, timeout_s)

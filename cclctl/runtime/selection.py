@@ -36,7 +36,9 @@ class Selection:
         return large if nbytes >= self.thresholds.get(op, default) else small
 
 
-def _size(text: str) -> int:
+def parse_bytes(text: str) -> int:
+    """Bytes in ``text``: a number with an optional unit K, M or G (binary; ``KiB`` and ``KB``
+    read alike). Raises ValueError."""
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = text[-1:] if text[-1:] in _UNITS else ""
     return int(float(text[: len(text) - len(unit)]) * _UNITS[unit])
@@ -65,7 +67,7 @@ def parse(spec: str) -> Selection:
             if size:
                 if algo != ALGORITHMS[op][1]:
                     raise ValueError(f"a size threshold selects {ALGORITHMS[op][1]!r} for {op}")
-                thresholds[op] = _size(size)
+                thresholds[op] = parse_bytes(size)
             else:
                 forced[op] = algo
         except ValueError as exc:
