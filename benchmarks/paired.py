@@ -3,8 +3,9 @@
 Each round runs one short block of calls per side, in an order that rotates every round, so
 slow spells of the machine hit every side alike and no side always goes first. A round
 gives one ratio per side against the baseline from blocks run back to back; the median
-over rounds is reported. A second copy of the baseline ("off2") is the control: its
-distance from "off" is the run's noise floor, printed beside the overhead.
+over rounds is reported, with a 95% bootstrap interval over rounds. A second copy of the
+baseline ("off2") is the control: its distance from "off" is the run's noise floor, printed
+beside the overhead. A goal counts as shown only when the whole interval is within it.
 
 Best-of-N blocks, which these benchmarks used first, swung by ±5% between runs here; the
 paired medians agree between runs within the control's spread.
@@ -12,6 +13,7 @@ paired medians agree between runs within the control's spread.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -45,27 +47,47 @@ def run_rounds(
 
 
 def summarize(times: dict[str, list[float]]) -> dict[str, float]:
-    """Medians of the per-call time and of the per-round differences and ratios to "off"."""
+    """Medians of the per-call time and of the per-round differences and ratios to "off",
+    with a 95% bootstrap interval of the overhead in percent (``ci_low_pct``/``ci_high_pct``)
+    and the same for the A/A control, so a claim can be read against its uncertainty."""
     off, on, off2 = times["off"], times["on"], times["off2"]
     pairs = list(zip(off, on, strict=True))
+    ratios = [b / a for a, b in pairs]
+    controls = [b / a for a, b in zip(off, off2, strict=True)]
+    low, high = bootstrap_median(ratios)
+    noise_low, noise_high = bootstrap_median(controls)
     return {
         "off_us": statistics.median(off) * 1e6,
         "on_us": statistics.median(on) * 1e6,
         "overhead_us": statistics.median(b - a for a, b in pairs) * 1e6,
-        "overhead_pct": 100 * (statistics.median(b / a for a, b in pairs) - 1),
-        "noise_pct": 100 * (statistics.median(b / a for a, b in zip(off, off2, strict=True)) - 1),
+        "overhead_pct": 100 * (statistics.median(ratios) - 1),
+        "ci_low_pct": 100 * (low - 1),
+        "ci_high_pct": 100 * (high - 1),
+        "noise_pct": 100 * (statistics.median(controls) - 1),
+        "noise_ci_low_pct": 100 * (noise_low - 1),
+        "noise_ci_high_pct": 100 * (noise_high - 1),
     }
+
+
+def bootstrap_median(values: list[float], draws: int = 2000, seed: int = 1) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval of the median of ``values`` (rounds resampled
+    with replacement; a fixed seed, so one run's numbers print the same twice)."""
+    rng = random.Random(seed)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
 def render(summary: dict[str, dict[str, float]], off: str = "off", on: str = "on") -> str:
     """The summary as a table, one row per size (bytes)."""
     lines = [
         f"{'size':>10} {off + ' (us)':>12} {on + ' (us)':>12} {'delta (us)':>11}"
-        f" {'delta %':>8} {'A/A noise %':>12}"
+        f" {'delta %':>8} {'95% CI %':>16} {'A/A noise %':>12}"
     ]
     for size, s in summary.items():
+        ci = f"[{s['ci_low_pct']:+.2f}, {s['ci_high_pct']:+.2f}]"
         lines.append(
             f"{int(size):>10} {s['off_us']:>12.1f} {s['on_us']:>12.1f} {s['overhead_us']:>11.2f}"
-            f" {s['overhead_pct']:>7.2f}% {s['noise_pct']:>11.2f}%"
+            f" {s['overhead_pct']:>7.2f}% {ci:>16} {s['noise_pct']:>11.2f}%"
         )
     return "\n".join(lines)
