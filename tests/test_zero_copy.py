@@ -164,17 +164,17 @@ def test_peer_buffers_map_read_only_and_refuse_a_wrong_token_or_range() -> None:
     assert desc is not None
     peers = PeerBuffers(limit=1)
     try:
-        view = peers.array(desc, np.dtype(np.int32), peer=1)
+        view = peers.array(desc.pack(), np.dtype(np.int32), peer=1)
         assert view.tolist() == list(range(10, 20))
         assert not view.flags.writeable
         forged = Descriptor(desc.pid, desc.fd, desc.token + 1, 0, 4)
         with pytest.raises(ProtocolError, match="not the buffer the peer named"):
-            peers.array(forged, np.dtype(np.int32), peer=1)
+            peers.array(forged.pack(), np.dtype(np.int32), peer=1)
         too_far = Descriptor(desc.pid, desc.fd, desc.token, 396, 8)
         with pytest.raises(ProtocolError, match="shared buffer of 400 bytes"):
-            peers.array(too_far, np.dtype(np.int32), peer=1)
+            peers.array(too_far.pack(), np.dtype(np.int32), peer=1)
         gone = Descriptor(2**22 + 12345, 3, 1, 0, 4)
         with pytest.raises(ProtocolError, match="cannot map peer 1's shared buffer"):
-            peers.array(gone, np.dtype(np.int32), peer=1)
+            peers.array(gone.pack(), np.dtype(np.int32), peer=1)
     finally:
         peers.close()

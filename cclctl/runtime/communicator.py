@@ -27,6 +27,7 @@ from cclctl.runtime.algorithms.context import (
     chunk_bounds,
     finish_avg,
 )
+from cclctl.runtime.prepared import PreparedCalls
 from cclctl.runtime.tracing import Traced, Tracer, close_record
 from cclctl.runtime.transport import Transport, Wait
 from cclctl.runtime.wire import Call, comm_tag
@@ -73,6 +74,7 @@ class Communicator:
         self._watched = watchdog and cfg.on_hang == "raise"
         self._faults = faults.parse(cfg.fault)
         self._scratch = Scratch()
+        self._prepared = PreparedCalls()  # zero-copy calls' checks, for the same arrays again
         self._seq = 0
         self._unfolded = 0  # calls handed to the tracer since it last folded
         self._p2p_sent = [0] * world_size
@@ -103,12 +105,21 @@ class Communicator:
 
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
-        src = buffers.flat(buf, "buf", "all_reduce", writable=out is None)
         buffers.check_redop(op, "all_reduce")
-        dst = src if out is None else buffers.matching_out(out, src, src.size, "all_reduce")
-        if dst is not src and not buffers.same_memory(src, dst) and buffers.overlaps(src, dst):
-            raise buffers.InvalidArgument("all_reduce: out partially overlaps buf", op="all_reduce")
-        zc = self._zero_copy(src.nbytes, src, dst)
+        zc = self._prepared.get("all_reduce", buf, out)
+        if zc is not None:
+            src = buf.reshape(-1)
+            dst = src if out is None else out.reshape(-1)
+        else:
+            src = buffers.flat(buf, "buf", "all_reduce", writable=out is None)
+            dst = src if out is None else buffers.matching_out(out, src, src.size, "all_reduce")
+            if dst is not src and not buffers.same_memory(src, dst) and buffers.overlaps(src, dst):
+                raise buffers.InvalidArgument(
+                    "all_reduce: out partially overlaps buf", op="all_reduce"
+                )
+            zc = self._zero_copy(src.nbytes, src, dst)
+            if zc is not None:
+                self._prepared.keep("all_reduce", (buf, out), zc)
         if zc is not None:
             with self._call("all_reduce", src, zero_copy.ALGO, redop=op, shared=True) as step:
                 zero_copy.all_reduce(step, zc[0], src, dst, op, zc[1])
@@ -130,24 +141,32 @@ class Communicator:
 
     def all_gather(self, buf: Array, out: Array) -> Array:
         n = self.world_size
-        src = buffers.flat(buf, "buf", "all_gather")
-        dst = buffers.matching_out(out, src, src.size * n, "all_gather")
-        own = dst[self.rank * src.size : (self.rank + 1) * src.size]
-        in_slot = buffers.is_slot(src, dst, self.rank)
-        if not in_slot and buffers.overlaps(src, dst):
-            raise buffers.InvalidArgument(
-                "all_gather: buf overlaps out but is not this rank's slot of it",
-                op="all_gather",
-            )
-        bounds = [(i * src.size, (i + 1) * src.size) for i in range(n)]
-        # Zero-copy: peers read this rank's block from a shared ``buf`` while this rank
-        # copies it into ``out`` (the two copies overlap), else from its slot of ``out``.
-        zc = None if in_slot else self._zero_copy(dst.nbytes, src)
-        copy_in = zc is not None
-        if not in_slot and zc is None:
-            own[...] = src
-        if zc is None:
-            zc = self._zero_copy(dst.nbytes, own)
+        prepared = self._prepared.get("all_gather", buf, out)
+        if prepared is not None:
+            zc, bounds, copy_in, staged = prepared
+            src, dst = buf.reshape(-1), out.reshape(-1)
+        else:
+            src = buffers.flat(buf, "buf", "all_gather")
+            dst = buffers.matching_out(out, src, src.size * n, "all_gather")
+            in_slot = buffers.is_slot(src, dst, self.rank)
+            if not in_slot and buffers.overlaps(src, dst):
+                raise buffers.InvalidArgument(
+                    "all_gather: buf overlaps out but is not this rank's slot of it",
+                    op="all_gather",
+                )
+            bounds = [(i * src.size, (i + 1) * src.size) for i in range(n)]
+            # Zero-copy: peers read this rank's block from a shared ``buf`` while this rank
+            # copies it into ``out`` (the two copies overlap), else from its slot of ``out``.
+            zc = None if in_slot else self._zero_copy(dst.nbytes, src)
+            copy_in = zc is not None
+            staged = not in_slot and not copy_in  # buf goes to its slot of out first
+            if zc is None:
+                zc = self._zero_copy(dst.nbytes, dst[bounds[self.rank][0] : bounds[self.rank][1]])
+            if zc is not None:
+                self._prepared.keep("all_gather", (buf, out), (zc, bounds, copy_in, staged))
+        if staged:
+            lo, hi = bounds[self.rank]
+            dst[lo:hi] = src
         if zc is not None:
             with self._call(
                 "all_gather", src, zero_copy.ALGO, nbytes=dst.nbytes, shared=True
@@ -161,8 +180,12 @@ class Communicator:
 
     def reduce_scatter(self, buf: Array, out: Array, op: str = "sum") -> Array:
         n = self.world_size
-        src = buffers.flat(buf, "buf", "reduce_scatter")
         buffers.check_redop(op, "reduce_scatter")
+        prepared = self._prepared.get("reduce_scatter", buf, out)
+        if prepared is not None:
+            zc, bounds = prepared
+            return self._reduce_scatter(buf.reshape(-1), out.reshape(-1), op, zc, bounds, out)
+        src = buffers.flat(buf, "buf", "reduce_scatter")
         if src.size % n:
             raise buffers.InvalidArgument(
                 f"reduce_scatter: buf has {src.size} elements, not a multiple of the world "
@@ -178,6 +201,20 @@ class Communicator:
             )
         bounds = [(i * k, (i + 1) * k) for i in range(n)]
         zc = self._zero_copy(src.nbytes, src)
+        if zc is not None:
+            self._prepared.keep("reduce_scatter", (buf, out), (zc, bounds))
+        return self._reduce_scatter(src, dst, op, zc, bounds, out)
+
+    def _reduce_scatter(
+        self,
+        src: Array,
+        dst: Array,
+        op: str,
+        zc: zero_copy.Plan | None,
+        bounds: list[tuple[int, int]],
+        out: Array,
+    ) -> Array:
+        n, k = self.world_size, dst.size
         algo = "ring" if zc is None else zero_copy.ALGO
         with self._call(
             "reduce_scatter", src, algo, redop=op, count=k, shared=zc is not None
@@ -191,12 +228,20 @@ class Communicator:
         return out
 
     def broadcast(self, buf: Array, root: int = 0, out: Array | None = None) -> Array:
-        src = buffers.flat(buf, "buf", "broadcast", writable=out is None)
         root = buffers.check_root(root, self.world_size, "broadcast")
-        dst = src if out is None else buffers.matching_out(out, src, src.size, "broadcast")
+        zc = self._prepared.get("broadcast", buf, out)
+        if zc is not None:
+            src = buf.reshape(-1)
+            dst = src if out is None else out.reshape(-1)
+        else:
+            src = buffers.flat(buf, "buf", "broadcast", writable=out is None)
+            dst = src if out is None else buffers.matching_out(out, src, src.size, "broadcast")
         if self.rank == root and dst is not src:
             dst[...] = src
-        zc = self._zero_copy(dst.nbytes, dst)
+        if zc is None:
+            zc = self._zero_copy(dst.nbytes, dst)
+            if zc is not None:
+                self._prepared.keep("broadcast", (buf, out), zc)
         if zc is not None:
             with self._call("broadcast", src, zero_copy.ALGO, root=root, shared=True) as step:
                 zero_copy.broadcast(step, zc[0], dst, root, zc[1][0])

@@ -109,10 +109,9 @@ def _peer_arrays(
     nbytes = count * DESCRIPTOR_SIZE
     g.check_header(view, off, header, ctx.call, 0, nbytes)
     base = off + HEADER
+    mv, peers = view.mv, g.peer_buffers
     return [
-        g.peer_buffers.array(
-            Descriptor.unpack(view.mv[at : at + DESCRIPTOR_SIZE]), dtype, view.rank
-        )
+        peers.array(bytes(mv[at : at + DESCRIPTOR_SIZE]), dtype, view.rank)
         for at in range(base, base + nbytes, DESCRIPTOR_SIZE)
     ]
 
