@@ -35,6 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 
 from peers_report import best_rows, goals, render
+from streaming_copy import copy_gbs
 
 from cclctl.runtime import streaming_copies
 from cclctl.runtime.launcher import launch
@@ -95,6 +96,16 @@ def streaming_machine_limit(sizes: list[int], reps: int) -> dict[str, dict[int, 
     )
     raw: dict[str, dict[str, float]] = json.loads(proc.stdout)
     return {kind: {int(size): v for size, v in by_size.items()} for kind, by_size in raw.items()}
+
+
+def copies_together(rank_counts: list[int], sizes: list[int]) -> dict[str, dict[str, float]]:
+    """GB/s each process gets when as many processes as ranks copy at once (streaming
+    copies, as launched ranks run): what memory gives every rank of a large collective,
+    against the one-process copy the goals are judged by."""
+    env = streaming_copies.rank_environment(os.environ)
+    return {
+        str(n): {str(size): copy_gbs(size, n, env) for size in sizes} for n in rank_counts if n > 1
+    }
 
 
 _SPIN = (
@@ -245,6 +256,8 @@ def main() -> int:
         limits.append(machine_limit(sizes, args.reps))
         limits.append(streaming_machine_limit(sizes, args.reps))
     limit = {k: {s: max(lim[k][s] for lim in limits) for s in sizes} for k in ("copy", "add")}
+    print("# copies running at once, one per rank ...", file=sys.stderr, flush=True)
+    together = copies_together(rank_counts, [s for s in sizes if s >= 64 << 20])
     cores.append(effective_cores())
     doc = {
         "schema": "cclctl.peers/1",
@@ -258,6 +271,7 @@ def main() -> int:
         "passes": args.passes,
         "rows": best_rows(rows),
         "limit": {k: {str(s): v for s, v in d.items()} for k, d in limit.items()},
+        "copy_together": together,
         "skipped": skipped,
     }
     doc["goals"] = goals(doc)

@@ -173,6 +173,14 @@ def render(doc: dict[str, Any]) -> str:
             lines.append(
                 f"{g['op']:>15}  {g['goal']:<28} target {g['target']:<6} worst {worst}  {state}"
             )
+    together = doc.get("copy_together") or {}
+    if any(together.values()):
+        lines.append("\n## numpy copy, one per rank at once: GB/s per process (vs one alone)")
+        for n, per_size in together.items():
+            for size, gbps in per_size.items():
+                alone = _near(table, ("copy", "all_reduce", int(n), int(size)))
+                share = f"{gbps / alone:.2f}" if alone else "-"
+                lines.append(f"{_size(int(size)):>11} {n:>3} ranks {gbps:7.2f}  {share} of alone")
     cores = doc.get("machine", {}).get("effective_cores_before_after")
     if cores:
         lines.append(f"# cores two busy processes got, before and after the run: {cores}")
