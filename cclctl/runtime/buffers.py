@@ -84,6 +84,17 @@ def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
     return a.size > 0 and b.size > 0 and bool(np.shares_memory(a, b))
 
 
+def check_peer(peer: int, rank: int, world_size: int, op: str) -> int:
+    if not isinstance(peer, int | np.integer) or not 0 <= peer < world_size:
+        raise InvalidArgument(
+            f"{op}: peer {peer} is not a rank of this communicator (0..{world_size - 1})",
+            op=op,
+        )
+    if peer == rank:
+        raise InvalidArgument(f"{op}: rank {peer} cannot {op} to itself", op=op)
+    return int(peer)
+
+
 def check_root(root: int, world_size: int, op: str) -> int:
     if not isinstance(root, int | np.integer) or not 0 <= root < world_size:
         raise InvalidArgument(
@@ -92,3 +103,48 @@ def check_root(root: int, world_size: int, op: str) -> int:
             root=root,
         )
     return int(root)
+
+
+def in_out(buf: object, out: object, op: str, *, writable: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Flat views of an in-or-out-of-place call's input and output (the input itself when
+    ``out`` is None); ``writable``: the input is written (in place, or on the root)."""
+    src = flat(buf, "buf", op, writable=writable)
+    return src, src if out is None else matching_out(out, src, src.size, op)
+
+
+def reduce_args(buf: object, out: object, op: str) -> tuple[np.ndarray, np.ndarray]:
+    """all_reduce's views: ``out`` may be ``buf`` itself, but not overlap it partly."""
+    src, dst = in_out(buf, out, op, writable=out is None)
+    if dst is not src and not same_memory(src, dst) and overlaps(src, dst):
+        raise InvalidArgument(f"{op}: out partially overlaps buf", op=op)
+    return src, dst
+
+
+def gather_args(buf: object, out: object, n: int, rank: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """all_gather's views and whether ``buf`` is already this rank's slot of ``out``."""
+    src = flat(buf, "buf", "all_gather")
+    dst = matching_out(out, src, src.size * n, "all_gather")
+    in_slot = is_slot(src, dst, rank)
+    if not in_slot and overlaps(src, dst):
+        raise InvalidArgument(
+            "all_gather: buf overlaps out but is not this rank's slot of it", op="all_gather"
+        )
+    return src, dst, in_slot
+
+
+def scatter_args(buf: object, out: object, n: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """reduce_scatter's views: ``buf`` splits evenly into ``n`` blocks, ``out`` holds one
+    (it may be this rank's block of ``buf``)."""
+    src = flat(buf, "buf", "reduce_scatter")
+    if src.size % n:
+        raise InvalidArgument(
+            f"reduce_scatter: buf has {src.size} elements, not a multiple of the world size {n}",
+            op="reduce_scatter",
+        )
+    dst = matching_out(out, src, src.size // n, "reduce_scatter")
+    if overlaps(src, dst) and not is_slot(dst, src, rank):
+        raise InvalidArgument(
+            "reduce_scatter: out overlaps buf but is not this rank's slot of it",
+            op="reduce_scatter",
+        )
+    return src, dst

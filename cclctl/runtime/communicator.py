@@ -103,20 +103,23 @@ class Communicator:
     def _zero_copy(self, nbytes: int, *arrays: Array) -> zero_copy.Plan | None:
         return zero_copy.plan(self.transport, self.world_size, nbytes, arrays)
 
+    def _remembered(
+        self, op: str, buf: Array, out: Array | None
+    ) -> tuple[zero_copy.Plan | None, Array, Array]:
+        """The plan of a recent zero-copy ``op`` on these very arrays, with their flat views
+        (unchecked: the arrays passed every check then); ``(None, buf, buf)`` if none."""
+        zc = self._prepared.get(op, buf, out)
+        if zc is None:
+            return None, buf, buf
+        src = buf.reshape(-1)
+        return zc, src, src if out is None else out.reshape(-1)
+
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
         buffers.check_redop(op, "all_reduce")
-        zc = self._prepared.get("all_reduce", buf, out)
-        if zc is not None:
-            src = buf.reshape(-1)
-            dst = src if out is None else out.reshape(-1)
-        else:
-            src = buffers.flat(buf, "buf", "all_reduce", writable=out is None)
-            dst = src if out is None else buffers.matching_out(out, src, src.size, "all_reduce")
-            if dst is not src and not buffers.same_memory(src, dst) and buffers.overlaps(src, dst):
-                raise buffers.InvalidArgument(
-                    "all_reduce: out partially overlaps buf", op="all_reduce"
-                )
+        zc, src, dst = self._remembered("all_reduce", buf, out)
+        if zc is None:
+            src, dst = buffers.reduce_args(buf, out, "all_reduce")
             zc = self._zero_copy(src.nbytes, src, dst)
             if zc is not None:
                 self._prepared.keep("all_reduce", (buf, out), zc)
@@ -146,14 +149,7 @@ class Communicator:
             zc, bounds, copy_in, staged = prepared
             src, dst = buf.reshape(-1), out.reshape(-1)
         else:
-            src = buffers.flat(buf, "buf", "all_gather")
-            dst = buffers.matching_out(out, src, src.size * n, "all_gather")
-            in_slot = buffers.is_slot(src, dst, self.rank)
-            if not in_slot and buffers.overlaps(src, dst):
-                raise buffers.InvalidArgument(
-                    "all_gather: buf overlaps out but is not this rank's slot of it",
-                    op="all_gather",
-                )
+            src, dst, in_slot = buffers.gather_args(buf, out, n, self.rank)
             bounds = [(i * src.size, (i + 1) * src.size) for i in range(n)]
             # Zero-copy: peers read this rank's block from a shared ``buf`` while this rank
             # copies it into ``out`` (the two copies overlap), else from its slot of ``out``.
@@ -185,20 +181,8 @@ class Communicator:
         if prepared is not None:
             zc, bounds = prepared
             return self._reduce_scatter(buf.reshape(-1), out.reshape(-1), op, zc, bounds, out)
-        src = buffers.flat(buf, "buf", "reduce_scatter")
-        if src.size % n:
-            raise buffers.InvalidArgument(
-                f"reduce_scatter: buf has {src.size} elements, not a multiple of the world "
-                f"size {n}",
-                op="reduce_scatter",
-            )
-        k = src.size // n
-        dst = buffers.matching_out(out, src, k, "reduce_scatter")
-        if buffers.overlaps(src, dst) and not buffers.is_slot(dst, src, self.rank):
-            raise buffers.InvalidArgument(
-                "reduce_scatter: out overlaps buf but is not this rank's slot of it",
-                op="reduce_scatter",
-            )
+        src, dst = buffers.scatter_args(buf, out, n, self.rank)
+        k = dst.size
         bounds = [(i * k, (i + 1) * k) for i in range(n)]
         zc = self._zero_copy(src.nbytes, src)
         if zc is not None:
@@ -229,13 +213,9 @@ class Communicator:
 
     def broadcast(self, buf: Array, root: int = 0, out: Array | None = None) -> Array:
         root = buffers.check_root(root, self.world_size, "broadcast")
-        zc = self._prepared.get("broadcast", buf, out)
-        if zc is not None:
-            src = buf.reshape(-1)
-            dst = src if out is None else out.reshape(-1)
-        else:
-            src = buffers.flat(buf, "buf", "broadcast", writable=out is None)
-            dst = src if out is None else buffers.matching_out(out, src, src.size, "broadcast")
+        zc, src, dst = self._remembered("broadcast", buf, out)
+        if zc is None:
+            src, dst = buffers.in_out(buf, out, "broadcast", writable=out is None)
         if self.rank == root and dst is not src:
             dst[...] = src
         if zc is None:
@@ -255,10 +235,9 @@ class Communicator:
         return dst if out is None else out
 
     def reduce(self, buf: Array, op: str = "sum", root: int = 0, out: Array | None = None) -> Array:
-        src = buffers.flat(buf, "buf", "reduce", writable=out is None and self.rank == root)
+        src, dst = buffers.in_out(buf, out, "reduce", writable=out is None and self.rank == root)
         buffers.check_redop(op, "reduce")
         root = buffers.check_root(root, self.world_size, "reduce")
-        dst = src if out is None else buffers.matching_out(out, src, src.size, "reduce")
         algo = self._selection.choose("reduce", src.nbytes)
         if src.size < self.world_size:
             algo = "tree"
@@ -299,14 +278,14 @@ class Communicator:
 
     def send(self, buf: Array, dst: int) -> None:
         src = buffers.flat(buf, "buf", "send")
-        peer = self._peer(dst, "send")
+        peer = buffers.check_peer(dst, self.rank, self.world_size, "send")
         self._p2p_sent[peer] += 1
         with self._call("send", src, "direct", peer=peer, seq=self._p2p_sent[peer]) as step:
             step.xfer(0, sends=[(peer, as_bytes(src))])
 
     def recv(self, buf: Array, src: int) -> Array:
         dst = buffers.flat(buf, "buf", "recv", writable=True)
-        peer = self._peer(src, "recv")
+        peer = buffers.check_peer(src, self.rank, self.world_size, "recv")
         self._p2p_received[peer] += 1
         with self._call("recv", dst, "direct", peer=peer, seq=self._p2p_received[peer]) as step:
             step.xfer(0, recvs=[(peer, as_bytes(dst))])
@@ -340,16 +319,6 @@ class Communicator:
         return f"<Communicator {self.id} rank {self.rank}/{self.world_size} {self.transport.name}>"
 
     # ----------------------------------------------------------------- internals
-    def _peer(self, peer: int, op: str) -> int:
-        if not isinstance(peer, int | np.integer) or not 0 <= peer < self.world_size:
-            raise buffers.InvalidArgument(
-                f"{op}: peer {peer} is not a rank of this communicator (0..{self.world_size - 1})",
-                op=op,
-            )
-        if peer == self.rank:
-            raise buffers.InvalidArgument(f"{op}: rank {peer} cannot {op} to itself", op=op)
-        return int(peer)
-
     def _aborted(self) -> str | None:
         return self._abort_reason
 
@@ -384,16 +353,7 @@ class Communicator:
         dtype = buffers.dtype_name(arr.dtype)
         fault = self._faults.at(self.rank, seq, self.id) if self._faults else None
         if fault is not None:
-            if fault.kind == "op":
-                op = fault.arg
-            elif fault.kind == "count":
-                count = int(fault.arg)
-            elif fault.kind == "dtype":
-                dtype = fault.arg
-            elif fault.kind == "link":
-                self.transport.drop_link(int(fault.arg))
-            else:
-                faults.act_before_entering(fault)
+            op, count, dtype = faults.strike(fault, op, count, dtype, self.transport.drop_link)
         rec = CollectiveRecord(
             comm=self.id,
             seq=seq,

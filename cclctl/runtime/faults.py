@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from cclctl.bandwidth import COLLECTIVES
 from cclctl.errors import ConfigError
@@ -108,6 +109,25 @@ class FaultPlan:
 
 def parse(spec: str) -> FaultPlan:
     return FaultPlan(tuple(_parse_one(item.strip()) for item in spec.split(";") if item.strip()))
+
+
+def strike(
+    fault: Fault, op: str, count: int, dtype: str, drop_link: Callable[[int], None]
+) -> tuple[str, int, str]:
+    """Apply ``fault`` to a call about to start. Returns what the call then claims to be
+    (op, count, dtype: the mismatches); the other faults are carried out here (a cut link,
+    or a kill, stop, sleep or skip)."""
+    if fault.kind == "op":
+        return fault.arg, count, dtype
+    if fault.kind == "count":
+        return op, int(fault.arg), dtype
+    if fault.kind == "dtype":
+        return op, count, fault.arg
+    if fault.kind == "link":
+        drop_link(int(fault.arg))
+    else:
+        act_before_entering(fault)
+    return op, count, dtype
 
 
 def act_before_entering(fault: Fault) -> None:
