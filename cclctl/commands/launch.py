@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from cclctl.runtime import streaming_copies
 from cclctl.runtime.launcher import MAX_PROCS, launch, print_prefixed
 
 HELP = (
@@ -15,6 +16,10 @@ HELP = (
     "MASTER_PORT (as torchrun sets them), plus CCLCTL_STORE, CCLCTL_JOB and CCLCTL_TOKEN, so "
     "cclctl.init() and torch.distributed's env:// both work unchanged. Output lines are "
     "prefixed with \\[rank k]; stderr stays on stderr.\n\n"
+    f"Copies of {streaming_copies.DEFAULT_BYTES >> 20} MiB or more in the ranks bypass the "
+    "cache (GLIBC_TUNABLES sets glibc's "
+    "non-temporal threshold, which virtual machines often leave at hundreds of MB); "
+    "CCLCTL_STREAMING_COPY=SIZE moves it, CCLCTL_STREAMING_COPY=0 leaves glibc's own.\n\n"
     "When a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after "
     "--grace seconds, and cclctl exits with that rank's code (1 if it died by a signal). "
     f"Ctrl-C is forwarded to every rank before they are stopped the same way. -n is 1 to "
