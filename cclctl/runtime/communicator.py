@@ -216,12 +216,11 @@ class Communicator:
         zc, src, dst = self._remembered("broadcast", buf, out)
         if zc is None:
             src, dst = buffers.in_out(buf, out, "broadcast", writable=out is None)
-        if self.rank == root and dst is not src:
-            dst[...] = src
-        if zc is None:
             zc = self._zero_copy(dst.nbytes, dst)
             if zc is not None:
                 self._prepared.keep("broadcast", (buf, out), zc)
+        if self.rank == root and dst is not src:
+            dst[...] = src
         if zc is not None:
             with self._call("broadcast", src, zero_copy.ALGO, root=root, shared=True) as step:
                 zero_copy.broadcast(step, zc[0], dst, root, zc[1][0])
