@@ -86,10 +86,18 @@ def _peer_chunk(
 ) -> np.ndarray:
     """Wait for ``view``'s round ``k``; return its slot as ``dtype`` (after the header check)."""
     if view is not g.me:
-        if view.q[Q_COLL_PUB] <= k:
-            g.wait_counter(view, Q_COLL_PUB, k + 1, ctx.call, ctx.wait, "recv")
-        g.check_header(view, off, header, ctx.call, step, nbytes)
+        await_round(ctx, g, view, k, off, header, step, nbytes)
     return g.slot_array(view, off + HEADER, nbytes, dtype)
+
+
+def await_round(
+    ctx: Step, g: ShmGroup, view: View, k: int, off: int, header: bytes, step: int, nbytes: int
+) -> None:
+    """Return once peer ``view`` has published round ``k`` at ``off`` and its header there is
+    ``header`` (what this rank expects for ``step`` and ``nbytes``); else raise the mismatch."""
+    if view.q[Q_COLL_PUB] <= k:
+        g.wait_counter(view, Q_COLL_PUB, k + 1, ctx.call, ctx.wait, "recv")
+    g.check_header(view, off, header, ctx.call, step, nbytes)
 
 
 def account(g: ShmGroup, nbytes: int) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from cclctl.runtime import shared_buffers, wire
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, reducer
-from cclctl.runtime.algorithms.shared import account, slot_free
+from cclctl.runtime.algorithms.shared import account, await_round, slot_free
 from cclctl.runtime.shared_buffers import DESCRIPTOR_SIZE, Descriptor
 from cclctl.runtime.shm_group import ShmGroup
 from cclctl.runtime.shm_layout import HEADER, Q_COLL_PUB, Q_COLL_USED, Q_RES_PUB, View
@@ -104,10 +104,8 @@ def _peer_arrays(
 ) -> list[np.ndarray]:
     """Wait for ``view``'s round ``k``, check its header (``header`` is what this rank
     expects there) and map the ``count`` buffers it names."""
-    if view.q[Q_COLL_PUB] <= k:
-        g.wait_counter(view, Q_COLL_PUB, k + 1, ctx.call, ctx.wait, "recv")
     nbytes = count * DESCRIPTOR_SIZE
-    g.check_header(view, off, header, ctx.call, 0, nbytes)
+    await_round(ctx, g, view, k, off, header, 0, nbytes)
     base = off + HEADER
     mv, peers = view.mv, g.peer_buffers
     return [
