@@ -9,9 +9,10 @@ from 1 MiB up, at most 10 us more per call at 8 B.
 With ``--ranks 1`` gloo's all_reduce does no communication, which isolates the wrapper's
 own cost per call from the noise of the network path.
 
-``--wrapper`` measures the wrapper alone, in this process: the wrapped all_reduce around a
-function that does nothing, against that function, in CPU time. That is the cost cclctl
-adds to every call, free of gloo's noise.
+``--wrapper`` measures the wrappers alone, in this process: the wrapped all_reduce around a
+function that does nothing, against that function, in CPU time, for the quick path (a
+synchronous call on a CPU tensor) and the general one (everything else). That is the cost
+cclctl adds to every call, free of gloo's noise.
 
     python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--wrapper] [--json F]
 """
@@ -72,7 +73,7 @@ def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
     import torch.distributed as dist
 
     from cclctl.integrations import torch as cclctl_torch
-    from cclctl.integrations.torch_calls import describer
+    from cclctl.integrations.torch_calls import describer, quick_layout
 
     store = tempfile.NamedTemporaryFile(delete=False).name  # noqa: SIM115 (gloo opens it)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
@@ -84,19 +85,26 @@ def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
     def nothing(*args: object, **kwargs: object) -> None:
         return None
 
-    wrapped = cclctl_torch._wrap(state, nothing, describer("all_reduce", real, torch.Tensor))
+    general = cclctl_torch._wrap(state, nothing, describer("all_reduce", real, torch.Tensor))
+    layout = quick_layout("all_reduce", real)
+    assert layout is not None
+    quick = cclctl_torch._wrap_quick(state, nothing, "all_reduce", layout, torch.Tensor, general)
     t = torch.zeros(2)
-    best = {"bare": float("inf"), "wrapped": float("inf")}
+    sides = {"bare": nothing, "general": general, "quick": quick}
+    best = dict.fromkeys(sides, float("inf"))
     for _ in range(rounds):
-        for side, fn in (("bare", nothing), ("wrapped", wrapped)):
+        for side, fn in sides.items():
             c0 = time.thread_time()
             for _ in range(calls):
                 fn(t)
             best[side] = min(best[side], (time.thread_time() - c0) / calls)
     dist.destroy_process_group()
     os.unlink(store)
-    cost = (best["wrapped"] - best["bare"]) * 1e6
-    print(f"wrapper alone: {cost:.2f} us CPU per call (best of {rounds} x {calls} calls)")
+    for side in ("quick", "general"):
+        cost = (best[side] - best["bare"]) * 1e6
+        print(
+            f"{side} wrapper alone: {cost:.2f} us CPU per call (best of {rounds} x {calls} calls)"
+        )
 
 
 def main() -> None:

@@ -24,7 +24,14 @@ from typing import Any
 
 from cclctl.config import RuntimeConfig, runtime_from_env
 from cclctl.errors import UsageError
-from cclctl.integrations.torch_calls import OPS, Call, Describe, describer
+from cclctl.integrations.torch_calls import (
+    OPS,
+    Call,
+    Describe,
+    QuickLayout,
+    describer,
+    quick_layout,
+)
 from cclctl.integrations.torch_session import Session
 from cclctl.records import CollectiveRecord
 
@@ -75,8 +82,11 @@ def instrument(config: RuntimeConfig | None = None, **flags: Any) -> None:
             original = getattr(c10d, name, None)
             if original is None:
                 continue  # an older torch without this function
-            describe = describer(name, original, torch.Tensor)
-            _patch(state, name, _wrap(state, original, describe))
+            wrapper = _wrap(state, original, describer(name, original, torch.Tensor))
+            quick = quick_layout(name, original)
+            if quick is not None:
+                wrapper = _wrap_quick(state, original, OPS[name], quick, torch.Tensor, wrapper)
+            _patch(state, name, wrapper)
         _patch(state, "init_process_group", _wrap_init(state, c10d.init_process_group))
         _patch(state, "destroy_process_group", _wrap_destroy(state, c10d.destroy_process_group))
         state.work_wait = c10d.Work.wait
@@ -155,6 +165,54 @@ def _wrap(state: _State, original: Callable[..., Any], describe: Describe) -> Ca
                 sess.close_record(rec, None, 0)  # ended (sync on CPU, or coalesced)
             else:
                 _follow(sess, rec, call, events, result)
+        except Exception:  # telemetry must never change what the job sees
+            log.exception("cclctl: torch telemetry failed")
+        return result
+
+    return wrapper
+
+
+def _wrap_quick(
+    state: _State,
+    original: Callable[..., Any],
+    op: str,
+    layout: QuickLayout,
+    tensor_type: Any,
+    general: Callable[..., Any],
+) -> Callable[..., Any]:
+    """The wrapper of a one-tensor collective (all_reduce): its common call, synchronous on
+    a CPU tensor, is read and recorded in four Python calls instead of eight (on 2
+    gloo ranks each microsecond here costs several: see benchmarks/torch_overhead.py);
+    any other call goes to ``general``, the wrapper of :func:`_wrap`.
+    """
+    local = state.local
+    i_tensor, name, i_group, i_async = layout
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        sess = state.session
+        if sess is None or local.busy:
+            return original(*args, **kwargs)
+        n = len(args)
+        tensor: Any = args[i_tensor] if i_tensor < n else kwargs.get(name)
+        if type(tensor) is not tensor_type or tensor.is_cuda:
+            return general(*args, **kwargs)
+        if args[i_async] if i_async < n else kwargs.get("async_op"):
+            return general(*args, **kwargs)
+        try:
+            rec = sess.open_quick(op, tensor, args[i_group] if i_group < n else kwargs.get("group"))
+        except Exception:
+            log.exception("cclctl: torch telemetry failed; this call is not traced")
+            rec = None
+        if rec is None:
+            return original(*args, **kwargs)  # not a member: torch decides what happens
+        try:  # no ``local.busy``: these functions call no other wrapped function
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            _quietly(sess.close_record, rec, exc, 0)
+            raise
+        try:
+            sess.close_record(rec, None, 0)
         except Exception:  # telemetry must never change what the job sees
             log.exception("cclctl: torch telemetry failed")
         return result

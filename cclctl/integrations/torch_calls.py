@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 #: torch.distributed function -> the op name cclctl records (bandwidth.COLLECTIVES).
 OPS = {
@@ -103,6 +103,35 @@ _RANKS = {
 }
 
 _ABSENT = 1 << 30  # the position of a parameter this torch's function does not have
+
+
+class QuickLayout(NamedTuple):
+    """Where a one-tensor collective without a root or peer keeps its tensor, group and
+    ``async_op`` (positions in the signature, or ``_ABSENT``), so the wrapper can read its
+    common call (synchronous, CPU) inline, without a :class:`Call`.
+    """
+
+    i_tensor: int
+    tensor: str
+    i_group: int
+    i_async: int
+
+
+def quick_layout(name: str, fn: Callable[..., Any]) -> QuickLayout | None:
+    """The quick layout of ``name`` (all_reduce, all_to_all_single), or None when its calls
+    need the general reader (several tensors, a root or peer, always asynchronous).
+    """
+    layout, first, _ = _LAYOUTS.get(name, ("one", "tensor", ""))
+    if layout != "one" or name in _RANKS or name in _ALWAYS_ASYNC:
+        return None
+    params = list(inspect.signature(fn).parameters)
+    if first not in params:
+        return None
+
+    def at(param: str) -> int:
+        return params.index(param) if param in params else _ABSENT
+
+    return QuickLayout(at(first), first, at("group"), at("async_op"))
 
 
 def describer(name: str, fn: Callable[..., Any], tensor_type: type) -> Describe:

@@ -169,6 +169,25 @@ class Session:
         self.telemetry.start(rec)
         return rec
 
+    def open_quick(self, op: str, tensor: Any, group: Any) -> CollectiveRecord | None:
+        """:meth:`open_record` for a one-tensor collective without a root or peer, from the
+        tensor and group alone (the wrapper's quick path); None when this process is not a
+        member of ``group`` or ``group`` is not a process group.
+        """
+        comm = self._comms.get(self.world if group is None else group) or self.comm(group)
+        if comm is None:
+            return None
+        comm.seq += 1
+        count = tensor.numel()
+        dtype = tensor.dtype
+        # positional, as in open_record
+        rec = CollectiveRecord(
+            comm.id, comm.seq, op, _DTYPES.get(dtype) or dtype_name(dtype), count,
+            count * tensor.element_size(), None, None, 0, "", STARTED, time.time_ns(),
+        )  # fmt: skip
+        self.telemetry.start(rec)
+        return rec
+
     def close_record(self, rec: CollectiveRecord, error: BaseException | None, end_ns: int) -> None:
         """The call ended: completed, or failed with ``error`` (torch's own exception)."""
         rec.end_ns = end_ns or time.time_ns()

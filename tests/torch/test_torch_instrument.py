@@ -50,6 +50,8 @@ def test_the_job_sees_the_same_results_return_types_and_errors(
         "Work",
         1,
     )
+    assert instrumented[1][0]["results"]["nonmember.ret"] == "NoneType"
+    assert results["subgroup"] == [12.0, 12.0]  # 1 + 2, three times over
     assert results["error.not_a_tensor"].startswith("TypeError: Invalid function argument")
     assert results["error.bad_src"].startswith("RuntimeError: ProcessGroupGloo::broadcast")
 
@@ -96,7 +98,7 @@ def test_collectives_are_numbered_alike_on_every_rank(
     assert (world[5][7], world[6][7]) == (WORLD - 1, 0)  # broadcast src, reduce dst
     assert world[12][3] == "failed"
     assert [c for c in calls if c[0] != "0:0-1"] == [
-        ("1:0-1", 1, "all_reduce", "completed", "float32", 2, 8, None)
+        ("1:0-1", seq, "all_reduce", "completed", "float32", 2, 8, None) for seq in (1, 2, 3)
     ]
     assert all(r[9] > 0 for r in _records(instrumented, 0) if r[3] == "completed")
 
@@ -123,4 +125,4 @@ def test_communicators_list_members_and_progress(
     instrumented: dict[int, list[dict[str, Any]]],
 ) -> None:
     comms = next(doc for doc in instrumented[1] if "comms" in doc)["comms"]
-    assert comms == {"0:0-1": [[0, 1], 14, 14], "1:0-1": [[0, 1], 1, 1]}
+    assert comms == {"0:0-1": [[0, 1], 14, 14], "1:0-1": [[0, 1], 3, 3]}  # no "2:0": not a member

@@ -96,7 +96,12 @@ def ops():
     s = torch.ones(2) * (rank + 1)
     if rank in (0, 1):
         dist.all_reduce(s, group=sub)
+        dist.all_reduce(s, dist.ReduceOp.SUM, sub)  # op and group by position
+        dist.all_reduce(tensor=s, group=sub)  # every argument by keyword
     note("subgroup", s)
+    solo = dist.new_group([0])
+    if rank == 1:  # not a member: torch warns and returns; cclctl records nothing
+        note("nonmember.ret", type(dist.all_reduce(torch.ones(1), group=solo)).__name__)
     note("barrier.ret", type(dist.barrier()).__name__)
     attempt("error.not_a_tensor", lambda: dist.all_reduce([1.0, 2.0]))
     attempt("error.bad_src", lambda: dist.broadcast(torch.ones(1), src=world + 3))
