@@ -1,11 +1,10 @@
 """Telemetry on vs off, on real all_reduces between real processes (asserts nothing).
 
-The ranks take turns call by call between telemetry attached ("on") and detached ("off"
-and its control copy "off2"), round after round (see ``paired.py``; ``--blocks`` times a
-block of calls per side instead). The goal from the
+The ranks run short blocks of calls with telemetry attached ("on") and detached ("off" and
+its control copy "off2"), paired round by round (see ``paired.py``). The goal from the
 telemetry issue: at most 1% more time per collective from 1 MiB up, and at most 5 us at 8 B.
 
-    python benchmarks/telemetry_on_off.py [--ranks 2] [--rounds 30] [--json out.json] [--blocks]
+    python benchmarks/telemetry_on_off.py [--ranks 2] [--rounds 30] [--json out.json]
 """
 
 from __future__ import annotations
@@ -17,12 +16,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from paired import BLOCKS_HELP, render, run_interleaved, run_rounds, summarize
+from paired import render, run_rounds, summarize
 
 SIZES = {8: 2000, 1 << 20: 60, 16 << 20: 6}  # bytes -> calls per block
 
 
-def _rank_main(rounds: int, interleave: bool) -> None:
+def _rank_main(rounds: int) -> None:
     import numpy as np
 
     import cclctl
@@ -39,8 +38,7 @@ def _rank_main(rounds: int, interleave: bool) -> None:
             comm.tracer = telemetry if side == "on" else None
             return lambda: comm.all_reduce(buf)
 
-        run = run_interleaved if interleave else run_rounds
-        results[nbytes] = run(rounds, calls, call_of, comm.barrier)
+        results[nbytes] = run_rounds(rounds, calls, call_of, comm.barrier)
     comm.tracer = telemetry
     comm.close()
     if comm.rank == 0:
@@ -52,27 +50,22 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--json", type=Path, help="also write the summary here")
-    parser.add_argument("--blocks", action="store_true", help=BLOCKS_HELP)
     args = parser.parse_args()
     if "RANK" in os.environ:
-        _rank_main(args.rounds, interleave=not args.blocks)
+        _rank_main(args.rounds)
         return
     from cclctl.runtime.launcher import launch
 
     out: list[str] = []
     result = launch(
-        [sys.executable, __file__, "--rounds", str(args.rounds)]
-        + (["--blocks"] if args.blocks else []),
+        [sys.executable, __file__, "--rounds", str(args.rounds)],
         args.ranks,
         capture_rank0_stdout=out.append,
     )
     if result.returncode != 0 or not out:
         sys.exit(f"benchmark ranks failed (exit {result.returncode})")
     summary = {size: summarize(times) for size, times in json.loads(out[-1]).items()}
-    how = "blocks of one side" if args.blocks else "sides taking turns call by call"
-    print(
-        f"cclctl all_reduce, {args.ranks} ranks, {args.rounds} rounds of {how}; medians over rounds"
-    )
+    print(f"cclctl all_reduce, {args.ranks} ranks, {args.rounds} rounds; medians over rounds")
     print(render(summary, "off", "on"))
     if args.json:
         args.json.write_text(json.dumps({"ranks": args.ranks, "sizes": summary}, indent=2) + "\n")

@@ -1,9 +1,9 @@
 """Instrumented vs plain gloo all_reduce, in the same processes (asserts nothing).
 
 Each rank keeps torch's own ``all_reduce`` and, after ``cclctl.integrations.torch
-.instrument()``, the wrapped one; both drive the same process group. Within each round the
-sides take turns call by call, with an A/A control (see ``paired.py``), so machine noise
-hits both alike and its size is printed; ``--blocks`` times a block of calls per side. Goals from the PyTorch integration issue: at most 2% slower
+.instrument()``, the wrapped one; both drive the same process group. Blocks of calls are
+paired round by round with an A/A control (see ``paired.py``), so machine noise hits both
+alike and its size is printed. Goals from the PyTorch integration issue: at most 2% slower
 from 1 MiB up, at most 10 us more per call at 8 B.
 
 With ``--ranks 1`` gloo's all_reduce does no communication, which isolates the wrapper's
@@ -14,7 +14,7 @@ function that does nothing, against that function, in CPU time, for the quick pa
 synchronous call on a CPU tensor) and the general one (everything else). That is the cost
 cclctl adds to every call, free of gloo's noise.
 
-    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--wrapper] [--json F] [--blocks]
+    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--wrapper] [--json F]
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from paired import BLOCKS_HELP, render, run_interleaved, run_rounds, summarize
+from paired import render, run_rounds, summarize
 
 from cclctl.benchmark.sizes import parse_size
 
 SIZES = {8: 400, 1 << 20: 40, 4 << 20: 12, 16 << 20: 4}  # bytes -> calls per block
 
 
-def _rank_main(rounds: int, sizes: list[int], interleave: bool) -> None:
+def _rank_main(rounds: int, sizes: list[int]) -> None:
     import torch
     import torch.distributed as dist
 
@@ -57,8 +57,7 @@ def _rank_main(rounds: int, sizes: list[int], interleave: bool) -> None:
             fn = traced if side == "on" else plain
             return lambda: fn(t)
 
-        run = run_interleaved if interleave else run_rounds
-        results[nbytes] = run(rounds, calls, call_of, dist.barrier)
+        results[nbytes] = run_rounds(rounds, calls, call_of, dist.barrier)
     recorded = cclctl_torch.session().telemetry.metrics_view().ops  # type: ignore[union-attr]
     counted = sum(st.collectives for st in recorded.values())
     rank = dist.get_rank()
@@ -115,21 +114,18 @@ def main() -> None:
     parser.add_argument("--wrapper", action="store_true", help="the wrapper alone, here")
     parser.add_argument("--json", type=Path, help="also write the summary here")
     parser.add_argument("--sizes", default="8,1M,4M,16M", help="message sizes, e.g. 8,1M")
-    parser.add_argument("--blocks", action="store_true", help=BLOCKS_HELP)
     args = parser.parse_args()
     if args.wrapper:
         _wrapper_cost(args.rounds)
         return
     if "RANK" in os.environ:
-        sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
-        _rank_main(args.rounds, sizes, interleave=not args.blocks)
+        _rank_main(args.rounds, [parse_size(s, "--sizes") for s in args.sizes.split(",")])
         return
     from cclctl.runtime.launcher import launch
 
     out: list[str] = []
     result = launch(
-        [sys.executable, __file__, "--rounds", str(args.rounds), "--sizes", args.sizes]
-        + (["--blocks"] if args.blocks else []),
+        [sys.executable, __file__, "--rounds", str(args.rounds), "--sizes", args.sizes],
         args.ranks,
         env={"PYTHONWARNINGS": "ignore"},
         capture_rank0_stdout=out.append,
@@ -138,10 +134,7 @@ def main() -> None:
         sys.exit(f"benchmark ranks failed (exit {result.returncode})")
     data = json.loads(out[-1])
     summary = {size: summarize(times) for size, times in data["sizes"].items()}
-    how = "blocks of one side" if args.blocks else "sides taking turns call by call"
-    print(
-        f"gloo all_reduce, {args.ranks} ranks, {args.rounds} rounds of {how}; medians over rounds"
-    )
+    print(f"gloo all_reduce, {args.ranks} ranks, {args.rounds} rounds; medians over rounds")
     print(render(summary, "plain", "cclctl"))
     if args.json:
         args.json.write_text(json.dumps({"ranks": args.ranks, "sizes": summary}, indent=2) + "\n")
