@@ -5,7 +5,8 @@ incident looks like in ``cclctl top`` and ``cclctl diagnose hang`` before the re
 A plan is a ``;``-separated list of faults, each ``KIND:key=value:...``::
 
     kill:rank=2:seq=5                 the rank SIGKILLs itself before entering seq 5
-    stop:rank=2:seq=5                 the rank SIGSTOPs itself (frozen, heartbeat stops)
+    stop:rank=2:seq=5                 the rank SIGSTOPs itself (frozen, heartbeat stops);
+                                      continued, it enters seq 5 half a second later
     sleep:rank=2:seq=5:secs=3         the rank is slow: it enters seq 5 three seconds late
     skip:rank=2:seq=5                 the rank never enters seq 5 (it waits outside, alive,
                                       as a rank stuck in its own code does)
@@ -29,6 +30,12 @@ from collections.abc import Callable
 from cclctl.bandwidth import COLLECTIVES
 from cclctl.errors import ConfigError
 from cclctl.runtime.wire import DTYPE_NAMES
+
+#: How long a stopped rank waits, once continued, before it enters the collective: a
+#: SIGTERM sent while it was stopped (a launcher ending the job) may be taken by another
+#: thread, and the main thread must run its handler (the dump) before the call starts, or
+#: the dump shows a call the rank never really made.
+RESUME_PAUSE_S = 0.5
 
 KINDS = ("kill", "stop", "sleep", "skip", "op", "count", "dtype", "link")
 _ARGS = {"sleep": "secs", "op": "to", "count": "to", "dtype": "to", "link": "peer"}
@@ -136,6 +143,7 @@ def act_before_entering(fault: Fault) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(RESUME_PAUSE_S)
     elif fault.kind == "sleep":
         time.sleep(float(fault.arg))
     elif fault.kind == "skip":
