@@ -157,6 +157,36 @@ def test_the_registry_finds_views_inside_a_buffer_and_forgets_it_when_it_dies() 
     ).startswith(f"/memfd:cclctl-buf-{desc.token}")
 
 
+def test_a_buffer_mapped_where_a_dying_one_was_replaces_it_in_the_registry() -> None:
+    """Python unmaps an mmap before the finalizer that forgets it runs, and other threads
+    may map a new buffer at the same addresses in between (thread ranks did, now and then).
+    The new buffer must replace the old one, and the old one's late finalizer must not
+    drop the new one."""
+    registry = shared_buffers._Registry()
+    old = registry.empty(4096, np.uint8)
+    before = registry.describe(old)
+    assert before is not None
+    start = old.__array_interface__["data"][0]
+    spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]
+    try:
+        # a new buffer from the middle of the old range on: the old entry must go
+        registry._register(shared_buffers._Buffer(start + 1024, 4096, spare[0], 7))
+        inside = registry.describe(old[2048:2100])
+        assert inside is not None and (inside.token, inside.offset) == (7, 1024)
+        assert registry.describe(old[:100]) is None  # nothing registered there any more
+        # one at the very same start replaces that one too
+        registry._register(shared_buffers._Buffer(start, 4096, spare[1], 8))
+        again = registry.describe(old[:100])
+        assert again is not None and (again.token, again.offset) == (8, 0)
+        registry._forget(start, spare[2], before.token)  # the old buffer's late finalizer
+        spare.pop()
+        still = registry.describe(old[:100])
+        assert still is not None and still.token == 8
+    finally:
+        for fd in spare:
+            os.close(fd)
+
+
 def test_peer_buffers_map_read_only_and_refuse_a_wrong_token_or_range() -> None:
     buf = shared_buffers.empty(100, np.int32)
     buf[:] = np.arange(100)

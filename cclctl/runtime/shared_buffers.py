@@ -92,16 +92,36 @@ class _Registry:
         arr = np.frombuffer(mm, dtype=dt, count=count).reshape(shape)
         start = arr.__array_interface__["data"][0] if count else _address(mm)
         buf = _Buffer(start, nbytes, fd, token)
-        with self._lock:
-            bisect.insort(self._starts, start)
-            self._buffers[start] = buf
-        weakref.finalize(mm, self._forget, start, fd)
+        self._register(buf)
+        weakref.finalize(mm, self._forget, start, fd, token)
         return arr
 
-    def _forget(self, start: int, fd: int) -> None:
-        """The last array viewing the buffer is gone: drop it and close its file."""
+    def _register(self, buf: _Buffer) -> None:
+        """Add ``buf``, first dropping any buffer its range overlaps.
+
+        Python unmaps an mmap before it runs the finalizer that forgets it, and lets other
+        threads run in between, so a new buffer can be mapped at the same addresses while
+        the old one is still registered. An overlap can only be such a buffer, already
+        unmapped; left in place it would describe the new array with the old file.
+        """
+        end = buf.start + buf.size
         with self._lock:
-            if self._buffers.pop(start, None) is not None:
+            starts, buffers = self._starts, self._buffers
+            i = bisect.bisect_right(starts, buf.start)
+            if i and starts[i - 1] + buffers[starts[i - 1]].size > buf.start:
+                i -= 1  # the buffer below reaches into this one
+            while i < len(starts) and starts[i] < end:
+                del buffers[starts.pop(i)]
+            bisect.insort(starts, buf.start)
+            buffers[buf.start] = buf
+
+    def _forget(self, start: int, fd: int, token: int) -> None:
+        """The last array viewing the buffer is gone: drop it, unless a new buffer has
+        taken its place already (see :meth:`_register`), and close its file."""
+        with self._lock:
+            buf = self._buffers.get(start)
+            if buf is not None and buf.token == token:
+                del self._buffers[start]
                 self._starts.pop(bisect.bisect_left(self._starts, start))
         os.close(fd)
 
