@@ -14,7 +14,11 @@ function that does nothing, against that function, in CPU time, for the quick pa
 synchronous call on a CPU tensor) and the general one (everything else). That is the cost
 cclctl adds to every call, free of gloo's noise.
 
-    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--wrapper] [--json F]
+``--paths`` compares the two paths of the wrapper in the same processes: the general one,
+which every call took before the quick path existed, is the baseline ("off"), the quick
+one is measured ("on").
+
+    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--wrapper] [--paths] [--json F]
 """
 
 from __future__ import annotations
@@ -31,20 +35,26 @@ from paired import render, run_rounds, summarize
 
 from cclctl.benchmark.sizes import parse_size
 
+PATHS_HELP = "compare the wrapper's quick path (on) with its general path (off)"
 SIZES = {8: 400, 1 << 20: 40, 4 << 20: 12, 16 << 20: 4}  # bytes -> calls per block
 
 
-def _rank_main(rounds: int, sizes: list[int]) -> None:
+def _rank_main(rounds: int, sizes: list[int], paths: bool) -> None:
     import torch
     import torch.distributed as dist
 
     from cclctl.integrations import torch as cclctl_torch
+    from cclctl.integrations.torch_calls import describer
 
     dist.init_process_group("gloo")
     plain = dist.all_reduce
     cclctl_torch.instrument()
     traced = dist.all_reduce
-    assert traced is not plain and cclctl_torch.session() is not None
+    assert traced is not plain and cclctl_torch._state is not None
+    if paths:  # the general wrapper is the baseline, the quick one what is measured
+        plain = cclctl_torch._wrap(
+            cclctl_torch._state, plain, describer("all_reduce", plain, torch.Tensor)
+        )
     wanted = {size: SIZES.get(size, max(4, (16 << 20) // size)) for size in sizes}
     calls_of = wanted if dist.get_world_size() > 1 else dict.fromkeys(wanted, 4000)
     results = {}
@@ -114,18 +124,21 @@ def main() -> None:
     parser.add_argument("--wrapper", action="store_true", help="the wrapper alone, here")
     parser.add_argument("--json", type=Path, help="also write the summary here")
     parser.add_argument("--sizes", default="8,1M,4M,16M", help="message sizes, e.g. 8,1M")
+    parser.add_argument("--paths", action="store_true", help=PATHS_HELP)
     args = parser.parse_args()
     if args.wrapper:
         _wrapper_cost(args.rounds)
         return
     if "RANK" in os.environ:
-        _rank_main(args.rounds, [parse_size(s, "--sizes") for s in args.sizes.split(",")])
+        sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
+        _rank_main(args.rounds, sizes, args.paths)
         return
     from cclctl.runtime.launcher import launch
 
     out: list[str] = []
     result = launch(
-        [sys.executable, __file__, "--rounds", str(args.rounds), "--sizes", args.sizes],
+        [sys.executable, __file__, "--rounds", str(args.rounds), "--sizes", args.sizes]
+        + (["--paths"] if args.paths else []),
         args.ranks,
         env={"PYTHONWARNINGS": "ignore"},
         capture_rank0_stdout=out.append,
@@ -135,7 +148,7 @@ def main() -> None:
     data = json.loads(out[-1])
     summary = {size: summarize(times) for size, times in data["sizes"].items()}
     print(f"gloo all_reduce, {args.ranks} ranks, {args.rounds} rounds; medians over rounds")
-    print(render(summary, "plain", "cclctl"))
+    print(render(summary, "general", "quick") if args.paths else render(summary, "plain", "cclctl"))
     if args.json:
         args.json.write_text(json.dumps({"ranks": args.ranks, "sizes": summary}, indent=2) + "\n")
     print(f"collectives cclctl counted on rank 0: {data['counted']}")
