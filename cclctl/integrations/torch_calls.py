@@ -105,6 +105,12 @@ _RANKS = {
 _ABSENT = 1 << 30  # the position of a parameter this torch's function does not have
 
 
+def _positions(fn: Callable[..., Any]) -> Callable[[str], int]:
+    """A parameter's position in ``fn``'s signature, or ``_ABSENT``."""
+    params = list(inspect.signature(fn).parameters)
+    return lambda param: params.index(param) if param in params else _ABSENT
+
+
 class QuickLayout(NamedTuple):
     """Where a one-tensor collective without a root or peer keeps its tensor, group and
     ``async_op`` (positions in the signature, or ``_ABSENT``), so the wrapper can read its
@@ -124,13 +130,9 @@ def quick_layout(name: str, fn: Callable[..., Any]) -> QuickLayout | None:
     layout, first, _ = _LAYOUTS.get(name, ("one", "tensor", ""))
     if layout != "one" or name in _RANKS or name in _ALWAYS_ASYNC:
         return None
-    params = list(inspect.signature(fn).parameters)
-    if first not in params:
+    at = _positions(fn)
+    if at(first) == _ABSENT:
         return None
-
-    def at(param: str) -> int:
-        return params.index(param) if param in params else _ABSENT
-
     return QuickLayout(at(first), first, at("group"), at("async_op"))
 
 
@@ -140,11 +142,7 @@ def describer(name: str, fn: Callable[..., Any], tensor_type: type) -> Describe:
     Parameter positions are looked up once here; the returned function costs about a
     microsecond. It returns None when the arguments are not what torch expects.
     """
-    params = list(inspect.signature(fn).parameters)
-
-    def at(param: str) -> int:
-        return params.index(param) if param in params else _ABSENT
-
+    at = _positions(fn)
     op = OPS[name]
     layout, first, second = _LAYOUTS.get(name, ("one", "tensor", ""))
     i_first, i_second, i_group, i_async = at(first), at(second), at("group"), at("async_op")
