@@ -126,7 +126,6 @@ def test_different_op_fails_fast_and_breaks_the_communicator() -> None:
 
 def test_failed_call_is_recorded_as_failed() -> None:
     tracer = RecordingTracer()
-    records = tracer.finished
 
     def body(comm):  # type: ignore[no-untyped-def]
         if comm.rank == 0:
@@ -135,6 +134,7 @@ def test_failed_call_is_recorded_as_failed() -> None:
             comm.all_reduce(np.ones(4 + comm.rank, dtype=np.float32))
 
     run_ranks(2, body, FAST_FAIL)
+    records = tracer.finished
     assert records[0].state == FAILED and "count 5" in (records[0].error or "")
 
 

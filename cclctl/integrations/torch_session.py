@@ -79,7 +79,7 @@ class Session:
         )
         self.completions = Completions(self.close_record)
         self._comms: dict[Any, TorchComm] = {}
-        self._unfolded = 0  # records finished since telemetry last folded (a hint: no lock)
+        self._trace = self.telemetry.start  # one bound method: the hot path's only hand-over
         self._lock = threading.Lock()
         self.store: StoreAttachment | None = None
         self.watchdog: Watchdog | None = None
@@ -166,7 +166,7 @@ class Session:
         )  # fmt: skip
         if peer is not None and peer >= 0:
             rec.waiting_on, rec.waiting_for = peer, call.direction
-        self.telemetry.start(rec)
+        self._trace(rec)
         return rec
 
     def open_quick(self, op: str, tensor: Any, group: Any) -> CollectiveRecord | None:
@@ -185,12 +185,15 @@ class Session:
             comm.id, comm.seq, op, _DTYPES.get(dtype) or dtype_name(dtype), count,
             count * tensor.element_size(), None, None, 0, "", STARTED, time.time_ns(),
         )  # fmt: skip
-        self.telemetry.start(rec)
+        self._trace(rec)
         return rec
 
     def close_record(self, rec: CollectiveRecord, error: BaseException | None, end_ns: int) -> None:
-        """The call ended: completed, or failed with ``error`` (torch's own exception)."""
-        rec.end_ns = end_ns or time.time_ns()
+        """The call ended: completed, or failed with ``error`` (torch's own exception).
+
+        ``end_ns`` is set last: telemetry takes a record with ``end_ns`` set as ended.
+        """
+        end_ns = end_ns or time.time_ns()
         if error is None:
             rec.state = COMPLETED
             rec.waiting_on = rec.waiting_for = None
@@ -199,10 +202,8 @@ class Session:
                 rec.state = FAILED
             text = str(error).strip().splitlines()
             rec.error = f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
-        self.telemetry.finish(rec)
-        self._unfolded += 1
-        if self._unfolded >= FOLD_BATCH:
-            self._unfolded = 0
+        rec.end_ns = end_ns
+        if not rec.seq % FOLD_BATCH:  # seqs count calls, per group or pair
             self.telemetry.fold()
 
     # -- watchdog -------------------------------------------------------------------------

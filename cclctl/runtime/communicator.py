@@ -67,6 +67,8 @@ class Communicator:
         self.epoch = 0
         self.cfg = cfg
         self.transport = transport
+        self._tracer: Tracer | None = None
+        self._trace: Callable[[CollectiveRecord], None] | None = None
         self.tracer = tracer
         self._tag = comm_tag(comm_id)
         self._selection = selection.parse(cfg.algo)
@@ -76,13 +78,24 @@ class Communicator:
         self._scratch = Scratch()
         self._prepared = PreparedCalls()  # zero-copy calls' checks, for the same arrays again
         self._seq = 0
-        self._unfolded = 0  # calls handed to the tracer since it last folded
         self._p2p_sent = [0] * world_size
         self._p2p_received = [0] * world_size
         self._broken: str | None = None
         self._abort_reason: str | None = None
         self._on_close = on_close
         self._closed = False
+
+    @property
+    def tracer(self) -> Tracer | None:
+        """Telemetry that sees every call (None: calls are not recorded)."""
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer | None) -> None:
+        # Each call reaches the tracer's queue through this one bound method: the fewer
+        # objects a call touches, the less it pays in cache misses after a large reduction.
+        self._tracer = tracer
+        self._trace = None if tracer is None else tracer.start
 
     # ----------------------------------------------------------------- buffers
     def empty(self, shape: Any, dtype: Any = np.float32) -> Array:
@@ -349,6 +362,7 @@ class Communicator:
             self._seq += 1
             seq = self._seq
         count = arr.size if count is None else count
+        nbytes = arr.nbytes if nbytes is None else nbytes
         dtype = buffers.dtype_name(arr.dtype)
         fault = self._faults.at(self.rank, seq, self.id) if self._faults else None
         if fault is not None:
@@ -359,7 +373,7 @@ class Communicator:
             op=op,
             dtype=dtype,
             count=count,
-            nbytes=arr.nbytes if nbytes is None else nbytes,
+            nbytes=nbytes,
             root=root if root >= 0 else None,
             peer=peer,
             epoch=self.epoch,
@@ -380,7 +394,7 @@ class Communicator:
         now = time.monotonic()
         wait = Wait(self.rank, rec, now + self._timeout_s, now, self._aborted, self._watched)
         step = Step(self.transport, self.rank, self.world_size, call, wait, self._scratch)
-        return Traced(self.tracer, rec, step, self._finished)
+        return Traced(self._trace, rec, step, self._finished)
 
     def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
         close_record(rec, exc)
@@ -390,10 +404,7 @@ class Communicator:
             if isinstance(exc, CclError):
                 exc.fields.setdefault("comm", self.id)
                 exc.fields.setdefault("rank", self.rank)
-        tracer = self.tracer
-        if tracer is not None:
-            tracer.finish(rec)
-            self._unfolded += 1
-            if self._unfolded >= FOLD_BATCH:
-                self._unfolded = 0
+        if not rec.seq % FOLD_BATCH:  # seqs count calls, per communicator or pair
+            tracer = self._tracer
+            if tracer is not None:
                 tracer.fold()

@@ -1,16 +1,20 @@
 """The hot path: what the runtime calls around every collective.
 
-Bookkeeping is deferred. :attr:`Recorder.start` and :attr:`Recorder.finish` are bare
-``deque.append`` methods (C-level calls, atomic under the GIL, no lock, no Python frame).
-The queued records are folded into the rings, the in-flight set and the counters under the
-lock by :meth:`Recorder.fold`, which the caller runs every ``FOLD_BATCH`` calls and every
-reader (a scrape, a status, a dump, the watchdog) runs before it looks. Readers therefore
-always see exact counters, and a collective pays two appends.
+Bookkeeping is deferred. :attr:`Recorder.start` is a bare ``deque.append`` (a C-level
+call, atomic under the GIL, no lock, no Python frame) and is all a call pays: nothing is
+handed over when it ends. A record has ended once its ``end_ns`` is set, and whoever closes
+it sets ``end_ns`` last, after its final ``state``. :meth:`Recorder.fold` moves queued
+records into the rings and either counts them (ended) or keeps them in flight (not yet),
+and counts those in flight that have ended since. The caller runs it every ``FOLD_BATCH``
+calls, and every reader (a scrape, a status, a dump, the watchdog) runs it before it looks,
+so readers always see exact counters.
 
-Why: on 1 MiB all_reduces (``benchmarks/telemetry_on_off.py``) the reduction evicts the
-interpreter's and the counters' cache lines, so doing the bookkeeping per call cost 8-10 µs
-there (against ~2 µs warm). Folding the queue in one go runs that code warm, once per few
-hundred calls.
+Why: after a 1 MiB all_reduce the caches hold the reduction's data, not the interpreter's,
+so what a call costs here is counted in distinct memory touched, not in instructions.
+Counting per call cost 8-10 us (against ~2 us warm); a second queue for ends, reached
+through the recorder's attributes, cost ~1.4 us more per call than one append
+(``benchmarks/telemetry_on_off.py`` and a one-process simulation of it). Folding runs the
+counting code warm, once per few hundred calls.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from cclctl.bandwidth import bus_factor
-from cclctl.records import COMPLETED, FINAL_STATES, STARTED, CollectiveRecord, CommInfo
+from cclctl.records import COMPLETED, FINAL_STATES, CollectiveRecord, CommInfo
 from cclctl.telemetry.counters import DURATION_BOUNDS_NS, CommState, CommView, OpStats
 
 #: How many calls a caller lets queue before it runs :meth:`Recorder.fold` (the runtime's
-#: communicator and the PyTorch integration do; readers fold before they look).
+#: communicator and the PyTorch integration fold when a record's seq is a multiple of it;
+#: readers fold before they look).
 FOLD_BATCH = 256
 
 
@@ -37,6 +42,10 @@ class Recorder:
     while a call blocks (``step``, ``waiting_on``) show up in dumps without extra calls.
     Point-to-point records (``peer`` set) carry a per-pair seq, so they do not move the
     communicator's last started/completed seq.
+
+    A record counts as ended once ``end_ns`` is non-zero; closers must set it last (see
+    :func:`cclctl.runtime.tracing.close_record`), so a fold in another thread that sees it
+    also sees the record's final state.
     """
 
     def __init__(self, ring_size: int, world_size: int = 1) -> None:
@@ -46,13 +55,10 @@ class Recorder:
         self._comms: dict[str, CommState] = {}
         self._inflight: dict[int, CollectiveRecord] = {}  # id(record) -> record
         self._links: dict[int, list[int]] = {}  # peer -> [sent, received]
-        self._started: collections.deque[CollectiveRecord] = collections.deque()
-        self._finished: collections.deque[CollectiveRecord] = collections.deque()
+        self._queue: collections.deque[CollectiveRecord] = collections.deque()
         self._world_size = world_size
-        #: ``rec`` has begun: queue it for its ring and the in-flight set.
-        self.start: Callable[[CollectiveRecord], None] = self._started.append
-        #: ``rec`` has ended (its ``state`` and ``end_ns`` are final): queue it to be counted.
-        self.finish: Callable[[CollectiveRecord], None] = self._finished.append
+        #: ``rec`` has begun: queue it for its ring, and to be counted once it has ended.
+        self.start: Callable[[CollectiveRecord], None] = self._queue.append
 
     def _comm(self, comm: str) -> CommState:
         """The state of ``comm``, created on first use; the caller holds the lock."""
@@ -80,79 +86,85 @@ class Recorder:
             self._fold()
 
     def _fold(self) -> None:
-        """Move queued starts into the rings (and, while still running, the in-flight set),
-        then count queued finishes; the caller holds the lock.
+        """Count the calls in flight that have ended since the last fold, then move queued
+        records into the rings and count or keep each; the caller holds the lock.
 
-        Only the finishes queued before the starts are drained are taken, so every record
-        counted here has been started here first, even while the hot path keeps appending.
-        A record whose state is already final is not in flight, whether its finish is
-        counted now or at the next fold.
+        ``end_ns`` is read once per record and decides: a record that ends just after it
+        was looked at stays in flight and is counted by the next fold, never twice.
         """
-        started, finished, inflight = self._started, self._finished, self._inflight
-        ready = len(finished)
+        queue, inflight = self._queue, self._inflight
+        ended: list[CollectiveRecord] = []
+        if inflight:
+            for key, rec in list(inflight.items()):
+                if rec.end_ns:
+                    del inflight[key]
+                    ended.append(rec)
         name, cs = "", None
-        for _ in range(len(started)):
-            rec = started.popleft()
+        for _ in range(len(queue)):
+            rec = queue.popleft()
             if rec.comm != name or cs is None:
                 name, cs = rec.comm, self._comms.get(rec.comm) or self._comm(rec.comm)
             cs.ring.append(rec)
-            if rec.state == STARTED:
-                inflight[id(rec)] = rec
             if rec.peer is None and rec.seq > cs.last_started:
                 cs.last_started = rec.seq
-        if ready:
-            self._count([finished.popleft() for _ in range(ready)])
+            if rec.end_ns:
+                ended.append(rec)
+            else:
+                inflight[id(rec)] = rec
+        if ended:
+            self._count(ended)
 
     def _count(self, done: list[CollectiveRecord]) -> None:
-        """Count finished records (the caller holds the lock).
-
-        A completed call feeds collectives, bytes, bus bytes, busy time and the histogram;
-        any other final state counts one error whose reason is that state (``failed``,
-        ``aborted``, ``timed_out``). Records are grouped by (comm, op) first, and each
-        group is summed in locals and written once.
-        """
-        inflight = self._inflight
+        """Count ended records (the caller holds the lock), grouped by (comm, op)."""
         groups: dict[tuple[str, str], list[CollectiveRecord]] = {}
         for rec in done:
-            if inflight:
-                inflight.pop(id(rec), None)
             group = groups.get((rec.comm, rec.op))
             if group is None:
                 groups[(rec.comm, rec.op)] = [rec]
             else:
                 group.append(rec)
         for (comm, op), group in groups.items():
-            cs = self._comms.get(comm) or self._comm(comm)
-            st = cs.ops.get(op) or self._op(comm, op)
-            world_size = len(cs.ranks) or self._world_size
-            if st.factor_n != world_size:
-                st.factor = bus_factor(op, world_size)
-                st.factor_n = world_size
-            buckets, calls, nbytes, busy, seq, last = st.buckets, 0, 0, 0, 0, None
-            for rec in group:
-                if rec.state != COMPLETED:
-                    st.errors[rec.state] = st.errors.get(rec.state, 0) + 1
-                    continue
-                ns = rec.end_ns - rec.start_ns
-                if ns < 0:  # wall clocks can step back; counters must not
-                    ns = 0
-                calls += 1
-                nbytes += rec.nbytes
-                busy += ns
-                buckets[bisect_left(DURATION_BOUNDS_NS, ns)] += 1
-                last = rec
-                if rec.peer is None and rec.seq > seq:
-                    seq = rec.seq
-            if last is not None:
-                st.collectives += calls
-                st.bytes += nbytes
-                st.bus_bytes += nbytes * st.factor
-                st.busy_ns += busy
-                st.last_bus_bytes = last.nbytes * st.factor
-                st.last_ns = max(0, last.end_ns - last.start_ns)
-                st.last_end_ns = last.end_ns
-                if seq > cs.last_completed:
-                    cs.last_completed = seq
+            self._count_run(comm, op, group)
+
+    def _count_run(self, comm: str, op: str, run: list[CollectiveRecord]) -> None:
+        """Count ended records of one (comm, op).
+
+        A completed call feeds collectives, bytes, bus bytes, busy time and the histogram;
+        any other final state counts one error whose reason is that state (``failed``,
+        ``aborted``, ``timed_out``). The run is summed in locals and written once.
+        """
+        cs = self._comms.get(comm) or self._comm(comm)
+        st = cs.ops.get(op) or self._op(comm, op)
+        world_size = len(cs.ranks) or self._world_size
+        if st.factor_n != world_size:
+            st.factor = bus_factor(op, world_size)
+            st.factor_n = world_size
+        buckets, bounds = st.buckets, DURATION_BOUNDS_NS
+        calls, nbytes, busy, seq, last = 0, 0, 0, 0, None
+        for rec in run:
+            if rec.state != COMPLETED:
+                st.errors[rec.state] = st.errors.get(rec.state, 0) + 1
+                continue
+            ns = rec.end_ns - rec.start_ns
+            if ns < 0:  # wall clocks can step back; counters must not
+                ns = 0
+            calls += 1
+            nbytes += rec.nbytes
+            busy += ns
+            buckets[bisect_left(bounds, ns)] += 1
+            last = rec
+            if rec.peer is None and rec.seq > seq:
+                seq = rec.seq
+        if last is not None:
+            st.collectives += calls
+            st.bytes += nbytes
+            st.bus_bytes += nbytes * st.factor
+            st.busy_ns += busy
+            st.last_bus_bytes = last.nbytes * st.factor
+            st.last_ns = max(0, last.end_ns - last.start_ns)
+            st.last_end_ns = last.end_ns
+            if seq > cs.last_completed:
+                cs.last_completed = seq
 
     def link_bytes(self, peer: int, sent: int, received: int) -> None:
         """Add bytes sent to and received from ``peer`` (per message or per collective)."""
@@ -164,9 +176,9 @@ class Recorder:
             link[1] += received
 
     def count_error(self, comm: str, op: str, reason: str) -> None:
-        """Count an error that no :meth:`finish` reports (e.g. a failed connect).
+        """Count an error that no record reports (e.g. a failed connect).
 
-        A record finished in a failed state is already counted; do not count it twice.
+        A record that ended in a failed state is already counted; do not count it twice.
         """
         with self._lock:
             st = self._op(comm, op)

@@ -35,14 +35,12 @@ def hub_dump(directory: Path, rank: int = 0, *, records: int = 2000, job: str = 
         side = CollectiveRecord(SIDE, 1, "broadcast", "int64", 8, 64, root=0, start_ns=10)
         tel.start(side)
         side.state, side.end_ns = COMPLETED, 20
-        tel.finish(side)
         for seq in range(1, records):
             rec = CollectiveRecord(
                 WORLD, seq, "all_reduce", "float32", 256, 1024, start_ns=100 + seq
             )
             tel.start(rec)
             rec.state, rec.end_ns = COMPLETED, 150 + seq
-            tel.finish(rec)
         last = CollectiveRecord(WORLD, records, "all_reduce", "float32", 256, 1024, start_ns=10**6)
         last.waiting_on, last.waiting_for = 3, "recv"
         tel.start(last)

@@ -30,7 +30,7 @@ def run(
     start_ns: int | None = None,
     peer: int | None = None,
 ) -> CollectiveRecord:
-    """Drive one record through start() and finish() as the runtime would; a
+    """Drive one record through start() and its end as the runtime would; a
     ``world_size`` declares ``comm`` with that many members first (else Telemetry's own).
     """
     if world_size is not None:
@@ -39,8 +39,7 @@ def run(
     rec = CollectiveRecord(comm, seq, op, nbytes=nbytes, start_ns=begin, peer=peer)
     tel.start(rec)
     rec.state = state
-    rec.end_ns = begin + duration_ns
-    tel.finish(rec)
+    rec.end_ns = begin + duration_ns  # last: the record has now ended
     return rec
 
 

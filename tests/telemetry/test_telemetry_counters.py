@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from telemetry_helpers import run
+from telemetry_helpers import T0, run
 
 from cclctl.records import ABORTED, FAILED, TIMED_OUT, CollectiveRecord
 from cclctl.telemetry.counters import DURATION_BOUNDS_NS
@@ -118,10 +118,10 @@ def test_counters_stay_exact_while_readers_fold_under_concurrent_writers(make_te
 
     def drive(comm: str) -> None:
         for seq in range(1, per_thread + 1):
-            rec = CollectiveRecord(comm, seq, "all_reduce", nbytes=8, start_ns=1, end_ns=2)
+            rec = CollectiveRecord(comm, seq, "all_reduce", nbytes=8, start_ns=1)
             tel.start(rec)
             rec.state = "completed"
-            tel.finish(rec)
+            rec.end_ns = 2  # last, as every closer does: the record has now ended
             tel.link_bytes(0, 1, 1)
             if seq % 100 == 0:
                 tel.fold()
@@ -160,7 +160,24 @@ def test_queued_calls_are_counted_as_soon_as_anyone_reads(make_tel):
     """The hot path only queues; a scrape or status between folds still sees every call."""
     tel = make_tel()
     rec = run(tel, "w", 1, nbytes=100)
-    assert len(tel._finished) == 1  # queued: the caller has not folded yet
+    assert len(tel._queue) == 1  # queued: the caller has not folded yet
     assert tel.copy_counters()[0][("w", "all_reduce")].collectives == 1
     assert tel.snapshot().counters["bytes"] == 100
     assert tel.records() == [rec] and tel.inflight() == []
+
+
+def test_a_call_folded_in_flight_is_counted_once_when_it_ends(make_tel):
+    """Nothing is handed over when a call ends: its end_ns, set last, is what folds see."""
+    tel = make_tel()
+    rec = CollectiveRecord("w", 1, "all_reduce", nbytes=64, start_ns=T0)
+    tel.start(rec)
+    assert tel.inflight() == [rec]  # folded while running: in flight, not counted
+    assert ("w", "all_reduce") not in tel.copy_counters()[0]
+    rec.state = "completed"  # a closer sets the state first ...
+    assert tel.inflight() == [rec]  # ... and the call has not ended until end_ns is set
+    rec.end_ns = T0 + 1_000
+    for _ in range(3):  # any number of later folds count it exactly once
+        assert tel.inflight() == []
+        st = tel.copy_counters()[0][("w", "all_reduce")]
+        assert (st.collectives, st.bytes, st.busy_ns) == (1, 64, 1_000)
+    assert tel.comm_infos()["w"].last_completed == 1

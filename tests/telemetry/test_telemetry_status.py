@@ -115,8 +115,7 @@ def test_status_shows_the_last_failed_call_and_says_closed_at_the_end(make_tel):
     run(tel, "w", 1, nbytes=64)
     failed = CollectiveRecord("w", 2, "broadcast", start_ns=T0 + 10**9)
     tel.start(failed)
-    failed.state, failed.end_ns, failed.error = "failed", T0 + 2 * 10**9, "collective mismatch"
-    tel.finish(failed)
+    failed.state, failed.error, failed.end_ns = "failed", "collective mismatch", T0 + 2 * 10**9
     snap = tel.snapshot("status")
     assert [(r.seq, r.op, r.state) for r in snap.records] == [(2, "broadcast", "failed")]
     assert snap.reason == ""
