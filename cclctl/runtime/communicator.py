@@ -33,6 +33,8 @@ from cclctl.runtime.transport import Transport, Wait
 from cclctl.runtime.wire import Call, comm_tag
 from cclctl.telemetry.recorder import FOLD_BATCH
 
+_SIZES_KEPT = 256  # distinct call sizes a communicator shares int objects for (see _call)
+
 Array = np.ndarray
 
 
@@ -78,6 +80,7 @@ class Communicator:
         self._scratch = Scratch()
         self._prepared = PreparedCalls()  # zero-copy calls' checks, for the same arrays again
         self._seq = 0
+        self._sizes: dict[int, int] = {}  # see _call
         self._p2p_sent = [0] * world_size
         self._p2p_received = [0] * world_size
         self._broken: str | None = None
@@ -361,8 +364,16 @@ class Communicator:
         if seq is None:
             self._seq += 1
             seq = self._seq
+        # One int object per size, shared by every record of it: each record the flight
+        # recorder keeps would otherwise keep two fresh ints, allocated and later freed
+        # in memory a large reduction has long since pushed out of the caches.
+        sizes = self._sizes
+        if len(sizes) > _SIZES_KEPT:
+            sizes.clear()
         count = arr.size if count is None else count
+        count = sizes.setdefault(count, count)
         nbytes = arr.nbytes if nbytes is None else nbytes
+        nbytes = sizes.setdefault(nbytes, nbytes)
         dtype = buffers.dtype_name(arr.dtype)
         fault = self._faults.at(self.rank, seq, self.id) if self._faults else None
         if fault is not None:
