@@ -66,6 +66,46 @@ def test_collectives_on_shared_buffers_run_zero_copy_and_are_exact() -> None:
         ]
 
 
+@pytest.mark.parametrize("in_place", [True, False])
+def test_reductions_built_a_piece_at_a_time_are_exact_and_the_same_bits_everywhere(
+    in_place: bool,
+) -> None:
+    """Four ranks (reductions of four inputs run a piece at a time), shares of several
+    pieces and a ragged end, in place or not."""
+    piece = zero_copy.PIECE_BYTES // 4
+    count = 4 * (2 * piece + 123) + 3  # shares of unequal lengths, none a whole piece
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal(count).astype(np.float32) for _ in range(4)]
+    ints = [np.arange(count, dtype=np.int64) * (r + 1) for r in range(4)]
+
+    def body(comm: Communicator) -> tuple[bytes, np.ndarray, np.ndarray, set[str]]:
+        r = comm.rank
+        comm.tracer = tracer = RecordingTracer()
+        a = comm.empty(count, np.float32)
+        a[:] = inputs[r]
+        out = a if in_place else comm.zeros(count, np.float32)
+        comm.all_reduce(a, out=out)
+        if not in_place:
+            assert np.array_equal(a, inputs[r])  # the input is left alone
+        m = comm.empty(count, np.int64)
+        m[:] = ints[r]
+        comm.all_reduce(m, op="max")
+        src = comm.empty(4 * count, np.int64)
+        src[:] = np.tile(ints[r], 4)
+        rs = comm.empty(count, np.int64)
+        comm.reduce_scatter(src, rs)
+        return out.tobytes(), m.copy(), rs.copy(), {rec.algo for rec in tracer.finished}
+
+    results = shm_run_ranks(4, body)
+    assert len({sums for sums, _, _, _ in results}) == 1  # every rank, the same bits
+    total = np.frombuffer(results[0][0], np.float32)
+    np.testing.assert_allclose(total, np.sum(inputs, axis=0), rtol=1e-5, atol=1e-5)
+    for _, m, rs, algos in results:
+        assert np.array_equal(m, ints[3])
+        assert np.array_equal(rs, np.arange(count, dtype=np.int64) * 10)
+        assert algos == {"shm_zero_copy"}
+
+
 def test_small_calls_on_shared_buffers_take_the_slot_path_even_when_ranks_mix() -> None:
     """Below MIN_BYTES zero-copy would cost more than it saves; every rank decides from the
     size alone, so shared and plain buffers may mix there."""
