@@ -171,7 +171,8 @@ def describe(arr: np.ndarray) -> Descriptor | None:
 
 
 class PeerBuffers:
-    """Peers' shared buffers, mapped read-only on first use and kept for later calls.
+    """Peers' shared buffers, mapped on first use and kept for later calls: read-only, or
+    writable where a collective writes its results into a peer's output (all_reduce).
 
     The arrays handed out are remembered by the packed descriptor that named them: a peer
     that names the same range of the same buffer again (a training loop's buffers, call
@@ -180,21 +181,26 @@ class PeerBuffers:
     """
 
     def __init__(self, limit: int = MAX_PEER_MAPS) -> None:
-        self._maps: collections.OrderedDict[tuple[int, int], mmap.mmap] = collections.OrderedDict()
-        self._views: dict[tuple[bytes, np.dtype], np.ndarray] = {}
+        self._maps: collections.OrderedDict[tuple[int, int, bool], mmap.mmap] = (
+            collections.OrderedDict()
+        )
+        self._views: dict[tuple[bytes, np.dtype, bool], np.ndarray] = {}
         self._limit = limit
 
-    def array(self, packed: bytes, dtype: np.dtype, peer: int) -> np.ndarray:
-        """The bytes the packed :class:`Descriptor` names as a read-only array of
-        ``dtype``; ProtocolError if the buffer cannot be opened or does not hold that range."""
-        view = self._views.get((packed, dtype))
+    def array(
+        self, packed: bytes, dtype: np.dtype, peer: int, writable: bool = False
+    ) -> np.ndarray:
+        """The bytes the packed :class:`Descriptor` names as an array of ``dtype``,
+        read-only unless ``writable``; ProtocolError if the buffer cannot be opened or does
+        not hold that range."""
+        view = self._views.get((packed, dtype, writable))
         if view is not None:
             return view
         desc = Descriptor.unpack(packed)
-        key = (desc.pid, desc.token)
+        key = (desc.pid, desc.token, writable)
         mm = self._maps.get(key)
         if mm is None:
-            mm = self._maps[key] = self._open(desc, peer)
+            mm = self._maps[key] = self._open(desc, peer, writable)
             while len(self._maps) > self._limit:
                 self._views.clear()  # an unmapped buffer's views must not be handed out
                 _close(self._maps.popitem(last=False)[1])
@@ -210,19 +216,19 @@ class PeerBuffers:
         view = np.frombuffer(mm, dtype=dtype, count=count, offset=desc.offset)
         if len(self._views) >= self._limit:
             self._views.clear()
-        self._views[(packed, dtype)] = view
+        self._views[(packed, dtype, writable)] = view
         return view
 
     @staticmethod
-    def _open(desc: Descriptor, peer: int) -> mmap.mmap:
+    def _open(desc: Descriptor, peer: int, writable: bool) -> mmap.mmap:
         path = f"/proc/{desc.pid}/fd/{desc.fd}"
         try:
             name = os.readlink(path)
             if not name.startswith(f"/memfd:cclctl-buf-{desc.token} "):
                 raise OSError(f"{path} is {name!r}, not the buffer the peer named")
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
             try:
-                return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                return mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
             finally:
                 os.close(fd)
         except OSError as exc:
