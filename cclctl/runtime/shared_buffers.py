@@ -1,10 +1,11 @@
 """Buffers that ranks on one host read from each other directly (zero-copy collectives).
 
 :func:`empty` allocates a numpy array in an anonymous memory file (``memfd``) of this
-process. A peer on the same host opens that file through ``/proc/<pid>/fd/<fd>`` and maps it
-read-only, so a collective whose buffers all come from here skips the copy into the
-shared-memory slots: each rank reduces its share straight out of every peer's input and
-copies the other shares straight out of the peers' outputs (``algorithms/zero_copy.py``).
+process. A peer on the same host opens that file through ``/proc/<pid>/fd/<fd>`` and maps it,
+so a collective whose buffers all come from here skips the copy into the shared-memory
+slots: in an all_reduce each rank reduces its share straight out of every peer's input and
+writes it straight into every peer's output (``algorithms/zero_copy.py``). Inputs are
+mapped read-only; only outputs a collective writes into are mapped writable.
 This is what a CPU-relay staging buffer should be: memory the library owns, so that peers
 can read it. (NCCL calls the same idea buffer registration; PyTorch, symmetric memory.)
 
