@@ -50,6 +50,13 @@ def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
     return [(i * count // parts, (i + 1) * count // parts) for i in range(parts)]
 
 
+def pieces(count: int, itemsize: int, max_bytes: int, parts: int = 1) -> list[tuple[int, int]]:
+    """Split ``count`` elements into contiguous ranges whose ``parts`` together fit in
+    ``max_bytes`` (a slot, a piece of cache); at least one range, empty when ``count`` is 0."""
+    per = max(1, max_bytes // (itemsize * parts))
+    return [(lo, min(count, lo + per)) for lo in range(0, max(count, 1), per)]
+
+
 class Scratch:
     """Reusable scratch buffers, grown on demand, so a collective allocates nothing."""
 

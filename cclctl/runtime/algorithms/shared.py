@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from cclctl.runtime import wire
-from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, reducer
+from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
 from cclctl.runtime.shm_group import ShmGroup
 from cclctl.runtime.shm_layout import (
     HEADER,
@@ -117,11 +117,6 @@ def _done(g: ShmGroup, counter: int, k: int) -> None:
     g.notify()
 
 
-def _rounds(count: int, itemsize: int, slot_bytes: int, parts: int = 1) -> list[tuple[int, int]]:
-    per = max(1, slot_bytes // (itemsize * parts))
-    return [(lo, min(count, lo + per)) for lo in range(0, max(count, 1), per)]
-
-
 def all_reduce(
     ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str, large: bool = False
 ) -> None:
@@ -145,7 +140,7 @@ def _all_reduce_direct(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: st
     fn = reducer(redop)
     dtype = src.dtype
     rec = ctx.wait.record
-    rounds = _rounds(src.size, dtype.itemsize, g.layout.slot_bytes)
+    rounds = pieces(src.size, dtype.itemsize, g.layout.slot_bytes)
     published = [_publish(ctx, g, src[rounds[0][0] : rounds[0][1]], 0)]
     for step, (lo, hi) in enumerate(rounds):
         if step + 1 < len(rounds):
@@ -168,7 +163,7 @@ def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str)
     fn = reducer(redop)
     dtype, isz, n = src.dtype, src.dtype.itemsize, g.size
     rec = ctx.wait.record
-    for step, (lo, hi) in enumerate(_rounds(src.size, isz, g.layout.slot_bytes)):
+    for step, (lo, hi) in enumerate(pieces(src.size, isz, g.layout.slot_bytes)):
         if rec is not None:
             rec.step = step
         k, off, header = _publish(ctx, g, src[lo:hi], step)
@@ -202,7 +197,7 @@ def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]
     lo0, hi0 = bounds[g.rank]
     dtype, isz = out.dtype, out.dtype.itemsize
     rec = ctx.wait.record
-    for step, (lo, hi) in enumerate(_rounds(hi0 - lo0, isz, g.layout.slot_bytes)):
+    for step, (lo, hi) in enumerate(pieces(hi0 - lo0, isz, g.layout.slot_bytes)):
         if rec is not None:
             rec.step = step
         k, off, header = _publish(ctx, g, out[lo0 + lo : lo0 + hi], step)
@@ -224,7 +219,7 @@ def reduce_scatter(
     block = bounds[0][1] - bounds[0][0]
     blocks = src.reshape(n, block)
     rec = ctx.wait.record
-    for step, (lo, hi) in enumerate(_rounds(block, isz, g.layout.slot_bytes, n)):
+    for step, (lo, hi) in enumerate(pieces(block, isz, g.layout.slot_bytes, n)):
         if rec is not None:
             rec.step = step
         width = hi - lo
@@ -246,7 +241,7 @@ def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int) -> None:
     dtype, isz = buf.dtype, buf.dtype.itemsize
     source = g.views[g.ranks.index(root)]
     rec = ctx.wait.record
-    for step, (lo, hi) in enumerate(_rounds(buf.size, isz, g.layout.slot_bytes)):
+    for step, (lo, hi) in enumerate(pieces(buf.size, isz, g.layout.slot_bytes)):
         if rec is not None:
             rec.step = step
         if g.rank == root:

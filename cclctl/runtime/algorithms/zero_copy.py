@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cclctl.runtime import shared_buffers, wire
-from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, reducer
+from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
 from cclctl.runtime.algorithms.shared import account, await_round, slot_free
 from cclctl.runtime.shared_buffers import DESCRIPTOR_SIZE, Descriptor
 from cclctl.runtime.shm_group import ShmGroup
@@ -134,14 +134,8 @@ def _reduce(
     if len(ins) == 2:  # one pass: nothing is read back, nothing gained by splitting
         _reduce_piece(fn, ins, me, a, b, out)
         return
-    for lo, hi in _pieces(a, b, out.itemsize):
-        _reduce_piece(fn, ins, me, lo, hi, out[lo - a : hi - a])
-
-
-def _pieces(a: int, b: int, itemsize: int) -> list[tuple[int, int]]:
-    """``[a, b)`` in pieces of about ``PIECE_BYTES``."""
-    step = max(1, PIECE_BYTES // itemsize)
-    return [(lo, min(lo + step, b)) for lo in range(a, b, step)]
+    for lo, hi in pieces(b - a, out.itemsize, PIECE_BYTES):
+        _reduce_piece(fn, ins, me, a + lo, a + hi, out[lo:hi])
 
 
 def _reduce_piece(
@@ -182,7 +176,8 @@ def all_reduce(
             outs.append(peer_dst)
     a, b = chunk_bounds(src.size, g.size)[g.local]
     peers_out = [out for i, out in enumerate(outs) if i != g.local]
-    for lo, hi in _pieces(a, b, src.itemsize):
+    for lo, hi in pieces(b - a, src.itemsize, PIECE_BYTES):
+        lo, hi = a + lo, a + hi
         piece = dst[lo:hi]
         _reduce_piece(fn, ins, g.local, lo, hi, piece)
         for out in peers_out:  # while the piece is still in this core's cache
