@@ -18,7 +18,13 @@ cclctl adds to every call, free of gloo's noise.
 which every call took before the quick path existed, is the baseline ("off"), the quick
 one is measured ("on").
 
-    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--wrapper] [--paths] [--json F]
+Besides the wall clock, the main thread's CPU time per call is paired the same way. At 8 B
+a gloo call mostly waits, and its wall time swings by more than the goal; the CPU the
+wrapper adds there, in the real run with cold caches, is the steadier figure (several times
+the ``--wrapper`` one, which runs warm). ``--pin`` pins rank i to core i (all its threads,
+gloo's too), which takes the scheduler's migrations out of the noise.
+
+    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--pin] [--wrapper] [--paths]
 """
 
 from __future__ import annotations
@@ -39,13 +45,15 @@ PATHS_HELP = "compare the wrapper's quick path (on) with its general path (off)"
 SIZES = {8: 400, 1 << 20: 40, 4 << 20: 12, 16 << 20: 4}  # bytes -> calls per block
 
 
-def _rank_main(rounds: int, sizes: list[int], paths: bool) -> None:
+def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
     import torch
     import torch.distributed as dist
 
     from cclctl.integrations import torch as cclctl_torch
     from cclctl.integrations.torch_calls import describer
 
+    if pin:  # before gloo starts its threads, which inherit the mask
+        os.sched_setaffinity(0, {int(os.environ["RANK"]) % (os.cpu_count() or 1)})
     dist.init_process_group("gloo")
     plain = dist.all_reduce
     cclctl_torch.instrument()
@@ -57,7 +65,7 @@ def _rank_main(rounds: int, sizes: list[int], paths: bool) -> None:
         )
     wanted = {size: SIZES.get(size, max(4, (16 << 20) // size)) for size in sizes}
     calls_of = wanted if dist.get_world_size() > 1 else dict.fromkeys(wanted, 4000)
-    results = {}
+    results, cpu_times = {}, {}
     for nbytes, calls in calls_of.items():
         t = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
         for _ in range(3):
@@ -67,13 +75,14 @@ def _rank_main(rounds: int, sizes: list[int], paths: bool) -> None:
             fn = traced if side == "on" else plain
             return lambda: fn(t)
 
-        results[nbytes] = run_rounds(rounds, calls, call_of, dist.barrier)
+        cpu_times[nbytes] = cpu = {}
+        results[nbytes] = run_rounds(rounds, calls, call_of, dist.barrier, cpu)
     recorded = cclctl_torch.session().telemetry.metrics_view().ops  # type: ignore[union-attr]
     counted = sum(st.collectives for st in recorded.values())
     rank = dist.get_rank()
     dist.destroy_process_group()
     if rank == 0:
-        print(json.dumps({"sizes": {str(k): v for k, v in results.items()}, "counted": counted}))
+        print(json.dumps({"sizes": results, "cpu": cpu_times, "counted": counted}))
 
 
 def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
@@ -125,20 +134,22 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the summary here")
     parser.add_argument("--sizes", default="8,1M,4M,16M", help="message sizes, e.g. 8,1M")
     parser.add_argument("--paths", action="store_true", help=PATHS_HELP)
+    parser.add_argument("--pin", action="store_true", help="pin rank i to core i")
     args = parser.parse_args()
     if args.wrapper:
         _wrapper_cost(args.rounds)
         return
     if "RANK" in os.environ:
         sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
-        _rank_main(args.rounds, sizes, args.paths)
+        _rank_main(args.rounds, sizes, args.paths, args.pin)
         return
     from cclctl.runtime.launcher import launch
 
     out: list[str] = []
     result = launch(
         [sys.executable, __file__, "--rounds", str(args.rounds), "--sizes", args.sizes]
-        + (["--paths"] if args.paths else []),
+        + (["--paths"] if args.paths else [])
+        + (["--pin"] if args.pin else []),
         args.ranks,
         env={"PYTHONWARNINGS": "ignore"},
         capture_rank0_stdout=out.append,
@@ -147,10 +158,16 @@ def main() -> None:
         sys.exit(f"benchmark ranks failed (exit {result.returncode})")
     data = json.loads(out[-1])
     summary = {size: summarize(times) for size, times in data["sizes"].items()}
-    print(f"gloo all_reduce, {args.ranks} ranks, {args.rounds} rounds; medians over rounds")
-    print(render(summary, "general", "quick") if args.paths else render(summary, "plain", "cclctl"))
+    cpu = {size: summarize(times) for size, times in data["cpu"].items()}
+    sides = ("general", "quick") if args.paths else ("plain", "cclctl")
+    pinned = ", pinned" if args.pin else ""
+    print(f"gloo all_reduce, {args.ranks} ranks{pinned}, {args.rounds} rounds; medians over rounds")
+    print(render(summary, *sides))
+    print("main thread's CPU time per call, same blocks")
+    print(render(cpu, *sides))
     if args.json:
-        args.json.write_text(json.dumps({"ranks": args.ranks, "sizes": summary}, indent=2) + "\n")
+        doc = {"ranks": args.ranks, "pinned": args.pin, "sizes": summary, "cpu": cpu}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"collectives cclctl counted on rank 0: {data['counted']}")
 
 
