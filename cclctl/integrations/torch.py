@@ -181,12 +181,14 @@ def _wrap_quick(
     general: Callable[..., Any],
 ) -> Callable[..., Any]:
     """The wrapper of a one-tensor collective (all_reduce): its common call, synchronous on
-    a CPU tensor, is read and recorded in four Python calls instead of eight (on 2
-    gloo ranks each microsecond here costs several: see benchmarks/torch_overhead.py);
-    any other call goes to ``general``, the wrapper of :func:`_wrap`.
+    a CPU tensor, is read and recorded in four Python calls instead of eight; any other
+    call goes to ``general``, the wrapper of :func:`_wrap`. Between two gloo calls caches
+    are cold, and each step costs several times what it does in a loop (the main thread's
+    CPU in benchmarks/torch_overhead.py), so every torch call and Python call saved counts.
     """
     local = state.local
     i_tensor, name, i_group, i_async = layout
+    gpus = _cuda_built()  # a CPU-only torch makes no CUDA tensors: no need to ask each one
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -195,7 +197,7 @@ def _wrap_quick(
             return original(*args, **kwargs)
         n = len(args)
         tensor: Any = args[i_tensor] if i_tensor < n else kwargs.get(name)
-        if type(tensor) is not tensor_type or tensor.is_cuda:
+        if type(tensor) is not tensor_type or (gpus and tensor.is_cuda):
             return general(*args, **kwargs)
         if args[i_async] if i_async < n else kwargs.get("async_op"):
             return general(*args, **kwargs)
@@ -212,7 +214,7 @@ def _wrap_quick(
             _quietly(sess.close_record, rec, exc, 0)
             raise
         try:
-            sess.close_record(rec, None, 0)
+            sess.completed(rec)
         except Exception:  # telemetry must never change what the job sees
             log.exception("cclctl: torch telemetry failed")
         return result
@@ -241,6 +243,13 @@ def _quietly(fn: Callable[..., None], *args: Any) -> None:
         fn(*args)
     except Exception:  # telemetry must never change what the job sees
         log.exception("cclctl: torch telemetry failed")
+
+
+def _cuda_built() -> bool:
+    """Whether this torch can make CUDA (or ROCm) tensors at all."""
+    import torch
+
+    return bool(torch.backends.cuda.is_built())
 
 
 def _cuda_events() -> tuple[Any, Any]:

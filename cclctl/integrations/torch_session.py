@@ -31,15 +31,17 @@ from cclctl.telemetry.watchdog import Watchdog
 
 log = logging.getLogger("cclctl.torch")
 
-_DTYPES: dict[Any, str] = {}
+_DTYPES: dict[Any, tuple[str, int]] = {}
 
 
-def dtype_name(dtype: Any) -> str:
-    """``torch.float32`` -> ``"float32"`` (cached: str() of a dtype costs a microsecond)."""
-    name = _DTYPES.get(dtype)
-    if name is None:
-        name = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
-    return name
+def dtype_info(dtype: Any) -> tuple[str, int]:
+    """``torch.float32`` -> ``("float32", 4)``: its name and bytes per element, cached (str()
+    of a dtype costs a microsecond, and a dict hit is cheaper than ``element_size()``).
+    """
+    info = _DTYPES.get(dtype)
+    if info is None:
+        info = _DTYPES[dtype] = (str(dtype).removeprefix("torch."), dtype.itemsize)
+    return info
 
 
 class TorchComm:
@@ -158,7 +160,7 @@ class Session:
             if call.root is not None or call.group_root is not None:
                 root = comm.global_rank(call.root, call.group_root)
         tensor = call.tensor
-        dtype = "" if tensor is None else dtype_name(tensor.dtype)
+        dtype = "" if tensor is None else dtype_info(tensor.dtype)[0]
         # positional: a third cheaper than keywords, on the hot path of every call
         rec = CollectiveRecord(
             comm.id, seq, call.op, dtype, call.count, call.nbytes, root, peer, 0, "", STARTED,
@@ -178,12 +180,13 @@ class Session:
         if comm is None:
             return None
         comm.seq += 1
-        count = tensor.numel()
+        count = tensor.numel()  # not ``nbytes``: sparse tensors raise there
         dtype = tensor.dtype
+        name, itemsize = _DTYPES.get(dtype) or dtype_info(dtype)
         # positional, as in open_record
         rec = CollectiveRecord(
-            comm.id, comm.seq, op, _DTYPES.get(dtype) or dtype_name(dtype), count,
-            count * tensor.element_size(), None, None, 0, "", STARTED, time.time_ns(),
+            comm.id, comm.seq, op, name, count, count * itemsize, None, None, 0, "", STARTED,
+            time.time_ns(),
         )  # fmt: skip
         self._trace(rec)
         return rec
@@ -204,6 +207,15 @@ class Session:
             rec.error = f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
         rec.end_ns = end_ns
         if not rec.seq % FOLD_BATCH:  # seqs count calls, per group or pair
+            self.telemetry.fold()
+
+    def completed(self, rec: CollectiveRecord) -> None:
+        """:meth:`close_record` of a call that returned without error and ended with it
+        (the wrapper's quick path): the same steps, none of the branches.
+        """
+        rec.state = COMPLETED
+        rec.end_ns = time.time_ns()  # last, as in close_record
+        if not rec.seq % FOLD_BATCH:
             self.telemetry.fold()
 
     # -- watchdog -------------------------------------------------------------------------

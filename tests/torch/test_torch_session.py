@@ -68,7 +68,8 @@ def test_a_one_rank_job_is_counted_and_dumped(one_rank: Path) -> None:
 @pytest.mark.timeout(30)
 def test_every_form_of_an_all_reduce_call_is_recorded_alike(one_rank: Path) -> None:
     """Plain CPU tensors take the wrapper's quick path, a tensor subclass (a Parameter) and
-    an asynchronous call the general one: the records must not tell them apart."""
+    an asynchronous call the general one: the records must not tell them apart. A sparse
+    tensor takes the quick path too, and is sized as dense (its ``nbytes`` raises)."""
     sess = cclctl_torch.session()
     assert sess is not None
     t = torch.ones(4, dtype=torch.float64)
@@ -79,6 +80,8 @@ def test_every_form_of_an_all_reduce_call_is_recorded_alike(one_rank: Path) -> N
     assert dist.all_reduce(tensor=t, op=dist.ReduceOp.SUM, group=group) is None
     assert dist.all_reduce(p) is None
     dist.all_reduce(t, async_op=True).wait()
+    sparse = torch.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (4,), dtype=torch.float64)
+    assert dist.all_reduce(sparse) is None
     with pytest.raises(ValueError, match="complex"):  # torch's own error, recorded as such
         dist.all_reduce(torch.ones(4, dtype=torch.complex64), op=dist.ReduceOp.MAX)
     deadline = time.monotonic() + 5
@@ -86,8 +89,8 @@ def test_every_form_of_an_all_reduce_call_is_recorded_alike(one_rank: Path) -> N
         time.sleep(0.01)
     recs = sess.telemetry.records()
     assert [(r.seq, r.op, r.dtype, r.count, r.nbytes, r.state) for r in recs] == [
-        (seq, "all_reduce", "float64", 4, 32, COMPLETED) for seq in range(1, 6)
-    ] + [(6, "all_reduce", "complex64", 4, 32, "failed")]
+        (seq, "all_reduce", "float64", 4, 32, COMPLETED) for seq in range(1, 7)
+    ] + [(7, "all_reduce", "complex64", 4, 32, "failed")]
     assert recs[-1].error is not None and recs[-1].error.startswith("ValueError")
     assert all(r.end_ns >= r.start_ns > 0 for r in recs)
 
