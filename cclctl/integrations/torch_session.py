@@ -82,6 +82,7 @@ class Session:
         )
         self.completions = Completions(self.close_record)
         self._comms: dict[Any, TorchComm] = {}
+        self._world_comm: TorchComm | None = None  # the default group's, set by start()
         self._trace = self.telemetry.start  # one bound method: the hot path's only hand-over
         self._lock = threading.Lock()
         self.store: StoreAttachment | None = None
@@ -92,7 +93,7 @@ class Session:
     def start(self) -> Session:
         """Start the background parts; a failure here is logged, never raised to the job."""
         tel = self.telemetry
-        self.comm(self.world)
+        self._world_comm = self.comm(self.world)
         if threading.current_thread() is threading.main_thread():
             tel.install_signal_dump()
             if self.cfg.trace_dir:
@@ -177,7 +178,7 @@ class Session:
         tensor and group alone (the wrapper's quick path); None when this process is not a
         member of ``group`` or ``group`` is not a process group.
         """
-        comm = self._comms.get(self.world if group is None else group) or self.comm(group)
+        comm = self._world_comm if group is None else self._comms.get(group) or self.comm(group)
         if comm is None:
             return None
         comm.seq += 1
@@ -208,15 +209,6 @@ class Session:
             rec.error = f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
         rec.end_ns = end_ns
         if not rec.seq % FOLD_BATCH:  # seqs count calls, per group or pair
-            self.telemetry.fold()
-
-    def completed(self, rec: CollectiveRecord) -> None:
-        """:meth:`close_record` of a call that returned without error and ended with it
-        (the wrapper's quick path): the same steps, none of the branches.
-        """
-        rec.state = COMPLETED
-        rec.end_ns = _now_ns()  # last, as in close_record
-        if not rec.seq % FOLD_BATCH:
             self.telemetry.fold()
 
     # -- watchdog -------------------------------------------------------------------------
