@@ -34,9 +34,9 @@ from cclctl.integrations.torch_calls import (
     describer,
     quick_layout,
 )
+from cclctl.integrations.torch_folding import FOLD_BACKSTOP
 from cclctl.integrations.torch_session import Session
 from cclctl.records import COMPLETED, CollectiveRecord
-from cclctl.telemetry.recorder import FOLD_BATCH
 
 log = logging.getLogger("cclctl.torch")
 
@@ -219,7 +219,7 @@ def _wrap_quick(
             raise
         rec.state = COMPLETED  # Session.close_record's success path, inline
         rec.end_ns = time_ns()  # last: telemetry takes a record with end_ns set as ended
-        if not rec.seq % FOLD_BATCH:
+        if not rec.seq % FOLD_BACKSTOP:  # else the session's folder counts it
             _quietly(sess.telemetry.fold)
         return result
 

@@ -21,12 +21,12 @@ from typing import Any
 
 from cclctl.config import RuntimeConfig
 from cclctl.integrations.torch_calls import Call
+from cclctl.integrations.torch_folding import FOLD_BACKSTOP, Folder
 from cclctl.integrations.torch_store import StoreAttachment, attach
 from cclctl.integrations.torch_timing import Completions
 from cclctl.ranges import fold_ranks
 from cclctl.records import COMPLETED, FAILED, STARTED, TIMED_OUT, CollectiveRecord
 from cclctl.telemetry.hub import Telemetry
-from cclctl.telemetry.recorder import FOLD_BATCH
 from cclctl.telemetry.watchdog import Watchdog
 
 log = logging.getLogger("cclctl.torch")
@@ -87,6 +87,7 @@ class Session:
         self._lock = threading.Lock()
         self.store: StoreAttachment | None = None
         self.watchdog: Watchdog | None = None
+        self.folder: Folder | None = None
         self._closed = False
         self._pid = os.getpid()
 
@@ -116,6 +117,7 @@ class Session:
             on_abort=self._abort,
             on_expire=self._expired,
         ).start()
+        self.folder = Folder(tel).start()
         return self
 
     # -- process groups -------------------------------------------------------------------
@@ -208,7 +210,7 @@ class Session:
             text = str(error).strip().splitlines()
             rec.error = f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
         rec.end_ns = end_ns
-        if not rec.seq % FOLD_BATCH:  # seqs count calls, per group or pair
+        if not rec.seq % FOLD_BACKSTOP:  # seqs count calls, per group or pair
             self.telemetry.fold()
 
     # -- watchdog -------------------------------------------------------------------------
@@ -241,6 +243,8 @@ class Session:
         self._closed = True
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.folder is not None:
+            self.folder.stop()
         self.completions.poll()
         self.completions.close()
         try:

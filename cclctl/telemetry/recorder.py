@@ -80,6 +80,10 @@ class Recorder:
         with self._lock:
             self._comm(comm).ranks = list(ranks)
 
+    def queued(self) -> int:
+        """How many started records wait for the next fold (no lock: a deque's length)."""
+        return len(self._queue)
+
     def fold(self) -> None:
         """Count every queued record now (callers run it every ``FOLD_BATCH`` calls)."""
         with self._lock:

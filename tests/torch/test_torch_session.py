@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from cclctl.integrations import torch as cclctl_torch
+from cclctl.integrations.torch_folding import Folder
 from cclctl.integrations.torch_timing import Completions
 from cclctl.records import COMPLETED, CollectiveRecord
 
@@ -176,3 +177,53 @@ def test_cuda_style_events_give_the_duration_and_failures_close_with_the_error()
         assert sorted(closed) == [(7, "", 1_000 + 1_500_000), (8, "RuntimeError", 0)]
     finally:
         done.close()
+
+
+@pytest.mark.timeout(30)
+def test_the_session_counts_its_calls_on_its_own_thread(one_rank: Path) -> None:
+    """Fewer calls than the backstop, and no reader: the session's folder still counts them
+    (the queue drains), and the counters then read exactly what was called."""
+    sess = cclctl_torch.session()
+    assert sess is not None and sess.folder is not None
+    for _ in range(5):
+        dist.all_reduce(torch.ones(2))
+    deadline = time.monotonic() + 5
+    while sess.telemetry.queued() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert sess.telemetry.queued() == 0
+    assert sess.telemetry.metrics_view().ops[("0:0", "all_reduce")].collectives == 5
+
+
+class _Telemetry:
+    """Stands in for a session's telemetry: counts folds, and can fail once."""
+
+    def __init__(self, fail_first: bool) -> None:
+        self.queue = 0
+        self.folds = 0
+        self.fail = fail_first
+
+    def queued(self) -> int:
+        return self.queue
+
+    def fold(self) -> None:
+        self.folds += 1
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("folding broke")
+        self.queue = 0
+
+
+def test_the_folder_folds_only_what_is_queued_outlives_a_failed_fold_and_stops() -> None:
+    tel = _Telemetry(fail_first=True)
+    folder = Folder(tel, period_s=0.001, idle_s=0.001).start()
+    try:
+        time.sleep(0.05)
+        assert tel.folds == 0  # nothing queued, nothing to fold
+        tel.queue = 3
+        deadline = time.monotonic() + 5
+        while tel.queue and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert tel.queue == 0 and tel.folds == 2  # the failed fold, then the one that drained
+    finally:
+        folder.stop()
+    assert not any(t.name == "cclctl-torch-fold" for t in threading.enumerate())
