@@ -186,9 +186,9 @@ def _wrap_quick(
     """The wrapper of a one-tensor collective (all_reduce): its common call, synchronous on
     a CPU tensor, is read and recorded in three Python calls (this, ``open_quick`` and the
     record's ``__init__``) instead of eight; any other call goes to ``general``, the
-    wrapper of :func:`_wrap`. Between two gloo calls caches
-    are cold, and each step costs several times what it does in a loop (the main thread's
-    CPU in benchmarks/torch_overhead.py), so every torch call and Python call saved counts.
+    wrapper of :func:`_wrap`. Between two gloo calls caches are cold, and each step costs
+    several times what it does in a loop (the main thread's CPU in
+    benchmarks/torch_overhead.py), so every torch call and Python call saved counts.
     """
     inside = state.inside
     i_tensor, name, i_group, i_async = layout
