@@ -81,7 +81,9 @@ def test_every_form_of_an_all_reduce_call_is_recorded_alike(one_rank: Path) -> N
     assert dist.all_reduce(tensor=t, op=dist.ReduceOp.SUM, group=group) is None
     assert dist.all_reduce(p) is None
     dist.all_reduce(t, async_op=True).wait()
-    sparse = torch.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (4,), dtype=torch.float64)
+    sparse = torch.sparse_coo_tensor(
+        [[0, 3]], [1.0, 2.0], (4,), dtype=torch.float64, check_invariants=True
+    )
     assert dist.all_reduce(sparse) is None
     with pytest.raises(ValueError, match="complex"):  # torch's own error, recorded as such
         dist.all_reduce(torch.ones(4, dtype=torch.complex64), op=dist.ReduceOp.MAX)
