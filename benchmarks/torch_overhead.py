@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from paired import render, run_rounds, summarize
+from paired import pin_rank, render, run_rounds, summarize
 
 from cclctl.benchmark.sizes import parse_size
 
@@ -53,7 +53,7 @@ def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
     from cclctl.integrations.torch_calls import describer
 
     if pin:  # before gloo starts its threads, which inherit the mask
-        os.sched_setaffinity(0, {int(os.environ["RANK"]) % (os.cpu_count() or 1)})
+        pin_rank()
     dist.init_process_group("gloo")
     plain = dist.all_reduce
     cclctl_torch.instrument()
