@@ -172,7 +172,8 @@ def test_a_call_folded_in_flight_is_counted_once_when_it_ends(make_tel):
     rec = CollectiveRecord("w", 1, "all_reduce", nbytes=64, start_ns=T0)
     tel.start(rec)
     assert tel.inflight() == [rec]  # folded while running: in flight, not counted
-    assert ("w", "all_reduce") not in tel.copy_counters()[0]
+    st = tel.copy_counters()[0][("w", "all_reduce")]  # its series exists, at zero
+    assert (st.collectives, st.bytes, st.busy_ns, st.error_count) == (0, 0, 0, 0)
     rec.state = "completed"  # a closer sets the state first ...
     assert tel.inflight() == [rec]  # ... and the call has not ended until end_ns is set
     rec.end_ns = T0 + 1_000
@@ -181,3 +182,60 @@ def test_a_call_folded_in_flight_is_counted_once_when_it_ends(make_tel):
         st = tel.copy_counters()[0][("w", "all_reduce")]
         assert (st.collectives, st.bytes, st.busy_ns) == (1, 64, 1_000)
     assert tel.comm_infos()["w"].last_completed == 1
+
+
+def _counted(tel):
+    """Everything a fold decides, in comparable form: counters per (comm, op), comm gauges,
+    ring contents and the records left in flight.
+    """
+    ops, comms, _ = tel.copy_counters()
+    counters = {
+        key: (st.collectives, st.bytes, st.busy_ns, st.buckets, st.errors, st.last_ns)
+        for key, st in ops.items()
+    }
+    gauges = {c.comm: (c.last_started, c.last_completed) for c in comms}
+    return counters, gauges, [r.seq for r in tel.records()], [r.seq for r in tel.inflight()]
+
+
+def test_one_fold_of_interleaved_runs_counts_as_folding_after_every_call(make_tel):
+    """Records of two communicators and three ops, interleaved, completed, failed, in
+    flight and point-to-point: one fold over all of them decides what folding after every
+    call decides, including a call that was in flight at one fold and ended before the next.
+    """
+    calls = [  # comm, seq, op, state (None: still running at the fold), peer
+        ("w", 1, "all_reduce", "completed", None),
+        ("w", 2, "all_reduce", "completed", None),
+        ("sub", 1, "all_reduce", "completed", None),
+        ("w", 3, "all_gather", "failed", None),
+        ("w", 4, "all_gather", None, None),
+        ("w", 1, "send", "completed", 2),
+        ("sub", 2, "broadcast", "completed", None),
+        ("w", 5, "all_reduce", "timed_out", None),
+        ("w", 6, "all_reduce", "completed", None),
+    ]
+    results = []
+    for fold_each in (True, False):
+        tel = make_tel(world_size=4)
+        running = []
+        for i, (comm, seq, op, state, peer) in enumerate(calls):
+            rec = CollectiveRecord(comm, seq, op, nbytes=100 * (i + 1), start_ns=T0 + i, peer=peer)
+            tel.start(rec)
+            if state is None:
+                running.append(rec)
+            else:
+                rec.state = state
+                rec.end_ns = T0 + i + 1_000 * (i + 1)
+            if fold_each:
+                tel.fold()
+        before_end = _counted(tel)
+        for rec in running:  # ends after the first fold that saw it
+            rec.state = "completed"
+            rec.end_ns = rec.start_ns + 7_000
+        results.append((before_end, _counted(tel)))
+    assert results[0] == results[1]
+    (counters, gauges, ring, inflight), (counters_after, _, _, _) = results[1]
+    assert counters[("w", "all_reduce")][:2] == (3, 100 + 200 + 900)
+    assert counters[("w", "all_reduce")][4] == {"timed_out": 1}
+    assert counters[("w", "all_gather")][:2] == (0, 0) and inflight == [4]
+    assert counters_after[("w", "all_gather")][:3] == (1, 500, 7_000)
+    assert gauges == {"w": (6, 6), "sub": (2, 2)} and len(ring) == len(calls)
