@@ -35,8 +35,8 @@ from cclctl.integrations.torch_calls import (
     quick_layout,
 )
 from cclctl.integrations.torch_folding import FOLD_BACKSTOP
-from cclctl.integrations.torch_session import Session
-from cclctl.records import COMPLETED, CollectiveRecord
+from cclctl.integrations.torch_session import QUICK_END, QUICK_SEQ, Session
+from cclctl.records import CollectiveRecord
 
 log = logging.getLogger("cclctl.torch")
 
@@ -184,8 +184,9 @@ def _wrap_quick(
     general: Callable[..., Any],
 ) -> Callable[..., Any]:
     """The wrapper of a one-tensor collective (all_reduce): its common call, synchronous on
-    a CPU tensor, is read and recorded in three Python calls (this, ``open_quick`` and the
-    record's ``__init__``) instead of eight; any other call goes to ``general``, the
+    a CPU tensor, is read and handed over in two Python calls (this and ``open_quick``)
+    instead of eight, and its record is built later, off this thread (see
+    :mod:`~cclctl.integrations.torch_session`); any other call goes to ``general``, the
     wrapper of :func:`_wrap`. Between two gloo calls caches are cold, and each step costs
     several times what it does in a loop (the main thread's CPU in
     benchmarks/torch_overhead.py), so every torch call and Python call saved counts.
@@ -193,6 +194,7 @@ def _wrap_quick(
     inside = state.inside
     i_tensor, name, i_group, i_async = layout
     gpus = _cuda_built()  # a CPU-only torch makes no CUDA tensors: no need to ask each one
+    at_end, at_seq = QUICK_END, QUICK_SEQ
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -206,21 +208,22 @@ def _wrap_quick(
         if args[i_async] if i_async < n else kwargs.get("async_op"):
             return general(*args, **kwargs)
         try:
-            rec = sess.open_quick(op, tensor, args[i_group] if i_group < n else kwargs.get("group"))
+            call = sess.open_quick(
+                op, tensor, args[i_group] if i_group < n else kwargs.get("group")
+            )
         except Exception:
             log.exception("cclctl: torch telemetry failed; this call is not traced")
-            rec = None
-        if rec is None:
+            call = None
+        if call is None:
             return original(*args, **kwargs)  # not a member: torch decides what happens
         try:  # not marked inside: these functions call no other wrapped function
             result = original(*args, **kwargs)
         except BaseException as exc:
-            _quietly(sess.close_record, rec, exc, 0)
+            _quietly(sess.fail_quick, call, exc)
             raise
-        rec.state = COMPLETED  # Session.close_record's success path, inline
-        rec.end_ns = time_ns()  # last: telemetry takes a record with end_ns set as ended
-        if not rec.seq % FOLD_BACKSTOP:  # else the session's folder counts it
-            _quietly(sess.telemetry.fold)
+        call[at_end] = time_ns()  # the call has ended: its record is built and ended later
+        if not call[at_seq] % FOLD_BACKSTOP:  # else the session's folder counts it
+            _quietly(sess.fold)
         return result
 
     return wrapper

@@ -190,9 +190,9 @@ def test_the_session_counts_its_calls_on_its_own_thread(one_rank: Path) -> None:
     for _ in range(5):
         dist.all_reduce(torch.ones(2))
     deadline = time.monotonic() + 5
-    while sess.telemetry.queued() and time.monotonic() < deadline:
+    while sess.queued() and time.monotonic() < deadline:
         time.sleep(0.005)
-    assert sess.telemetry.queued() == 0
+    assert sess.queued() == 0 and sess.telemetry.queued() == 0
     assert sess.telemetry.metrics_view().ops[("0:0", "all_reduce")].collectives == 5
 
 
@@ -229,3 +229,57 @@ def test_the_folder_folds_only_what_is_queued_outlives_a_failed_fold_and_stops()
     finally:
         folder.stop()
     assert not any(t.name == "cclctl-torch-fold" for t in threading.enumerate())
+
+
+@pytest.mark.timeout(30)
+def test_a_quick_call_is_built_off_its_thread_yet_every_reader_sees_it(one_rank: Path) -> None:
+    """The quick path hands over a list and marks its end there; readers still see the
+    call at once: in flight while it runs (the watchdog's view), then ended, counted once.
+    A failed call keeps torch's error, and a call the watchdog timed out stays timed out."""
+    from cclctl.integrations.torch_session import QUICK_END
+
+    sess = cclctl_torch.session()
+    assert sess is not None and sess.folder is not None
+    sess.folder.stop()  # no background hand-over: only readers build the records here
+    tel = sess.telemetry
+    ok = sess.open_quick("all_reduce", torch.ones(8), None)
+    assert ok is not None and not isinstance(ok, CollectiveRecord)
+    [running] = tel.inflight()
+    assert (running.seq, running.op, running.state, running.nbytes) == (
+        1,
+        "all_reduce",
+        "started",
+        32,
+    )
+    ok[QUICK_END] = running.start_ns + 5_000
+    for _ in range(2):  # any number of reads count it once
+        assert tel.inflight() == [] and running.state == COMPLETED and running.end_ns > 0
+        st = tel.metrics_view().ops[("0:0", "all_reduce")]
+        assert (st.collectives, st.bytes, st.busy_ns) == (1, 32, 5_000)
+    bad = sess.open_quick("all_reduce", torch.ones(2, dtype=torch.complex64), None)
+    slow = sess.open_quick("all_reduce", torch.ones(2), None)
+    assert bad is not None and slow is not None
+    sess.fail_quick(bad, ValueError("all_reduce does not support MAX on complex\nmore"))
+    [timed_out] = tel.inflight()
+    timed_out.state = "timed_out"  # as the watchdog marks it
+    sess.fail_quick(slow, RuntimeError("Connection closed by peer"))
+    assert tel.inflight() == []
+    assert [(r.seq, r.state, r.error) for r in tel.records()[1:]] == [
+        (2, "failed", "ValueError: all_reduce does not support MAX on complex"),
+        (3, "timed_out", "RuntimeError: Connection closed by peer"),
+    ]
+    assert tel.metrics_view().ops[("0:0", "all_reduce")].errors == {"failed": 1, "timed_out": 1}
+
+
+@pytest.mark.timeout(30)
+def test_a_general_call_after_quick_ones_is_recorded_after_them(one_rank: Path) -> None:
+    """Quick calls not yet built start before a later call of the general path, so a
+    communicator's last finished call (what a status shows) is the latest one."""
+    sess = cclctl_torch.session()
+    assert sess is not None and sess.folder is not None
+    sess.folder.stop()
+    dist.all_reduce(torch.ones(2))  # quick: handed over, not built yet
+    with pytest.raises((ValueError, RuntimeError)):
+        dist.broadcast(torch.ones(2), src=5)  # general: torch refuses a rank not in the group
+    [last] = sess.telemetry.last_finished()
+    assert (last.seq, last.op, last.state) == (2, "broadcast", "failed")
