@@ -13,13 +13,10 @@ with cores to spare the fold leaves the caller's core altogether. Calls still fo
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import Protocol
 
+from cclctl.periodic import Periodic
 from cclctl.telemetry.recorder import FOLD_BATCH
-
-log = logging.getLogger("cclctl.torch")
 
 #: Seconds between folds while calls are being made.
 FOLD_PERIOD_S = 0.01
@@ -41,30 +38,21 @@ class Folder:
         self, telemetry: Foldable, period_s: float = FOLD_PERIOD_S, idle_s: float = IDLE_PERIOD_S
     ) -> None:
         self._telemetry = telemetry
-        self._period_s = period_s
         self._idle_s = idle_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = Periodic("cclctl-torch-fold", self._turn, period_s)
 
     def start(self) -> Folder:
-        self._thread = threading.Thread(target=self._run, name="cclctl-torch-fold", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
+        self._thread.stop()
 
-    def _run(self) -> None:
-        wait = self._period_s
-        while not self._stop.wait(wait):
-            if not self._telemetry.queued():
-                wait = self._idle_s
-                continue
-            wait = self._period_s
-            try:
-                self._telemetry.fold()
-            except Exception:  # the next fold, or a reader's, counts what this one did not
-                log.exception("cclctl: folding torch telemetry failed")
+    def _turn(self) -> float | None:
+        """Fold if anything waits (a failed fold is logged; the next one, or a reader's,
+        counts what it did not); look again in ``period_s``, or ``idle_s`` if nothing did.
+        """
+        if not self._telemetry.queued():
+            return self._idle_s
+        self._telemetry.fold()
+        return None

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from typing import Protocol
 
 from cclctl.errors import CclError
+from cclctl.periodic import Periodic
 
 log = logging.getLogger("cclctl.signals")
 DUMP_KEY = "signal/dump"
@@ -46,10 +46,9 @@ class DumpRequests:
         self._store = store
         self._rank = rank
         self._dumper = dumper
-        self._interval_s = interval_s
         self._seen = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cclctl-dump-requests", daemon=True)
+        # a CclError: the store may be restarting or gone; try again next turn
+        self._thread = Periodic("cclctl-dump-requests", self._turn, interval_s, quiet=(CclError,))
 
     def start(self) -> DumpRequests:
         self._seen = self._count()
@@ -57,9 +56,7 @@ class DumpRequests:
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        self._thread.stop()
 
     def _count(self) -> int:
         raw = self._store.try_get(f"{DUMP_KEY}/count")
@@ -82,11 +79,5 @@ class DumpRequests:
         self._dumper.dump(reason)
         return True
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self.poll()
-            except CclError:
-                continue  # the store may be restarting or gone; try again next tick
-            except Exception:
-                log.exception("cclctl: dump request handling failed")
+    def _turn(self) -> None:
+        self.poll()

@@ -8,9 +8,10 @@ reason a job fails: store errors are counted, logged at debug level and retried 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Protocol
+
+from cclctl.periodic import Periodic
 
 log = logging.getLogger("cclctl.telemetry")
 
@@ -45,8 +46,9 @@ class StatusPublisher:
         self.published = 0
         self.last_error = ""
         self._payload = payload
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cclctl-status", daemon=True)
+        # first and last: a status as soon as the rank starts, and final seqs and counters
+        # as it stops
+        self._thread = Periodic("cclctl-status", self._turn, interval_s, first=True, last=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -63,14 +65,9 @@ class StatusPublisher:
         self.published += 1
         return True
 
-    def _run(self) -> None:
+    def _turn(self) -> None:
         self.publish()
-        while not self._stop.wait(self.interval_s):
-            self.publish()
-        self.publish()  # the last word: final seqs and counters as the process stops
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Stop the thread after one final publish; waits at most ``timeout_s`` for it."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        self._thread.stop(timeout_s)

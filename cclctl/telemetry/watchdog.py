@@ -13,11 +13,11 @@ the job to dump there).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
 
+from cclctl.periodic import Periodic
 from cclctl.records import STARTED, TIMED_OUT, CollectiveRecord
 
 log = logging.getLogger("cclctl.watchdog")
@@ -64,25 +64,18 @@ class Watchdog:
         self._period_s = period_s if period_s is not None else min(1.0, max(timeout_s / 10, 0.05))
         self._clock = clock
         self._warned: set[int] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Periodic | None = None
 
     def start(self) -> Watchdog:
-        self._thread = threading.Thread(target=self._run, name="cclctl-watchdog", daemon=True)
-        self._thread.start()
+        self._thread = Periodic("cclctl-watchdog", self._turn, self._period_s).start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.stop()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._period_s):
-            try:
-                self.check(self._clock())
-            except Exception:  # the watchdog must outlive any one bad check
-                log.exception("cclctl watchdog check failed")
+    def _turn(self) -> None:
+        self.check(self._clock())
 
     def check(self, now_ns: int) -> list[CollectiveRecord]:
         """Look at every in-flight record once; return those that timed out just now."""
