@@ -11,12 +11,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from cclctl.periodic import Periodic
+from cclctl.periodic import STOP_TIMEOUT_S, Periodic
 
 log = logging.getLogger("cclctl.telemetry")
-
-#: How long :meth:`StatusPublisher.stop` waits for the final publish before giving up.
-STOP_TIMEOUT_S = 5.0
 
 
 class StatusStore(Protocol):
