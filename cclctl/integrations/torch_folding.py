@@ -3,12 +3,13 @@
 Why: cclctl's runtime folds on the calling thread every ``FOLD_BATCH`` calls, because its
 transport waits by spinning in that thread and leaves no idle time to fold in. A
 torch.distributed call waits in the backend with the GIL released instead, so a thread that
-folds every few milliseconds mostly runs while the caller waits, and the caller keeps the
-time. On 2 pinned gloo ranks at 8 B that took the main thread's CPU per wrapped call from
-+4.7-4.9 to +4.0-4.3 us over plain torch (``benchmarks/torch_overhead.py``, three runs of
-each, alternating); on those 2 cores the wall clock did not move measurably, and on hosts
-with cores to spare the fold leaves the caller's core altogether. Calls still fold every
-``FOLD_BACKSTOP`` calls themselves, so the queue stays bounded should this thread starve.
+folds now and then (every ``FOLD_PERIOD_S``) mostly runs while the caller waits, and the
+caller keeps the time. On 2 pinned gloo ranks at 8 B that took the main thread's CPU per
+wrapped call from +4.7-4.9 to +4.0-4.3 us over plain torch (``benchmarks/torch_overhead.py``,
+three runs of each, alternating); on those 2 cores the wall clock did not move measurably,
+and on hosts with cores to spare the fold leaves the caller's core altogether. Calls still
+fold every ``FOLD_BACKSTOP`` calls themselves, so the queue stays bounded should this
+thread starve.
 
 Every 100 ms, not 10: readers fold for themselves, so a longer period costs nothing in
 freshness, and each wake-up takes the rank's core and the GIL from the backend for a
