@@ -3,6 +3,12 @@
 A dump must be readable even if the process dies while writing it, so it goes to a temporary
 file in the same directory and is renamed over the final name. The triggers here only ever
 call a ``dump`` callable; they never raise into the code they interrupt.
+
+Every trigger dumps only in the process that installed it. A process forked from a rank (a
+DataLoader worker, a ``multiprocessing`` pool) inherits the handlers and a copy of the
+rank's recorder frozen at the fork, possibly with a lock held by a thread the child does not
+have. Dumping there would hang on that lock, or write stale evidence under the rank's own
+file name over the rank's real dump (a launcher stopping a job signals every process).
 """
 
 from __future__ import annotations
@@ -62,6 +68,11 @@ def _remove_quietly(path: str) -> None:
         os.unlink(path)
 
 
+def _forked(owner: int) -> bool:
+    """Whether this process is a fork of ``owner`` (the pid that installed a trigger)."""
+    return os.getpid() != owner
+
+
 def dump_quietly(target: Dumpable, reason: str, directory: str | None) -> str | None:
     """Dump and log instead of raising: used where an exception would hurt the job."""
     try:
@@ -82,11 +93,13 @@ def install_signal_dump(
     if threading.current_thread() is not threading.main_thread():
         raise UsageError("the dump signal handler can only be installed from the main thread")
     name = signal.Signals(signum).name
+    owner = os.getpid()
 
     def handler(sig: int, frame: FrameType | None) -> None:
-        threading.Thread(
-            target=dump_quietly, args=(target, f"signal {name}", directory), name="cclctl-dump"
-        ).start()
+        if not _forked(owner):
+            threading.Thread(
+                target=dump_quietly, args=(target, f"signal {name}", directory), name="cclctl-dump"
+            ).start()
         if callable(previous):
             previous(sig, frame)
 
@@ -112,16 +125,18 @@ def install_termination_dump(
     if threading.current_thread() is not threading.main_thread():
         raise UsageError("the termination dump can only be installed from the main thread")
     name = signal.Signals(signum).name
+    owner = os.getpid()
 
     def handler(sig: int, frame: FrameType | None) -> None:
-        worker = threading.Thread(
-            target=dump_quietly,
-            args=(target, f"terminated by {name}", directory),
-            name="cclctl-dump",
-            daemon=True,
-        )
-        worker.start()
-        worker.join(wait_s)
+        if not _forked(owner):
+            worker = threading.Thread(
+                target=dump_quietly,
+                args=(target, f"terminated by {name}", directory),
+                name="cclctl-dump",
+                daemon=True,
+            )
+            worker.start()
+            worker.join(wait_s)
         signal.signal(signum, previous)
         if callable(previous):
             previous(sig, frame)
@@ -145,14 +160,17 @@ def install_exit_dump(target: Dumpable, directory: str | None) -> Callable[[], N
     """
     previous_hook = sys.excepthook
     dumped = threading.Event()
+    owner = os.getpid()
 
     def hook(etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        if dump_quietly(target, f"uncaught {etype.__name__}: {value}", directory):
+        if not _forked(owner) and dump_quietly(
+            target, f"uncaught {etype.__name__}: {value}", directory
+        ):
             dumped.set()
         previous_hook(etype, value, tb)
 
     def at_exit() -> None:
-        if not dumped.is_set() and target.failures() > 0:
+        if not _forked(owner) and not dumped.is_set() and target.failures() > 0:
             dump_quietly(target, "exit after errors", directory)
 
     sys.excepthook = hook

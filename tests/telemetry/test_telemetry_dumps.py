@@ -1,7 +1,9 @@
-"""Dumps: atomic JSON that round-trips, written on demand, on SIGUSR1 and on error exit."""
+"""Dumps: atomic JSON that round-trips, written on demand, on SIGUSR1 and on error exit,
+and only by the process that installed the triggers (never by a fork of it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -183,3 +185,87 @@ def test_clean_exit_writes_no_dump(tmp_path):
     )
     assert proc.returncode == 0
     assert not (tmp_path / "cclctl-exit-rank0.json").exists()
+
+
+_FORK_CHILD = """
+import json, os, signal, sys, threading, time
+from cclctl.config import RuntimeConfig
+from cclctl.records import CollectiveRecord
+from cclctl.telemetry.hub import Telemetry
+
+directory, mode, hold = sys.argv[1], sys.argv[2], sys.argv[3] == "hold"
+path = os.path.join(directory, "cclctl-fork-rank3.json")
+tel = Telemetry(RuntimeConfig(job="fork", trace_dir=directory), rank=3, world_size=4)
+rec = CollectiveRecord("w", 1, "all_reduce", start_ns=time.time_ns())
+tel.start(rec)
+rec.state, rec.end_ns = "failed", rec.start_ns + 1
+tel.install_signal_dump()
+tel.install_termination_dump()
+tel.install_exit_dump()
+held, release = threading.Event(), threading.Event()
+if hold:  # a fold thread inside the recorder's lock when the process forks
+
+    def fold():
+        with tel._lock:
+            held.set()
+            release.wait()
+
+    threading.Thread(target=fold, daemon=True).start()
+    held.wait()
+pid = os.fork()
+if pid == 0:  # the forked child (a DataLoader worker, say): inherits every trigger
+    if mode == "signal":
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.5)
+        sys.exit(0)  # a normal exit: atexit runs
+    if mode == "raise":
+        raise RuntimeError("worker failed")
+    time.sleep(30)  # "term": the parent stops it
+    os._exit(0)
+release.set()
+if mode == "term":
+    time.sleep(0.3)
+    os.kill(pid, signal.SIGTERM)
+deadline = time.monotonic() + 10
+while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+    time.sleep(0.02)
+if done == (0, 0):
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    child = "hung"
+elif os.WIFSIGNALED(done[1]):
+    child = f"signal {os.WTERMSIG(done[1])}"
+else:
+    child = f"exit {os.WEXITSTATUS(done[1])}"
+print(json.dumps({"child": child, "dumped": os.path.exists(path), "pid": os.getpid()}))
+"""
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize(
+    ("mode", "hold", "ends"),
+    [
+        ("signal", "hold", "exit 0"),
+        ("signal", "free", "exit 0"),
+        ("raise", "hold", "exit 1"),
+        ("raise", "free", "exit 1"),
+        ("term", "free", f"signal {int(signal.SIGTERM)}"),
+    ],
+)
+def test_a_forked_child_never_dumps_the_ranks_recorder(tmp_path, mode, hold, ends):
+    """A fork inherits the triggers and a frozen copy of the rank's recorder: dumping it
+    would hang on a lock held at the fork, or write stale evidence under the rank's name.
+    The rank itself still dumps at its own exit."""
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(_FORK_CHILD))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), mode, hold],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert (seen["child"], seen["dumped"]) == (ends, False)
+    snap = snapshot_from_json((tmp_path / "cclctl-fork-rank3.json").read_text())
+    assert snap.reason == "exit after errors" and snap.pid == seen["pid"]
