@@ -42,30 +42,43 @@ def run_rounds(
     call_of: Callable[[str], Callable[[], object]],
     line_up: Callable[[], None],
     cpu: dict[str, list[float]] | None = None,
+    *,
+    settle: Callable[[], None] | None = None,
+    process_cpu: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per call of every side's block in every round.
 
     ``call_of(side)`` prepares the side (attach or detach what is measured) and returns the
     call to time; ``line_up()`` runs untimed before each block (a barrier between ranks).
+    ``settle()``, if given, runs inside every block's timing after its calls: it finishes
+    work a side deferred past them (a background thread's), which would otherwise land in
+    whichever block runs next, often another side's.
     With ``cpu`` given, the calling thread's CPU seconds per call of every block go there
     too: steadier than the wall clock where the call mostly waits (gloo's 8 B calls), and
-    where what is measured runs in the calling thread.
+    where what is measured runs in the calling thread. ``process_cpu`` gets the same for
+    every thread of the process (the backend's, a background folder's).
     """
     times: dict[str, list[float]] = {side: [] for side in SIDES}
-    if cpu is not None:
-        cpu.update({side: [] for side in SIDES})
+    for clock in (cpu, process_cpu):
+        if clock is not None:
+            clock.update({side: [] for side in SIDES})
     for round_no in range(rounds):
         shift = round_no % len(SIDES)
         for side in SIDES[shift:] + SIDES[:shift]:
             call = call_of(side)
             line_up()
+            p0 = time.process_time()
             c0 = time.thread_time()
             t0 = time.perf_counter()
             for _ in range(calls):
                 call()
+            if settle is not None:
+                settle()
             times[side].append((time.perf_counter() - t0) / calls)
             if cpu is not None:
                 cpu[side].append((time.thread_time() - c0) / calls)
+            if process_cpu is not None:
+                process_cpu[side].append((time.process_time() - p0) / calls)
     return times
 
 
