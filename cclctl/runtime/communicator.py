@@ -1,39 +1,27 @@
 """The communicator: torch.distributed-style collectives on numpy arrays, traced end to end.
 
-Each call checks its buffers, takes the next sequence number (the same on every rank for the
-same call), opens a trace record, runs the algorithm chosen for its size and closes the
-record. The record is what telemetry counts, what the flight recorder keeps and what
-diagnosis reads, so every rank can always say which collective it is in and whom it waits on.
+Each call checks its buffers, opens (:mod:`~cclctl.runtime.calls`: a sequence number, the
+same on every rank for the same call, and a trace record), runs the algorithm chosen for its
+size and closes the record. The record is what telemetry counts, what the flight recorder
+keeps and what diagnosis reads, so every rank can always say which collective it is in and
+whom it waits on.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from cclctl.config import RuntimeConfig
-from cclctl.errors import CclError, CommAborted, CommError
-from cclctl.records import CollectiveRecord
-from cclctl.runtime import buffers, faults, selection, shared_buffers
+from cclctl.runtime import buffers, selection, shared_buffers
 from cclctl.runtime.algorithms import latency, pairwise, pipeline, ring, zero_copy
-from cclctl.runtime.algorithms.context import (
-    Scratch,
-    Step,
-    as_bytes,
-    chunk_bounds,
-    finish_avg,
-)
+from cclctl.runtime.algorithms.context import Scratch, as_bytes, chunk_bounds, finish_avg
+from cclctl.runtime.calls import Calls
 from cclctl.runtime.prepared import PreparedCalls
-from cclctl.runtime.tracing import Traced, Tracer, close_record
-from cclctl.runtime.transport import Transport, Wait
-from cclctl.runtime.wire import Call, comm_tag
-from cclctl.telemetry.recorder import FOLD_BATCH
-
-_SIZES_KEPT = 256  # distinct call sizes a communicator shares int objects for (see _call)
+from cclctl.runtime.tracing import Tracer
+from cclctl.runtime.transport import Transport
 
 Array = np.ndarray
 
@@ -60,45 +48,40 @@ class Communicator:
         on_close: Callable[[], None] | None = None,
         watchdog: bool = False,
     ) -> None:
-        """``watchdog``: a watchdog thread marks timed-out records (and aborts under the
-        ``abort`` policy), so calls wait on that mark instead of a deadline of their own.
+        """``watchdog``: whether a watchdog thread marks this communicator's timed-out calls
+        (see :class:`~cclctl.runtime.calls.Calls`).
         """
         self.rank = rank
         self.world_size = world_size
         self.id = comm_id
-        self.epoch = 0
         self.cfg = cfg
         self.transport = transport
-        self._tracer: Tracer | None = None
-        self._trace: Callable[[CollectiveRecord], None] | None = None
-        self.tracer = tracer
-        self._tag = comm_tag(comm_id)
         self._selection = selection.parse(cfg.algo)
-        self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s
-        self._watched = watchdog and cfg.on_hang == "raise"
-        self._faults = faults.parse(cfg.fault)
         self._scratch = Scratch()
         self._prepared = PreparedCalls()  # zero-copy calls' checks, for the same arrays again
-        self._seq = 0
-        self._sizes: dict[int, int] = {}  # see _call
+        self._calls = Calls(
+            rank=rank,
+            world_size=world_size,
+            comm_id=comm_id,
+            transport=transport,
+            cfg=cfg,
+            scratch=self._scratch,
+            watchdog=watchdog,
+        )
+        self._calls.tracer = tracer
+        self._call = self._calls.open  # every call opens here: one bound method
         self._p2p_sent = [0] * world_size
         self._p2p_received = [0] * world_size
-        self._broken: str | None = None
-        self._abort_reason: str | None = None
         self._on_close = on_close
-        self._closed = False
 
     @property
     def tracer(self) -> Tracer | None:
         """Telemetry that sees every call (None: calls are not recorded)."""
-        return self._tracer
+        return self._calls.tracer
 
     @tracer.setter
     def tracer(self, tracer: Tracer | None) -> None:
-        # Each call reaches the tracer's queue through this one bound method: the fewer
-        # objects a call touches, the less it pays in cache misses after a large reduction.
-        self._tracer = tracer
-        self._trace = None if tracer is None else tracer.start
+        self._calls.tracer = tracer
 
     # ----------------------------------------------------------------- buffers
     def empty(self, shape: Any, dtype: Any = np.float32) -> Array:
@@ -314,12 +297,12 @@ class Communicator:
     # ----------------------------------------------------------------- lifecycle
     def abort(self, reason: str) -> None:
         """Make every blocked or future call on this communicator fail with ``reason``."""
-        self._abort_reason = reason
+        self._calls.abort_reason = reason
 
     def close(self) -> None:
-        if self._closed:
+        if self._calls.closed:
             return
-        self._closed = True
+        self._calls.closed = True
         self.transport.close()
         if self._on_close is not None:
             self._on_close()
@@ -332,90 +315,3 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"<Communicator {self.id} rank {self.rank}/{self.world_size} {self.transport.name}>"
-
-    # ----------------------------------------------------------------- internals
-    def _aborted(self) -> str | None:
-        return self._abort_reason
-
-    def _call(
-        self,
-        op: str,
-        arr: Array,
-        algo: str,
-        *,
-        redop: str = "",
-        root: int = -1,
-        peer: int | None = None,
-        seq: int | None = None,
-        count: int | None = None,
-        nbytes: int | None = None,
-        shared: bool = False,
-    ) -> Traced[Step]:
-        if self._closed:
-            raise CommError(f"rank {self.rank}: {op} on a closed communicator", op=op)
-        if self._broken is not None:
-            raise CommAborted(
-                f"rank {self.rank}: communicator {self.id} is unusable after an earlier "
-                f"failure ({self._broken}); create a new one",
-                rank=self.rank,
-                comm=self.id,
-                op=op,
-            )
-        if seq is None:
-            self._seq += 1
-            seq = self._seq
-        # One int object per size, shared by every record of it: each record the flight
-        # recorder keeps would otherwise keep two fresh ints, allocated and later freed
-        # in memory a large reduction has long since pushed out of the caches.
-        sizes = self._sizes
-        if len(sizes) > _SIZES_KEPT:
-            sizes.clear()
-        count = arr.size if count is None else count
-        count = sizes.setdefault(count, count)
-        nbytes = arr.nbytes if nbytes is None else nbytes
-        nbytes = sizes.setdefault(nbytes, nbytes)
-        dtype = buffers.dtype_name(arr.dtype)
-        fault = self._faults.at(self.rank, seq, self.id) if self._faults else None
-        if fault is not None:
-            op, count, dtype = faults.strike(fault, op, count, dtype, self.transport.drop_link)
-        rec = CollectiveRecord(
-            comm=self.id,
-            seq=seq,
-            op=op,
-            dtype=dtype,
-            count=count,
-            nbytes=nbytes,
-            root=root if root >= 0 else None,
-            peer=peer,
-            epoch=self.epoch,
-            algo=algo,
-            start_ns=time.time_ns(),
-        )
-        call = Call(
-            self._tag,
-            self.epoch,
-            seq,
-            "send" if op == "recv" else op,
-            dtype,
-            redop,
-            root,
-            count,
-            shared,
-        )
-        now = time.monotonic()
-        wait = Wait(self.rank, rec, now + self._timeout_s, now, self._aborted, self._watched)
-        step = Step(self.transport, self.rank, self.world_size, call, wait, self._scratch)
-        return Traced(self._trace, rec, step, self._finished)
-
-    def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
-        close_record(rec, exc)
-        if exc is not None:
-            # The links may hold half a message now: no later call can trust them.
-            self._broken = f"{rec.op} seq {rec.seq}: {rec.error}"
-            if isinstance(exc, CclError):
-                exc.fields.setdefault("comm", self.id)
-                exc.fields.setdefault("rank", self.rank)
-        if not rec.seq % FOLD_BATCH:  # seqs count calls, per communicator or pair
-            tracer = self._tracer
-            if tracer is not None:
-                tracer.fold()
