@@ -4,11 +4,17 @@ The hot path never touches prometheus_client (no per-call label lookups); at scr
 collector takes one consistent copy of the plain counters and turns it into metric families.
 Each process has its own ``CollectorRegistry``, so nothing is global and tests can run
 several exporters side by side. See docs/metrics.md for what every metric means.
+
+A process forked from a rank (a DataLoader worker) drops its copy of the listening socket at
+once: it has no thread serving it, and a copy left open would keep the rank's port bound
+after the rank is gone, so a restarted rank could not serve its metrics there.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
@@ -162,6 +168,7 @@ class MetricsExporter:
         self.registry.register(TelemetryCollector(view))
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
+        _serving.add(self)
 
     def render(self) -> bytes:
         """The text exposition, as a scrape would get it."""
@@ -188,3 +195,22 @@ class MetricsExporter:
             server.server_close()
         if thread is not None:
             thread.join(timeout=5.0)
+
+    def _forget_in_child(self) -> None:
+        """In a forked child: close this process's copy of the socket, serve nothing. Not
+        ``stop``: its ``shutdown`` would wait forever for a serving thread the child lacks.
+        """
+        server, self._server, self._thread = self._server, None, None
+        if server is not None:
+            server.socket.close()
+
+
+_serving: weakref.WeakSet[MetricsExporter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for exporter in list(_serving):
+        exporter._forget_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -163,3 +167,44 @@ def test_busy_port_is_a_config_error(make_tel):
         tel = make_tel(metrics_port=port)
         with pytest.raises(ConfigError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
             tel.serve_metrics()
+
+
+def _read_within(fd: int, seconds: float) -> bytes:
+    ready, _, _ = select.select([fd], [], [], seconds)
+    return os.read(fd, 16) if ready else b""
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_neither_serves_nor_holds_the_port(make_tel):
+    """A fork (a DataLoader worker) keeps no copy of the listening socket, so the port is
+    free once the rank stops serving, while the child still runs; stopping in the child
+    returns at once (a real stop would wait for a serving thread the child does not have).
+    """
+    tel = make_tel(metrics_port=free_port())
+    url = tel.serve_metrics()
+    assert url is not None
+    port = int(url.split(":")[2].split("/")[0])
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, stop, report, then linger as a worker would
+        try:
+            os.write(write_end, b"up")
+            tel.close()
+            os.write(write_end, b"stopped")
+            time.sleep(20)
+        finally:
+            os._exit(0)
+    try:
+        os.close(write_end)
+        assert _read_within(read_end, 10) == b"up"
+        assert scrape(url)  # the rank still serves
+        tel.close()
+        with socket.socket() as again:  # the port is free again while the child lives
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", port))
+            again.listen()
+        assert _read_within(read_end, 10) == b"stopped"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read_end)
