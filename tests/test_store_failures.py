@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import select
 import socket
 import threading
 import time
@@ -136,3 +138,39 @@ def test_garbage_on_the_wire_is_refused_and_the_server_keeps_serving(
         assert raw.recv(4096) == b""  # and the server hung up
     client.set("k", b"v")
     assert client.get("k") == b"v"
+
+
+@pytest.mark.timeout(20)
+def test_a_forked_process_neither_talks_on_nor_cuts_the_parents_connection(
+    client: StoreClient,
+) -> None:
+    """A fork inherits the socket: a request from it would interleave with the parent's on
+    one stream, and a shutdown would cut the parent off. It gets a clear error instead, and
+    its close leaves the parent's connection working."""
+    client.set("before", b"1")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one request, then close, then report
+        verdict = b"no error"
+        try:
+            client.set("from-child", b"x")
+        except StoreError as exc:
+            verdict = b"refused" if "forked" in str(exc) else b"other error"
+        except BaseException:
+            verdict = b"other error"
+        finally:
+            try:
+                client.close()
+                os.write(write_end, verdict)
+            finally:
+                os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], 10)
+        assert ready and os.read(read_end, 16) == b"refused"
+    finally:
+        os.waitpid(pid, 0)
+        os.close(read_end)
+    assert client.try_get("from-child") is None
+    client.set("after", b"2")
+    assert client.get("before") == b"1" and client.get("after") == b"2"

@@ -4,11 +4,17 @@ Ranks use it to find each other (rendezvous), publish status and raise aborts. T
 is a plain blocking socket behind one lock: a round trip on loopback is a few syscalls, and
 blocking calls (``get``, ``wait``) time out on the server, so a slow key reads as a clear
 :class:`StoreTimeout` naming the key rather than a dead socket.
+
+A connection belongs to the process that opened it. A process forked from a rank (a
+DataLoader worker) inherits the socket, but a request from it would interleave with the
+rank's own on the same stream, and shutting it down would cut the rank off: in a fork,
+requests fail with a clear :class:`StoreError` and ``close`` only drops the fork's copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -69,6 +75,7 @@ class StoreClient:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()  # the process this connection belongs to (see the module)
         self._sock: socket.socket | None = self._connect(connect_timeout_s)
         self._reader = self._sock.makefile("rb")
 
@@ -103,6 +110,12 @@ class StoreClient:
     def _request(
         self, op: Op, fields: Sequence[bytes], wait_s: float | None = None
     ) -> tuple[Status, list[bytes]]:
+        if os.getpid() != self._pid:  # before the lock, which a fork may inherit held
+            raise StoreError(
+                f"the connection to the store at {self.address} belongs to process "
+                f"{self._pid}; a process forked from it must open its own",
+                address=self.address,
+            )
         frame = pack_request(op, fields, wait_s)
         answer_within = self.timeout_s if wait_s is None else wait_s + ANSWER_SLACK_S
         with self._lock:
@@ -224,6 +237,10 @@ class StoreClient:
     def close(self) -> None:
         """Close the connection; a request blocked in another thread fails at once."""
         self._closed = True
+        if os.getpid() != self._pid:  # a fork's copy: drop it (not under the lock, which
+            with contextlib.suppress(OSError):  # may be inherited held), never shut it down
+                self._drop()
+            return
         sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
