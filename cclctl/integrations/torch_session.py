@@ -11,11 +11,18 @@ names groups by creation order, the same on every rank, so ``0:0-7`` is the worl
 the runtime), its own collective seq from 1 and a per-pair seq for point-to-point calls.
 
 The wrapper's quick path (a synchronous one-tensor call) hands over a *quick call*, a list
-of the record's fields (indices ``QUICK_*``), and marks its end in it; the session builds
-the record later, in whichever thread folds telemetry (:meth:`Session.hand_over`, run before
-every fold). Building the record on the calling thread cost that thread about 0.5 us of CPU
-per call between two gloo calls (``benchmarks/torch_overhead.py --sizes 8 --pin``, three
-runs of each, alternating: +4.7-5.5 us over plain torch, against +4.1-5.0 us now).
+of what the record needs (indices ``QUICK_*``): the call's tensor itself, not its size and
+dtype, and marks its end in it; the session builds the record later, in whichever thread
+folds telemetry (:meth:`Session.hand_over`, run before every fold), reads the tensor's size
+and dtype there and lets go of it. Between two gloo calls the caches hold gloo's data, and
+reading a tensor's metadata costs the calling thread several microseconds of cold memory
+that the folding thread, reading a batch, pays once warm. On 2 pinned gloo ranks
+(``benchmarks/torch_overhead.py --pin``), building the record off the calling thread took
+that thread's CPU per call from +4.7-5.5 to +4.1-5.0 us over plain torch at 8 B; reading
+size and dtype there too took it from +9.7 to +4.1 us at 1 MiB and from +3.6 to +1.5 us at
+8 B (an ad-hoc copy of the wrapper, same processes). The price: the tensor lives until the
+next fold (``FOLD_PERIOD_S``, 100 ms), and a tensor resized in place before then is
+recorded at its new size.
 """
 
 from __future__ import annotations
@@ -42,9 +49,9 @@ log = logging.getLogger("cclctl.torch")
 _DTYPES: dict[Any, tuple[str, int]] = {}
 _now_ns = time.time_ns  # one global read on the quick path, not a module's attribute
 
-#: Where a quick call keeps each field: the record's first six (comm, seq, op, dtype, count,
-#: nbytes) in its order, then when it started and ended (0: not yet), and why it failed.
-QUICK_SEQ, QUICK_START, QUICK_END, QUICK_ERROR = 1, 6, 7, 8
+#: Where a quick call keeps each field: comm, seq and op as in the record, the call's tensor
+#: (None once the record is built), when it started and ended (0: not yet), why it failed.
+QUICK_SEQ, QUICK_TENSOR, QUICK_START, QUICK_END, QUICK_ERROR = 1, 3, 4, 5, 6
 
 
 def dtype_info(dtype: Any) -> tuple[str, int]:
@@ -216,19 +223,16 @@ class Session:
 
     def open_quick(self, op: str, tensor: Any, group: Any) -> list[Any] | None:
         """Number a one-tensor collective without a root or peer (the wrapper's quick path)
-        and hand it over as a quick call (see the module's docstring), from the tensor and
-        group alone; None when this process is not a member of ``group`` or ``group`` is
-        not a process group. The caller sets ``call[QUICK_END]`` when the call returns, or
-        passes it to :meth:`fail_quick`.
+        and hand it over as a quick call (see the module's docstring), with the tensor
+        itself, read and let go of by :meth:`hand_over`; None when this process is not a
+        member of ``group`` or ``group`` is not a process group. The caller sets
+        ``call[QUICK_END]`` when the call returns, or passes it to :meth:`fail_quick`.
         """
         comm = self._world_comm if group is None else self._comms.get(group) or self.comm(group)
         if comm is None:
             return None
         comm.seq += 1
-        count = tensor.numel()  # not ``nbytes``: sparse tensors raise there
-        dtype = tensor.dtype
-        name, itemsize = _DTYPES.get(dtype) or dtype_info(dtype)
-        call = [comm.id, comm.seq, op, name, count, count * itemsize, _now_ns(), 0, None]
+        call = [comm.id, comm.seq, op, tensor, _now_ns(), 0, None]
         self._hand(call)
         return call
 
@@ -257,8 +261,11 @@ class Session:
             quick, start = self._quick, self._trace
             for _ in range(len(quick)):
                 call = quick.popleft()
+                tensor, call[QUICK_TENSOR] = call[QUICK_TENSOR], None  # no longer ours to keep
+                count = tensor.numel()  # not ``nbytes``: sparse tensors raise there
+                name, itemsize = dtype_info(tensor.dtype)
                 rec = CollectiveRecord(
-                    call[0], call[1], call[2], call[3], call[4], call[5], None, None, 0, "",
+                    call[0], call[1], call[2], name, count, count * itemsize, None, None, 0, "",
                     STARTED, call[QUICK_START],
                 )  # fmt: skip
                 start(rec)

@@ -4,8 +4,10 @@ calls that return early are closed (the completion tracker, with stand-in works)
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -269,6 +271,32 @@ def test_a_quick_call_is_built_off_its_thread_yet_every_reader_sees_it(one_rank:
         (3, "timed_out", "RuntimeError: Connection closed by peer"),
     ]
     assert tel.metrics_view().ops[("0:0", "all_reduce")].errors == {"failed": 1, "timed_out": 1}
+
+
+@pytest.mark.timeout(30)
+def test_a_quick_call_lets_go_of_its_tensor_once_its_record_is_built(one_rank: Path) -> None:
+    """The quick path hands the tensor itself over, so its size and dtype are read off the
+    calling thread; the session keeps it no longer than the next fold, and records the
+    size and dtype it had in the call."""
+    sess = cclctl_torch.session()
+    assert sess is not None and sess.folder is not None
+    sess.folder.stop()
+    tensor = torch.ones(6, dtype=torch.float64)
+    dist.all_reduce(tensor)
+    alive = weakref.ref(tensor)
+    del tensor
+    gc.collect()
+    assert alive() is not None  # handed over, not yet read
+    [rec] = sess.telemetry.records()  # a reader folds first
+    assert (rec.op, rec.dtype, rec.count, rec.nbytes, rec.state) == (
+        "all_reduce",
+        "float64",
+        6,
+        48,
+        COMPLETED,
+    )
+    gc.collect()
+    assert alive() is None
 
 
 @pytest.mark.timeout(30)
