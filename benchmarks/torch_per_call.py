@@ -1,0 +1,187 @@
+"""Instrumented vs plain gloo all_reduce, call by call: where in the distribution the cost
+lands (asserts nothing).
+
+Why: on this 2-vCPU machine gloo's 1 MiB all_reduce between 2 ranks is bimodal. About half
+the calls take ~0.5 ms and the rest ~3.7 ms, call by call, pinned or not. A 40-call block's
+mean then swings by ~12% with how many slow calls it happened to draw, and the paired
+block medians of ``torch_overhead.py`` swing between runs by more than the 2% goal. Timing
+every call shows what those means hide: how much the wrapper adds to a quick call and to a
+slow one, and whether it makes slow calls more frequent.
+
+The ranks alternate blocks of wrapped ("on") and plain ("off") calls (ABBA order, so
+neither side always goes first), time every call, and end each block with the session's
+fold, timed apart and charged to "on" (the wrapper defers its bookkeeping to that fold;
+see ``torch_overhead.py``). Rank 0 reports:
+
+- the shift function: each decile of "on" minus the same decile of "off", with 95%
+  bootstrap intervals over blocks (deciles below the slow share are quick calls);
+- the slow share of each side (calls above the split between the two modes, found by
+  two-means clustering of log times) and the median of each mode;
+- the mean per call with the fold charged, the figure a job feels, with its interval.
+
+    python benchmarks/torch_per_call.py [--size 1M] [--rounds 200] [--calls 40] [--pin]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+
+from paired import pin_rank
+
+from cclctl.benchmark.sizes import parse_size
+
+DECILES = range(1, 10)
+
+
+def _rank_main(size: int, rounds: int, calls: int, pin: bool) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from cclctl.integrations import torch as cclctl_torch
+
+    if pin:  # before gloo starts its threads, which inherit the mask
+        pin_rank()
+    dist.init_process_group("gloo")
+    plain = dist.all_reduce
+    cclctl_torch.instrument()
+    traced = dist.all_reduce
+    sess = cclctl_torch.session()
+    assert sess is not None and traced is not plain
+    t = torch.zeros(max(size // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
+    for _ in range(5):
+        plain(t)
+    clock = time.perf_counter_ns
+    blocks: dict[str, list[list[int]]] = {"off": [], "on": []}
+    folds: list[int] = []
+    for round_no in range(rounds):
+        for side in ("on", "off") if round_no % 4 in (0, 3) else ("off", "on"):
+            fn = traced if side == "on" else plain
+            dist.barrier()
+            block = []
+            for _ in range(calls):
+                t0 = clock()
+                fn(t)
+                block.append(clock() - t0)
+            t0 = clock()
+            sess.fold()
+            if side == "on":
+                folds.append(clock() - t0)
+            blocks[side].append(block)
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps({"blocks": blocks, "folds": folds}))
+
+
+def deciles(values: list[float]) -> list[float]:
+    return statistics.quantiles(values, n=10, method="inclusive")
+
+
+def split_point(values: list[float]) -> float:
+    """The boundary between the two modes of ``values``: two-means clustering of their
+    logarithms, the boundary halfway (in log) between the two centres."""
+    logs = sorted(math.log(v) for v in values)
+    low, high = logs[len(logs) // 10], logs[-len(logs) // 10 - 1]
+    for _ in range(50):
+        cut = (low + high) / 2
+        below = [x for x in logs if x < cut] or [cut]
+        above = [x for x in logs if x >= cut] or [cut]
+        low, high = statistics.fmean(below), statistics.fmean(above)
+    return math.exp((low + high) / 2)
+
+
+def statistics_of(on: list[float], off: list[float]) -> list[float]:
+    """The shift of each decile, then the difference of the means (wrapped minus plain)."""
+    shifts = [a - b for a, b in zip(deciles(on), deciles(off), strict=True)]
+    return [*shifts, statistics.fmean(on) - statistics.fmean(off)]
+
+
+def bootstrap(
+    on: list[list[float]], off: list[list[float]], draws: int = 400
+) -> list[tuple[float, float]]:
+    """95% percentile intervals of :func:`statistics_of`, over blocks resampled with
+    replacement (a fixed seed: one run prints the same twice)."""
+    rng = random.Random(1)
+    samples = []
+    for _ in range(draws):
+        a = [x for block in rng.choices(on, k=len(on)) for x in block]
+        b = [x for block in rng.choices(off, k=len(off)) for x in block]
+        samples.append(statistics_of(a, b))
+    intervals = []
+    for column in zip(*samples, strict=True):
+        ordered = sorted(column)
+        intervals.append((ordered[int(0.025 * draws)], ordered[int(0.975 * draws) - 1]))
+    return intervals
+
+
+def report(data: dict[str, object], size: int, calls: int) -> None:
+    blocks = data["blocks"]
+    folds = data["folds"]
+    assert isinstance(blocks, dict) and isinstance(folds, list)
+    on_blocks = [[x / 1e3 for x in b] for b in blocks["on"]]
+    off_blocks = [[x / 1e3 for x in b] for b in blocks["off"]]
+    on = [x for b in on_blocks for x in b]
+    off = [x for b in off_blocks for x in b]
+    fold_us = statistics.fmean(folds) / 1e3 / calls
+    intervals = bootstrap(on_blocks, off_blocks)
+    print(f"gloo all_reduce of {size} B, {len(on_blocks)} blocks of {calls} calls per side")
+    print("shift function: decile of wrapped minus decile of plain (us), 95% interval")
+    for q, a, b, (low, high) in zip(DECILES, deciles(on), deciles(off), intervals, strict=False):
+        print(
+            f"  p{10 * q:<3} plain {b:9.1f}  wrapped {a:9.1f}"
+            f"  {a - b:+8.1f} [{low:+.1f}, {high:+.1f}]"
+        )
+    cut = split_point(on + off)
+    print(f"two modes, split at {cut:.0f} us:")
+    for side, values in (("plain", off), ("wrapped", on)):
+        quick = [x for x in values if x < cut] or [math.nan]
+        slow = [x for x in values if x >= cut] or [math.nan]
+        print(
+            f"  {side:8} slow share {sum(x >= cut for x in values) / len(values):.3f};"
+            f" median quick {statistics.median(quick):.1f} us,"
+            f" slow {statistics.median(slow):.1f} us"
+        )
+    base = statistics.fmean(off)
+    delta = statistics.fmean(on) - base + fold_us
+    low, high = (100 * (x + fold_us) / base for x in intervals[-1])
+    print(
+        f"mean per call: plain {base:.1f} us, wrapped {statistics.fmean(on):.1f} us + fold "
+        f"{fold_us:.2f} us: {delta:+.1f} us ({100 * delta / base:+.2f}%), 95% interval"
+        f" [{low:+.2f}%, {high:+.2f}%]"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--size", default="1M", help="message size, e.g. 8 or 1M")
+    parser.add_argument("--rounds", type=int, default=200, help="blocks per side")
+    parser.add_argument("--calls", type=int, default=40, help="calls per block")
+    parser.add_argument("--pin", action="store_true", help="pin rank i to core i")
+    args = parser.parse_args()
+    size = parse_size(args.size, "--size")
+    if "RANK" in os.environ:
+        _rank_main(size, args.rounds, args.calls, args.pin)
+        return
+    from cclctl.runtime.launcher import launch
+
+    out: list[str] = []
+    argv = [sys.executable, __file__, "--size", str(size), "--rounds", str(args.rounds)]
+    argv += ["--calls", str(args.calls)] + (["--pin"] if args.pin else [])
+    result = launch(
+        argv, args.ranks, env={"PYTHONWARNINGS": "ignore"}, capture_rank0_stdout=out.append
+    )
+    if result.returncode != 0 or not out:
+        sys.exit(f"benchmark ranks failed (exit {result.returncode})")
+    report(json.loads(out[-1]), size, args.calls)
+
+
+if __name__ == "__main__":
+    main()
