@@ -19,10 +19,10 @@ reading a tensor's metadata costs the calling thread several microseconds of col
 that the folding thread, reading a batch, pays once warm. On 2 pinned gloo ranks
 (``benchmarks/torch_overhead.py --pin``), building the record off the calling thread took
 that thread's CPU per call from +4.7-5.5 to +4.1-5.0 us over plain torch at 8 B; reading
-size and dtype there too took it from +9.7 to +4.1 us at 1 MiB and from +3.6 to +1.5 us at
-8 B (an ad-hoc copy of the wrapper, same processes). The price: the tensor lives until the
-next fold (``FOLD_PERIOD_S``, 100 ms), and a tensor resized in place before then is
-recorded at its new size.
+size and dtype there too took it from +12.0-12.7 to +8.9-9.4 us at 1 MiB and from +3.7-3.9
+to +3.0-3.3 us at 8 B (two runs of each, alternating, with the fold charged). The price:
+the tensor lives until the next fold (``FOLD_PERIOD_S``, 100 ms), and a tensor resized in
+place before then is recorded at its new size.
 """
 
 from __future__ import annotations
