@@ -44,6 +44,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from paired import pin_rank, render, run_rounds, summarize
 
@@ -53,12 +54,12 @@ PATHS_HELP = "compare the wrapper's quick path (on) with its general path (off)"
 SIZES = {8: 400, 1 << 20: 40, 4 << 20: 12, 16 << 20: 4}  # bytes -> calls per block
 
 
-def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
-    import torch
+def start_instrumented_gloo(pin: bool) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
+    """Join the launcher's job on gloo (this rank pinned first, with ``pin``) and instrument
+    it: torch.distributed, then its plain all_reduce and the wrapped one, both usable."""
     import torch.distributed as dist
 
     from cclctl.integrations import torch as cclctl_torch
-    from cclctl.integrations.torch_calls import describer
 
     if pin:  # before gloo starts its threads, which inherit the mask
         pin_rank()
@@ -66,14 +67,28 @@ def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
     plain = dist.all_reduce
     cclctl_torch.instrument()
     traced = dist.all_reduce
-    assert traced is not plain and cclctl_torch._state is not None
+    assert traced is not plain and cclctl_torch.session() is not None
+    return dist, plain, traced
+
+
+def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
+    import torch
+
+    from cclctl.integrations import torch as cclctl_torch
+    from cclctl.integrations.torch_calls import describer
+
+    dist, plain, traced = start_instrumented_gloo(pin)
+    assert cclctl_torch._state is not None
     if paths:  # the general wrapper is the baseline, the quick one what is measured
         plain = cclctl_torch._wrap(
             cclctl_torch._state, plain, describer("all_reduce", plain, torch.Tensor)
         )
     wanted = {size: SIZES.get(size, max(4, (16 << 20) // size)) for size in sizes}
     calls_of = wanted if dist.get_world_size() > 1 else dict.fromkeys(wanted, 4000)
-    results, cpu_times, process_times = {}, {}, {}
+    Times = dict[str, list[float]]  # side -> seconds per call of each round's block
+    results: dict[int, Times] = {}
+    cpu_times: dict[int, Times] = {}
+    process_times: dict[int, Times] = {}
     sess = cclctl_torch.session()
     assert sess is not None
     for nbytes, calls in calls_of.items():
@@ -85,8 +100,9 @@ def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
             fn = traced if side == "on" else plain
             return lambda: fn(t)
 
-        cpu_times[nbytes] = cpu = {}
-        process_times[nbytes] = process = {}
+        cpu: Times = {}
+        process: Times = {}
+        cpu_times[nbytes], process_times[nbytes] = cpu, process
         results[nbytes] = run_rounds(
             rounds, calls, call_of, dist.barrier, cpu, settle=sess.fold, process_cpu=process
         )

@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 
-from paired import pin_rank
+from torch_overhead import start_instrumented_gloo
 
 from cclctl.benchmark.sizes import parse_size
 
@@ -42,18 +42,12 @@ DECILES = range(1, 10)
 
 def _rank_main(size: int, rounds: int, calls: int, pin: bool) -> None:
     import torch
-    import torch.distributed as dist
 
     from cclctl.integrations import torch as cclctl_torch
 
-    if pin:  # before gloo starts its threads, which inherit the mask
-        pin_rank()
-    dist.init_process_group("gloo")
-    plain = dist.all_reduce
-    cclctl_torch.instrument()
-    traced = dist.all_reduce
+    dist, plain, traced = start_instrumented_gloo(pin)
     sess = cclctl_torch.session()
-    assert sess is not None and traced is not plain
+    assert sess is not None
     t = torch.zeros(max(size // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
     for _ in range(5):
         plain(t)
