@@ -44,19 +44,25 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paired import pin_rank, render, run_rounds, summarize
 
 from cclctl.benchmark.sizes import parse_size
 
+if TYPE_CHECKING:
+    from cclctl.integrations.torch_session import Session
+
 PATHS_HELP = "compare the wrapper's quick path (on) with its general path (off)"
 SIZES = {8: 400, 1 << 20: 40, 4 << 20: 12, 16 << 20: 4}  # bytes -> calls per block
 
 
-def start_instrumented_gloo(pin: bool) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
+def start_instrumented_gloo(
+    pin: bool,
+) -> tuple[Any, Callable[..., Any], Callable[..., Any], Session]:
     """Join the launcher's job on gloo (this rank pinned first, with ``pin``) and instrument
-    it: torch.distributed, then its plain all_reduce and the wrapped one, both usable."""
+    it: torch.distributed, its plain all_reduce and the wrapped one (both usable), and the
+    cclctl session that records the wrapped calls."""
     import torch.distributed as dist
 
     from cclctl.integrations import torch as cclctl_torch
@@ -67,8 +73,9 @@ def start_instrumented_gloo(pin: bool) -> tuple[Any, Callable[..., Any], Callabl
     plain = dist.all_reduce
     cclctl_torch.instrument()
     traced = dist.all_reduce
-    assert traced is not plain and cclctl_torch.session() is not None
-    return dist, plain, traced
+    sess = cclctl_torch.session()
+    assert traced is not plain and sess is not None
+    return dist, plain, traced, sess
 
 
 def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
@@ -77,7 +84,7 @@ def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
     from cclctl.integrations import torch as cclctl_torch
     from cclctl.integrations.torch_calls import describer
 
-    dist, plain, traced = start_instrumented_gloo(pin)
+    dist, plain, traced, sess = start_instrumented_gloo(pin)
     assert cclctl_torch._state is not None
     if paths:  # the general wrapper is the baseline, the quick one what is measured
         plain = cclctl_torch._wrap(
@@ -89,8 +96,6 @@ def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
     results: dict[int, Times] = {}
     cpu_times: dict[int, Times] = {}
     process_times: dict[int, Times] = {}
-    sess = cclctl_torch.session()
-    assert sess is not None
     for nbytes, calls in calls_of.items():
         t = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
         for _ in range(3):
