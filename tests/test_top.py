@@ -300,7 +300,9 @@ def test_refreshes_until_interrupted(server: StoreServer, client: StoreClient) -
     rendezvous(client, 1)
     put(client, 0, status(0, world=1, completed=7, started=7))
     cmd = [sys.executable, "-m", "cclctl", "top", "--store", server.address, "--interval", "0.2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # If Ctrl-C ever fails to end it, SIGABRT makes faulthandler print where every thread was.
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         seqs: list[str] = []
@@ -312,7 +314,13 @@ def test_refreshes_until_interrupted(server: StoreServer, client: StoreClient) -
             if "8" in seqs:
                 break
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=10)
+            pytest.fail(f"top did not end 10 s after Ctrl-C; its stacks:\n{err[-6000:]}")
+        assert proc.returncode == 0, err
     finally:
         if proc.poll() is None:
             proc.kill()
