@@ -31,6 +31,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 
 from torch_overhead import start_instrumented_gloo
@@ -40,7 +41,7 @@ from cclctl.benchmark.sizes import parse_size
 DECILES = range(1, 10)
 
 
-def _rank_main(size: int, rounds: int, calls: int, pin: bool) -> None:
+def _rank_main(size: int, rounds: int, calls: int, pin: bool, data: str) -> None:
     import torch
 
     dist, plain, traced, sess = start_instrumented_gloo(pin)
@@ -66,8 +67,9 @@ def _rank_main(size: int, rounds: int, calls: int, pin: bool) -> None:
             blocks[side].append(block)
     rank = dist.get_rank()
     dist.destroy_process_group()
-    if rank == 0:
-        print(json.dumps({"blocks": blocks, "folds": folds}))
+    if rank == 0:  # a file, not stdout: the launcher passes a line over 1 MiB on in pieces
+        with open(data, "w") as f:
+            json.dump({"blocks": blocks, "folds": folds}, f)
 
 
 def deciles(values: list[float]) -> list[float]:
@@ -155,22 +157,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200, help="blocks per side")
     parser.add_argument("--calls", type=int, default=40, help="calls per block")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i")
+    parser.add_argument("--data", help=argparse.SUPPRESS)  # where rank 0 writes its timings
     args = parser.parse_args()
     size = parse_size(args.size, "--size")
     if "RANK" in os.environ:
-        _rank_main(size, args.rounds, args.calls, args.pin)
+        _rank_main(size, args.rounds, args.calls, args.pin, args.data)
         return
     from cclctl.runtime.launcher import launch
 
-    out: list[str] = []
-    argv = [sys.executable, __file__, "--size", str(size), "--rounds", str(args.rounds)]
-    argv += ["--calls", str(args.calls)] + (["--pin"] if args.pin else [])
-    result = launch(
-        argv, args.ranks, env={"PYTHONWARNINGS": "ignore"}, capture_rank0_stdout=out.append
-    )
-    if result.returncode != 0 or not out:
-        sys.exit(f"benchmark ranks failed (exit {result.returncode})")
-    report(json.loads(out[-1]), size, args.calls)
+    with tempfile.TemporaryDirectory(prefix="cclctl-per-call-") as tmp:
+        data = os.path.join(tmp, "timings.json")
+        argv = [sys.executable, __file__, "--size", str(size), "--rounds", str(args.rounds)]
+        argv += ["--calls", str(args.calls), "--data", data] + (["--pin"] if args.pin else [])
+        result = launch(argv, args.ranks, env={"PYTHONWARNINGS": "ignore"})
+        if result.returncode != 0 or not os.path.exists(data):
+            sys.exit(f"benchmark ranks failed (exit {result.returncode})")
+        with open(data) as f:
+            timings = json.load(f)
+    report(timings, size, args.calls)
 
 
 if __name__ == "__main__":
