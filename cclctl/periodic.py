@@ -25,7 +25,6 @@ class Periodic:
     a thread can slow down while there is nothing to do. ``first``/``last`` add a turn as
     soon as the thread starts and one after :meth:`stop` (a final status, say).
     ``quiet`` exceptions are expected now and then (a store restarting) and are not logged.
-    :meth:`wake` brings the next turn forward to now (a queue that filled up early).
     """
 
     def __init__(
@@ -45,7 +44,6 @@ class Periodic:
         self._last = last
         self._quiet = quiet
         self._stop = threading.Event()
-        self._wake = threading.Event()  # set by stop() too, so that a wait ends at once
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> Periodic:
@@ -56,22 +54,13 @@ class Periodic:
         """Stop after the current turn (and the last one, if asked); idempotent, and safe
         from the thread itself (a turn that stops its own thread)."""
         self._stop.set()
-        self._wake.set()
         thread = self._thread
         if thread.is_alive() and thread is not threading.current_thread():
             thread.join(timeout_s)
 
-    def wake(self) -> None:
-        """Take the next turn now, not when the period is up (no-op once stopped)."""
-        self._wake.set()
-
     def _run(self) -> None:
         asked = self._safe_turn() if self._first else None
-        while True:
-            self._wake.wait(self.period_s if asked is None else asked)
-            self._wake.clear()  # a wake from here on brings about one more turn
-            if self._stop.is_set():
-                break
+        while not self._stop.wait(self.period_s if asked is None else asked):
             asked = self._safe_turn()
         if self._last:
             self._safe_turn()

@@ -74,22 +74,3 @@ def test_a_turn_sets_the_next_wait_and_may_stop_its_own_thread() -> None:
     _wait_for(lambda: not any(t.name == "t-wait" for t in threading.enumerate()))
     assert len(turns) == 3
     assert turns[2] - turns[1] >= 0.045  # the wait the second turn asked for
-
-
-@pytest.mark.timeout(10)
-def test_wake_brings_the_next_turn_forward() -> None:
-    turns: list[float] = []
-    thread = Periodic("t-wake", lambda: turns.append(time.monotonic()), 60.0).start()
-    try:
-        time.sleep(0.05)
-        assert turns == []  # the period (a minute) is not up
-        thread.wake()
-        _wait_for(lambda: len(turns) == 1)
-        thread.wake()
-        _wait_for(lambda: len(turns) == 2)
-        time.sleep(0.05)
-        assert len(turns) == 2  # one turn per wake, none besides
-    finally:
-        started = time.monotonic()
-        thread.stop()
-    assert time.monotonic() - started < 1  # stop ends the minute's wait at once

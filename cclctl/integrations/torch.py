@@ -34,7 +34,7 @@ from cclctl.integrations.torch_calls import (
     describer,
     quick_layout,
 )
-from cclctl.integrations.torch_folding import FOLD_WAKE_CALLS
+from cclctl.integrations.torch_folding import FOLD_BACKSTOP
 from cclctl.integrations.torch_session import QUICK_END, QUICK_SEQ, Session
 from cclctl.records import CollectiveRecord
 
@@ -222,8 +222,8 @@ def _wrap_quick(
             _quietly(sess.fail_quick, call, exc)
             raise
         call[at_end] = time_ns()  # the call has ended: its record is built and ended later
-        if not call[at_seq] % FOLD_WAKE_CALLS:  # else the session's folder counts it later
-            _quietly(sess.calls_made, call[at_seq])
+        if not call[at_seq] % FOLD_BACKSTOP:  # else the session's folder counts it
+            _quietly(sess.fold)
         return result
 
     return wrapper

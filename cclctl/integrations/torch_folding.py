@@ -11,18 +11,13 @@ and on hosts with cores to spare the fold leaves the caller's core altogether. C
 fold every ``FOLD_BACKSTOP`` calls themselves, so the queue stays bounded should this
 thread starve.
 
-Every second, or sooner once a group has made ``FOLD_WAKE_CALLS`` calls (the calling
-thread wakes the folder then): readers fold for themselves, so a longer period costs nothing
-in freshness, and each wake-up takes the rank's core and the GIL from the backend for a
-moment. On 2 pinned gloo ranks a wake-up now and then turns a quick 1 MiB call into a slow
-one (gloo's 1 MiB calls there take ~0.4 ms or ~3.7 ms, see benchmarks/torch_per_call.py):
-folding every 10 ms cost +2.23% and +4.07% at 1 MiB against +1.52% and +1.47% every 100 ms
-(``torch_overhead.py``, alternating), and every second +0.95% [-0.20, +2.08] against
-+1.96% [+0.73, +3.20] every 100 ms (``torch_per_call.py --rounds 1200 --pin``, one run of
-each, back to back; wrapped calls drew slow ones 0.003 more often than plain ones, against
-0.007). Waking by count keeps a fast job's queue (8 B calls come ~7,000 a second here) far
-from the backstop. The price is in :mod:`~cclctl.integrations.torch_session`: a quick
-call's tensor is kept until its record is built, now up to a second.
+Every 100 ms, not 10: readers fold for themselves, so a longer period costs nothing in
+freshness, and each wake-up takes the rank's core and the GIL from the backend for a
+moment. On 2 pinned ranks, two runs of each alternating (``torch_overhead.py --sizes 8,1M
+--rounds 600 --pin``), folding every 100 ms cost +16.1 and +17.8 us at 8 B and +1.52% and
++1.47% at 1 MiB, against +24.1 and +41.1 us and +2.23% and +4.07% every 10 ms. The machine
+slowed down during those runs (gloo's plain 8 B call from 245 to 284 us), and the 10 ms
+runs came second in each pair, so this leans one way without settling it.
 """
 
 from __future__ import annotations
@@ -32,11 +27,11 @@ from typing import Protocol
 from cclctl.periodic import Periodic
 from cclctl.telemetry.recorder import FOLD_BATCH
 
-#: Seconds between the folder's looks (see the module's docstring).
-FOLD_PERIOD_S = 1.0
-#: Every this many calls of a group (by seq) the calling thread wakes the folder.
-FOLD_WAKE_CALLS = 4 * FOLD_BATCH
-#: Every this many calls (by seq) the calling thread folds itself: the folder may starve.
+#: Seconds between folds while calls are being made (see the module's docstring).
+FOLD_PERIOD_S = 0.1
+#: Seconds between looks while nothing was queued (the job is between steps, or done).
+IDLE_PERIOD_S = 0.5
+#: Every this many calls (by seq) the calling thread folds itself.
 FOLD_BACKSTOP = 16 * FOLD_BATCH
 
 
@@ -48,24 +43,25 @@ class Foldable(Protocol):
 class Folder:
     """The thread that folds one session's telemetry (see the module's docstring)."""
 
-    def __init__(self, telemetry: Foldable, period_s: float = FOLD_PERIOD_S) -> None:
+    def __init__(
+        self, telemetry: Foldable, period_s: float = FOLD_PERIOD_S, idle_s: float = IDLE_PERIOD_S
+    ) -> None:
         self._telemetry = telemetry
+        self._idle_s = idle_s
         self._thread = Periodic("cclctl-torch-fold", self._turn, period_s)
 
     def start(self) -> Folder:
         self._thread.start()
         return self
 
-    def wake(self) -> None:
-        """Fold now: the calling thread has made ``FOLD_WAKE_CALLS`` calls since the last."""
-        self._thread.wake()
-
     def stop(self) -> None:
         self._thread.stop()
 
-    def _turn(self) -> None:
+    def _turn(self) -> float | None:
         """Fold if anything waits (a failed fold is logged; the next one, or a reader's,
-        counts what it did not).
+        counts what it did not); look again in ``period_s``, or ``idle_s`` if nothing did.
         """
-        if self._telemetry.queued():
-            self._telemetry.fold()
+        if not self._telemetry.queued():
+            return self._idle_s
+        self._telemetry.fold()
+        return None

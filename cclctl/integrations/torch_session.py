@@ -21,9 +21,8 @@ that the folding thread, reading a batch, pays once warm. On 2 pinned gloo ranks
 that thread's CPU per call from +4.7-5.5 to +4.1-5.0 us over plain torch at 8 B; reading
 size and dtype there too took it from +12.0-12.7 to +8.9-9.4 us at 1 MiB and from +3.7-3.9
 to +3.0-3.3 us at 8 B (two runs of each, alternating, with the fold charged). The price:
-the tensor lives until the next fold (``FOLD_PERIOD_S``, a second, or sooner after
-``FOLD_WAKE_CALLS`` calls), and a tensor resized in place before then is recorded at its
-new size.
+the tensor lives until the next fold (``FOLD_PERIOD_S``, 100 ms), and a tensor resized in
+place before then is recorded at its new size.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from typing import Any
 
 from cclctl.config import RuntimeConfig
 from cclctl.integrations.torch_calls import Call
-from cclctl.integrations.torch_folding import FOLD_BACKSTOP, FOLD_WAKE_CALLS, Folder
+from cclctl.integrations.torch_folding import FOLD_BACKSTOP, Folder
 from cclctl.integrations.torch_store import StoreAttachment, attach
 from cclctl.integrations.torch_timing import Completions
 from cclctl.ranges import fold_ranks
@@ -285,23 +284,14 @@ class Session:
         """Count every call made so far (quick calls are built first: see hand_over)."""
         self.telemetry.fold()
 
-    def calls_made(self, seq: int) -> None:
-        """A group's call ``seq``, a multiple of ``FOLD_WAKE_CALLS``, has ended: wake the
-        folder, or fold here at every ``FOLD_BACKSTOP`` (the folder may be starved)."""
-        folder = self.folder
-        if folder is None or not seq % FOLD_BACKSTOP:
-            self.telemetry.fold()
-        else:
-            folder.wake()
-
     def close_record(self, rec: CollectiveRecord, error: BaseException | None, end_ns: int) -> None:
         """The call ended (at ``end_ns``; 0: now): completed, or failed with ``error``
         (torch's own exception).
         """
         end_ns = end_ns or time.time_ns()
         finish_record(rec, None if error is None else error_text(error), end_ns)
-        if not rec.seq % FOLD_WAKE_CALLS:  # seqs count calls, per group or pair
-            self.calls_made(rec.seq)
+        if not rec.seq % FOLD_BACKSTOP:  # seqs count calls, per group or pair
+            self.telemetry.fold()
 
     # -- watchdog -------------------------------------------------------------------------
 

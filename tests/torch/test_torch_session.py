@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cclctl.integrations import torch as cclctl_torch
-from cclctl.integrations.torch_folding import FOLD_BACKSTOP, FOLD_WAKE_CALLS, Folder
+from cclctl.integrations.torch_folding import Folder
 from cclctl.integrations.torch_timing import Completions
 from cclctl.records import COMPLETED, CollectiveRecord
 
@@ -198,42 +198,6 @@ def test_the_session_counts_its_calls_on_its_own_thread(one_rank: Path) -> None:
     assert sess.telemetry.metrics_view().ops[("0:0", "all_reduce")].collectives == 5
 
 
-def _drained(sess: Any, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while sess.queued() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return not sess.queued()
-
-
-@pytest.mark.timeout(60)
-def test_calls_wake_the_folder_by_count_and_fold_themselves_at_the_backstop(
-    one_rank: Path,
-) -> None:
-    """Between its periods the folder folds when a group has made FOLD_WAKE_CALLS calls
-    (the calling thread wakes it); with the folder gone, the calls fold themselves every
-    FOLD_BACKSTOP calls. Counters read exactly the calls made either way."""
-    sess = cclctl_torch.session()
-    assert sess is not None and sess.folder is not None and sess.watchdog is not None
-    sess.watchdog.stop()  # a reader: it folds before it looks, every second
-    sess.folder.stop()
-    sess.folder = Folder(sess, period_s=3600).start()  # only a wake can make it fold
-    tensor = torch.ones(1)
-    for _ in range(FOLD_WAKE_CALLS - 1):
-        dist.all_reduce(tensor)
-    time.sleep(0.05)
-    assert sess.queued() == FOLD_WAKE_CALLS - 1  # not woken yet
-    dist.all_reduce(tensor)
-    assert _drained(sess)
-    sess.folder.stop()  # starved, as far as the calls can tell: a wake does nothing now
-    for _ in range(FOLD_BACKSTOP - FOLD_WAKE_CALLS - 1):
-        dist.all_reduce(tensor)
-    assert sess.queued() == FOLD_BACKSTOP - FOLD_WAKE_CALLS - 1
-    dist.all_reduce(tensor)  # seq FOLD_BACKSTOP: folded on this thread, before it returns
-    assert sess.queued() == 0
-    view = sess.telemetry.metrics_view()
-    assert view.ops[("0:0", "all_reduce")].collectives == FOLD_BACKSTOP
-
-
 class _Telemetry:
     """Stands in for a session's telemetry: counts folds, and can fail once."""
 
@@ -255,7 +219,7 @@ class _Telemetry:
 
 def test_the_folder_folds_only_what_is_queued_outlives_a_failed_fold_and_stops() -> None:
     tel = _Telemetry(fail_first=True)
-    folder = Folder(tel, period_s=0.001).start()
+    folder = Folder(tel, period_s=0.001, idle_s=0.001).start()
     try:
         time.sleep(0.05)
         assert tel.folds == 0  # nothing queued, nothing to fold
