@@ -8,16 +8,19 @@ block medians of ``torch_overhead.py`` swing between runs by more than the 2% go
 every call shows what those means hide: how much the wrapper adds to a quick call and to a
 slow one, and whether it makes slow calls more frequent.
 
-The ranks alternate blocks of wrapped ("on") and plain ("off") calls (ABBA order, so
-neither side always goes first), time every call, and end each block with the session's
-fold, timed apart and charged to "on" (the wrapper defers its bookkeeping to that fold;
-see ``torch_overhead.py``). Rank 0 reports:
+The ranks run blocks of wrapped ("on") and plain ("off") calls and a second plain block
+("off2", the A/A control), in an order that rotates every round, time every call, and end
+each block with the session's fold, timed apart and charged to "on" (the wrapper defers
+its bookkeeping to that fold; see ``torch_overhead.py``). Rank 0 reports:
 
 - the shift function: each decile of "on" minus the same decile of "off", with 95%
   bootstrap intervals over blocks (deciles below the slow share are quick calls);
 - the slow share of each side (calls above the split between the two modes, found by
   two-means clustering of log times) and the median of each mode;
-- the mean per call with the fold charged, the figure a job feels, with its interval.
+- the mean per call with the fold charged, the figure a job feels, with its interval, and
+  the control's (plain against plain): with gloo's two modes, means of tens of thousands
+  of calls still drift apart (one run of 1,200 rounds: +0.34% [-0.67%, +1.68%]), and the
+  control shows by how much in the run at hand.
 
     python benchmarks/torch_per_call.py [--size 1M] [--rounds 200] [--calls 40] [--pin]
 """
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import time
 
+from paired import SIDES
 from torch_overhead import start_instrumented_gloo
 
 from cclctl.benchmark.sizes import parse_size
@@ -49,10 +53,11 @@ def _rank_main(size: int, rounds: int, calls: int, pin: bool, data: str) -> None
     for _ in range(5):
         plain(t)
     clock = time.perf_counter_ns
-    blocks: dict[str, list[list[int]]] = {"off": [], "on": []}
+    blocks: dict[str, list[list[int]]] = {side: [] for side in SIDES}
     folds: list[int] = []
     for round_no in range(rounds):
-        for side in ("on", "off") if round_no % 4 in (0, 3) else ("off", "on"):
+        shift = round_no % len(SIDES)
+        for side in SIDES[shift:] + SIDES[:shift]:
             fn = traced if side == "on" else plain
             dist.barrier()
             block = []
@@ -117,13 +122,12 @@ def report(data: dict[str, object], size: int, calls: int) -> None:
     blocks = data["blocks"]
     folds = data["folds"]
     assert isinstance(blocks, dict) and isinstance(folds, list)
-    on_blocks = [[x / 1e3 for x in b] for b in blocks["on"]]
-    off_blocks = [[x / 1e3 for x in b] for b in blocks["off"]]
-    on = [x for b in on_blocks for x in b]
-    off = [x for b in off_blocks for x in b]
+    sides = {side: [[x / 1e3 for x in b] for b in blocks[side]] for side in SIDES}
+    times = {side: [x for b in side_blocks for x in b] for side, side_blocks in sides.items()}
+    on, off = times["on"], times["off"]
     fold_us = statistics.fmean(folds) / 1e3 / calls
-    intervals = bootstrap(on_blocks, off_blocks)
-    print(f"gloo all_reduce of {size} B, {len(on_blocks)} blocks of {calls} calls per side")
+    intervals = bootstrap(sides["on"], sides["off"])
+    print(f"gloo all_reduce of {size} B, {len(sides['on'])} blocks of {calls} calls per side")
     print("shift function: decile of wrapped minus decile of plain (us), 95% interval")
     for q, a, b, (low, high) in zip(DECILES, deciles(on), deciles(off), intervals, strict=False):
         print(
@@ -132,22 +136,28 @@ def report(data: dict[str, object], size: int, calls: int) -> None:
         )
     cut = split_point(on + off)
     print(f"two modes, split at {cut:.0f} us:")
-    for side, values in (("plain", off), ("wrapped", on)):
+    for side, name in (("off", "plain"), ("on", "wrapped"), ("off2", "plain 2")):
+        values = times[side]
         quick = [x for x in values if x < cut] or [math.nan]
         slow = [x for x in values if x >= cut] or [math.nan]
         print(
-            f"  {side:8} slow share {sum(x >= cut for x in values) / len(values):.3f};"
+            f"  {name:8} slow share {sum(x >= cut for x in values) / len(values):.3f};"
             f" median quick {statistics.median(quick):.1f} us,"
             f" slow {statistics.median(slow):.1f} us"
         )
     base = statistics.fmean(off)
-    delta = statistics.fmean(on) - base + fold_us
-    low, high = (100 * (x + fold_us) / base for x in intervals[-1])
-    print(
-        f"mean per call: plain {base:.1f} us, wrapped {statistics.fmean(on):.1f} us + fold "
-        f"{fold_us:.2f} us: {delta:+.1f} us ({100 * delta / base:+.2f}%), 95% interval"
-        f" [{low:+.2f}%, {high:+.2f}%]"
-    )
+    print(f"mean per call against plain ({base:.1f} us), 95% interval:")
+    control = bootstrap(sides["off2"], sides["off"])[-1]
+    for name, side, charge, (low, high) in (
+        ("wrapped + fold", "on", fold_us, intervals[-1]),
+        ("plain 2 (A/A)", "off2", 0.0, control),
+    ):
+        delta = statistics.fmean(times[side]) - base + charge
+        print(
+            f"  {name:15} {delta:+7.1f} us ({100 * delta / base:+.2f}%)"
+            f" [{100 * (low + charge) / base:+.2f}%, {100 * (high + charge) / base:+.2f}%]"
+        )
+    print(f"  (the fold: {fold_us:.2f} us per wrapped call)")
 
 
 def main() -> None:
