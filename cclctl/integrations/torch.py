@@ -35,7 +35,7 @@ from cclctl.integrations.torch_calls import (
     quick_layout,
 )
 from cclctl.integrations.torch_folding import FOLD_BACKSTOP
-from cclctl.integrations.torch_session import QUICK_END, QUICK_SEQ, Session
+from cclctl.integrations.torch_session import QUICK_END, Session
 from cclctl.records import CollectiveRecord
 
 log = logging.getLogger("cclctl.torch")
@@ -184,17 +184,18 @@ def _wrap_quick(
     general: Callable[..., Any],
 ) -> Callable[..., Any]:
     """The wrapper of a one-tensor collective (all_reduce): its common call, synchronous on
-    a CPU tensor, is read and handed over in two Python calls (this and ``open_quick``)
-    instead of eight, and its record is built later, off this thread (see
-    :mod:`~cclctl.integrations.torch_session`); any other call goes to ``general``, the
-    wrapper of :func:`_wrap`. Between two gloo calls caches are cold, and each step costs
-    several times what it does in a loop (the main thread's CPU in
-    benchmarks/torch_overhead.py), so every torch call and Python call saved counts.
+    a CPU tensor and a group the session knows, is read and handed over in this one Python
+    call, as a list (the layout of ``torch_session.quick_call``), and numbered and
+    recorded later, off this thread (see :mod:`~cclctl.integrations.torch_session`); any
+    other call goes to ``general``, the wrapper of :func:`_wrap`, which also makes a new
+    group known. Between two gloo calls caches are cold, and each step costs several times
+    what it does in a loop (the main thread's CPU in benchmarks/torch_overhead.py), so
+    every torch call, Python call and attribute read saved counts.
     """
     inside = state.inside
     i_tensor, name, i_group, i_async = layout
     gpus = _cuda_built()  # a CPU-only torch makes no CUDA tensors: no need to ask each one
-    at_end, at_seq = QUICK_END, QUICK_SEQ
+    at_end = QUICK_END
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -207,22 +208,21 @@ def _wrap_quick(
             return general(*args, **kwargs)
         if args[i_async] if i_async < n else kwargs.get("async_op"):
             return general(*args, **kwargs)
+        group = args[i_group] if i_group < n else kwargs.get("group")
         try:
-            call = sess.open_quick(
-                op, tensor, args[i_group] if i_group < n else kwargs.get("group")
-            )
-        except Exception:
-            log.exception("cclctl: torch telemetry failed; this call is not traced")
-            call = None
-        if call is None:
-            return original(*args, **kwargs)  # not a member: torch decides what happens
+            if group is not None and group not in sess.comms:
+                return general(*args, **kwargs)  # a new group, a non-member's, or no group
+        except TypeError:  # unhashable: not a process group, and torch will say so
+            return original(*args, **kwargs)
+        call = [group, tensor, op, time_ns(), 0, None]  # torch_session.quick_call, inline
+        sess.hand(call)
         try:  # not marked inside: these functions call no other wrapped function
             result = original(*args, **kwargs)
         except BaseException as exc:
             _quietly(sess.fail_quick, call, exc)
             raise
         call[at_end] = time_ns()  # the call has ended: its record is built and ended later
-        if not call[at_seq] % FOLD_BACKSTOP:  # else the session's folder counts it
+        if len(sess.quick) >= FOLD_BACKSTOP:  # the session's folder has fallen behind
             _quietly(sess.fold)
         return result
 

@@ -8,8 +8,8 @@ caller keeps the time. On 2 pinned gloo ranks at 8 B that took the main thread's
 wrapped call from +4.7-4.9 to +4.0-4.3 us over plain torch (``benchmarks/torch_overhead.py``,
 three runs of each, alternating); on those 2 cores the wall clock did not move measurably,
 and on hosts with cores to spare the fold leaves the caller's core altogether. Calls still
-fold every ``FOLD_BACKSTOP`` calls themselves, so the queue stays bounded should this
-thread starve.
+fold themselves, so the queue stays bounded should this thread starve: a quick call when
+``FOLD_BACKSTOP`` of them wait, any other every ``FOLD_BACKSTOP`` calls of its group.
 
 Every 100 ms, not 10: readers fold for themselves, so a longer period costs nothing in
 freshness, and each wake-up takes the rank's core and the GIL from the backend for a
@@ -31,7 +31,7 @@ from cclctl.telemetry.recorder import FOLD_BATCH
 FOLD_PERIOD_S = 0.1
 #: Seconds between looks while nothing was queued (the job is between steps, or done).
 IDLE_PERIOD_S = 0.5
-#: Every this many calls (by seq) the calling thread folds itself.
+#: How far behind a call lets the folder fall before it folds itself (see above).
 FOLD_BACKSTOP = 16 * FOLD_BATCH
 
 

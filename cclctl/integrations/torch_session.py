@@ -10,19 +10,24 @@ Every process group is a communicator: id ``<group name>:<folded member ranks>``
 names groups by creation order, the same on every rank, so ``0:0-7`` is the world of 8 as in
 the runtime), its own collective seq from 1 and a per-pair seq for point-to-point calls.
 
-The wrapper's quick path (a synchronous one-tensor call) hands over a *quick call*, a list
-of what the record needs (indices ``QUICK_*``): the call's tensor itself, not its size and
-dtype, and marks its end in it; the session builds the record later, in whichever thread
-folds telemetry (:meth:`Session.hand_over`, run before every fold), reads the tensor's size
-and dtype there and lets go of it. Between two gloo calls the caches hold gloo's data, and
-reading a tensor's metadata costs the calling thread several microseconds of cold memory
-that the folding thread, reading a batch, pays once warm. On 2 pinned gloo ranks
+The wrapper's quick path (a synchronous one-tensor call on a known group) hands over a
+*quick call*, a list of what the record needs (indices ``QUICK_*``, built by
+:func:`quick_call`): the call's group and tensor themselves, not its comm, seq, size and
+dtype, and marks its end in it; the session numbers the call and builds its record later,
+in whichever thread folds telemetry (:meth:`Session.hand_over`, run before every fold),
+reading the tensor's size and dtype there and letting go of it. Between two gloo calls the
+caches hold gloo's data, and reading a tensor's metadata, or the session's and the comm's
+attributes, costs the calling thread several microseconds of cold memory that the folding
+thread, reading a batch, pays once warm. On 2 pinned gloo ranks
 (``benchmarks/torch_overhead.py --pin``), building the record off the calling thread took
 that thread's CPU per call from +4.7-5.5 to +4.1-5.0 us over plain torch at 8 B; reading
 size and dtype there too took it from +12.0-12.7 to +8.9-9.4 us at 1 MiB and from +3.7-3.9
-to +3.0-3.3 us at 8 B (two runs of each, alternating, with the fold charged). The price:
-the tensor lives until the next fold (``FOLD_PERIOD_S``, 100 ms), and a tensor resized in
-place before then is recorded at its new size.
+to +3.0-3.3 us at 8 B (two runs of each, alternating, with the fold charged);
+numbering the call there as well, not in the wrapper, took it from +7.01 and +7.16
+to +6.77 and +6.47 us at 1 MiB.
+The price: the tensor lives until the next fold (``FOLD_PERIOD_S``, 100 ms), a tensor
+resized in place before then is recorded at its new size, and seq numbers are given out
+by two threads, so they are given under ``_quick_lock``.
 """
 
 from __future__ import annotations
@@ -49,9 +54,14 @@ log = logging.getLogger("cclctl.torch")
 _DTYPES: dict[Any, tuple[str, int]] = {}
 _now_ns = time.time_ns  # one global read on the quick path, not a module's attribute
 
-#: Where a quick call keeps each field: comm, seq and op as in the record, the call's tensor
-#: (None once the record is built), when it started and ended (0: not yet), why it failed.
-QUICK_SEQ, QUICK_TENSOR, QUICK_START, QUICK_END, QUICK_ERROR = 1, 3, 4, 5, 6
+#: Where a quick call keeps each field: the call's group and tensor (both None once the
+#: record is built), its op, when it started and ended (0: not yet), why it failed.
+QUICK_GROUP, QUICK_TENSOR, QUICK_OP, QUICK_START, QUICK_END, QUICK_ERROR = 0, 1, 2, 3, 4, 5
+
+
+def quick_call(op: str, tensor: Any, group: Any) -> list[Any]:
+    """A quick call starting now (the wrapper builds the same list inline)."""
+    return [group, tensor, op, _now_ns(), 0, None]
 
 
 def dtype_info(dtype: Any) -> tuple[str, int]:
@@ -120,11 +130,13 @@ class Session:
             cfg, rank=self.rank, world_size=self.world_size, backend=str(dist.get_backend())
         )
         self.completions = Completions(self.close_record)
-        self._comms: dict[Any, TorchComm] = {}
+        #: known process groups: the wrapper's quick path takes calls on these only
+        self.comms: dict[Any, TorchComm] = {}
         self._world_comm: TorchComm | None = None  # the default group's, set by start()
         self._trace = self.telemetry.start  # one bound method: the hot path's only hand-over
-        self._quick: collections.deque[list[Any]] = collections.deque()  # see hand_over
-        self._hand = self._quick.append
+        #: quick calls not yet handed over (see hand_over); the wrapper appends with ``hand``
+        self.quick: collections.deque[list[Any]] = collections.deque()
+        self.hand = self.quick.append
         self._open: dict[int, tuple[list[Any], CollectiveRecord]] = {}  # in flight when built
         self._quick_lock = threading.Lock()
         self.telemetry.add_source(self.hand_over)
@@ -171,7 +183,7 @@ class Session:
         is not a member or ``group`` is not a process group.
         """
         key = self.world if group is None else group
-        comm = self._comms.get(key)
+        comm = self.comms.get(key)
         if comm is not None:
             return comm
         try:
@@ -182,59 +194,50 @@ class Session:
         if self.rank not in ranks:
             return None
         with self._lock:
-            comm = self._comms.setdefault(key, TorchComm(key, name, ranks))
+            comm = self.comms.setdefault(key, TorchComm(key, name, ranks))
         self.telemetry.register_comm(comm.id, ranks)
         return comm
 
     def forget(self, group: Any) -> None:
-        """``destroy_process_group(group)``: its counters stay, the group object goes."""
+        """``destroy_process_group(group)``: its counters stay, the group object goes
+        (once its quick calls have been numbered: they are looked up by group).
+        """
+        self.telemetry.fold()
         with self._lock:
-            self._comms.pop(group, None)
+            self.comms.pop(group, None)
 
     # -- records --------------------------------------------------------------------------
 
     def open_record(self, comm: TorchComm, call: Call) -> CollectiveRecord:
-        """Number the call, start its record and put it in flight."""
-        if self._quick:  # quick calls made before this one start before it too
-            self.hand_over()
-        peer = root = None
-        if call.direction is not None:
-            peer = comm.global_rank(call.peer, call.group_peer)
-            counts = comm.sent if call.direction == "send" else comm.received
-            key = -1 if peer is None else peer  # recv from any source: its own sequence
-            seq = counts[key] = counts.get(key, 0) + 1
-            peer = key
-        else:
-            comm.seq += 1
-            seq = comm.seq
-            if call.root is not None or call.group_root is not None:
-                root = comm.global_rank(call.root, call.group_root)
+        """Number the call, start its record and put it in flight: after the quick calls
+        made before it, and under the lock the folding thread numbers those under.
+        """
         tensor = call.tensor
         dtype = "" if tensor is None else dtype_info(tensor.dtype)[0]
-        # positional: a third cheaper than keywords, on the hot path of every call
-        rec = CollectiveRecord(
-            comm.id, seq, call.op, dtype, call.count, call.nbytes, root, peer, 0, "", STARTED,
-            time.time_ns(),
-        )  # fmt: skip
-        if peer is not None and peer >= 0:
-            rec.waiting_on, rec.waiting_for = peer, call.direction
-        self._trace(rec)
+        with self._quick_lock:
+            if self.quick:
+                self._hand_over()
+            peer = root = None
+            if call.direction is not None:
+                peer = comm.global_rank(call.peer, call.group_peer)
+                counts = comm.sent if call.direction == "send" else comm.received
+                key = -1 if peer is None else peer  # recv from any source: its own sequence
+                seq = counts[key] = counts.get(key, 0) + 1
+                peer = key
+            else:
+                comm.seq += 1
+                seq = comm.seq
+                if call.root is not None or call.group_root is not None:
+                    root = comm.global_rank(call.root, call.group_root)
+            # positional: a third cheaper than keywords, on the hot path of every call
+            rec = CollectiveRecord(
+                comm.id, seq, call.op, dtype, call.count, call.nbytes, root, peer, 0, "",
+                STARTED, time.time_ns(),
+            )  # fmt: skip
+            if peer is not None and peer >= 0:
+                rec.waiting_on, rec.waiting_for = peer, call.direction
+            self._trace(rec)
         return rec
-
-    def open_quick(self, op: str, tensor: Any, group: Any) -> list[Any] | None:
-        """Number a one-tensor collective without a root or peer (the wrapper's quick path)
-        and hand it over as a quick call (see the module's docstring), with the tensor
-        itself, read and let go of by :meth:`hand_over`; None when this process is not a
-        member of ``group`` or ``group`` is not a process group. The caller sets
-        ``call[QUICK_END]`` when the call returns, or passes it to :meth:`fail_quick`.
-        """
-        comm = self._world_comm if group is None else self._comms.get(group) or self.comm(group)
-        if comm is None:
-            return None
-        comm.seq += 1
-        call = [comm.id, comm.seq, op, tensor, _now_ns(), 0, None]
-        self._hand(call)
-        return call
 
     def fail_quick(self, call: list[Any], error: BaseException) -> None:
         """A quick call raised ``error`` (torch's own exception)."""
@@ -242,43 +245,51 @@ class Session:
         call[QUICK_END] = time.time_ns()  # last: the call has now ended
 
     def hand_over(self) -> None:
-        """Build the records of the quick calls handed over since the last time, start them
-        in telemetry and end those whose calls have ended; end the records of earlier ones,
-        built in flight, whose calls have ended since.
+        """Number and build the records of the quick calls handed over since the last
+        time, start them in telemetry and end those whose calls have ended; end the records
+        of earlier ones, built in flight, whose calls have ended since.
 
         Telemetry runs this before every fold, in whichever thread folds (the session's
         folder, mostly, while the caller waits in the backend). ``QUICK_END`` is read once
         per look, as telemetry reads ``end_ns``: a call that ends just after is ended by
-        the next look.
+        the next look. A call on a group forgotten since is dropped (see :meth:`forget`).
         """
         with self._quick_lock:
-            opened = self._open
-            if opened:
-                for key, (call, rec) in list(opened.items()):
-                    if call[QUICK_END]:
-                        del opened[key]
-                        finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
-            quick, start = self._quick, self._trace
-            for _ in range(len(quick)):
-                call = quick.popleft()
-                tensor, call[QUICK_TENSOR] = call[QUICK_TENSOR], None  # no longer ours to keep
-                count = tensor.numel()  # not ``nbytes``: sparse tensors raise there
-                name, itemsize = dtype_info(tensor.dtype)
-                rec = CollectiveRecord(
-                    call[0], call[1], call[2], name, count, count * itemsize, None, None, 0, "",
-                    STARTED, call[QUICK_START],
-                )  # fmt: skip
-                start(rec)
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        opened = self._open
+        if opened:
+            for key, (call, rec) in list(opened.items()):
                 if call[QUICK_END]:
+                    del opened[key]
                     finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
-                else:
-                    opened[id(call)] = (call, rec)
+        quick, start, comms, world = self.quick, self._trace, self.comms, self._world_comm
+        for _ in range(len(quick)):
+            call = quick.popleft()
+            group, tensor = call[QUICK_GROUP], call[QUICK_TENSOR]
+            call[QUICK_GROUP] = call[QUICK_TENSOR] = None  # no longer ours to keep
+            comm = world if group is None else comms.get(group)
+            if comm is None:
+                continue
+            comm.seq += 1
+            count = tensor.numel()  # not ``nbytes``: sparse tensors raise there
+            name, itemsize = dtype_info(tensor.dtype)
+            rec = CollectiveRecord(
+                comm.id, comm.seq, call[QUICK_OP], name, count, count * itemsize, None, None,
+                0, "", STARTED, call[QUICK_START],
+            )  # fmt: skip
+            start(rec)
+            if call[QUICK_END]:
+                finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
+            else:
+                opened[id(call)] = (call, rec)
 
     def queued(self) -> int:
         """Calls not yet counted: quick calls not yet built, or built in flight, and
         records queued in telemetry (the session's folder folds while there are any).
         """
-        return len(self._quick) + len(self._open) + self.telemetry.queued()
+        return len(self.quick) + len(self._open) + self.telemetry.queued()
 
     def fold(self) -> None:
         """Count every call made so far (quick calls are built first: see hand_over)."""
@@ -301,7 +312,7 @@ class Session:
 
     def _abort(self, rec: CollectiveRecord, why: str) -> None:
         """``CCLCTL_ON_HANG=abort``: abort the group (NCCL unblocks; gloo ignores it)."""
-        group = next((c.group for c in list(self._comms.values()) if c.id == rec.comm), None)
+        group = next((c.group for c in list(self.comms.values()) if c.id == rec.comm), None)
         abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
         if abort is None:
             return

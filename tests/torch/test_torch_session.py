@@ -238,14 +238,14 @@ def test_a_quick_call_is_built_off_its_thread_yet_every_reader_sees_it(one_rank:
     """The quick path hands over a list and marks its end there; readers still see the
     call at once: in flight while it runs (the watchdog's view), then ended, counted once.
     A failed call keeps torch's error, and a call the watchdog timed out stays timed out."""
-    from cclctl.integrations.torch_session import QUICK_END
+    from cclctl.integrations.torch_session import QUICK_END, quick_call
 
     sess = cclctl_torch.session()
     assert sess is not None and sess.folder is not None
     sess.folder.stop()  # no background hand-over: only readers build the records here
     tel = sess.telemetry
-    ok = sess.open_quick("all_reduce", torch.ones(8), None)
-    assert ok is not None and not isinstance(ok, CollectiveRecord)
+    ok = quick_call("all_reduce", torch.ones(8), None)
+    sess.hand(ok)
     [running] = tel.inflight()
     assert (running.seq, running.op, running.state, running.nbytes) == (
         1,
@@ -258,9 +258,10 @@ def test_a_quick_call_is_built_off_its_thread_yet_every_reader_sees_it(one_rank:
         assert tel.inflight() == [] and running.state == COMPLETED and running.end_ns > 0
         st = tel.metrics_view().ops[("0:0", "all_reduce")]
         assert (st.collectives, st.bytes, st.busy_ns) == (1, 32, 5_000)
-    bad = sess.open_quick("all_reduce", torch.ones(2, dtype=torch.complex64), None)
-    slow = sess.open_quick("all_reduce", torch.ones(2), None)
-    assert bad is not None and slow is not None
+    bad = quick_call("all_reduce", torch.ones(2, dtype=torch.complex64), None)
+    slow = quick_call("all_reduce", torch.ones(2), None)
+    sess.hand(bad)
+    sess.hand(slow)
     sess.fail_quick(bad, ValueError("all_reduce does not support MAX on complex\nmore"))
     [timed_out] = tel.inflight()
     timed_out.state = "timed_out"  # as the watchdog marks it
@@ -311,3 +312,29 @@ def test_a_general_call_after_quick_ones_is_recorded_after_them(one_rank: Path) 
         dist.broadcast(torch.ones(2), src=5)  # general: torch refuses a rank not in the group
     [last] = sess.telemetry.last_finished()
     assert (last.seq, last.op, last.state) == (2, "broadcast", "failed")
+
+
+@pytest.mark.timeout(30)
+def test_quick_calls_on_a_group_are_counted_though_it_is_destroyed_before_a_fold(
+    one_rank: Path,
+) -> None:
+    """Quick calls are numbered later, by group: destroying the group must not lose them.
+    The first call on a new group takes the general path (which makes the group known);
+    later ones the quick path; the numbering is one sequence across both."""
+    sess = cclctl_torch.session()
+    assert sess is not None and sess.folder is not None
+    sess.folder.stop()  # nothing numbers the quick calls but the destroy
+    sub = dist.new_group([0])
+    t = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(t, group=sub)
+    assert len(sess.quick) == 2  # the first call was the general path's
+    dist.destroy_process_group(sub)
+    assert sub not in sess.comms
+    assert [(r.comm, r.seq, r.state) for r in sess.telemetry.records()] == [
+        ("1:0", 1, COMPLETED),
+        ("1:0", 2, COMPLETED),
+        ("1:0", 3, COMPLETED),
+    ]
+    dist.all_reduce(t)
+    assert [(r.comm, r.seq) for r in sess.telemetry.records()][-1] == ("0:0", 1)
