@@ -11,7 +11,8 @@ own cost per call from the noise of the network path.
 
 ``--wrapper`` measures the wrappers alone, in this process: the wrapped all_reduce around a
 function that does nothing, against that function, in CPU time, for the quick path (a
-synchronous call on a CPU tensor) and the general one (everything else). That is the cost
+synchronous call on a CPU tensor; its pure-Python wrapper, and its compiled one where
+built) and the general one (everything else). That is the cost
 cclctl adds to every call, free of gloo's noise.
 
 ``--paths`` compares the two paths of the wrapper in the same processes: the general one,
@@ -147,7 +148,11 @@ def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
     assert layout is not None
     quick = cclctl_torch._wrap_quick(state, nothing, "all_reduce", layout, torch.Tensor, general)
     t = torch.zeros(2)
-    sides = {"bare": nothing, "general": general, "quick": quick}
+    sides = {"bare": nothing, "general": general, "quick (python)": quick}
+    if cclctl_torch._compiled_quick() is not None:
+        sides["quick (compiled)"] = cclctl_torch._quick_wrapper(
+            state, nothing, "all_reduce", layout, torch.Tensor, general
+        )
     best = dict.fromkeys(sides, float("inf"))
     for _ in range(rounds):
         for side, fn in sides.items():
@@ -157,7 +162,7 @@ def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
             best[side] = min(best[side], (time.thread_time() - c0) / calls)
     dist.destroy_process_group()
     os.unlink(store)
-    for side in ("quick", "general"):
+    for side in [s for s in sides if s != "bare"]:
         cost = (best[side] - best["bare"]) * 1e6
         print(
             f"{side} wrapper alone: {cost:.2f} us CPU per call (best of {rounds} x {calls} calls)"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable
 from threading import get_ident
@@ -35,7 +36,7 @@ from cclctl.integrations.torch_calls import (
     quick_layout,
 )
 from cclctl.integrations.torch_folding import FOLD_BACKSTOP
-from cclctl.integrations.torch_session import QUICK_END, Session
+from cclctl.integrations.torch_session import QUICK_END, Session, quietly
 from cclctl.records import CollectiveRecord
 
 log = logging.getLogger("cclctl.torch")
@@ -55,6 +56,15 @@ class _State:
         #: of idents, not a ``threading.local``: the common case is an empty set, one
         #: truth test, where reading a thread-local cost ~0.5 us between gloo calls.
         self.inside: set[int] = set()
+        #: compiled quick wrappers, which read the session's parts from their ``live``
+        self.compiled: list[Any] = []
+
+    def set_session(self, sess: Session | None) -> None:
+        """Make ``sess`` (or no session) the one every wrapper reports to."""
+        self.session = sess
+        live = None if sess is None else sess.quick_parts()
+        for wrapper in self.compiled:
+            wrapper.live = live
 
 
 _state: _State | None = None
@@ -87,7 +97,7 @@ def instrument(config: RuntimeConfig | None = None, **flags: Any) -> None:
             wrapper = _wrap(state, original, describer(name, original, torch.Tensor))
             quick = quick_layout(name, original)
             if quick is not None:
-                wrapper = _wrap_quick(state, original, OPS[name], quick, torch.Tensor, wrapper)
+                wrapper = _quick_wrapper(state, original, OPS[name], quick, torch.Tensor, wrapper)
             _patch(state, name, wrapper)
         _patch(state, "init_process_group", _wrap_init(state, c10d.init_process_group))
         _patch(state, "destroy_process_group", _wrap_destroy(state, c10d.destroy_process_group))
@@ -159,7 +169,7 @@ def _wrap(state: _State, original: Callable[..., Any], describe: Describe) -> Ca
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
-            _quietly(sess.close_record, rec, exc, 0)
+            quietly(sess.close_record, rec, exc, 0)
             raise
         finally:
             inside.discard(me)
@@ -173,6 +183,44 @@ def _wrap(state: _State, original: Callable[..., Any], describe: Describe) -> Ca
         return result
 
     return wrapper
+
+
+def _quick_wrapper(
+    state: _State,
+    original: Callable[..., Any],
+    op: str,
+    layout: QuickLayout,
+    tensor_type: Any,
+    general: Callable[..., Any],
+) -> Callable[..., Any]:
+    """The wrapper of a one-tensor collective: the compiled one where it was built (and
+    ``CCLCTL_PURE_PYTHON`` is not set), else :func:`_wrap_quick`'s. Both do the same.
+    """
+    compiled = _compiled_quick()
+    if compiled is None:
+        return _wrap_quick(state, original, op, layout, tensor_type, general)
+    wrapper = compiled(
+        original=original, general=general, inside=state.inside, tensor_type=tensor_type,
+        op=op, name=layout.tensor, i_tensor=layout.i_tensor, i_group=layout.i_group,
+        i_async=layout.i_async, backstop=FOLD_BACKSTOP, gpus=_cuda_built(),
+    )  # fmt: skip
+    functools.update_wrapper(wrapper, original)
+    wrapper.live = None if state.session is None else state.session.quick_parts()
+    state.compiled.append(wrapper)
+    return wrapper
+
+
+def _compiled_quick() -> Any:
+    """The compiled quick wrapper's type (``_quickwrap.c``), or None: not built, or not
+    wanted (``CCLCTL_PURE_PYTHON=1``).
+    """
+    if os.environ.get("CCLCTL_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from cclctl.integrations._quickwrap import QuickWrapper
+    except ImportError:
+        return None
+    return QuickWrapper
 
 
 def _wrap_quick(
@@ -190,7 +238,8 @@ def _wrap_quick(
     other call goes to ``general``, the wrapper of :func:`_wrap`, which also makes a new
     group known. Between two gloo calls caches are cold, and each step costs several times
     what it does in a loop (the main thread's CPU in benchmarks/torch_overhead.py), so
-    every torch call, Python call and attribute read saved counts.
+    every torch call, Python call and attribute read saved counts. Its compiled twin,
+    ``_quickwrap.c``, does the same in C; this one runs where that was not built.
     """
     inside = state.inside
     i_tensor, name, i_group, i_async = layout
@@ -219,11 +268,11 @@ def _wrap_quick(
         try:  # not marked inside: these functions call no other wrapped function
             result = original(*args, **kwargs)
         except BaseException as exc:
-            _quietly(sess.fail_quick, call, exc)
+            quietly(sess.fail_quick, call, exc)
             raise
         call[at_end] = time_ns()  # the call has ended: its record is built and ended later
         if len(sess.quick) >= FOLD_BACKSTOP:  # the session's folder has fallen behind
-            _quietly(sess.fold)
+            quietly(sess.fold)
         return result
 
     return wrapper
@@ -243,13 +292,6 @@ def _follow(
         sess.completions.on_events(rec, start, end, result if call.is_async else None)
     elif not sess.completions.on_future(rec, result):
         sess.completions.on_wait_or_poll(rec, result)
-
-
-def _quietly(fn: Callable[..., None], *args: Any) -> None:
-    try:
-        fn(*args)
-    except Exception:  # telemetry must never change what the job sees
-        log.exception("cclctl: torch telemetry failed")
 
 
 def _cuda_built() -> bool:
@@ -313,7 +355,7 @@ def _open_session(state: _State) -> None:
     try:
         cfg = state.cfg.replace(**state.flags) if state.cfg else runtime_from_env(**state.flags)
         world = state.dist.distributed_c10d._get_default_group()
-        state.session = Session(cfg, state.dist, world).start()
+        state.set_session(Session(cfg, state.dist, world).start())
     except Exception as exc:
         log.warning("cclctl: torch.distributed runs without cclctl telemetry: %s", exc)
 
@@ -322,7 +364,8 @@ def _close_session(state: _State | None = None) -> None:
     state = state if state is not None else _state
     if state is None or state.session is None:
         return
-    sess, state.session = state.session, None
+    sess = state.session
+    state.set_session(None)
     try:
         sess.close()
     except Exception as exc:

@@ -37,6 +37,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from cclctl.config import RuntimeConfig
@@ -62,6 +64,14 @@ QUICK_GROUP, QUICK_TENSOR, QUICK_OP, QUICK_START, QUICK_END, QUICK_ERROR = 0, 1,
 def quick_call(op: str, tensor: Any, group: Any) -> list[Any]:
     """A quick call starting now (the wrapper builds the same list inline)."""
     return [group, tensor, op, _now_ns(), 0, None]
+
+
+def quietly(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)``, logging what it raises: telemetry must never change what the job sees."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("cclctl: torch telemetry failed")
 
 
 def dtype_info(dtype: Any) -> tuple[str, int]:
@@ -238,6 +248,14 @@ class Session:
                 rec.waiting_on, rec.waiting_for = peer, call.direction
             self._trace(rec)
         return rec
+
+    def quick_parts(self) -> tuple[Any, ...]:
+        """What the compiled quick wrapper (``_quickwrap.c``) reports to: the known groups,
+        the hand-over's append and deque, and ``fail_quick`` and ``fold``, which it calls
+        as the Python wrapper does, logging instead of raising.
+        """
+        fail, fold = partial(quietly, self.fail_quick), partial(quietly, self.fold)
+        return (self.comms, self.hand, self.quick, fail, fold)
 
     def fail_quick(self, call: list[Any], error: BaseException) -> None:
         """A quick call raised ``error`` (torch's own exception)."""

@@ -1,6 +1,7 @@
 """`cclctl run` on a real 2-rank gloo job that never mentions cclctl: the job sees exactly
 what it sees without cclctl, and every collective is recorded with seqs that match across
-ranks. The same job runs once plain and once instrumented (module fixture).
+ranks. The same job runs once plain and twice instrumented, with each quick wrapper
+(module fixtures).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ CCLCTL = str(Path(sys.executable).with_name("cclctl"))
 WORLD = 2
 
 
-def _outputs(prefix: list[str]) -> dict[int, list[dict[str, Any]]]:
-    result, lines = run_job("train_job.py", WORLD, ["ops"], env=child_env(), prefix=prefix)
+def _outputs(prefix: list[str], **env: str) -> dict[int, list[dict[str, Any]]]:
+    result, lines = run_job("train_job.py", WORLD, ["ops"], env=child_env(**env), prefix=prefix)
     assert result.returncode == 0, lines.text()
     return {r: [json.loads(line) for line in lines.of(r)] for r in range(WORLD)}
 
@@ -31,9 +32,12 @@ def plain() -> dict[int, list[dict[str, Any]]]:
     return _outputs([])
 
 
-@pytest.fixture(scope="module")
-def instrumented() -> dict[int, list[dict[str, Any]]]:
-    return _outputs([CCLCTL, "run", "--"])
+@pytest.fixture(scope="module", params=["compiled", "python"])
+def instrumented(request: pytest.FixtureRequest) -> dict[int, list[dict[str, Any]]]:
+    """Once with each quick wrapper: the compiled one, and the pure-Python one it stands in
+    for where no C compiler built it."""
+    pure = "1" if request.param == "python" else "0"
+    return _outputs([CCLCTL, "run", "--"], CCLCTL_PURE_PYTHON=pure)
 
 
 @pytest.mark.timeout(120)

@@ -5,6 +5,8 @@ calls that return early are closed (the completion tracker, with stand-in works)
 from __future__ import annotations
 
 import gc
+import importlib.util
+import shutil
 import threading
 import time
 import weakref
@@ -23,11 +25,25 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[Path]:
-    """Instrumented before init, as `cclctl run` does; everything undone afterwards."""
+@pytest.fixture(params=["compiled", "python"])
+def one_rank(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """Instrumented before init, as `cclctl run` does; everything undone afterwards. Once
+    with each quick wrapper: the compiled one and the pure-Python one it stands in for.
+    """
     originals = (dist.all_reduce, dist.distributed_c10d.Work.wait)
+    if request.param == "python":
+        monkeypatch.setenv("CCLCTL_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("CCLCTL_PURE_PYTHON", raising=False)
+        if importlib.util.find_spec("cclctl.integrations._quickwrap") is None:
+            if shutil.which("cc") is None:
+                pytest.skip("no C compiler here: the compiled quick wrapper is not built")
+            pytest.fail("a C compiler is here, but the compiled quick wrapper was not built")
     cclctl_torch.instrument(trace_dir=str(tmp_path), timeout_s=30)
+    compiled = type(dist.all_reduce).__name__ == "QuickWrapper"
+    assert compiled == (request.param == "compiled")
     try:
         dist.init_process_group(
             "gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1
@@ -338,3 +354,70 @@ def test_quick_calls_on_a_group_are_counted_though_it_is_destroyed_before_a_fold
     ]
     dist.all_reduce(t)
     assert [(r.comm, r.seq) for r in sess.telemetry.records()][-1] == ("0:0", 1)
+
+
+def _outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, str]:
+    try:
+        return ("returned", type(fn(*args, **kwargs)).__name__)
+    except Exception as exc:
+        return (type(exc).__name__, str(exc))
+
+
+@pytest.mark.timeout(30)
+def test_the_quick_wrapper_looks_and_answers_like_torchs_function(one_rank: Path) -> None:
+    """Whichever quick wrapper runs: torch's name, docs and signature; torch's own answer to
+    calls it cannot take quick (no tensor, an unhashable group, a truthy non-bool
+    ``async_op``, keywords); and a call made from inside a wrapped call is not counted."""
+    import inspect
+
+    wrapped = dist.all_reduce
+    original = wrapped.__wrapped__
+    assert (wrapped.__name__, wrapped.__doc__, wrapped.__module__) == (
+        original.__name__,
+        original.__doc__,
+        original.__module__,
+    )
+    assert inspect.signature(wrapped) == inspect.signature(original)
+    t = torch.ones(3)
+    for args, kwargs in [
+        (("not a tensor",), {}),
+        ((), {}),
+        ((t,), {"group": [1]}),
+        ((t,), {"grop": None}),
+        ((t, dist.ReduceOp.SUM, None, 1), {}),
+        ((), {"tensor": t, "async_op": False}),
+    ]:
+        assert _outcome(wrapped, *args, **kwargs) == _outcome(original, *args, **kwargs)
+    sess = cclctl_torch.session()
+    assert sess is not None
+    state = cclctl_torch._state
+    assert state is not None
+    seen = len(sess.telemetry.records())
+    state.inside.add(threading.get_ident())
+    try:
+        dist.all_reduce(t)  # as if called by another wrapped function: counted by it
+    finally:
+        state.inside.discard(threading.get_ident())
+    assert len(sess.telemetry.records()) == seen
+    dist.all_reduce(t)
+    assert len(sess.telemetry.records()) == seen + 1
+
+
+@pytest.mark.timeout(30)
+def test_quick_calls_fold_themselves_when_the_folder_falls_behind(one_rank: Path) -> None:
+    """With the session's folder stopped (as if starved), the quick path's backstop folds
+    once FOLD_BACKSTOP calls wait: the queue stays bounded and no call is lost."""
+    from cclctl.integrations.torch_folding import FOLD_BACKSTOP
+
+    sess = cclctl_torch.session()
+    assert sess is not None and sess.folder is not None
+    sess.folder.stop()
+    t = torch.ones(1)
+    for _ in range(FOLD_BACKSTOP - 1):
+        dist.all_reduce(t)
+    assert len(sess.quick) == FOLD_BACKSTOP - 1  # nothing folded yet
+    dist.all_reduce(t)
+    assert len(sess.quick) == 0  # the call that filled the queue folded it
+    dist.all_reduce(t)
+    st = sess.telemetry.metrics_view().ops[("0:0", "all_reduce")]
+    assert st.collectives == FOLD_BACKSTOP + 1
