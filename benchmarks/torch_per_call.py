@@ -22,7 +22,11 @@ its bookkeeping to that fold; see ``torch_overhead.py``). Rank 0 reports:
   of calls still drift apart (one run of 1,200 rounds: +0.34% [-0.67%, +1.68%]), and the
   control shows by how much in the run at hand.
 
-    python benchmarks/torch_per_call.py [--size 1M] [--rounds 200] [--calls 40] [--pin]
+With ``--python``, a fourth side: the pure-Python quick wrapper, which stands in for the
+compiled one (``_quickwrap.c``) where that was not built, over the same session. Both are
+then measured against plain in the same run.
+
+    python benchmarks/torch_per_call.py [--size 1M] [--rounds 200] [--calls 40] [--pin] [--python]
 """
 
 from __future__ import annotations
@@ -36,29 +40,55 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
-from paired import SIDES
 from torch_overhead import start_instrumented_gloo
 
 from cclctl.benchmark.sizes import parse_size
 
 DECILES = range(1, 10)
+PYTHON = "py"  # the side of the pure-Python quick wrapper (``--python``)
+TRACED = ("on", PYTHON)  # the sides that record, each charged its own fold
+NAMES = {"off": "plain", "off2": "plain 2", "on": "wrapped", PYTHON: "wrapped (python)"}
+PYTHON_HELP = (
+    "a fourth side: the pure-Python quick wrapper, against the one instrument() installed "
+    "(the compiled one where built), in the same processes"
+)
 
 
-def _rank_main(size: int, rounds: int, calls: int, pin: bool, data: str) -> None:
+def _python_wrapper(plain: Callable[..., Any]) -> Callable[..., Any]:
+    """The pure-Python quick wrapper of ``plain``, reporting to the same session as the
+    compiled one that ``instrument()`` installed."""
+    import torch
+
+    from cclctl.integrations import torch as cclctl_torch
+    from cclctl.integrations.torch_calls import describer, quick_layout
+
+    state, layout = cclctl_torch._state, quick_layout("all_reduce", plain)
+    assert state is not None and layout is not None
+    general = cclctl_torch._wrap(state, plain, describer("all_reduce", plain, torch.Tensor))
+    return cclctl_torch._wrap_quick(state, plain, "all_reduce", layout, torch.Tensor, general)
+
+
+def _rank_main(size: int, rounds: int, calls: int, pin: bool, data: str, python: bool) -> None:
     import torch
 
     dist, plain, traced, sess = start_instrumented_gloo(pin)
+    fns = {"on": traced, "off": plain, "off2": plain}
+    if python:
+        fns[PYTHON] = _python_wrapper(plain)
+    sides = tuple(fns)
     t = torch.zeros(max(size // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
     for _ in range(5):
         plain(t)
     clock = time.perf_counter_ns
-    blocks: dict[str, list[list[int]]] = {side: [] for side in SIDES}
-    folds: list[int] = []
+    blocks: dict[str, list[list[int]]] = {side: [] for side in sides}
+    folds: dict[str, list[int]] = {side: [] for side in TRACED if side in sides}
     for round_no in range(rounds):
-        shift = round_no % len(SIDES)
-        for side in SIDES[shift:] + SIDES[:shift]:
-            fn = traced if side == "on" else plain
+        shift = round_no % len(sides)
+        for side in sides[shift:] + sides[:shift]:
+            fn = fns[side]
             dist.barrier()
             block = []
             for _ in range(calls):
@@ -67,8 +97,8 @@ def _rank_main(size: int, rounds: int, calls: int, pin: bool, data: str) -> None
                 block.append(clock() - t0)
             t0 = clock()
             sess.fold()
-            if side == "on":
-                folds.append(clock() - t0)
+            if side in folds:
+                folds[side].append(clock() - t0)
             blocks[side].append(block)
     rank = dist.get_rank()
     dist.destroy_process_group()
@@ -121,43 +151,49 @@ def bootstrap(
 def report(data: dict[str, object], size: int, calls: int) -> None:
     blocks = data["blocks"]
     folds = data["folds"]
-    assert isinstance(blocks, dict) and isinstance(folds, list)
-    sides = {side: [[x / 1e3 for x in b] for b in blocks[side]] for side in SIDES}
+    assert isinstance(blocks, dict) and isinstance(folds, dict)
+    sides = {
+        side: [[x / 1e3 for x in b] for b in side_blocks] for side, side_blocks in blocks.items()
+    }
     times = {side: [x for b in side_blocks for x in b] for side, side_blocks in sides.items()}
-    on, off = times["on"], times["off"]
-    fold_us = statistics.fmean(folds) / 1e3 / calls
-    intervals = bootstrap(sides["on"], sides["off"])
+    traced = [side for side in TRACED if side in sides]
+    off = times["off"]
+    fold_us = {side: statistics.fmean(folds[side]) / 1e3 / calls for side in traced}
+    intervals = {side: bootstrap(sides[side], sides["off"]) for side in traced}
     print(f"gloo all_reduce of {size} B, {len(sides['on'])} blocks of {calls} calls per side")
-    print("shift function: decile of wrapped minus decile of plain (us), 95% interval")
-    for q, a, b, (low, high) in zip(DECILES, deciles(on), deciles(off), intervals, strict=False):
-        print(
-            f"  p{10 * q:<3} plain {b:9.1f}  wrapped {a:9.1f}"
-            f"  {a - b:+8.1f} [{low:+.1f}, {high:+.1f}]"
-        )
-    cut = split_point(on + off)
+    for side in traced:
+        print(f"shift function: decile of {NAMES[side]} minus decile of plain (us), 95% interval")
+        for q, a, b, (low, high) in zip(
+            DECILES, deciles(times[side]), deciles(off), intervals[side], strict=False
+        ):
+            print(
+                f"  p{10 * q:<3} plain {b:9.1f}  wrapped {a:9.1f}"
+                f"  {a - b:+8.1f} [{low:+.1f}, {high:+.1f}]"
+            )
+    cut = split_point(times["on"] + off)
     print(f"two modes, split at {cut:.0f} us:")
-    for side, name in (("off", "plain"), ("on", "wrapped"), ("off2", "plain 2")):
+    for side in [side for side in NAMES if side in sides]:
+        name = NAMES[side]
         values = times[side]
         quick = [x for x in values if x < cut] or [math.nan]
         slow = [x for x in values if x >= cut] or [math.nan]
         print(
-            f"  {name:8} slow share {sum(x >= cut for x in values) / len(values):.3f};"
+            f"  {name:17} slow share {sum(x >= cut for x in values) / len(values):.3f};"
             f" median quick {statistics.median(quick):.1f} us,"
             f" slow {statistics.median(slow):.1f} us"
         )
     base = statistics.fmean(off)
     print(f"mean per call against plain ({base:.1f} us), 95% interval:")
     control = bootstrap(sides["off2"], sides["off"])[-1]
-    for name, side, charge, (low, high) in (
-        ("wrapped + fold", "on", fold_us, intervals[-1]),
-        ("plain 2 (A/A)", "off2", 0.0, control),
-    ):
+    rows = [(f"{NAMES[s]} + fold", s, fold_us[s], intervals[s][-1]) for s in traced]
+    for name, side, charge, (low, high) in [*rows, ("plain 2 (A/A)", "off2", 0.0, control)]:
         delta = statistics.fmean(times[side]) - base + charge
         print(
-            f"  {name:15} {delta:+7.1f} us ({100 * delta / base:+.2f}%)"
+            f"  {name:24} {delta:+7.1f} us ({100 * delta / base:+.2f}%)"
             f" [{100 * (low + charge) / base:+.2f}%, {100 * (high + charge) / base:+.2f}%]"
         )
-    print(f"  (the fold: {fold_us:.2f} us per wrapped call)")
+    for side in traced:
+        print(f"  (the fold: {fold_us[side]:.2f} us per call, {NAMES[side]})")
 
 
 def main() -> None:
@@ -167,11 +203,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200, help="blocks per side")
     parser.add_argument("--calls", type=int, default=40, help="calls per block")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i")
+    parser.add_argument("--python", action="store_true", help=PYTHON_HELP)
     parser.add_argument("--data", help=argparse.SUPPRESS)  # where rank 0 writes its timings
     args = parser.parse_args()
     size = parse_size(args.size, "--size")
     if "RANK" in os.environ:
-        _rank_main(size, args.rounds, args.calls, args.pin, args.data)
+        _rank_main(size, args.rounds, args.calls, args.pin, args.data, args.python)
         return
     from cclctl.runtime.launcher import launch
 
@@ -179,6 +216,7 @@ def main() -> None:
         data = os.path.join(tmp, "timings.json")
         argv = [sys.executable, __file__, "--size", str(size), "--rounds", str(args.rounds)]
         argv += ["--calls", str(args.calls), "--data", data] + (["--pin"] if args.pin else [])
+        argv += ["--python"] if args.python else []
         result = launch(argv, args.ranks, env={"PYTHONWARNINGS": "ignore"})
         if result.returncode != 0 or not os.path.exists(data):
             sys.exit(f"benchmark ranks failed (exit {result.returncode})")
