@@ -40,6 +40,7 @@ typedef struct {
     PyObject *name;        /* the tensor's keyword name */
     PyObject *group_kw;    /* "group" */
     PyObject *async_kw;    /* "async_op" */
+    PyObject *is_cuda;     /* "is_cuda", read on every call where torch has CUDA */
     Py_ssize_t i_tensor, i_group, i_async, backstop;
     int gpus;              /* whether this torch can make CUDA tensors */
 } QuickWrapper;
@@ -84,7 +85,7 @@ not_quick(QuickWrapper *self, PyObject *comms, PyObject *const *args, Py_ssize_t
     if (tensor == NULL || (PyObject *)Py_TYPE(tensor) != self->tensor_type)
         return 1;
     if (self->gpus) {
-        PyObject *cuda = PyObject_GetAttrString(tensor, "is_cuda");
+        PyObject *cuda = PyObject_GetAttr(tensor, self->is_cuda);
         if (cuda == NULL) {
             PyErr_Clear();
             return 1;
@@ -276,7 +277,8 @@ new_wrapper(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->name = name;
     self->group_kw = PyUnicode_InternFromString("group");
     self->async_kw = PyUnicode_InternFromString("async_op");
-    if (self->group_kw == NULL || self->async_kw == NULL) {
+    self->is_cuda = PyUnicode_InternFromString("is_cuda");
+    if (self->group_kw == NULL || self->async_kw == NULL || self->is_cuda == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -314,6 +316,7 @@ clear(QuickWrapper *self)
     Py_CLEAR(self->name);
     Py_CLEAR(self->group_kw);
     Py_CLEAR(self->async_kw);
+    Py_CLEAR(self->is_cuda);
     return 0;
 }
 

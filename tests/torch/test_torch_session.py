@@ -421,3 +421,33 @@ def test_quick_calls_fold_themselves_when_the_folder_falls_behind(one_rank: Path
     dist.all_reduce(t)
     st = sess.telemetry.metrics_view().ops[("0:0", "all_reduce")]
     assert st.collectives == FOLD_BACKSTOP + 1
+
+
+@pytest.mark.timeout(30)
+def test_the_compiled_wrapper_keeps_cpu_tensors_quick_where_torch_has_cuda(
+    one_rank: Path,
+) -> None:
+    """A CUDA build of torch makes the compiled wrapper ask every tensor ``is_cuda`` (this
+    CPU build does not): a CPU tensor must still take the quick path, not the general."""
+    if type(dist.all_reduce).__name__ != "QuickWrapper":
+        pytest.skip("the compiled wrapper's CUDA check")
+    from cclctl.integrations._quickwrap import QuickWrapper
+
+    from cclctl.integrations.torch_calls import quick_layout
+
+    state, sess = cclctl_torch._state, cclctl_torch.session()
+    assert state is not None and sess is not None
+    original = dist.all_reduce.__wrapped__
+    layout = quick_layout("all_reduce", original)
+    assert layout is not None
+    general_calls: list[Any] = []
+    wrapper = QuickWrapper(
+        original=original, general=lambda *a, **k: general_calls.append(a), inside=state.inside,
+        tensor_type=torch.Tensor, op="all_reduce", name=layout.tensor, i_tensor=layout.i_tensor,
+        i_group=layout.i_group, i_async=layout.i_async, backstop=1 << 20, gpus=True,
+    )  # fmt: skip
+    wrapper.live = sess.quick_parts()
+    assert wrapper(torch.ones(5)) is None
+    assert general_calls == []
+    [rec] = sess.telemetry.records()
+    assert (rec.op, rec.count, rec.state) == ("all_reduce", 5, COMPLETED)
