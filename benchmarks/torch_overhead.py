@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from paired import pin_rank, render, run_rounds, summarize
 
 from cclctl.benchmark.sizes import parse_size
+from cclctl.integrations.torch_calls import describer, quick_layout
 
 if TYPE_CHECKING:
     from cclctl.integrations.torch_session import Session
@@ -79,18 +80,28 @@ def start_instrumented_gloo(
     return dist, plain, traced, sess
 
 
-def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
+def python_wrappers(
+    target: Callable[..., Any], like: Callable[..., Any]
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The general and the pure-Python quick wrapper of all_reduce around ``target``, read
+    by the signature of ``like`` (torch's all_reduce), reporting to the live session."""
     import torch
 
     from cclctl.integrations import torch as cclctl_torch
-    from cclctl.integrations.torch_calls import describer
+
+    state, layout = cclctl_torch._state, quick_layout("all_reduce", like)
+    assert state is not None and layout is not None
+    general = cclctl_torch._wrap(state, target, describer("all_reduce", like, torch.Tensor))
+    quick = cclctl_torch._wrap_quick(state, target, "all_reduce", layout, torch.Tensor, general)
+    return general, quick
+
+
+def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
+    import torch
 
     dist, plain, traced, sess = start_instrumented_gloo(pin)
-    assert cclctl_torch._state is not None
     if paths:  # the general wrapper is the baseline, the quick one what is measured
-        plain = cclctl_torch._wrap(
-            cclctl_torch._state, plain, describer("all_reduce", plain, torch.Tensor)
-        )
+        plain = python_wrappers(plain, plain)[0]
     wanted = {size: SIZES.get(size, max(4, (16 << 20) // size)) for size in sizes}
     calls_of = wanted if dist.get_world_size() > 1 else dict.fromkeys(wanted, 4000)
     Times = dict[str, list[float]]  # side -> seconds per call of each round's block
@@ -131,7 +142,6 @@ def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
     import torch.distributed as dist
 
     from cclctl.integrations import torch as cclctl_torch
-    from cclctl.integrations.torch_calls import describer, quick_layout
 
     store = tempfile.NamedTemporaryFile(delete=False).name  # noqa: SIM115 (gloo opens it)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
@@ -143,13 +153,12 @@ def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
     def nothing(*args: object, **kwargs: object) -> None:
         return None
 
-    general = cclctl_torch._wrap(state, nothing, describer("all_reduce", real, torch.Tensor))
-    layout = quick_layout("all_reduce", real)
-    assert layout is not None
-    quick = cclctl_torch._wrap_quick(state, nothing, "all_reduce", layout, torch.Tensor, general)
+    general, quick = python_wrappers(nothing, real)
     t = torch.zeros(2)
     sides = {"bare": nothing, "general": general, "quick (python)": quick}
     if cclctl_torch._compiled_quick() is not None:
+        layout = quick_layout("all_reduce", real)
+        assert layout is not None
         sides["quick (compiled)"] = cclctl_torch._quick_wrapper(
             state, nothing, "all_reduce", layout, torch.Tensor, general
         )

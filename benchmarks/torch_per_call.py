@@ -43,10 +43,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from typing import Any
 
-from torch_overhead import start_instrumented_gloo
+from torch_overhead import python_wrappers, start_instrumented_gloo
 
 from cclctl.benchmark.sizes import parse_size
 
@@ -60,27 +58,13 @@ PYTHON_HELP = (
 )
 
 
-def _python_wrapper(plain: Callable[..., Any]) -> Callable[..., Any]:
-    """The pure-Python quick wrapper of ``plain``, reporting to the same session as the
-    compiled one that ``instrument()`` installed."""
-    import torch
-
-    from cclctl.integrations import torch as cclctl_torch
-    from cclctl.integrations.torch_calls import describer, quick_layout
-
-    state, layout = cclctl_torch._state, quick_layout("all_reduce", plain)
-    assert state is not None and layout is not None
-    general = cclctl_torch._wrap(state, plain, describer("all_reduce", plain, torch.Tensor))
-    return cclctl_torch._wrap_quick(state, plain, "all_reduce", layout, torch.Tensor, general)
-
-
 def _rank_main(size: int, rounds: int, calls: int, pin: bool, data: str, python: bool) -> None:
     import torch
 
     dist, plain, traced, sess = start_instrumented_gloo(pin)
     fns = {"on": traced, "off": plain, "off2": plain}
     if python:
-        fns[PYTHON] = _python_wrapper(plain)
+        fns[PYTHON] = python_wrappers(plain, plain)[1]  # over the same session
     sides = tuple(fns)
     t = torch.zeros(max(size // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
     for _ in range(5):
