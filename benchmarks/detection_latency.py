@@ -18,7 +18,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests")
 from fault_job import FaultJob
 
 from cclctl.live.snapshot import fetch
-from cclctl.runtime.store import StoreClient
+from cclctl.store.client import StoreClient
 
 for trial in range(3):
     tmp = pathlib.Path(tempfile.mkdtemp())

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from peers_report import best_rows, goals, render
 from streaming_copy import copy_gbs
 
-from cclctl.runtime import streaming_copies
-from cclctl.runtime.launcher import launch
+from cclctl.launch import streaming_copies
+from cclctl.launch.launcher import launch
 
 WORKER = str(Path(__file__).with_name("peers_worker.py"))
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -84,7 +84,7 @@ def machine_limit(sizes: list[int], reps: int) -> dict[str, dict[int, float]]:
 
 def streaming_machine_limit(sizes: list[int], reps: int) -> dict[str, dict[int, float]]:
     """:func:`machine_limit` in a process started as ``cclctl launch`` starts ranks, with
-    the streaming-copy threshold (``runtime/streaming_copies.py``). The limit is the better
+    the streaming-copy threshold (``launch/streaming_copies.py``). The limit is the better
     of the two: cclctl's copies must not be judged against a copy slower than theirs."""
     proc = subprocess.run(
         [sys.executable, __file__, "--limit-only", ",".join(map(str, sizes)), "--reps", str(reps)],

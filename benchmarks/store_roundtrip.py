@@ -15,11 +15,11 @@ import socket
 import subprocess
 import sys
 
-from cclctl.runtime.store import StoreServer
+from cclctl.store.client import StoreServer
 
 CLIENT = r"""
 import statistics, sys, time
-from cclctl.runtime.store import StoreClient
+from cclctl.store.client import StoreClient
 port, calls = int(sys.argv[1]), int(sys.argv[2])
 c = StoreClient("127.0.0.1", port)
 def timed(op):

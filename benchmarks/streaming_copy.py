@@ -2,7 +2,7 @@
 nothing; it measures).
 
 ``cclctl launch`` starts ranks with ``GLIBC_TUNABLES`` naming a non-temporal threshold
-(``cclctl/runtime/streaming_copies.py``). This shows what that buys on this machine: one
+(``cclctl/launch/streaming_copies.py``). This shows what that buys on this machine: one
 process copying alone, and several copying at once (as ranks do), each in a fresh process
 started with and without the tunable, at every size given.
 
@@ -18,7 +18,7 @@ import sys
 import time
 
 from cclctl.benchmark.sizes import parse_size
-from cclctl.runtime import streaming_copies
+from cclctl.launch import streaming_copies
 
 _CHILD = """
 import os, sys, time

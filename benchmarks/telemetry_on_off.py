@@ -81,7 +81,7 @@ def main() -> None:
     if "RANK" in os.environ:
         _rank_main(args.rounds, args.sizes, args.pin)
         return
-    from cclctl.runtime.launcher import launch
+    from cclctl.launch.launcher import launch
 
     out: list[str] = []
     result = launch(

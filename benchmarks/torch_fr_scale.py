@@ -7,7 +7,7 @@ what torch's own pickler writes, unframed, and the default), for a job of two
 process groups hung at the last all_reduce of the world group, which one rank never
 entered. Each reader runs in a child process of its own; its wall time and peak RSS (from
 ``wait4``) are reported, and for cclctl also how many reader processes it forks (one per
-usable CPU, up to 8, see cclctl.integrations.torch_fr_pool) and the largest of them.
+usable CPU, up to 8, see cclctl.diagnose_io.fr_pool) and the largest of them.
 cclctl's verdict is also computed for a few shuffled file orders and must not change.
 Asserts nothing else.
 
@@ -35,8 +35,8 @@ READ_CCLCTL = """
 import json, resource, sys
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Options
-from cclctl.integrations.torch_fr import load_flight_recorder
-from cclctl.integrations.torch_fr_pool import MAX_WORKERS, cores
+from cclctl.diagnose_io.flight_recorder import load_flight_recorder
+from cclctl.diagnose_io.fr_pool import MAX_WORKERS, cores
 snaps = load_flight_recorder(sys.argv[1:])
 diag = diagnose(snaps, options=Options(stuck_after_s=5))
 v = diag.verdicts[0]

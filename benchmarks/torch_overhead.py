@@ -1,6 +1,6 @@
 """Instrumented vs plain gloo all_reduce, in the same processes (asserts nothing).
 
-Each rank keeps torch's own ``all_reduce`` and, after ``cclctl.integrations.torch
+Each rank keeps torch's own ``all_reduce`` and, after ``cclctl.integrations.torch.wrap
 .instrument()``, the wrapped one; both drive the same process group. Blocks of calls are
 paired round by round with an A/A control (see ``paired.py``), so machine noise hits both
 alike and its size is printed. Goals from the PyTorch integration issue: at most 2% slower
@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING, Any
 from paired import pin_rank, render, run_rounds, summarize
 
 from cclctl.benchmark.sizes import parse_size
-from cclctl.integrations.torch_calls import describer, quick_layout
+from cclctl.integrations.torch.calls import describer, quick_layout
 
 if TYPE_CHECKING:
-    from cclctl.integrations.torch_session import Session
+    from cclctl.integrations.torch.session import Session
 
 PATHS_HELP = "compare the wrapper's quick path (on) with its general path (off)"
 SIZES = {8: 400, 1 << 20: 40, 4 << 20: 12, 16 << 20: 4}  # bytes -> calls per block
@@ -67,7 +67,7 @@ def start_instrumented_gloo(
     cclctl session that records the wrapped calls."""
     import torch.distributed as dist
 
-    from cclctl.integrations import torch as cclctl_torch
+    from cclctl.integrations.torch import wrap as cclctl_torch
 
     if pin:  # before gloo starts its threads, which inherit the mask
         pin_rank()
@@ -87,7 +87,7 @@ def python_wrappers(
     by the signature of ``like`` (torch's all_reduce), reporting to the live session."""
     import torch
 
-    from cclctl.integrations import torch as cclctl_torch
+    from cclctl.integrations.torch import wrap as cclctl_torch
 
     state, layout = cclctl_torch._state, quick_layout("all_reduce", like)
     assert state is not None and layout is not None
@@ -141,7 +141,7 @@ def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
     import torch
     import torch.distributed as dist
 
-    from cclctl.integrations import torch as cclctl_torch
+    from cclctl.integrations.torch import wrap as cclctl_torch
 
     store = tempfile.NamedTemporaryFile(delete=False).name  # noqa: SIM115 (gloo opens it)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
@@ -195,7 +195,7 @@ def main() -> None:
         sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
         _rank_main(args.rounds, sizes, args.paths, args.pin)
         return
-    from cclctl.runtime.launcher import launch
+    from cclctl.launch.launcher import launch
 
     out: list[str] = []
     result = launch(

@@ -197,7 +197,7 @@ def main() -> None:
     if "RANK" in os.environ:
         _rank_main(size, args.rounds, args.calls, args.pin, args.data, args.python)
         return
-    from cclctl.runtime.launcher import launch
+    from cclctl.launch.launcher import launch
 
     with tempfile.TemporaryDirectory(prefix="cclctl-per-call-") as tmp:
         data = os.path.join(tmp, "timings.json")

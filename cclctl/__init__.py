@@ -1,7 +1,7 @@
 """cclctl: observability and fault diagnosis for collective communication.
 
 ``cclctl.init()`` joins a job (from torchrun/Slurm/Open MPI/``cclctl launch`` variables) and
-returns a :class:`~cclctl.runtime.communicator.Communicator` with torch.distributed-style
+returns a :class:`~cclctl.runtime.comm.communicator.Communicator` with torch.distributed-style
 collectives on numpy arrays. Nothing is imported or started until it is called.
 """
 
@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from cclctl.runtime.communicator import Communicator
+    from cclctl.runtime.comm.communicator import Communicator
 
 
 def init(**kwargs: Any) -> Communicator:
-    """Join the job and return the world communicator; see :func:`cclctl.runtime.init`."""
-    from cclctl.runtime.init import init as _init
+    """Join the job and return the world communicator; see :func:`cclctl.runtime.job.init`."""
+    from cclctl.runtime.job.init import init as _init
 
     return _init(**kwargs)
 

@@ -212,7 +212,7 @@ class RuntimeConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     transport: str = "auto"
-    algo: str = ""  # "" = choose by size; see runtime/selection.py
+    algo: str = ""  # "" = choose by size; see runtime/comm/selection.py
     trace_buffer: int = DEFAULT_TRACE_BUFFER
     trace_dir: str = ""
     metrics_port: int = 0  # base port; 0 = no exporter

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cclctl.runtime.store import StoreClient, StoreServer
+from cclctl.store.client import StoreClient, StoreServer
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from cclctl.runtime.store import StoreServer
+from cclctl.store.client import StoreServer
 
 WORKER = str(Path(__file__).with_name("fault_worker.py"))
 

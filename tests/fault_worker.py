@@ -3,7 +3,7 @@
 Between collectives each rank "computes" for ``PAUSE`` seconds, as a training step does, so
 the statuses it publishes keep up with its progress before the fault strikes.
 
-The fault itself comes from ``CCLCTL_FAULT`` (see cclctl/runtime/faults.py);
+The fault itself comes from ``CCLCTL_FAULT`` (see cclctl/runtime/job/faults.py);
 ``FAULT_BUFFERS=shared`` puts the buffers in ``comm.empty()`` (zero-copy). With
 ``HOLD_ON_ERROR=1`` a rank whose collective fails stays alive (as a training process stuck
 in its error handling does), so the live diagnosis can still read its status.
@@ -20,6 +20,7 @@ import numpy as np
 
 import cclctl
 from cclctl.errors import CclError
+from cclctl.runtime.comm.communicator import Communicator
 
 OP = os.environ.get("FAULT_OP", "all_reduce")
 ITERS = int(os.environ.get("ITERS", "8"))
@@ -27,7 +28,7 @@ PAUSE = float(os.environ.get("PAUSE", "0.3"))
 COUNT = 65536  # 256 KiB of float32: large enough to run zero-copy on shared buffers
 
 
-def one(comm: cclctl.runtime.communicator.Communicator, buf: np.ndarray, out: np.ndarray) -> None:
+def one(comm: Communicator, buf: np.ndarray, out: np.ndarray) -> None:
     if OP == "all_reduce":
         comm.all_reduce(buf)
     elif OP == "all_gather":

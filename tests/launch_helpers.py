@@ -15,7 +15,7 @@ PY = sys.executable
 # is never stopped before it could install its handlers.
 RANK_PROGRAM = r"""
 import os, signal, subprocess, sys, time
-from cclctl.runtime.store import StoreClient
+from cclctl.store.client import StoreClient
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 child = subprocess.Popen(["sleep", "60"])
 print(f"pids {os.getpid()} {child.pid}", flush=True)

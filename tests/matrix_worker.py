@@ -59,7 +59,7 @@ class Buffers:
     """Where the worker puts the buffers it hands to collectives: numpy's memory, or shared
     buffers from ``comm.empty()``."""
 
-    def __init__(self, comm: cclctl.runtime.communicator.Communicator, shared: bool) -> None:
+    def __init__(self, comm: cclctl.runtime.comm.communicator.Communicator, shared: bool) -> None:
         self.comm = comm
         self.shared = shared
 
@@ -117,7 +117,7 @@ def main() -> int:
 
 
 def run_reducing(
-    comm: cclctl.runtime.communicator.Communicator,
+    comm: cclctl.runtime.comm.communicator.Communicator,
     mem: Buffers,
     inputs: list[np.ndarray],
     want: np.ndarray,
@@ -162,7 +162,7 @@ def run_reducing(
 
 
 def run_moving(
-    comm: cclctl.runtime.communicator.Communicator,
+    comm: cclctl.runtime.comm.communicator.Communicator,
     mem: Buffers,
     inputs: list[np.ndarray],
     inplace: bool,

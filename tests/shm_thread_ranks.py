@@ -14,10 +14,10 @@ from typing import Any
 from thread_ranks import run_comms
 
 from cclctl.config import RuntimeConfig
-from cclctl.runtime.communicator import Communicator, world_comm_id
-from cclctl.runtime.shm_layout import Layout
-from cclctl.runtime.tcp_links import Links
-from cclctl.runtime.transport import Transport
+from cclctl.runtime.comm.communicator import Communicator, world_comm_id
+from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.shm.layout import Layout
+from cclctl.runtime.transport.tcp_links import Links
 
 CFG = RuntimeConfig(job="shm-threads", timeout_s=20.0, connect_timeout_s=10.0)
 
@@ -52,7 +52,7 @@ def make_transports(
     one_copy: bool = True,
 ) -> list[Transport]:
     """Shared-memory transports for ``n`` thread ranks (hybrid where ``hosts`` differ)."""
-    from cclctl.runtime.hybrid import build_transport
+    from cclctl.runtime.transport.hybrid import build_transport
 
     hosts = list(hosts) if hosts is not None else ["h"] * n
     exchange = MemoryExchange(n)

@@ -19,7 +19,7 @@ import numpy as np
 
 import cclctl
 from cclctl.errors import CclError
-from cclctl.runtime.shm_segment import SHM_DIR
+from cclctl.runtime.transport.shm.segment import SHM_DIR
 
 
 def job_files(job: str) -> list[str]:

@@ -15,8 +15,8 @@ from cclctl.benchmark.options import BenchOptions
 from cclctl.benchmark.results import RankInfo, Row, RunMeta
 from cclctl.benchmark.selftest import Corruption
 from cclctl.benchmark.sweep import Sweep, gather_meta, total_rows
-from cclctl.runtime.communicator import Communicator
-from cclctl.runtime.launcher_output import MAX_LINE_BYTES
+from cclctl.launch.output import MAX_LINE_BYTES
+from cclctl.runtime.comm.communicator import Communicator
 
 
 def _opts(**changes: Any) -> BenchOptions:

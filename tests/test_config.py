@@ -15,7 +15,7 @@ from cclctl.config import (
     runtime_from_env,
 )
 from cclctl.errors import ConfigError
-from cclctl.runtime import selection
+from cclctl.runtime.comm import selection
 
 
 def test_torchrun_names() -> None:

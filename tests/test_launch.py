@@ -10,7 +10,7 @@ import pytest
 from launch_helpers import PY, RANK_PROGRAM, Lines, assert_all_gone
 
 from cclctl.errors import UsageError
-from cclctl.runtime.launcher import LaunchResult, launch
+from cclctl.launch.launcher import LaunchResult, launch
 
 
 def run(actions: dict[int, str], nprocs: int, **kw: object) -> tuple[LaunchResult, Lines, float]:

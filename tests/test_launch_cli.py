@@ -20,7 +20,7 @@ def cclctl(*args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str
 def test_cli_prefixes_lines_and_exits_with_the_failing_ranks_code() -> None:
     program = (
         "import os, sys, time\n"
-        "from cclctl.runtime.store import StoreClient\n"
+        "from cclctl.store.client import StoreClient\n"
         "rank = int(os.environ['RANK'])\n"
         "print('hello from', rank, flush=True)\n"
         "print('oops', rank, file=sys.stderr, flush=True)\n"

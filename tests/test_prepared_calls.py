@@ -11,10 +11,10 @@ import pytest
 from shm_thread_ranks import run_ranks
 
 from cclctl.errors import InvalidArgument
-from cclctl.runtime import shared_buffers
 from cclctl.runtime.algorithms import zero_copy
-from cclctl.runtime.communicator import Communicator
-from cclctl.runtime.prepared import PreparedCalls
+from cclctl.runtime.comm import shared_buffers
+from cclctl.runtime.comm.communicator import Communicator
+from cclctl.runtime.comm.prepared import PreparedCalls
 
 N = zero_copy.MIN_BYTES // 4  # int32 elements: just large enough for zero-copy
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cclctl.runtime.launcher import LaunchResult, launch
+from cclctl.launch.launcher import LaunchResult, launch
 
 WORKER = str(Path(__file__).with_name("prom_worker.py"))
 JOB = "prom-e2e"

@@ -15,9 +15,9 @@ import pytest
 
 from cclctl.config import RuntimeConfig
 from cclctl.errors import RendezvousError
-from cclctl.runtime.rendezvous import Rendezvous, _bind_host, join_store
-from cclctl.runtime.store import StoreClient, StoreServer
-from cclctl.runtime.store_scope import ScopedStore
+from cclctl.runtime.job.rendezvous import Rendezvous, _bind_host, join_store
+from cclctl.store.client import StoreClient, StoreServer
+from cclctl.store.scope import ScopedStore
 
 PID = os.getpid()
 
@@ -188,7 +188,7 @@ RANK_SCRIPT = """
 import json, sys
 from cclctl.config import rendezvous_from_env, runtime_from_env
 from cclctl.errors import CclError
-from cclctl.runtime.rendezvous import join
+from cclctl.runtime.job.rendezvous import join
 try:
     rdzv = join(rendezvous_from_env(), runtime_from_env())
     values = rdzv.exchange("who", str(rdzv.rank).encode(), 10)

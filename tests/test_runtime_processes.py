@@ -11,8 +11,8 @@ from typing import Any
 import matrix_worker
 import pytest
 
+from cclctl.launch.launcher import launch
 from cclctl.runtime.algorithms import zero_copy
-from cclctl.runtime.launcher import launch
 
 WORKER = str(Path(__file__).with_name("matrix_worker.py"))
 

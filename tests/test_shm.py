@@ -11,10 +11,10 @@ from recording_tracer import RecordingTracer
 from shm_thread_ranks import CFG, make_transports, run_on, run_ranks
 
 from cclctl.errors import CollectiveTimeout, CommAborted, PeerError, ProtocolError
-from cclctl.runtime.communicator import Communicator
-from cclctl.runtime.hybrid import HybridTransport
-from cclctl.runtime.shm import ShmTransport
-from cclctl.runtime.shm_layout import Layout
+from cclctl.runtime.comm.communicator import Communicator
+from cclctl.runtime.transport.hybrid import HybridTransport
+from cclctl.runtime.transport.shm.layout import Layout
+from cclctl.runtime.transport.shm.transport import ShmTransport
 
 pytestmark = pytest.mark.timeout(60)
 FAST_FAIL = CFG.replace(timeout_s=3.0)

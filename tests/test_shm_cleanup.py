@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from cclctl.runtime import shm_segment
-from cclctl.runtime.store import StoreServer
+from cclctl.runtime.transport.shm import segment as shm_segment
+from cclctl.store.client import StoreServer
 
 WORKER = str(Path(__file__).with_name("shm_worker.py"))
 

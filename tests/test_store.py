@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from cclctl.errors import StoreError
-from cclctl.runtime.store import StoreClient, StoreServer, parse_address
-from cclctl.runtime.store_protocol import Op, pack_request
+from cclctl.store.client import StoreClient, StoreServer, parse_address
+from cclctl.store.protocol import Op, pack_request
 
 
 def connect(server: StoreServer, **kw: Any) -> StoreClient:
@@ -203,7 +203,7 @@ def test_parse_address() -> None:
 
 _RAW_WAITERS = r"""
 import resource, socket, sys
-from cclctl.runtime.store_protocol import REPLY_HEADER, Op, pack_request
+from cclctl.store.protocol import REPLY_HEADER, Op, pack_request
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]),) * 2)
 port, n = int(sys.argv[1]), int(sys.argv[2])
 socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
@@ -250,7 +250,7 @@ def test_ten_thousand_clients_blocked_in_wait_are_released_by_one_set(
 
 
 def test_request_frames_round_trip_through_the_parser() -> None:
-    from cclctl.runtime.store_protocol import take_request
+    from cclctl.store.protocol import take_request
 
     frame = pack_request(Op.COMPARE_SET, [b"key", b"", b"\x00\xff"], 1.5)
     buffer = bytearray(frame[:5])

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from cclctl.errors import StoreError, StoreTimeout
-from cclctl.runtime.store import StoreClient, StoreServer
-from cclctl.runtime.store_protocol import REPLY_HEADER, Status
+from cclctl.store.client import StoreClient, StoreServer
+from cclctl.store.protocol import REPLY_HEADER, Status
 
 
 def free_port() -> int:

@@ -9,8 +9,8 @@ import pytest
 from launch_helpers import PY, Lines
 
 from cclctl.errors import ConfigError
-from cclctl.runtime import streaming_copies as sc
-from cclctl.runtime.launcher import launch
+from cclctl.launch import streaming_copies as sc
+from cclctl.launch.launcher import launch
 
 LD_SO = "/lib64/ld-linux-x86-64.so.2"
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from cclctl.launch.launcher import LaunchResult, launch
 from cclctl.live import table
 from cclctl.live.classify import Thresholds, classify
 from cclctl.live.snapshot import fetch
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
-from cclctl.runtime.launcher import LaunchResult, launch
-from cclctl.runtime.store import StoreClient, StoreServer
+from cclctl.store.client import StoreClient, StoreServer
 
 JOB = "j1"
 COMM = "0:0-3"

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from shm_thread_ranks import CFG, MemoryExchange, make_transports
 
-from cclctl.runtime import shm_segment
-from cclctl.runtime.hybrid import HybridTransport, build_transport
-from cclctl.runtime.launcher import launch
-from cclctl.runtime.shm import ShmTransport
-from cclctl.runtime.tcp import TcpTransport
-from cclctl.runtime.tcp_links import Links
-from cclctl.runtime.transport import Transport
+from cclctl.launch.launcher import launch
+from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.hybrid import HybridTransport, build_transport
+from cclctl.runtime.transport.shm import segment as shm_segment
+from cclctl.runtime.transport.shm.transport import ShmTransport
+from cclctl.runtime.transport.tcp import TcpTransport
+from cclctl.runtime.transport.tcp_links import Links
 
 WORKER = str(Path(__file__).with_name("shm_worker.py"))
 pytestmark = pytest.mark.timeout(60)

@@ -13,8 +13,8 @@ from thread_ranks import run_ranks
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CollectiveTimeout, CommAborted, ConfigError, ProtocolError
 from cclctl.records import STARTED, TIMED_OUT, CollectiveRecord
-from cclctl.runtime import faults
-from cclctl.runtime.job_signals import DumpRequests, request_dump
+from cclctl.runtime.job import faults
+from cclctl.runtime.job.signals import DumpRequests, request_dump
 from cclctl.telemetry.watchdog import Watchdog
 
 S = 1_000_000_000
@@ -104,7 +104,7 @@ def test_caller_raises_when_the_watchdog_marks_its_record() -> None:
     cfg = RuntimeConfig(job="w", timeout_s=0.5, on_hang="raise")
 
     def body(comm):  # type: ignore[no-untyped-def]
-        from cclctl.runtime.communicator import Communicator
+        from cclctl.runtime.comm.communicator import Communicator
 
         assert isinstance(comm, Communicator)
         if comm.rank == 1:

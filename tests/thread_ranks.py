@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from cclctl.config import RuntimeConfig
-from cclctl.runtime.communicator import Communicator, world_comm_id
-from cclctl.runtime.tcp import TcpTransport
-from cclctl.runtime.tcp_links import Links
+from cclctl.runtime.comm.communicator import Communicator, world_comm_id
+from cclctl.runtime.transport.tcp import TcpTransport
+from cclctl.runtime.transport.tcp_links import Links
 
 
 def make_comms(n: int, cfg: RuntimeConfig | None = None) -> list[Communicator]:

@@ -19,7 +19,7 @@ Array = np.ndarray
 
 
 class Communicator(Protocol):
-    """The part of :class:`cclctl.runtime.communicator.Communicator` the benchmark drives."""
+    """The part of :class:`cclctl.runtime.comm.communicator.Communicator` the benchmark drives."""
 
     @property
     def rank(self) -> int: ...

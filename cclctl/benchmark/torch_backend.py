@@ -61,7 +61,7 @@ def connect(backend: str, **telemetry: Any) -> TorchComm:
         device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
     if telemetry:
-        from cclctl.integrations.torch import instrument
+        from cclctl.integrations.torch.wrap import instrument
 
         instrument(**telemetry)
     dist.init_process_group(name, device_id=device)

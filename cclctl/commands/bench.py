@@ -159,7 +159,7 @@ def _run_here(opts: BenchOptions, metrics_port: int | None) -> tuple[RunMeta, li
 
 def _spawn(opts: BenchOptions, nranks: int, metrics_port: int | None) -> tuple[RunMeta, list[Row]]:
     """Bare: start ``nranks`` local ranks and follow rank 0's stream with a progress bar."""
-    from cclctl.runtime.launcher import launch
+    from cclctl.launch.launcher import launch
 
     opts.check_world(nranks)
     env = {} if metrics_port is None else {"CCLCTL_METRICS_PORT": str(metrics_port)}

@@ -26,7 +26,7 @@ from cclctl.diagnose_io import procs
 from cclctl.diagnose_io.inputs import Inputs, dump_paths, from_live, load_dumps
 from cclctl.errors import ConfigError, FaultFound, StoreError, UsageError
 from cclctl.live.snapshot import fetch
-from cclctl.runtime.store import StoreClient, parse_address
+from cclctl.store.client import StoreClient, parse_address
 
 HELP = "Diagnose a job: find the rank or link that hangs it."
 
@@ -127,7 +127,7 @@ def _options(stale: float, skew: float, stuck_after: float, world_size: int | No
 
 def _dumps(paths: list[str], job: str | None) -> Inputs:
     """cclctl's dumps, or PyTorch Flight Recorder dumps when the paths hold those."""
-    from cclctl.integrations.torch_fr import load_flight_recorder  # no torch import
+    from cclctl.diagnose_io.flight_recorder import load_flight_recorder  # no torch import
 
     torch_dumps = load_flight_recorder(paths, job)
     if torch_dumps is not None:

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from cclctl.runtime import streaming_copies
-from cclctl.runtime.launcher import MAX_PROCS, launch, print_prefixed
+from cclctl.launch import streaming_copies
+from cclctl.launch.launcher import MAX_PROCS, launch, print_prefixed
 
 HELP = (
     "Run CMD as N ranks on this host, around a job store, and stop them all together.\n\n"

@@ -22,7 +22,7 @@ from cclctl.errors import ConfigError, StoreError, UsageError
 from cclctl.live import table as rows_of
 from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thresholds, read_view
 from cclctl.live.document import to_document
-from cclctl.runtime.store import StoreClient, parse_address
+from cclctl.store.client import StoreClient, parse_address
 
 HELP = (
     "Watch a live job: one row per rank, refreshed every --interval seconds.\n\n"

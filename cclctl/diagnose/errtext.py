@@ -3,7 +3,7 @@
 A call that timed out or failed has its ``waiting_on`` cleared, and a live status keeps only
 a rank's last calls, so the error text is often the only word on whom a rank waited for,
 which link broke, or what a mismatched peer called. The patterns are cclctl's own messages
-(runtime/transport.py, tcp.py, shm.py, shm_group.py, wire.py); anything else matches nothing.
+(``runtime/transport/``: the interface, tcp, shm and wire); anything else matches nothing.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class Recorder:
     communicator's last started/completed seq.
 
     A record counts as ended once ``end_ns`` is non-zero; closers must set it last (see
-    :func:`cclctl.runtime.tracing.close_record`), so a fold in another thread that sees it
+    :func:`cclctl.runtime.comm.tracing.close_record`), so a fold in another thread that sees it
     also sees the record's final state.
     """
 

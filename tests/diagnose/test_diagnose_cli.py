@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from diagnose_factory import Job, ring_left
 
-from cclctl.runtime.store import StoreClient, StoreServer
+from cclctl.store.client import StoreClient, StoreServer
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAULT = 0, 1, 2, 3
 

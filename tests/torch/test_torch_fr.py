@@ -20,7 +20,7 @@ from torch_jobs import child_env, run_job
 
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import MISMATCH, NOT_ENTERED, Options
-from cclctl.integrations.torch_fr import load_flight_recorder
+from cclctl.diagnose_io.flight_recorder import load_flight_recorder
 
 FAST = Options(stuck_after_s=1.0)  # the jobs hang for ~1.5 s before they dump
 

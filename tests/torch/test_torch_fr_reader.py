@@ -18,10 +18,11 @@ pytest.importorskip("torch")
 
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import MISSING, NOT_ENTERED, Options
+from cclctl.diagnose_io import flight_recorder as torch_fr
+from cclctl.diagnose_io import fr_pool as torch_fr_pool
+from cclctl.diagnose_io.flight_recorder import find_dumps, load_flight_recorder, read_dump, sniff
+from cclctl.diagnose_io.fr_translate import RankDump
 from cclctl.errors import BadInput
-from cclctl.integrations import torch_fr, torch_fr_pool
-from cclctl.integrations.torch_fr import find_dumps, load_flight_recorder, read_dump, sniff
-from cclctl.integrations.torch_fr_translate import RankDump
 from cclctl.records import COMPLETED, STARTED
 
 NS = 1_700_000_000_000_000_000

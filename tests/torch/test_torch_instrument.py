@@ -32,12 +32,9 @@ def plain() -> dict[int, list[dict[str, Any]]]:
     return _outputs([])
 
 
-@pytest.fixture(scope="module", params=["compiled", "python"])
-def instrumented(request: pytest.FixtureRequest) -> dict[int, list[dict[str, Any]]]:
-    """Once with each quick wrapper: the compiled one, and the pure-Python one it stands in
-    for where no C compiler built it."""
-    pure = "1" if request.param == "python" else "0"
-    return _outputs([CCLCTL, "run", "--"], CCLCTL_PURE_PYTHON=pure)
+@pytest.fixture(scope="module")
+def instrumented() -> dict[int, list[dict[str, Any]]]:
+    return _outputs([CCLCTL, "run", "--"])
 
 
 @pytest.mark.timeout(120)

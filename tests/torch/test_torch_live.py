@@ -26,7 +26,7 @@ from torch_jobs import HERE, child_env, free_port
 
 from cclctl.errors import CclError
 from cclctl.live.snapshot import fetch
-from cclctl.runtime.store import StoreClient
+from cclctl.store.client import StoreClient
 
 CCLCTL = str(Path(sys.executable).with_name("cclctl"))
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))

@@ -5,8 +5,6 @@ calls that return early are closed (the completion tracker, with stand-in works)
 from __future__ import annotations
 
 import gc
-import importlib.util
-import shutil
 import threading
 import time
 import weakref
@@ -16,34 +14,20 @@ from typing import Any
 
 import pytest
 
-from cclctl.integrations import torch as cclctl_torch
-from cclctl.integrations.torch_folding import Folder
-from cclctl.integrations.torch_timing import Completions
+from cclctl.integrations.torch import wrap as cclctl_torch
+from cclctl.integrations.torch.folding import Folder
+from cclctl.integrations.torch.timing import Completions
 from cclctl.records import COMPLETED, CollectiveRecord
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 
-@pytest.fixture(params=["compiled", "python"])
-def one_rank(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Path]:
-    """Instrumented before init, as `cclctl run` does; everything undone afterwards. Once
-    with each quick wrapper: the compiled one and the pure-Python one it stands in for.
-    """
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[Path]:
+    """Instrumented before init, as `cclctl run` does; everything undone afterwards."""
     originals = (dist.all_reduce, dist.distributed_c10d.Work.wait)
-    if request.param == "python":
-        monkeypatch.setenv("CCLCTL_PURE_PYTHON", "1")
-    else:
-        monkeypatch.delenv("CCLCTL_PURE_PYTHON", raising=False)
-        if importlib.util.find_spec("cclctl.integrations._quickwrap") is None:
-            if shutil.which("cc") is None:
-                pytest.skip("no C compiler here: the compiled quick wrapper is not built")
-            pytest.fail("a C compiler is here, but the compiled quick wrapper was not built")
     cclctl_torch.instrument(trace_dir=str(tmp_path), timeout_s=30)
-    compiled = type(dist.all_reduce).__name__ == "QuickWrapper"
-    assert compiled == (request.param == "compiled")
     try:
         dist.init_process_group(
             "gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1
@@ -254,7 +238,7 @@ def test_a_quick_call_is_built_off_its_thread_yet_every_reader_sees_it(one_rank:
     """The quick path hands over a list and marks its end there; readers still see the
     call at once: in flight while it runs (the watchdog's view), then ended, counted once.
     A failed call keeps torch's error, and a call the watchdog timed out stays timed out."""
-    from cclctl.integrations.torch_session import QUICK_END, quick_call
+    from cclctl.integrations.torch.session import QUICK_END, quick_call
 
     sess = cclctl_torch.session()
     assert sess is not None and sess.folder is not None
@@ -407,7 +391,7 @@ def test_the_quick_wrapper_looks_and_answers_like_torchs_function(one_rank: Path
 def test_quick_calls_fold_themselves_when_the_folder_falls_behind(one_rank: Path) -> None:
     """With the session's folder stopped (as if starved), the quick path's backstop folds
     once FOLD_BACKSTOP calls wait: the queue stays bounded and no call is lost."""
-    from cclctl.integrations.torch_folding import FOLD_BACKSTOP
+    from cclctl.integrations.torch.folding import FOLD_BACKSTOP
 
     sess = cclctl_torch.session()
     assert sess is not None and sess.folder is not None
@@ -421,33 +405,3 @@ def test_quick_calls_fold_themselves_when_the_folder_falls_behind(one_rank: Path
     dist.all_reduce(t)
     st = sess.telemetry.metrics_view().ops[("0:0", "all_reduce")]
     assert st.collectives == FOLD_BACKSTOP + 1
-
-
-@pytest.mark.timeout(30)
-def test_the_compiled_wrapper_keeps_cpu_tensors_quick_where_torch_has_cuda(
-    one_rank: Path,
-) -> None:
-    """A CUDA build of torch makes the compiled wrapper ask every tensor ``is_cuda`` (this
-    CPU build does not): a CPU tensor must still take the quick path, not the general."""
-    if type(dist.all_reduce).__name__ != "QuickWrapper":
-        pytest.skip("the compiled wrapper's CUDA check")
-    from cclctl.integrations._quickwrap import QuickWrapper
-
-    from cclctl.integrations.torch_calls import quick_layout
-
-    state, sess = cclctl_torch._state, cclctl_torch.session()
-    assert state is not None and sess is not None
-    original = dist.all_reduce.__wrapped__
-    layout = quick_layout("all_reduce", original)
-    assert layout is not None
-    general_calls: list[Any] = []
-    wrapper = QuickWrapper(
-        original=original, general=lambda *a, **k: general_calls.append(a), inside=state.inside,
-        tensor_type=torch.Tensor, op="all_reduce", name=layout.tensor, i_tensor=layout.i_tensor,
-        i_group=layout.i_group, i_async=layout.i_async, backstop=1 << 20, gpus=True,
-    )  # fmt: skip
-    wrapper.live = sess.quick_parts()
-    assert wrapper(torch.ones(5)) is None
-    assert general_calls == []
-    [rec] = sess.telemetry.records()
-    assert (rec.op, rec.count, rec.state) == ("all_reduce", 5, COMPLETED)

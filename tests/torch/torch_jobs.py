@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cclctl.runtime.launcher import LaunchResult, launch
+from cclctl.launch.launcher import LaunchResult, launch
 
 HERE = Path(__file__).parent
 PY = sys.executable

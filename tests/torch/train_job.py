@@ -110,7 +110,7 @@ def ops():
 
 
 def records():
-    telemetry = sys.modules.get("cclctl.integrations.torch")
+    telemetry = sys.modules.get("cclctl.integrations.torch.wrap")
     sess = telemetry.session() if telemetry else None
     if sess is None:
         return

@@ -11,7 +11,7 @@ import sys
 
 def _arm() -> None:
     try:
-        from cclctl.integrations.torch_boot import arm
+        from cclctl.integrations.torch.boot import arm
 
         arm()
     except Exception as exc:  # the job must start whatever happens here

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cclctl.runtime.transport import Transfer, Transport, Wait
-from cclctl.runtime.wire import Call
+from cclctl.runtime.transport.base import Transfer, Transport, Wait
+from cclctl.runtime.transport.wire import Call
 
 if TYPE_CHECKING:
-    from cclctl.runtime.hybrid import Hierarchy
-    from cclctl.runtime.shm_group import ShmGroup
+    from cclctl.runtime.transport.hybrid import Hierarchy
+    from cclctl.runtime.transport.shm.group import ShmGroup
 
 Array = np.ndarray
 

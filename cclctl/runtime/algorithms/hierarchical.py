@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from cclctl.runtime.algorithms import latency, ring, shared
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds
-from cclctl.runtime.transport import Transfer
+from cclctl.runtime.transport.base import Transfer
 
 if TYPE_CHECKING:
-    from cclctl.runtime.hybrid import Hierarchy
+    from cclctl.runtime.transport.hybrid import Hierarchy
 
 #: Steps of the inter-host phase are numbered from here, apart from the intra-host rounds.
 CROSS_STEP0 = 1 << 16

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from cclctl.runtime import wire
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
-from cclctl.runtime.shm_group import ShmGroup
-from cclctl.runtime.shm_layout import (
+from cclctl.runtime.transport import wire
+from cclctl.runtime.transport.shm.group import ShmGroup
+from cclctl.runtime.transport.shm.layout import (
     HEADER,
     Q_COLL_PUB,
     Q_COLL_USED,

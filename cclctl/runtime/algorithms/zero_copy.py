@@ -1,7 +1,7 @@
 """Zero-copy collectives on shared buffers: ranks read each other's arrays directly.
 
 When every rank of a one-host communicator passes buffers from ``comm.empty()``
-(:mod:`cclctl.runtime.shared_buffers`), nothing is staged through the segment's slots. A
+(:mod:`cclctl.runtime.comm.shared_buffers`), nothing is staged through the segment's slots. A
 rank publishes where its buffers are (one small round: the call's wire header and the
 buffer descriptors), then:
 
@@ -32,12 +32,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cclctl.runtime import shared_buffers, wire
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
 from cclctl.runtime.algorithms.shared import account, await_round, slot_free
-from cclctl.runtime.shared_buffers import DESCRIPTOR_SIZE, Descriptor
-from cclctl.runtime.shm_group import ShmGroup
-from cclctl.runtime.shm_layout import HEADER, Q_COLL_PUB, Q_COLL_USED, Q_RES_PUB, View
+from cclctl.runtime.comm import shared_buffers
+from cclctl.runtime.comm.shared_buffers import DESCRIPTOR_SIZE, Descriptor
+from cclctl.runtime.transport import wire
+from cclctl.runtime.transport.shm.group import ShmGroup
+from cclctl.runtime.transport.shm.layout import HEADER, Q_COLL_PUB, Q_COLL_USED, Q_RES_PUB, View
 
 ALGO = "shm_zero_copy"
 #: Smaller calls take the slot path even on shared buffers: publishing descriptors and

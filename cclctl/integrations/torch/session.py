@@ -1,0 +1,354 @@
+"""One instrumented torch.distributed process: its telemetry and its process groups.
+
+A session starts when the default process group exists (``init_process_group`` returned) and
+ends with ``destroy_process_group()`` or at exit. It owns the same parts the runtime wires up
+in ``cclctl.runtime.job.init``: counters and flight recorder (:class:`Telemetry`), the watchdog,
+the exporter, dumps and, when the job's store can be found, the status publisher and
+job-wide dump requests (see :mod:`cclctl.integrations.torch.store`).
+
+Every process group is a communicator: id ``<group name>:<folded member ranks>`` (torch
+names groups by creation order, the same on every rank, so ``0:0-7`` is the world of 8 as in
+the runtime), its own collective seq from 1 and a per-pair seq for point-to-point calls.
+
+The wrapper's quick path (a synchronous one-tensor call on a known group) hands over a
+*quick call*, a list of what the record needs (indices ``QUICK_*``, built by
+:func:`quick_call`): the call's group and tensor themselves, not its comm, seq, size and
+dtype, and marks its end in it; the session numbers the call and builds its record later,
+in whichever thread folds telemetry (:meth:`Session.hand_over`, run before every fold),
+reading the tensor's size and dtype there and letting go of it. Between two gloo calls the
+caches hold gloo's data, and reading a tensor's metadata, or the session's and the comm's
+attributes, costs the calling thread several microseconds of cold memory that the folding
+thread, reading a batch, pays once warm. On 2 pinned gloo ranks
+(``benchmarks/torch_overhead.py --pin``), building the record off the calling thread took
+that thread's CPU per call from +4.7-5.5 to +4.1-5.0 us over plain torch at 8 B; reading
+size and dtype there too took it from +12.0-12.7 to +8.9-9.4 us at 1 MiB and from +3.7-3.9
+to +3.0-3.3 us at 8 B (two runs of each, alternating, with the fold charged);
+numbering the call there as well, not in the wrapper, took it from +7.01 and +7.16
+to +6.77 and +6.47 us at 1 MiB.
+The price: the tensor lives until the next fold (``FOLD_PERIOD_S``, 100 ms), a tensor
+resized in place before then is recorded at its new size, and seq numbers are given out
+by two threads, so they are given under ``_quick_lock``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cclctl.config import RuntimeConfig
+from cclctl.integrations.torch.calls import Call
+from cclctl.integrations.torch.folding import FOLD_BACKSTOP, Folder
+from cclctl.integrations.torch.store import StoreAttachment, attach
+from cclctl.integrations.torch.timing import Completions
+from cclctl.ranges import fold_ranks
+from cclctl.records import COMPLETED, FAILED, STARTED, TIMED_OUT, CollectiveRecord
+from cclctl.telemetry.hub import Telemetry
+from cclctl.telemetry.watchdog import Watchdog
+
+log = logging.getLogger("cclctl.torch")
+
+_DTYPES: dict[Any, tuple[str, int]] = {}
+_now_ns = time.time_ns  # one global read on the quick path, not a module's attribute
+
+#: Where a quick call keeps each field: the call's group and tensor (both None once the
+#: record is built), its op, when it started and ended (0: not yet), why it failed.
+QUICK_GROUP, QUICK_TENSOR, QUICK_OP, QUICK_START, QUICK_END, QUICK_ERROR = 0, 1, 2, 3, 4, 5
+
+
+def quick_call(op: str, tensor: Any, group: Any) -> list[Any]:
+    """A quick call starting now (the wrapper builds the same list inline)."""
+    return [group, tensor, op, _now_ns(), 0, None]
+
+
+def quietly(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)``, logging what it raises: telemetry must never change what the job sees."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("cclctl: torch telemetry failed")
+
+
+def dtype_info(dtype: Any) -> tuple[str, int]:
+    """``torch.float32`` -> ``("float32", 4)``: its name and bytes per element, cached (str()
+    of a dtype costs a microsecond, and a dict hit is cheaper than ``element_size()``).
+    """
+    info = _DTYPES.get(dtype)
+    if info is None:
+        info = _DTYPES[dtype] = (str(dtype).removeprefix("torch."), dtype.itemsize)
+    return info
+
+
+def error_text(error: BaseException) -> str:
+    """What a record says of torch's exception: its type and first line."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def finish_record(rec: CollectiveRecord, error: str | None, end_ns: int) -> None:
+    """End ``rec`` at ``end_ns``: completed, or failed with ``error`` (a timed-out record
+    stays timed out). ``end_ns`` is set last: telemetry takes a record with it as ended.
+    """
+    if error is None:
+        rec.state = COMPLETED
+        rec.waiting_on = rec.waiting_for = None
+    else:
+        if rec.state != TIMED_OUT:
+            rec.state = FAILED
+        rec.error = error
+    rec.end_ns = end_ns
+
+
+class TorchComm:
+    """A process group as cclctl counts it."""
+
+    __slots__ = ("group", "id", "ranks", "received", "sent", "seq", "size")
+
+    def __init__(self, group: Any, name: str, ranks: list[int]) -> None:
+        self.group = group
+        self.ranks = ranks
+        self.size = len(ranks)
+        self.id = f"{name}:{fold_ranks(ranks)}"
+        self.seq = 0
+        self.sent: dict[int, int] = {}
+        self.received: dict[int, int] = {}
+
+    def global_rank(self, given: int | None, in_group: int | None) -> int | None:
+        """A root or peer as a global rank, from torch's ``src`` or ``group_src`` form."""
+        if given is not None:
+            return int(given)
+        if in_group is not None and 0 <= in_group < self.size:
+            return self.ranks[in_group]
+        return None
+
+
+class Session:
+    """Telemetry of one process of an instrumented torch.distributed job."""
+
+    def __init__(self, cfg: RuntimeConfig, dist: Any, world: Any) -> None:
+        self.cfg = cfg
+        self._dist = dist
+        self.world = world
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.telemetry = Telemetry(
+            cfg, rank=self.rank, world_size=self.world_size, backend=str(dist.get_backend())
+        )
+        self.completions = Completions(self.close_record)
+        #: known process groups: the wrapper's quick path takes calls on these only
+        self.comms: dict[Any, TorchComm] = {}
+        self._world_comm: TorchComm | None = None  # the default group's, set by start()
+        self._trace = self.telemetry.start  # one bound method: the hot path's only hand-over
+        #: quick calls not yet handed over (see hand_over); the wrapper appends with ``hand``
+        self.quick: collections.deque[list[Any]] = collections.deque()
+        self.hand = self.quick.append
+        self._open: dict[int, tuple[list[Any], CollectiveRecord]] = {}  # in flight when built
+        self._quick_lock = threading.Lock()
+        self.telemetry.add_source(self.hand_over)
+        self._lock = threading.Lock()
+        self.store: StoreAttachment | None = None
+        self.watchdog: Watchdog | None = None
+        self.folder: Folder | None = None
+        self._closed = False
+        self._pid = os.getpid()
+
+    def start(self) -> Session:
+        """Start the background parts; a failure here is logged, never raised to the job."""
+        tel = self.telemetry
+        self._world_comm = self.comm(self.world)
+        if threading.current_thread() is threading.main_thread():
+            tel.install_signal_dump()
+            if self.cfg.trace_dir:
+                tel.install_termination_dump()
+                tel.install_exit_dump()
+        try:
+            self.store = attach(tel, self.cfg, self.rank, self.world_size)
+        except Exception as exc:
+            log.warning("cclctl: no live status for this job: %s", exc)
+        if self.store is not None:
+            tel.local_rank = self.store.local_rank
+        try:
+            tel.serve_metrics()
+        except Exception as exc:
+            log.warning("cclctl: no metrics endpoint: %s", exc)
+        self.watchdog = Watchdog(
+            tel,
+            self.cfg.timeout_s,
+            self.cfg.on_hang,
+            on_abort=self._abort,
+            on_expire=self._expired,
+        ).start()
+        self.folder = Folder(self).start()
+        return self
+
+    # -- process groups -------------------------------------------------------------------
+
+    def comm(self, group: Any) -> TorchComm | None:
+        """The communicator of ``group`` (None: the default group); None when this process
+        is not a member or ``group`` is not a process group.
+        """
+        key = self.world if group is None else group
+        comm = self.comms.get(key)
+        if comm is not None:
+            return comm
+        try:
+            ranks = list(self._dist.get_process_group_ranks(key))
+            name = str(key.group_name)
+        except Exception:
+            return None
+        if self.rank not in ranks:
+            return None
+        with self._lock:
+            comm = self.comms.setdefault(key, TorchComm(key, name, ranks))
+        self.telemetry.register_comm(comm.id, ranks)
+        return comm
+
+    def forget(self, group: Any) -> None:
+        """``destroy_process_group(group)``: its counters stay, the group object goes
+        (once its quick calls have been numbered: they are looked up by group).
+        """
+        self.telemetry.fold()
+        with self._lock:
+            self.comms.pop(group, None)
+
+    # -- records --------------------------------------------------------------------------
+
+    def open_record(self, comm: TorchComm, call: Call) -> CollectiveRecord:
+        """Number the call, start its record and put it in flight: after the quick calls
+        made before it, and under the lock the folding thread numbers those under.
+        """
+        tensor = call.tensor
+        dtype = "" if tensor is None else dtype_info(tensor.dtype)[0]
+        with self._quick_lock:
+            if self.quick:
+                self._hand_over()
+            peer = root = None
+            if call.direction is not None:
+                peer = comm.global_rank(call.peer, call.group_peer)
+                counts = comm.sent if call.direction == "send" else comm.received
+                key = -1 if peer is None else peer  # recv from any source: its own sequence
+                seq = counts[key] = counts.get(key, 0) + 1
+                peer = key
+            else:
+                comm.seq += 1
+                seq = comm.seq
+                if call.root is not None or call.group_root is not None:
+                    root = comm.global_rank(call.root, call.group_root)
+            # positional: a third cheaper than keywords, on the hot path of every call
+            rec = CollectiveRecord(
+                comm.id, seq, call.op, dtype, call.count, call.nbytes, root, peer, 0, "",
+                STARTED, time.time_ns(),
+            )  # fmt: skip
+            if peer is not None and peer >= 0:
+                rec.waiting_on, rec.waiting_for = peer, call.direction
+            self._trace(rec)
+        return rec
+
+    def fail_quick(self, call: list[Any], error: BaseException) -> None:
+        """A quick call raised ``error`` (torch's own exception)."""
+        call[QUICK_ERROR] = error_text(error)
+        call[QUICK_END] = time.time_ns()  # last: the call has now ended
+
+    def hand_over(self) -> None:
+        """Number and build the records of the quick calls handed over since the last
+        time, start them in telemetry and end those whose calls have ended; end the records
+        of earlier ones, built in flight, whose calls have ended since.
+
+        Telemetry runs this before every fold, in whichever thread folds (the session's
+        folder, mostly, while the caller waits in the backend). ``QUICK_END`` is read once
+        per look, as telemetry reads ``end_ns``: a call that ends just after is ended by
+        the next look. A call on a group forgotten since is dropped (see :meth:`forget`).
+        """
+        with self._quick_lock:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        opened = self._open
+        if opened:
+            for key, (call, rec) in list(opened.items()):
+                if call[QUICK_END]:
+                    del opened[key]
+                    finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
+        quick, start, comms, world = self.quick, self._trace, self.comms, self._world_comm
+        for _ in range(len(quick)):
+            call = quick.popleft()
+            group, tensor = call[QUICK_GROUP], call[QUICK_TENSOR]
+            call[QUICK_GROUP] = call[QUICK_TENSOR] = None  # no longer ours to keep
+            comm = world if group is None else comms.get(group)
+            if comm is None:
+                continue
+            comm.seq += 1
+            count = tensor.numel()  # not ``nbytes``: sparse tensors raise there
+            name, itemsize = dtype_info(tensor.dtype)
+            rec = CollectiveRecord(
+                comm.id, comm.seq, call[QUICK_OP], name, count, count * itemsize, None, None,
+                0, "", STARTED, call[QUICK_START],
+            )  # fmt: skip
+            start(rec)
+            if call[QUICK_END]:
+                finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
+            else:
+                opened[id(call)] = (call, rec)
+
+    def queued(self) -> int:
+        """Calls not yet counted: quick calls not yet built, or built in flight, and
+        records queued in telemetry (the session's folder folds while there are any).
+        """
+        return len(self.quick) + len(self._open) + self.telemetry.queued()
+
+    def fold(self) -> None:
+        """Count every call made so far (quick calls are built first: see hand_over)."""
+        self.telemetry.fold()
+
+    def close_record(self, rec: CollectiveRecord, error: BaseException | None, end_ns: int) -> None:
+        """The call ended (at ``end_ns``; 0: now): completed, or failed with ``error``
+        (torch's own exception).
+        """
+        end_ns = end_ns or time.time_ns()
+        finish_record(rec, None if error is None else error_text(error), end_ns)
+        if not rec.seq % FOLD_BACKSTOP:  # seqs count calls, per group or pair
+            self.telemetry.fold()
+
+    # -- watchdog -------------------------------------------------------------------------
+
+    def _expired(self, rec: CollectiveRecord, why: str) -> None:
+        if self.store is not None:
+            self.store.request_dump(why)
+
+    def _abort(self, rec: CollectiveRecord, why: str) -> None:
+        """``CCLCTL_ON_HANG=abort``: abort the group (NCCL unblocks; gloo ignores it)."""
+        group = next((c.group for c in list(self.comms.values()) if c.id == rec.comm), None)
+        abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
+        if abort is None:
+            return
+        try:
+            abort(group)
+        except Exception as exc:
+            log.warning("cclctl: aborting process group %s failed: %s", rec.comm, exc)
+
+    # -- end ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Final status, then stop every thread and leave the job's store. Idempotent.
+
+        A forked child (a data loader worker exiting normally) inherits the session but
+        none of its threads, and must not speak on the parent's store connections.
+        """
+        if self._closed or os.getpid() != self._pid:
+            return
+        self._closed = True
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.folder is not None:
+            self.folder.stop()
+        self.completions.poll()
+        self.completions.close()
+        try:
+            self.telemetry.close()
+        finally:
+            if self.store is not None:
+                self.store.close()

@@ -1,0 +1,333 @@
+"""Start N local ranks around an in-process store, follow them, and leave no process behind.
+
+Each rank runs in its own process group, so stopping a rank stops whatever it started. The
+first rank to fail stops the others (SIGTERM, then SIGKILL after a grace period); Ctrl-C is
+forwarded to the ranks before they are stopped the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
+
+from cclctl.config import inherited_environment
+from cclctl.errors import EXIT_ERROR, CclError, StoreError, UsageError
+from cclctl.launch import streaming_copies
+from cclctl.launch.output import LineSink, OutputPump
+from cclctl.store.client import StoreServer
+
+MAX_PROCS = 1024
+SIGNAL_EXIT_BASE = 128  # the shell's convention: 130 after Ctrl-C, 143 after SIGTERM
+OUTPUT_DRAIN_S = 5.0
+
+
+@dataclasses.dataclass
+class RankExit:
+    """How one rank ended. ``returncode`` is as Popen reports it: ``-N`` = killed by signal N."""
+
+    rank: int
+    returncode: int
+    signal_name: str | None
+
+    @property
+    def failed(self) -> bool:
+        return self.returncode != 0
+
+    def __str__(self) -> str:
+        if self.signal_name is not None:
+            return f"rank {self.rank} was killed by {self.signal_name}"
+        if self.returncode:
+            return f"rank {self.rank} failed with exit code {self.returncode}"
+        return f"rank {self.rank} succeeded"
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    """The job's outcome: ``returncode`` is 0, the first failed rank's code (1 for a signal),
+    128 + N after the launcher got signal N (130 for Ctrl-C), or 1 when ``timeout_s`` ran out."""
+
+    returncode: int
+    first_failure: RankExit | None
+    exits: list[RankExit]  # by rank
+    timed_out: bool = False
+    timeout_s: float | None = None
+    interrupted: bool = False
+    others_stopped: bool = False  # ranks still running were stopped by the launcher
+    job: str = ""
+    store_address: str = ""
+
+    def describe(self) -> str:
+        """One line for people: what went wrong, and that the other ranks were stopped."""
+        if self.interrupted:
+            return "interrupted; all ranks stopped"
+        if self.first_failure is not None:
+            return f"{self.first_failure}" + (" (others stopped)" if self.others_stopped else "")
+        if self.timed_out:
+            return f"the job did not finish within {self.timeout_s:g}s; all ranks stopped"
+        return f"all {len(self.exits)} ranks succeeded"
+
+
+def print_prefixed(rank: int, stream: str, line: str) -> None:
+    """The default sink: ``[rank k] line`` on the launcher's stdout or stderr."""
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(f"[rank {rank}] {line}\n")
+    out.flush()
+
+
+def launch(
+    cmd: Sequence[str],
+    nprocs: int,
+    *,
+    port: int = 0,
+    env: Mapping[str, str] | None = None,
+    output: LineSink | None = None,
+    capture_rank0_stdout: Callable[[str], None] | None = None,
+    grace_s: float = 5.0,
+    timeout_s: float | None = None,
+) -> LaunchResult:
+    """Run ``cmd`` as ``nprocs`` ranks on this host and wait for all of them.
+
+    ``env`` adds variables to the inherited environment. Each rank also gets RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port for
+    frameworks that host their own store), CCLCTL_STORE (this launcher's store),
+    CCLCTL_JOB and CCLCTL_TOKEN, and GLIBC_TUNABLES names a streaming-copy threshold (see
+    :mod:`~cclctl.launch.streaming_copies`). Lines go to ``output`` (default: ``[rank k] line``).
+    """
+    _check_arguments(cmd, nprocs, port, grace_s, timeout_s)
+    base = streaming_copies.rank_environment({**inherited_environment(), **(env or {})})
+    try:
+        server = StoreServer("127.0.0.1", port).start()
+    except StoreError as exc:
+        raise UsageError(f"{exc} (pick another --port, or 0 for a free one)") from None
+    with server:
+        job = _Job(list(cmd), nprocs, _rank_environments(base, nprocs, server.address))
+        sink = _route(output or print_prefixed, capture_rank0_stdout)
+        return job.run(sink, grace_s, timeout_s)
+
+
+def _check_arguments(
+    cmd: Sequence[str], nprocs: int, port: int, grace_s: float, timeout_s: float | None
+) -> None:
+    if not cmd or not cmd[0]:
+        raise UsageError(
+            "no command to launch: give it after --, e.g. cclctl launch -n 2 -- python train.py"
+        )
+    if not 1 <= nprocs <= MAX_PROCS:
+        raise UsageError(f"the number of ranks must be between 1 and {MAX_PROCS}, not {nprocs}")
+    if not 0 <= port <= 65535:
+        raise UsageError(f"port {port} is not a TCP port (0-65535; 0 picks a free one)")
+    if grace_s < 0:
+        raise UsageError(f"the grace period must not be negative, not {grace_s:g}s")
+    if timeout_s is not None and timeout_s <= 0:
+        raise UsageError(f"the timeout must be a positive number of seconds, not {timeout_s:g}")
+
+
+def _rank_environments(base: dict[str, str], nprocs: int, store: str) -> list[dict[str, str]]:
+    common = {
+        **base,
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "CCLCTL_STORE": store,
+        "CCLCTL_JOB": base.get("CCLCTL_JOB") or f"launch-{secrets.token_hex(4)}",
+        "CCLCTL_TOKEN": secrets.token_hex(16),
+        "PYTHONUNBUFFERED": base.get("PYTHONUNBUFFERED", "1"),  # lines as they are printed
+    }
+    return [dict(common, RANK=str(r), LOCAL_RANK=str(r)) for r in range(nprocs)]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _route(output: LineSink, rank0_stdout: Callable[[str], None] | None) -> LineSink:
+    if rank0_stdout is None:
+        return output
+
+    def sink(rank: int, stream: str, line: str) -> None:
+        if rank == 0 and stream == "stdout":
+            rank0_stdout(line)
+        else:
+            output(rank, stream, line)
+
+    return sink
+
+
+def _signal_name(returncode: int) -> str | None:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+class _Job:
+    """The ranks of one launch, and the escalation that stops them."""
+
+    def __init__(self, cmd: list[str], nprocs: int, envs: list[dict[str, str]]) -> None:
+        self.cmd = cmd
+        self.envs = envs
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.exits: dict[int, RankExit] = {}
+        self.first_failure: RankExit | None = None
+        self.pending: list[tuple[float, signal.Signals]] = []  # (when, signal) still to send
+        self.stopping = False  # once set, a rank that ends badly is a casualty, not the cause
+        self.others_stopped = False  # some rank was still running when stopping began
+        self.signals: list[int] = []  # received by the launcher, handled by the loop
+        self.interrupted_by: int | None = None
+        self.poll_s = 0.02 if nprocs <= 64 else 0.1
+
+    def run(self, sink: LineSink, grace_s: float, timeout_s: float | None) -> LaunchResult:
+        pump = OutputPump(sink)
+        restore = self._catch_signals()
+        timed_out = False
+        try:
+            self._start_all(pump)
+            pump.start()
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while len(self.exits) < len(self.procs):
+                self._reap(grace_s)
+                self._handle_signals(grace_s)
+                late = deadline is not None and time.monotonic() > deadline
+                if not self.stopping and (late or pump.error is not None):
+                    timed_out = late  # or output cannot be delivered: stop, then raise below
+                    self._stop(grace_s)
+                self._escalate()
+                time.sleep(self.poll_s)
+        finally:
+            restore()
+            self._kill_all()
+            pump.join(OUTPUT_DRAIN_S)
+        if pump.error is not None:
+            raise pump.error
+        return self._result(timed_out, timeout_s)
+
+    def _start_all(self, pump: OutputPump) -> None:
+        for rank, env in enumerate(self.envs):
+            try:
+                proc = subprocess.Popen(
+                    self.cmd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    process_group=0,
+                )
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+                raise UsageError(f"cannot run {self.cmd[0]!r}: {exc.strerror or exc}") from None
+            except OSError as exc:  # out of processes or file descriptors: not the user's typo
+                raise CclError(f"cannot start rank {rank}: {exc.strerror or exc}") from None
+            self.procs.append(proc)
+            assert proc.stdout is not None and proc.stderr is not None
+            pump.add(proc.stdout, rank, "stdout")
+            pump.add(proc.stderr, rank, "stderr")
+
+    def _reap(self, grace_s: float) -> None:
+        for rank, proc in enumerate(self.procs):
+            if rank in self.exits or proc.poll() is None:
+                continue
+            ended = RankExit(rank, proc.returncode, _signal_name(proc.returncode))
+            self.exits[rank] = ended
+            if ended.failed and not self.stopping:
+                self.first_failure = ended
+                self._stop(grace_s)
+
+    def _stop(self, grace_s: float) -> None:
+        """SIGTERM the ranks still running now, SIGKILL them after ``grace_s``."""
+        self._begin_stopping()
+        now = time.monotonic()
+        self.pending = [(now, signal.SIGTERM), (now + grace_s, signal.SIGKILL)]
+
+    def _begin_stopping(self) -> None:
+        self.stopping = True
+        self.others_stopped = len(self.exits) < len(self.procs)
+
+    def _handle_signals(self, grace_s: float) -> None:
+        """Ctrl-C (or SIGTERM) on the launcher: forward it, then stop; twice: kill now."""
+        if not self.signals:
+            return
+        received, self.signals = self.signals, []
+        if self.interrupted_by is None:
+            self.interrupted_by = received[0]
+        now = time.monotonic()
+        if len(received) > 1 or self.stopping:
+            self.pending = [(now, signal.SIGKILL)]
+        else:
+            self._begin_stopping()
+            forwarded = signal.Signals(received[0])
+            self.pending = [
+                (now, forwarded),
+                (now + grace_s, signal.SIGTERM),
+                (now + 2 * grace_s, signal.SIGKILL),
+            ]
+
+    def _escalate(self) -> None:
+        now = time.monotonic()
+        while self.pending and self.pending[0][0] <= now:
+            _, sig = self.pending.pop(0)
+            for rank, proc in enumerate(self.procs):
+                if rank not in self.exits:
+                    _signal_group(proc.pid, sig)
+
+    def _kill_all(self) -> None:
+        """Whatever is left in any rank's process group (the rank's own children too) dies."""
+        for proc in self.procs:
+            _signal_group(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+
+    def _catch_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None  # only the main thread may handle signals
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.signals.append(signum)
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def restore() -> None:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+        return restore
+
+    def _result(self, timed_out: bool, timeout_s: float | None) -> LaunchResult:
+        exits = [self.exits[rank] for rank in range(len(self.procs))]
+        failure = self.first_failure
+        if self.interrupted_by is not None:
+            code = SIGNAL_EXIT_BASE + self.interrupted_by
+        elif failure is not None:
+            code = failure.returncode if failure.returncode > 0 else EXIT_ERROR
+        else:
+            code = EXIT_ERROR if timed_out else 0
+        interrupted = self.interrupted_by is not None
+        return LaunchResult(
+            code,
+            None if interrupted else failure,
+            exits,
+            timed_out=timed_out,
+            timeout_s=timeout_s,
+            interrupted=interrupted,
+            others_stopped=self.others_stopped,
+            job=self.envs[0]["CCLCTL_JOB"],
+            store_address=self.envs[0]["CCLCTL_STORE"],
+        )
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
+        os.killpg(pid, sig)

@@ -1,0 +1,1 @@
+"""The communicator: its collectives, calls, records, buffer checks and algorithm selection."""

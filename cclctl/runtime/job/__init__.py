@@ -1,0 +1,1 @@
+"""Joining a job: init, rendezvous, job-wide signals and fault injection."""

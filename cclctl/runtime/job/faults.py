@@ -1,0 +1,150 @@
+"""Fault injection (``CCLCTL_FAULT``): rehearse an incident on purpose, at a chosen rank and seq.
+
+Tests use it to prove that diagnosis names the right rank; SREs use it to see what an
+incident looks like in ``cclctl top`` and ``cclctl diagnose hang`` before the real one.
+A plan is a ``;``-separated list of faults, each ``KIND:key=value:...``::
+
+    kill:rank=2:seq=5                 the rank SIGKILLs itself before entering seq 5
+    stop:rank=2:seq=5                 the rank SIGSTOPs itself (frozen, heartbeat stops);
+                                      continued, it enters seq 5 half a second later
+    sleep:rank=2:seq=5:secs=3         the rank is slow: it enters seq 5 three seconds late
+    skip:rank=2:seq=5                 the rank never enters seq 5 (it waits outside, alive,
+                                      as a rank stuck in its own code does)
+    op:rank=2:seq=5:to=broadcast      the rank calls a different collective at seq 5
+    count:rank=2:seq=5:to=7           ... the same collective with a different count
+    dtype:rank=2:seq=5:to=float64     ... with a different dtype
+    link:rank=2:seq=5:peer=3          the rank closes its link to rank 3 before seq 5
+
+``comm=ID``, last, restricts a fault to one communicator (default: any).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from cclctl.bandwidth import COLLECTIVES
+from cclctl.errors import ConfigError
+from cclctl.runtime.transport.wire import DTYPE_NAMES
+
+#: How long a stopped rank waits, once continued, before it enters the collective: a
+#: SIGTERM sent while it was stopped (a launcher ending the job) may be taken by another
+#: thread, and the main thread must run its handler (the dump) before the call starts, or
+#: the dump shows a call the rank never really made.
+RESUME_PAUSE_S = 0.5
+
+KINDS = ("kill", "stop", "sleep", "skip", "op", "count", "dtype", "link")
+_ARGS = {"sleep": "secs", "op": "to", "count": "to", "dtype": "to", "link": "peer"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    seq: int
+    comm: str = ""
+    arg: str = ""
+
+    def matches(self, rank: int, seq: int, comm: str) -> bool:
+        return self.rank == rank and self.seq == seq and (not self.comm or self.comm == comm)
+
+
+def _fail(item: str, why: str) -> ConfigError:
+    return ConfigError(f"CCLCTL_FAULT item {item!r}: {why}", variable="CCLCTL_FAULT")
+
+
+def _parse_one(item: str) -> Fault:
+    head, _, comm = item.partition(":comm=")  # last: a comm id may hold ':' and ','
+    kind, *pairs = head.split(":")
+    kind = kind.strip()
+    if kind not in KINDS:
+        raise _fail(item, f"unknown fault {kind!r}; use one of {', '.join(KINDS)}")
+    fields: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise _fail(item, f"{pair!r} is not key=value")
+        fields[key.strip()] = value.strip()
+    try:
+        rank, seq = int(fields.pop("rank")), int(fields.pop("seq"))
+    except KeyError as missing:
+        raise _fail(item, f"missing {missing.args[0]}=") from None
+    except ValueError:
+        raise _fail(item, "rank and seq must be integers") from None
+    if rank < 0 or seq < 1:
+        raise _fail(item, "rank must be >= 0 and seq >= 1")
+    comm = comm.strip()
+    want = _ARGS.get(kind)
+    arg = fields.pop(want, "") if want else ""
+    if fields:
+        raise _fail(item, f"unexpected {', '.join(sorted(fields))}")
+    if want and not arg:
+        raise _fail(item, f"{kind} needs {want}=")
+    _check_arg(item, kind, arg)
+    return Fault(kind, rank, seq, comm, arg)
+
+
+def _check_arg(item: str, kind: str, arg: str) -> None:
+    if kind == "op" and arg not in COLLECTIVES:
+        raise _fail(item, f"to={arg!r} is not a collective")
+    if kind == "dtype" and arg not in DTYPE_NAMES[1:]:
+        raise _fail(item, f"to={arg!r} is not a dtype cclctl sends")
+    if kind in ("count", "link") and not arg.isdigit():
+        raise _fail(item, f"{_ARGS[kind]}={arg!r} must be a non-negative integer")
+    if kind == "sleep":
+        try:
+            if float(arg) < 0:
+                raise ValueError
+        except ValueError:
+            raise _fail(item, f"secs={arg!r} must be a non-negative number") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultPlan:
+    faults: tuple[Fault, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def at(self, rank: int, seq: int, comm: str) -> Fault | None:
+        return next((f for f in self.faults if f.matches(rank, seq, comm)), None)
+
+
+def parse(spec: str) -> FaultPlan:
+    return FaultPlan(tuple(_parse_one(item.strip()) for item in spec.split(";") if item.strip()))
+
+
+def strike(
+    fault: Fault, op: str, count: int, dtype: str, drop_link: Callable[[int], None]
+) -> tuple[str, int, str]:
+    """Apply ``fault`` to a call about to start. Returns what the call then claims to be
+    (op, count, dtype: the mismatches); the other faults are carried out here (a cut link,
+    or a kill, stop, sleep or skip)."""
+    if fault.kind == "op":
+        return fault.arg, count, dtype
+    if fault.kind == "count":
+        return op, int(fault.arg), dtype
+    if fault.kind == "dtype":
+        return op, count, fault.arg
+    if fault.kind == "link":
+        drop_link(int(fault.arg))
+    else:
+        act_before_entering(fault)
+    return op, count, dtype
+
+
+def act_before_entering(fault: Fault) -> None:
+    """Carry out the faults that strike before a rank enters the collective."""
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif fault.kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(RESUME_PAUSE_S)
+    elif fault.kind == "sleep":
+        time.sleep(float(fault.arg))
+    elif fault.kind == "skip":
+        threading.Event().wait()  # never returns: the rank is stuck outside the collective

@@ -1,0 +1,147 @@
+"""Joining a job: rendezvous through the store, open the transport, build the communicator."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
+from cclctl.errors import UsageError
+from cclctl.runtime.comm.communicator import Communicator, world_comm_id
+from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
+from cclctl.runtime.job.signals import DumpRequests, request_dump
+from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.hybrid import build_transport
+from cclctl.runtime.transport.shm.segment import host_key
+from cclctl.runtime.transport.tcp_links import Links, local_address_towards
+from cclctl.store.client import StoreClient, parse_address
+from cclctl.store.scope import ScopedStore
+from cclctl.telemetry.hub import Telemetry
+from cclctl.telemetry.watchdog import Watchdog
+
+
+def init(
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    store: StoreClient | str | None = None,
+    config: RuntimeConfig | None = None,
+    **flags: Any,
+) -> Communicator:
+    """Join the job and return its world communicator.
+
+    With no arguments, everything comes from the environment (``cclctl launch``, torchrun,
+    srun or mpirun). With ``rank``, ``world_size`` and ``store`` (a :class:`StoreClient` or
+    ``"host:port"`` of a running store) the caller places the rank itself. ``flags`` override
+    :class:`~cclctl.config.RuntimeConfig` fields (``timeout_s=5``, ``job="x"``, ...).
+    """
+    cfg = config.replace(**flags) if config is not None else runtime_from_env(**flags)
+    explicit = (rank, world_size, store)
+    if any(v is not None for v in explicit):
+        if rank is None or world_size is None or store is None:
+            raise UsageError("cclctl.init(): give rank, world_size and store together, or none")
+        client = (
+            store
+            if isinstance(store, StoreClient)
+            else StoreClient.from_address(
+                store, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s
+            )
+        )
+        rdzv = join_store(client, rank, world_size, cfg)
+        store_host = parse_address(store)[0] if isinstance(store, str) else client.host
+    else:
+        env = rendezvous_from_env()
+        rdzv = join(env, cfg)
+        store_host = env.store_host
+    try:
+        return _connect(rdzv, cfg, store_host)
+    except BaseException:
+        rdzv.close()
+        raise
+
+
+def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communicator:
+    links = Links(
+        rdzv.rank,
+        rdzv.world_size,
+        cfg.job,
+        local_address_towards(store_host),
+        cfg.connect_timeout_s,
+    )
+    transport = build_transport(  # takes over links: closes them on failure
+        rdzv.rank,
+        rdzv.world_size,
+        cfg.job,
+        lambda key, value: rdzv.exchange(key, value, cfg.connect_timeout_s),
+        links,
+        choice=cfg.transport,
+        host=f"{cfg.hostname}|{host_key()}",
+    )
+    comm_id = world_comm_id(rdzv.world_size)
+    telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id, transport)
+    signals = ScopedStore.for_job(status_client, rdzv.job)
+    dump_requests = DumpRequests(signals, telemetry, rdzv.rank).start()
+    watchdog: Watchdog | None = None
+
+    def close() -> None:
+        try:
+            if watchdog is not None:
+                watchdog.stop()
+            dump_requests.stop()
+            telemetry.close()
+        finally:
+            status_client.close()
+            rdzv.close()
+
+    comm = Communicator(
+        rank=rdzv.rank,
+        world_size=rdzv.world_size,
+        transport=transport,
+        cfg=cfg,
+        comm_id=comm_id,
+        tracer=telemetry,
+        on_close=close,
+        watchdog=True,
+    )
+    watchdog = Watchdog(
+        telemetry,
+        cfg.timeout_s,
+        cfg.on_hang,
+        on_abort=lambda rec, why: comm.abort(why),
+        on_expire=lambda rec, why: request_dump(signals, rdzv.rank, why),
+    ).start()
+    return comm
+
+
+def _start_telemetry(
+    rdzv: Rendezvous, cfg: RuntimeConfig, comm_id: str, transport: Transport
+) -> tuple[Telemetry, StoreClient]:
+    """Counters and flight recorder always; the exporter when a port is configured; the
+    status publisher on a store connection of its own, so a rank blocked on the store in
+    its main thread still shows a fresh heartbeat.
+    """
+    telemetry = Telemetry(
+        cfg, rank=rdzv.rank, world_size=rdzv.world_size, local_rank=rdzv.local_rank
+    )
+    telemetry.register_comm(comm_id, list(range(rdzv.world_size)))
+    telemetry.add_link_source(transport.link_bytes)
+    if threading.current_thread() is threading.main_thread():
+        telemetry.install_signal_dump()  # kill -USR1 <pid>: dump now, keep running
+        if cfg.trace_dir:  # evidence on every way out, where the operator asked for it
+            telemetry.install_termination_dump()
+            telemetry.install_exit_dump()
+    status_client = StoreClient(
+        rdzv.store.host,
+        rdzv.store.port,
+        timeout_s=cfg.timeout_s,
+        connect_timeout_s=cfg.connect_timeout_s,
+    )
+    try:
+        telemetry.serve_metrics()
+        telemetry.publish_to(ScopedStore.for_job(status_client, rdzv.job))
+    except BaseException:
+        telemetry.close()
+        telemetry.remove_hooks()
+        status_client.close()
+        raise
+    return telemetry, status_client

@@ -1,0 +1,239 @@
+"""Rendezvous: ranks find the store, claim their rank ids and agree on the world size.
+
+Every check names the ranks and the processes involved, because a rendezvous that fails
+with "timeout" sends an SRE hunting through every host; one that says "rank 3 is claimed
+twice: by host-a pid 100 and host-b pid 200" does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import socket
+import time
+from typing import Any
+
+from cclctl.config import RendezvousConfig, RuntimeConfig
+from cclctl.errors import CclError, RendezvousError, StoreTimeout
+from cclctl.ranges import fold_ranks
+from cclctl.store.client import StoreClient, StoreServer
+from cclctl.store.scope import ScopedStore
+
+#: How often a waiting rank looks for an error another rank reported, so it fails fast.
+ERROR_POLL_S = 0.5
+ERROR_KEY = "rdzv/error"
+ERROR_LINGER_S = 2 * ERROR_POLL_S
+ANY_ADDRESS = "0.0.0.0"
+
+
+@dataclasses.dataclass
+class Rendezvous:
+    """This rank's place in the job, and its connection to the job's store.
+
+    ``job_store`` sees only this job's keys. ``close`` closes the store client; on the rank
+    that hosts the store it first waits (up to ``close_timeout_s``) for every rank to close,
+    so that the store does not vanish under ranks still using it.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    store: StoreClient
+    server: StoreServer | None = None
+    job: str = "default"
+    hosts: list[str] = dataclasses.field(default_factory=list)  # host of every rank, by rank
+    close_timeout_s: float = 60.0
+    _rounds: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+    _closed: bool = dataclasses.field(default=False, repr=False)
+
+    @property
+    def job_store(self) -> ScopedStore:
+        return ScopedStore.for_job(self.store, self.job)
+
+    def exchange(self, key: str, value: bytes, timeout_s: float) -> list[bytes]:
+        """Publish ``value`` under ``key``; return every rank's value, indexed by rank.
+
+        Every rank must call ``exchange`` with the same keys in the same order; calling it
+        again with a key starts a new round, so a stale value is never returned.
+        """
+        round_no = self._rounds.get(key, 0)
+        self._rounds[key] = round_no + 1
+        prefix = f"x/{key}/{round_no}/"
+        scoped = self.job_store
+        scoped.set(f"{prefix}{self.rank}", value)
+        return _gather(scoped, prefix, self.world_size, timeout_s, f"exchange {key!r}")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        scoped = self.job_store
+        try:
+            with contextlib.suppress(CclError):  # closing: the store may already be gone
+                scoped.set(f"closed/{self.rank}", b"1")
+                if self.server is not None:
+                    closed = [f"closed/{r}" for r in range(self.world_size)]
+                    scoped.wait(closed, timeout_s=self.close_timeout_s)
+        finally:
+            self.store.close()
+            if self.server is not None:
+                self.server.close()
+
+
+def join(rdzv: RendezvousConfig, cfg: RuntimeConfig) -> Rendezvous:
+    """Join the job described by the environment: rank 0 hosts the store unless one runs."""
+    server = None
+    host, port = rdzv.store_host, rdzv.store_port
+    if not rdzv.store_external and rdzv.rank == 0:
+        server = StoreServer(_bind_host(host), port).start()
+        host = "127.0.0.1" if server.host == ANY_ADDRESS else server.host
+        port = server.port
+    try:
+        client = StoreClient(
+            host, port, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s
+        )
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    try:
+        joined = join_store(
+            client, rdzv.rank, rdzv.world_size, cfg, rdzv.local_rank, rdzv.local_world_size
+        )
+    except BaseException as exc:
+        client.close()
+        if server is not None:
+            if isinstance(exc, RendezvousError):
+                time.sleep(ERROR_LINGER_S)  # let the others read why, rather than lose the store
+            server.close()
+        raise
+    joined.server = server
+    return joined
+
+
+def join_store(
+    store: StoreClient,
+    rank: int,
+    world_size: int,
+    cfg: RuntimeConfig,
+    local_rank: int = 0,
+    local_world_size: int = 1,
+) -> Rendezvous:
+    """Join through a running store: check the world size, claim the rank, wait for all."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise RendezvousError(
+            f"rank {rank} is out of range for world size {world_size}",
+            rank=rank,
+            world_size=world_size,
+        )
+    scoped = ScopedStore.for_job(store, cfg.job)
+    me = {"rank": rank, "host": cfg.hostname, "pid": os.getpid()}
+    _agree_world_size(scoped, world_size, me)
+    _claim_rank(scoped, rank, dict(me, nonce=secrets.token_hex(8)))
+    claims = _gather(scoped, "rdzv/rank/", world_size, cfg.connect_timeout_s, "rendezvous")
+    return Rendezvous(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        store=store,
+        job=cfg.job,
+        hosts=[str(json.loads(claim).get("host", "?")) for claim in claims],
+        close_timeout_s=cfg.timeout_s,
+    )
+
+
+def _who(claim: dict[str, Any]) -> str:
+    return f"{claim.get('host', '?')} pid {claim.get('pid', '?')}"
+
+
+def _agree_world_size(scoped: ScopedStore, world_size: int, me: dict[str, Any]) -> None:
+    mine = json.dumps(dict(me, world_size=world_size)).encode()
+    first = json.loads(scoped.compare_set("rdzv/world_size", None, mine))
+    if first.get("world_size") != world_size:
+        message = (
+            f"world size disagreement: rank {me['rank']} ({_who(me)}) was started with world "
+            f"size {world_size}, but rank {first.get('rank')} ({_who(first)}) set it to "
+            f"{first.get('world_size')} first"
+        )
+        _report(scoped, message)
+        raise RendezvousError(message, rank=me["rank"], world_size=world_size)
+
+
+def _claim_rank(scoped: ScopedStore, rank: int, claim: dict[str, Any]) -> None:
+    mine = json.dumps(claim).encode()
+    stored = scoped.compare_set(f"rdzv/rank/{rank}", None, mine)
+    if stored != mine:
+        message = f"rank {rank} is claimed twice: by {_who(json.loads(stored))} and {_who(claim)}"
+        _report(scoped, message)
+        raise RendezvousError(message, rank=rank)
+
+
+def _report(scoped: ScopedStore, message: str) -> None:
+    """Leave the first error where waiting ranks look, so they fail now, not at a timeout."""
+    scoped.compare_set(ERROR_KEY, None, message.encode())
+
+
+def _gather(
+    scoped: ScopedStore, prefix: str, world_size: int, timeout_s: float, what: str
+) -> list[bytes]:
+    """Wait for ``prefix<rank>`` of every rank; values by rank, or an error naming the missing."""
+    keys = [f"{prefix}{r}" for r in range(world_size)]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            scoped.wait(keys, timeout_s=max(0.0, min(remaining, ERROR_POLL_S)))
+        except StoreTimeout:
+            _raise_reported(scoped, what)
+            if remaining > ERROR_POLL_S:
+                continue
+            present = scoped.list(prefix)
+            missing = [r for r, key in enumerate(keys) if key not in present]
+            raise RendezvousError(
+                f"{what} timed out after {timeout_s:g}s: {_ranks(missing)} of {world_size} "
+                f"never arrived (job {_job_of(scoped)!r}, store {scoped.address})",
+                missing=fold_ranks(missing),
+                elapsed=timeout_s,
+            ) from None
+        _raise_reported(scoped, what)  # everyone arrived, but maybe not everyone agreed
+        found = scoped.list(prefix)
+        return [found[key] for key in keys]
+
+
+def _raise_reported(scoped: ScopedStore, what: str) -> None:
+    reported = scoped.try_get(ERROR_KEY)
+    if reported is not None:
+        raise RendezvousError(f"{what} abandoned: {reported.decode(errors='replace')}")
+
+
+def _job_of(scoped: ScopedStore) -> str:
+    return scoped.prefix.removeprefix("cclctl/").rstrip("/")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {fold_ranks(ranks)}"
+
+
+def _bind_host(host: str) -> str:
+    """``host`` when it is one of this machine's addresses, else every interface.
+
+    Behind NAT or in containers MASTER_ADDR may name an address this host cannot bind; the
+    store then listens on all interfaces, and only then.
+    """
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return ANY_ADDRESS
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind((sockaddr[0], 0))
+            except OSError:
+                continue
+            return host
+    return ANY_ADDRESS

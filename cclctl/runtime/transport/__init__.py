@@ -1,0 +1,1 @@
+"""Transports: the interface algorithms use, the wire header, TCP, shared memory, hybrid."""

@@ -1,0 +1,1 @@
+"""Shared memory within one host: segments, slot rings, futex wake-ups, the group's state."""

@@ -1,0 +1,149 @@
+"""The message header every transport puts in front of every payload.
+
+It names the collective the sender is in: (comm, epoch, seq, step) so that anything from an
+aborted attempt or a different call is refused, and (op, dtype, redop, root, count, nbytes) so
+that a mismatched collective is reported as exactly what each side called, instead of as
+corrupted data or a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import zlib
+
+import numpy as np
+
+from cclctl.bandwidth import COLLECTIVES
+from cclctl.errors import ProtocolError
+
+MAGIC = b"CL"
+VERSION = 1
+REDOPS = ("", "sum", "prod", "min", "max", "avg")
+_HEADER = struct.Struct("<2sBBBBhIIQIQQ")  # 44 bytes, little endian, no padding
+HEADER_SIZE = _HEADER.size
+
+# Dtype codes are fixed (they travel on the wire); names are numpy's.
+DTYPE_NAMES = (
+    "",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int32",
+    "int64",
+    "uint8",
+    "bfloat16",
+    "int16",
+    "uint16",
+    "uint32",
+    "uint64",
+)
+_DTYPE_CODES = {name: code for code, name in enumerate(DTYPE_NAMES)}
+_OP_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
+_REDOP_CODES = {name: code for code, name in enumerate(REDOPS)}
+SHARED_BIT = 0x80  # set in the op byte when the call runs on shared buffers
+
+
+def comm_tag(comm_id: str) -> int:
+    """A 32-bit tag for a communicator id, cheap to compare on every message."""
+    return zlib.crc32(comm_id.encode())
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    return _DTYPE_CODES.get(dtype.name, 0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """What a rank is doing: the same on every rank that takes part in one collective."""
+
+    comm: int
+    epoch: int
+    seq: int
+    op: str
+    dtype: str = ""
+    redop: str = ""
+    root: int = -1
+    count: int = 0
+    shared: bool = False  # on buffers from cclctl.runtime.comm.shared_buffers (zero-copy)
+
+    def describe(self) -> str:
+        parts = [p for p in (self.dtype, self.redop) if p]
+        if self.root >= 0:
+            parts.append(f"root {self.root}")
+        parts.append(f"count {self.count}")
+        if self.shared:
+            parts.append("shared buffers")
+        return f"{self.op}({', '.join(parts)}) at seq {self.seq} epoch {self.epoch}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Header:
+    call: Call
+    step: int
+    nbytes: int
+
+
+def pack(call: Call, step: int, nbytes: int) -> bytes:
+    return _HEADER.pack(
+        MAGIC,
+        VERSION,
+        _OP_CODES.get(call.op, 127) | (SHARED_BIT if call.shared else 0),
+        _DTYPE_CODES.get(call.dtype, 0),
+        _REDOP_CODES.get(call.redop, 0),
+        call.root,
+        call.comm,
+        call.epoch,
+        call.seq,
+        step,
+        call.count,
+        nbytes,
+    )
+
+
+def unpack(data: bytes | bytearray | memoryview, peer: int) -> Header:
+    magic, version, op, dtype, redop, root, comm, epoch, seq, step, count, nbytes = _HEADER.unpack(
+        data
+    )
+    if magic != MAGIC or version != VERSION:
+        raise ProtocolError(
+            f"peer {peer} sent bytes that are not a cclctl message (magic {magic!r}, "
+            f"version {version}); is another program using this port?",
+            peer=peer,
+        )
+    shared = bool(op & SHARED_BIT)
+    op &= ~SHARED_BIT
+    call = Call(
+        comm=comm,
+        epoch=epoch,
+        seq=seq,
+        op=COLLECTIVES[op] if op < len(COLLECTIVES) else f"op#{op}",
+        dtype=DTYPE_NAMES[dtype] if dtype < len(DTYPE_NAMES) else f"dtype#{dtype}",
+        redop=REDOPS[redop] if redop < len(REDOPS) else f"redop#{redop}",
+        root=root,
+        count=count,
+        shared=shared,
+    )
+    return Header(call, step, nbytes)
+
+
+def check(got: Header, expected: Call, step: int, nbytes: int, rank: int, peer: int) -> None:
+    """Refuse a message that belongs to another call, naming what each side called."""
+    if got.call == expected and got.step == step and got.nbytes == nbytes:
+        return
+    if got.call == expected:
+        why = f"step {got.step} with {got.nbytes} bytes, expected step {step} with {nbytes}"
+    else:
+        why = f"peer {peer} called {got.call.describe()}"
+        if dataclasses.replace(got.call, shared=expected.shared) == expected:
+            why += " (pass buffers from comm.empty() on every rank or on none)"
+    raise ProtocolError(
+        f"collective mismatch: rank {rank} called {expected.describe()} but {why}",
+        rank=rank,
+        peer=peer,
+        seq=expected.seq,
+        op=expected.op,
+        peer_op=got.call.op,
+        peer_seq=got.call.seq,
+    )

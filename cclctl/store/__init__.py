@@ -1,0 +1,1 @@
+"""The job's control plane: a small TCP key-value store, its server, client and wire format."""
