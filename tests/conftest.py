@@ -10,7 +10,7 @@ import pytest
 
 from cclctl.store.client import StoreClient, StoreServer
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from scripts import script
 
 pytestmark = [
     pytest.mark.netns,
@@ -113,7 +114,7 @@ def _run_job(
 @pytest.mark.timeout(240)
 def test_correctness_matrix_across_two_hosts(hosts: dict[str, str]) -> None:
     """Every collective, dtype and reduction, with ranks 0-1 on h1 and 2-3 on h2."""
-    outs = _run_job(hosts, HERE / "matrix_worker.py", port=29611, timeout_s=200)
+    outs = _run_job(hosts, script("matrix_worker.py"), port=29611, timeout_s=200)
     for rank, (out, _) in enumerate(outs):
         report = json.loads(out.strip().splitlines()[-1])
         assert report["rank"] == rank and report["failures"] == [] and report["cases"] > 1000
@@ -122,7 +123,7 @@ def test_correctness_matrix_across_two_hosts(hosts: dict[str, str]) -> None:
 @pytest.mark.timeout(120)
 def test_all_reduce_is_hierarchical_across_hosts(hosts: dict[str, str]) -> None:
     """Inside a host ranks share memory; only one rank per host crosses the network."""
-    outs = _run_job(hosts, HERE / "multihost_probe.py", port=29612, timeout_s=100)
+    outs = _run_job(hosts, script("multihost_probe.py"), port=29612, timeout_s=100)
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert [r["value"] for r in reports] == [4.0] * 4
     assert {r["transport"] for r in reports} == {"hybrid"}

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import matrix_worker
 import pytest
+from scripts import script
 
 from cclctl.launch.launcher import launch
 from cclctl.runtime.algorithms import zero_copy
 
-WORKER = str(Path(__file__).with_name("matrix_worker.py"))
+WORKER = script("matrix_worker.py")
 
 
 def _run_matrix(n: int, env: dict[str, str]) -> list[dict[str, Any]]:

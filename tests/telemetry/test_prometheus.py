@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scripts import script
 
 from cclctl.launch.launcher import LaunchResult, launch
 
-WORKER = str(Path(__file__).with_name("prom_worker.py"))
+WORKER = script("prom_worker.py")
 JOB = "prom-e2e"
 RANKS = 4
 GATHER_BYTES = 5 * 1000 * 4 * RANKS  # 5 all_gathers of the full gathered buffer

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from pathlib import Path
 
 import pytest
+from scripts import script
 from shm_thread_ranks import CFG, MemoryExchange, make_transports
 
 from cclctl.launch.launcher import launch
@@ -18,7 +18,7 @@ from cclctl.runtime.transport.shm.transport import ShmTransport
 from cclctl.runtime.transport.tcp import TcpTransport
 from cclctl.runtime.transport.tcp_links import Links
 
-WORKER = str(Path(__file__).with_name("shm_worker.py"))
+WORKER = script("shm_worker.py")
 pytestmark = pytest.mark.timeout(60)
 
 

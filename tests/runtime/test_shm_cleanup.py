@@ -7,15 +7,15 @@ import os
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 from typing import Any
 
 import pytest
+from scripts import script
 
 from cclctl.runtime.transport.shm import segment as shm_segment
 from cclctl.store.client import StoreServer
 
-WORKER = str(Path(__file__).with_name("shm_worker.py"))
+WORKER = script("shm_worker.py")
 
 pytestmark = pytest.mark.skipif(not shm_segment.available(), reason="no writable /dev/shm")
 
