@@ -1,0 +1,142 @@
+"""Imports point down the layers of docs/architecture.md; the pure layers do no I/O.
+
+Read from the source (every import, function-level ones included), so a lazy import that
+breaks a layer is caught as surely as one at the top of a module.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
+
+#: the base: standard library only, importable by every layer
+BASE = {"records", "errors", "config", "bandwidth", "ranges", "periodic"}
+
+#: what each layer may import of cclctl, besides the base and itself
+ALLOWED: dict[str, set[str]] = {
+    "base": set(),
+    "telemetry": set(),
+    "store": set(),
+    "diagnose": set(),
+    "live": set(),
+    "runtime": {"telemetry", "store"},
+    "launch": {"runtime", "store"},
+    "diagnose_io": {"diagnose", "live"},
+    "integrations": {"runtime", "telemetry", "store"},
+    "benchmark": {"runtime", "telemetry", "store", "launch", "integrations", "package"},
+    "package": {"runtime"},  # cclctl/__init__.py: cclctl.init() and friends
+    "commands": {
+        "benchmark", "diagnose", "diagnose_io", "integrations", "launch", "live", "store",
+        "runtime", "telemetry", "ui", "package",
+    },
+    "cli": {"commands", "package"},
+    "ui": set(),
+    "__main__": {"cli"},
+}
+
+#: third-party packages confined to a few modules (module prefixes, relative to cclctl/)
+CONFINED = {
+    "typer": ("cli", "commands/"),
+    "rich": ("cli", "commands/", "ui"),
+    "torch": ("integrations/", "benchmark/torch_backend"),
+    "prometheus_client": ("telemetry/exporter",),
+}
+
+#: modules that mean I/O, which the pure layers never import
+IO_MODULES = {
+    "socket", "subprocess", "asyncio", "selectors", "select", "threading", "multiprocessing",
+    "mmap", "psutil", "urllib", "http", "shutil", "signal",
+}  # fmt: skip
+PURE = {"diagnose", "live"}
+
+
+def _layer(rel: Path) -> str:
+    top = rel.parts[0]
+    if top.endswith(".py"):
+        name = top[:-3]
+        if name == "__init__":
+            return "package"
+        return "base" if name in BASE else name
+    return top
+
+
+def _modules() -> Iterator[tuple[Path, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path.relative_to(PACKAGE), ast.parse(path.read_text(), str(path))
+
+
+def _imports(tree: ast.Module) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == "cclctl":
+            yield from (f"cclctl.{alias.name}" for alias in node.names)  # a module or a name
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module
+
+
+def _target_layer(module: str) -> str:
+    parts = module.split(".")
+    if module == "cclctl.__version__":
+        return "base"  # a constant; importing cclctl loads nothing else (see its __init__)
+    found = len(parts) > 1 and any(
+        (PACKAGE / name).exists() for name in (parts[1], f"{parts[1]}.py")
+    )
+    if not found:
+        return "package"  # cclctl itself, or a name it exports (__version__, init)
+    return "base" if parts[1] in BASE else parts[1]
+
+
+def _upward(rel: Path, tree: ast.Module) -> list[str]:
+    layer = _layer(rel)
+    if layer not in ALLOWED:
+        return [f"{rel}: a layer docs/architecture.md does not name"]
+    wrong = []
+    for module in _imports(tree):
+        if module != "cclctl" and not module.startswith("cclctl."):
+            continue
+        target = _target_layer(module)
+        if target not in (layer, "base") and target not in ALLOWED[layer]:
+            wrong.append(f"{rel} ({layer}) imports {module} ({target})")
+    return wrong
+
+
+def test_every_cclctl_import_points_down() -> None:
+    assert [line for rel, tree in _modules() for line in _upward(rel, tree)] == []
+
+
+def test_the_rule_catches_a_lazy_upward_import() -> None:
+    tree = ast.parse("def later():\n    from cclctl.runtime.comm import calls\n")
+    assert _upward(Path("telemetry/hub.py"), tree) == [
+        "telemetry/hub.py (telemetry) imports cclctl.runtime.comm (runtime)"
+    ]
+    assert _upward(Path("commands/top.py"), tree) == []
+
+
+@pytest.mark.parametrize("package", sorted(CONFINED))
+def test_third_party_packages_stay_in_their_modules(package: str) -> None:
+    wrong = []
+    for rel, tree in _modules():
+        where = rel.with_suffix("").as_posix()
+        for module in _imports(tree):
+            if module.split(".")[0] == package and not where.startswith(CONFINED[package]):
+                wrong.append(f"{rel} imports {module}")
+    assert wrong == []
+
+
+def test_the_pure_layers_open_no_socket_process_or_file() -> None:
+    wrong = []
+    for rel, tree in _modules():
+        if _layer(rel) not in PURE:
+            continue
+        wrong += [f"{rel} imports {m}" for m in _imports(tree) if m.split(".")[0] in IO_MODULES]
+        for node in ast.walk(tree):
+            called = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            if called and node.func.id == "open":  # type: ignore[attr-defined]
+                wrong.append(f"{rel}:{node.lineno} calls open()")
+    assert wrong == []
