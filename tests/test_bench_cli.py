@@ -81,7 +81,7 @@ def test_sweep_of_five_ops_on_three_ranks_checks_clean(tmp_path: Path) -> None:
          "-e", "1M"]
     )  # fmt: skip
     assert code == 0, err
-    assert err == ""  # the progress bar draws only on a terminal and leaves nothing behind
+    assert err == ""  # rows stream to stdout; stderr stays empty
     assert out.count("# Out of bounds values : 0 OK") == 5
     assert out.count("# Avg bus bandwidth    : ") == 5
     doc = json.loads(out_json.read_text())

@@ -65,14 +65,16 @@ def bench(
         "--collective",
         "--coll",
         help="Collective(s), comma separated: all_reduce, all_gather, reduce_scatter, "
-        "broadcast, reduce, alltoall, sendrecv (nccl-tests has one binary per collective).",
+        "broadcast, reduce, alltoall, sendrecv (nccl-tests has one binary per collective). "
+        "Not -o/--op, which is the reduction: an old '--op all_reduce' is refused.",
     ),
     nranks: int = typer.Option(
         2,
         "-g",
         "--nranks",
         help="Local ranks to spawn, one process each (nccl-tests' -g, GPUs per thread, is the "
-        "nearest meaning). Ignored inside a launched job.",
+        "nearest meaning; no -N, which is nccl-tests' run cycles). Ignored inside a launched "
+        "job.",
     ),
     minbytes: str = typer.Option("8", "-b", "--minbytes", help="Smallest size: 8, 1K, 64M, 1G."),
     maxbytes: str = typer.Option("64M", "-e", "--maxbytes", help="Largest size."),
