@@ -248,7 +248,7 @@ def _spawn(
         outputs.close(collector.meta, complete)
     if result.interrupted:
         print(
-            f"cclctl bench: interrupted; {result.describe()}; {len(collector.rows)} rows kept",
+            f"cclctl bench: {result.describe()}; {len(collector.rows)} rows kept",
             file=sys.stderr,
         )
         raise KeyboardInterrupt
