@@ -12,7 +12,7 @@ import numpy as np
 
 from cclctl.errors import ConfigError, UsageError
 
-#: The collectives `cclctl bench --op` accepts, in nccl-tests' spelling.
+#: The collectives `cclctl bench --collective` accepts, in nccl-tests' spelling.
 OPS = (
     "all_reduce",
     "all_gather",
@@ -92,26 +92,32 @@ _DTYPE_ALIASES = {d.nccl_name: d.name for d in DTYPES.values()} | {
 }
 
 
+def is_collective(name: str) -> bool:
+    """True when ``name`` spells a collective (the old ``--op all_reduce`` habit)."""
+    key = name.strip().lower().replace("-", "_")
+    return any(_OP_ALIASES.get(part, part) in OPS for part in key.split(",") if part)
+
+
 def normalize_op(name: str) -> str:
-    """Canonical op name for ``name``; raises ConfigError naming ``--op``."""
+    """Canonical op name for ``name``; raises ConfigError naming ``--collective``."""
     key = name.strip().lower().replace("-", "_")
     key = _OP_ALIASES.get(key, key)
     if key not in OPS:
         raise ConfigError(
-            f"--op {name.strip()!r} is not a collective cclctl bench runs; "
+            f"--collective {name.strip()!r} is not a collective cclctl bench runs; "
             f"choose from {', '.join(OPS)}",
-            flag="--op",
+            flag="--collective",
         )
     return key
 
 
 def resolve_dtype(name: str) -> DType:
-    """The DType for a numpy or nccl-tests type name; raises ConfigError naming ``--dtype``."""
+    """The DType for a numpy or nccl-tests type name; raises ConfigError naming ``-d/--dtype``."""
     key = name.strip().lower()
     key = _DTYPE_ALIASES.get(key, key)
     if key not in DTYPES:
         raise ConfigError(
-            f"--dtype {name.strip()!r} is not supported; choose from {', '.join(DTYPES)}",
+            f"-d/--dtype {name.strip()!r} is not supported; choose from {', '.join(DTYPES)}",
             flag="--dtype",
         )
     return DTYPES[key]

@@ -12,7 +12,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cclctl.benchmark.catalog import REDOPS, REDUCING_OPS, DType, normalize_op, resolve_dtype
+from cclctl.benchmark.catalog import (
+    REDOPS,
+    REDUCING_OPS,
+    DType,
+    is_collective,
+    normalize_op,
+    resolve_dtype,
+)
 from cclctl.benchmark.sizes import parse_size, size_sweep
 from cclctl.benchmark.torch_backend import BACKENDS
 from cclctl.errors import BadInput, ConfigError
@@ -24,6 +31,8 @@ DEFAULT_WARMUP = 5
 #: Auto iteration counts move at most this many bytes per rank per timed loop, so big sizes
 #: run a few iterations and the default 8 B..64 MiB sweep stays within seconds.
 ITER_BUDGET_BYTES = 32 << 20
+#: nccl-tests' -a: how the ranks' times combine into the row's time (its default is 1).
+AVERAGE_MODES = {0: "rank 0", 1: "avg", 2: "min", 3: "max"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,21 +53,34 @@ class BenchOptions:
     command: tuple[str, ...] = ()
     backend: str = "cclctl"  # or torch.distributed's: torch (auto), gloo, nccl
     shared_buffers: bool = False  # buffers from comm.empty(): zero-copy on one host
+    average: int = 1  # nccl-tests' -a, see AVERAGE_MODES
+    timeout_s: float | None = None  # per collective; None: the runtime's (CCLCTL_TIMEOUT)
 
     def __post_init__(self) -> None:
         if not self.ops:
-            raise ConfigError("--op needs at least one collective", flag="--op")
+            raise ConfigError("--collective needs at least one collective", flag="--collective")
         size_sweep(self.minbytes, self.maxbytes, self.stepfactor)  # raises on bad bounds
         if self.iters is not None and self.iters < 1:
-            raise ConfigError(f"--iters {self.iters} must be at least 1", flag="--iters")
+            raise ConfigError(f"-n/--iters {self.iters} must be at least 1", flag="--iters")
         if self.warmup_iters is not None and self.warmup_iters < 0:
             raise ConfigError(
-                f"-w/--warmup-iters {self.warmup_iters} must not be negative", flag="--warmup-iters"
+                f"-w/--warmup_iters {self.warmup_iters} must not be negative",
+                flag="--warmup_iters",
             )
         if self.redop not in REDOPS:
             raise ConfigError(
-                f"--redop {self.redop!r} is not a reduction; choose from {', '.join(REDOPS)}",
-                flag="--redop",
+                f"-o/--op {self.redop!r} is not a reduction; choose from {', '.join(REDOPS)}",
+                flag="--op",
+            )
+        if self.average not in AVERAGE_MODES:
+            modes = ", ".join(f"{k} ({v})" for k, v in AVERAGE_MODES.items())
+            raise ConfigError(
+                f"-a/--average {self.average} is not one of {modes}", flag="--average"
+            )
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError(
+                f"-T/--timeout {self.timeout_s:g} must be a positive number of seconds",
+                flag="--timeout",
             )
         if self.root < 0:
             raise ConfigError(f"--root {self.root} must not be negative", flag="--root")
@@ -100,7 +122,7 @@ class BenchOptions:
     def check_world(self, world_size: int) -> None:
         """Checks that need the world size: at least one rank, and the root among them."""
         if world_size < 1:
-            raise ConfigError(f"-n/--nranks {world_size} must be at least 1", flag="--nranks")
+            raise ConfigError(f"-g/--nranks {world_size} must be at least 1", flag="--nranks")
         if self.root >= world_size and any(op in ("broadcast", "reduce") for op in self.ops):
             raise ConfigError(
                 f"--root {self.root} is out of range for {world_size} ranks (0..{world_size - 1})",
@@ -137,16 +159,38 @@ class BenchOptions:
 
 
 def parse_ops(text: str) -> tuple[str, ...]:
-    """``--op`` as one name or a comma list; duplicates are dropped, order kept."""
+    """``--collective`` as one name or a comma list; duplicates are dropped, order kept."""
     names = [part for part in text.split(",") if part.strip()]
     if not names:
-        raise ConfigError(f"--op {text!r} names no collective", flag="--op")
+        raise ConfigError(f"--collective {text!r} names no collective", flag="--collective")
     return tuple(dict.fromkeys(normalize_op(name) for name in names))
+
+
+def parse_redop(text: str | None, ops: Sequence[str]) -> str:
+    """``-o/--op``: the reduction, as in nccl-tests; a collective's name there is the old
+    ``--op all_reduce`` spelling, answered with the flag that selects collectives now."""
+    if text is None:
+        return "sum"
+    redop = text.strip().lower()
+    if redop not in REDOPS and is_collective(redop):
+        raise ConfigError(
+            f"-o/--op is the reduction ({', '.join(REDOPS)}), as in nccl-tests; "
+            f"choose collectives with --collective {text.strip()}",
+            flag="--op",
+        )
+    plain = [name for name in ops if name not in REDUCING_OPS]
+    if plain:
+        raise ConfigError(
+            f"-o/--op applies to reducing collectives only "
+            f"({', '.join(sorted(REDUCING_OPS))}); {plain[0]} does not reduce",
+            flag="--op",
+        )
+    return redop
 
 
 def build_options(
     *,
-    op: str = "all_reduce",
+    collective: str = "all_reduce",
     minbytes: str = str(DEFAULT_MINBYTES),
     maxbytes: str = "64M",
     stepfactor: int = 2,
@@ -160,18 +204,12 @@ def build_options(
     command: Sequence[str] = (),
     backend: str = "cclctl",
     shared_buffers: bool = False,
+    average: int = 1,
+    timeout_s: float | None = None,
 ) -> BenchOptions:
     """Turn the command line's raw values into BenchOptions, naming the flag on any error."""
-    ops = parse_ops(op)
-    if redop is not None:
-        redop = redop.strip().lower()
-        plain = [name for name in ops if name not in REDUCING_OPS]
-        if plain:
-            raise ConfigError(
-                f"--redop applies to reducing collectives only "
-                f"({', '.join(sorted(REDUCING_OPS))}); {plain[0]} does not reduce",
-                flag="--redop",
-            )
+    ops = parse_ops(collective)
+    redop = parse_redop(redop, ops)
     if check not in (0, 1):
         raise ConfigError(f"-c/--check {check} must be 0 or 1", flag="--check")
     return BenchOptions(
@@ -182,11 +220,13 @@ def build_options(
         warmup_iters=warmup_iters,
         iters=iters,
         dtype=resolve_dtype(dtype).name,
-        redop=redop or "sum",
+        redop=redop,
         root=root,
         check=bool(check),
         min_busbw=min_busbw,
         command=tuple(command),
         backend=backend,
         shared_buffers=shared_buffers,
+        average=average,
+        timeout_s=timeout_s,
     )

@@ -9,11 +9,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from cclctl.benchmark.options import AVERAGE_MODES
 from cclctl.benchmark.results import BENCH_SCHEMA, BENCH_SCHEMA_VERSION, Row, RunMeta, Timing
 from cclctl.errors import CheckFailed
 
@@ -100,17 +99,22 @@ def by_op(meta: RunMeta, rows: Sequence[Row]) -> dict[str, list[Row]]:
     return groups
 
 
-def _run_header(meta: RunMeta) -> list[str]:
+def run_header(meta: RunMeta) -> list[str]:
+    """The lines above the first op's block: the run's settings and its ranks."""
     opts = meta.options
     iters = opts.get("iters")
     warmup = opts.get("warmup_iters")
+    average = opts.get("average", 1)
+    timeout = opts.get("timeout_s")
     lines = [
         f"# cclctl bench {meta.version}: {', '.join(opts.get('ops', ()))}",
         f"# nRanks {meta.world_size} minBytes {opts.get('minbytes')} "
         f"maxBytes {opts.get('maxbytes')} step: {opts.get('stepfactor')}(factor) "
         f"warmup iters: {'auto' if warmup is None else warmup} "
         f"iters: {'auto' if iters is None else iters} "
-        f"validation: {int(bool(opts.get('check')))} backend: {meta.backend}"
+        f"validation: {int(bool(opts.get('check')))} "
+        f"average: {average}({AVERAGE_MODES.get(average, '?')}) "
+        f"timeout: {'default' if timeout is None else f'{timeout:g}s'} backend: {meta.backend}"
         + (" buffers: shared (zero-copy)" if opts.get("shared_buffers") else ""),
         "#",
         "# Using ranks",
@@ -119,7 +123,13 @@ def _run_header(meta: RunMeta) -> list[str]:
     return [*lines, "#"]
 
 
-def _op_footer(summary: OpSummary, min_busbw: float | None) -> list[str]:
+def op_header(op: str) -> list[str]:
+    """The lines that open one op's block of rows."""
+    return [f"# Collective test: {op}", *column_header()]
+
+
+def op_footer(summary: OpSummary, min_busbw: float | None) -> list[str]:
+    """The lines that close one op's block: nccl-tests' verdict and average busbw."""
     verdict = "FAILED" if summary.out_of_bounds else "OK"
     floor = ""
     if min_busbw is not None:
@@ -133,18 +143,21 @@ def _op_footer(summary: OpSummary, min_busbw: float | None) -> list[str]:
 
 def render_table(meta: RunMeta, rows: Sequence[Row]) -> str:
     """The whole report as text: run header, then one block per op."""
-    lines = _run_header(meta)
+    lines = run_header(meta)
     min_busbw = meta.options.get("min_busbw")
     for op, op_rows in by_op(meta, rows).items():
-        lines.append(f"# Collective test: {op}")
-        lines += column_header()
+        lines += op_header(op)
         lines += [format_row(row) for row in op_rows]
-        lines += _op_footer(summarize(op_rows), min_busbw)
+        lines += op_footer(summarize(op_rows), min_busbw)
     return "\n".join(lines) + "\n"
 
 
-def to_document(meta: RunMeta, rows: Sequence[Row]) -> dict[str, Any]:
-    """The versioned JSON document: metadata, every row, per-op summaries and the verdict."""
+def to_document(meta: RunMeta, rows: Sequence[Row], complete: bool = True) -> dict[str, Any]:
+    """The versioned JSON document: metadata, every row, per-op summaries and the verdict.
+
+    ``complete`` is False while the sweep runs and after one that stopped early (Ctrl-C, a
+    failed rank); such a document holds the rows measured so far and is never ``ok``.
+    """
     summaries = {op: summarize(op_rows) for op, op_rows in by_op(meta, rows).items()}
     return {
         "schema": BENCH_SCHEMA,
@@ -152,32 +165,27 @@ def to_document(meta: RunMeta, rows: Sequence[Row]) -> dict[str, Any]:
         "meta": meta.to_dict(),
         "rows": [row.to_dict() for row in rows],
         "summary": {op: summary.to_dict() for op, summary in summaries.items()},
-        "ok": not failures(meta, rows),
+        "complete": complete,
+        "ok": complete and not failures(meta, rows),
     }
 
 
+def csv_cells(row: Row) -> list[object]:
+    """One CSV line's cells, in CSV_COLUMNS order; an unchecked ``#wrong`` is left empty."""
+    cells: list[object] = [row.op, row.size, row.count, row.type, row.redop, row.root]
+    for timing in row.timings:
+        wrong = "" if timing.wrong is None else timing.wrong
+        cells += [timing.time_us, timing.algbw, timing.busbw, wrong]
+    return cells
+
+
 def render_csv(rows: Sequence[Row]) -> str:
-    """One line per row; an unchecked ``#wrong`` is left empty."""
+    """The header line, then one line per row."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
-    for row in rows:
-        cells: list[object] = [row.op, row.size, row.count, row.type, row.redop, row.root]
-        for timing in row.timings:
-            wrong = "" if timing.wrong is None else timing.wrong
-            cells += [timing.time_us, timing.algbw, timing.busbw, wrong]
-        writer.writerow(cells)
+    writer.writerows(csv_cells(row) for row in rows)
     return out.getvalue()
-
-
-def write_reports(
-    meta: RunMeta, rows: Sequence[Row], json_path: str | None, csv_path: str | None
-) -> None:
-    if json_path:
-        text = json.dumps(to_document(meta, rows), indent=2) + "\n"
-        Path(json_path).write_text(text, encoding="utf-8")
-    if csv_path:
-        Path(csv_path).write_text(render_csv(rows), encoding="utf-8")
 
 
 def failures(meta: RunMeta, rows: Sequence[Row]) -> list[str]:

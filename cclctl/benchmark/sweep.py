@@ -1,7 +1,8 @@
 """Run the size sweep on a communicator, one Row at a time, the way nccl-tests measures.
 
-Per row and placement: warm-up iterations, a barrier, the timed iterations, then the mean
-time of the slowest rank (an all_reduce of max), so every rank reports the same number.
+Per row and placement: warm-up iterations, a barrier, the timed iterations, then each
+rank's mean time combined over the ranks as nccl-tests' ``-a`` says (rank 0's, the average,
+the minimum or the maximum), through an all_reduce so every rank reports the same number.
 With ``--check`` the inputs are rebuilt, the op runs once more and every element is
 compared with the exact expected value; the wrong counts are summed over ranks.
 """
@@ -43,6 +44,15 @@ def _reduce_scalar(comm: Communicator, value: float | int, op: str, dtype: type)
     buf: np.ndarray = np.array([value], dtype=dtype)
     comm.all_reduce(buf, op=op)
     return buf
+
+
+def combine_time(comm: Communicator, local: float, average: int) -> float:
+    """The row's time from every rank's ``local`` one, by ``-a``: 0 rank 0, 1 avg, 2 min, 3 max."""
+    if average == 0:
+        return float(_reduce_scalar(comm, local if comm.rank == 0 else 0.0, "sum", np.float64)[0])
+    if average == 1:
+        return float(_reduce_scalar(comm, local, "sum", np.float64)[0]) / comm.world_size
+    return float(_reduce_scalar(comm, local, "min" if average == 2 else "max", np.float64)[0])
 
 
 def gather_meta(comm: Communicator, opts: BenchOptions) -> RunMeta:
@@ -118,7 +128,7 @@ class Sweep:
             for _ in range(iters):
                 placement.run()
             local = (self.clock() - start) / iters
-        seconds = float(_reduce_scalar(comm, local, "max", np.float64)[0])
+        seconds = combine_time(comm, local, self.opts.average)
         wrong = None
         if self.opts.check and placement.result is not None:
             wrong = self._check(case, placement)

@@ -14,6 +14,7 @@ the output first (all_reduce, broadcast, reduce), which the timing includes.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import numpy as np
@@ -41,9 +42,10 @@ def resolve(backend: str) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def connect(backend: str, **telemetry: Any) -> TorchComm:
-    """Join the launched job through torch.distributed (env://). ``telemetry`` (runtime
-    settings such as ``metrics_port``) instruments torch.distributed with cclctl first.
+def connect(backend: str, timeout_s: float | None = None, **telemetry: Any) -> TorchComm:
+    """Join the launched job through torch.distributed (env://). ``timeout_s`` (bench's -T)
+    bounds each collective; ``telemetry`` (runtime settings such as ``metrics_port``)
+    instruments torch.distributed with cclctl first.
     """
     try:
         import torch
@@ -64,7 +66,8 @@ def connect(backend: str, **telemetry: Any) -> TorchComm:
         from cclctl.integrations.torch.wrap import instrument
 
         instrument(**telemetry)
-    dist.init_process_group(name, device_id=device)
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(name, device_id=device, timeout=timeout)  # None: torch's default
     return TorchComm(dist, name, device)
 
 

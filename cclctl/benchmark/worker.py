@@ -40,12 +40,14 @@ class RankSweep:
     def __enter__(self) -> RankSweep:
         corrupt = Corruption.parse(bench_corrupt_from_env())
         comm: Communicator
+        timeout_s = self.opts.timeout_s  # -T: None leaves the runtime's own (CCLCTL_TIMEOUT)
         if self.opts.backend == "cclctl":
-            comm = cclctl.init(**self._flags)
+            timeout = {} if timeout_s is None else {"timeout_s": timeout_s}
+            comm = cclctl.init(**timeout, **self._flags)
         else:  # torch.distributed, through the same Communicator interface
             from cclctl.benchmark.torch_backend import connect
 
-            comm = connect(self.opts.backend, **self._flags)
+            comm = connect(self.opts.backend, timeout_s=timeout_s, **self._flags)
         try:
             self.opts.check_world(comm.world_size)
             self._meta = gather_meta(comm, self.opts)

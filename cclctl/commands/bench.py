@@ -1,38 +1,55 @@
 """`cclctl bench`: an nccl-tests-style bandwidth sweep with per-element correctness checks.
 
-Run bare, it spawns ``-n`` local ranks (``python -m cclctl.benchmark.worker``) and draws a
-progress bar from rank 0's streamed rows. Inside a launched job (torchrun, srun, mpirun,
+Run bare, it spawns ``-g`` local ranks (``python -m cclctl.benchmark.worker``) and follows
+rank 0's streamed rows. Inside a launched job (torchrun, srun, mpirun,
 ``cclctl launch -- cclctl bench``) every rank runs the sweep itself and rank 0 reports.
-Either way the table goes to stdout, progress to stderr, and a failed check exits 4.
+Either way each row reaches the table (stdout) and the files as soon as it is measured, a
+Ctrl-C keeps the rows so far and exits 130, and a failed check exits 4.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Sequence
 
 import typer
 
-from cclctl import ui
+import cclctl
 from cclctl.benchmark import events, report
 from cclctl.benchmark.options import BenchOptions, build_options
+from cclctl.benchmark.outputs import Outputs
 from cclctl.benchmark.results import Row, RunMeta
 from cclctl.benchmark.selftest import Corruption
-from cclctl.benchmark.sizes import format_bytes
-from cclctl.benchmark.sweep import now_iso, total_rows
+from cclctl.benchmark.sweep import now_iso
 from cclctl.benchmark.worker import RankSweep
-from cclctl.config import bench_corrupt_from_env, in_launched_job
+from cclctl.config import (
+    bench_corrupt_from_env,
+    in_launched_job,
+    inherited_environment,
+    rendezvous_from_env,
+)
 from cclctl.errors import CclError, ConfigError
+
+#: The job name of a bare run's ranks unless CCLCTL_JOB says otherwise: stable, so the
+#: metrics' job label keeps one value from run to run.
+DEFAULT_JOB = "bench"
 
 HELP = (
     "Measure collective bandwidth and check every result, like nccl-tests' *_perf.\n\n"
     "Sweeps sizes from -b to -e (multiplying by -f), out-of-place and in-place, and prints "
     "nccl-tests' table: size, count, type, redop, root, then time (us), algbw and busbw "
-    "(GB/s) and #wrong for each placement, and the average bus bandwidth. Exit code 4 when "
-    "any element is wrong or an op's average busbw is under --min-busbw.\n\n"
-    "Run bare, it spawns -n local ranks; inside a launched job (torchrun, srun, mpirun, "
-    "cclctl launch) every rank runs the sweep and rank 0 reports.\n\n"
+    "(GB/s) and #wrong for each placement, and the average bus bandwidth. Each row is printed, "
+    "and written to --csv and -J/--json, as soon as it is measured; Ctrl-C stops the ranks, "
+    "keeps the rows so far (the files stay valid) and exits 130. Exit code 4 when any "
+    "element is wrong or an op's average busbw is under --min-busbw.\n\n"
+    "Flags mean what they mean in nccl-tests' all_reduce_perf: -n iterations, -w warm-up "
+    "iterations, -o the reduction, -d the data type, -a how ranks' times combine, -T the "
+    "timeout, -J the JSON file. The collectives are chosen with --collective (not -o/--op, "
+    "which is the reduction).\n\n"
+    "'-' as --csv or -J/--json writes that format to stdout; the table then goes to stderr, "
+    "so stdout stays parseable (only one of them may be '-').\n\n"
+    "Run bare, it spawns -g local ranks under the job name 'bench' (or CCLCTL_JOB); inside a "
+    "launched job (torchrun, srun, mpirun, cclctl launch) every rank runs the sweep and rank "
+    "0 reports.\n\n"
     "Self-test of the checker: CCLCTL_BENCH_CORRUPT=RANK[:OP[:SIZE]] makes that rank corrupt "
     "one element of each result it checks, which must show up as #wrong and exit code 4."
 )
@@ -43,40 +60,78 @@ def register(app: typer.Typer) -> None:
 
 
 def bench(
-    op: str = typer.Option(
+    collective: str = typer.Option(
         "all_reduce",
-        "--op",
+        "--collective",
+        "--coll",
         help="Collective(s), comma separated: all_reduce, all_gather, reduce_scatter, "
-        "broadcast, reduce, alltoall, sendrecv.",
+        "broadcast, reduce, alltoall, sendrecv (nccl-tests has one binary per collective). "
+        "Not -o/--op, which is the reduction: an old '--op all_reduce' is refused.",
     ),
     nranks: int = typer.Option(
-        2, "-n", "--nranks", help="Local ranks to spawn (ignored inside a launched job)."
+        2,
+        "-g",
+        "--nranks",
+        help="Local ranks to spawn, one process each (nccl-tests' -g, GPUs per thread, is the "
+        "nearest meaning; no -N, which is nccl-tests' run cycles). Ignored inside a launched "
+        "job.",
     ),
     minbytes: str = typer.Option("8", "-b", "--minbytes", help="Smallest size: 8, 1K, 64M, 1G."),
     maxbytes: str = typer.Option("64M", "-e", "--maxbytes", help="Largest size."),
     stepfactor: int = typer.Option(2, "-f", "--stepfactor", help="Size multiplier per step."),
-    warmup_iters: int | None = typer.Option(
-        None, "-w", "--warmup-iters", help="Untimed iterations per size (default: up to 5)."
-    ),
     iters: int | None = typer.Option(
-        None, "--iters", help="Timed iterations per size (default: 20, fewer for big sizes)."
+        None, "-n", "--iters", help="Timed iterations per size (default: 20, fewer for big sizes)."
+    ),
+    warmup_iters: int | None = typer.Option(
+        None,
+        "-w",
+        "--warmup_iters",
+        "--warmup-iters",
+        help="Untimed iterations per size (default: up to 5).",
+    ),
+    redop: str | None = typer.Option(
+        None,
+        "-o",
+        "--op",
+        "--redop",
+        help="Reduction of the reducing collectives: sum, prod, min, max, avg (default: sum).",
     ),
     dtype: str = typer.Option(
         "float32",
         "-d",
+        "--datatype",
         "--dtype",
         help="float32 (float), float16 (half), bfloat16, float64 "
         "(double), int8, uint8, int32, int64.",
     ),
-    redop: str | None = typer.Option(
-        None, "--redop", help="Reduction for reducing ops: sum, prod, min, max, avg (default: sum)."
-    ),
     root: int = typer.Option(0, "-r", "--root", help="Root rank of broadcast and reduce."),
     check: int = typer.Option(1, "-c", "--check", help="1: check every element; 0: skip."),
-    json_path: str | None = typer.Option(
-        None, "--json", help="Write the JSON report to PATH ('-': to stdout, no table)."
+    average: int = typer.Option(
+        1,
+        "-a",
+        "--average",
+        help="A row's time from the ranks' times: 0 rank 0's, 1 their average, 2 the "
+        "minimum, 3 the maximum (nccl-tests' modes and default).",
     ),
-    csv_path: str | None = typer.Option(None, "--csv", help="Write the rows as CSV to PATH."),
+    timeout: float | None = typer.Option(
+        None,
+        "-T",
+        "--timeout",
+        help="Seconds one collective may take before the run fails "
+        "(default: CCLCTL_TIMEOUT, else 60).",
+    ),
+    json_path: str | None = typer.Option(
+        None,
+        "-J",
+        "--json",
+        help="Write the JSON report to PATH, rewritten after every row ('-': to stdout at "
+        "the end, the table to stderr).",
+    ),
+    csv_path: str | None = typer.Option(
+        None,
+        "--csv",
+        help="Write the rows as CSV to PATH, a line per row ('-': to stdout, the table to stderr).",
+    ),
     min_busbw: float | None = typer.Option(
         None, "--min-busbw", help="Fail (exit 4) when an op's average busbw (GB/s) is below."
     ),
@@ -97,7 +152,7 @@ def bench(
     ),
 ) -> None:
     opts = build_options(
-        op=op,
+        collective=collective,
         minbytes=minbytes,
         maxbytes=maxbytes,
         stepfactor=stepfactor,
@@ -111,72 +166,92 @@ def bench(
         command=["cclctl", *sys.argv[1:]],
         backend=backend,
         shared_buffers=shared_buffers,
+        average=average,
+        timeout_s=timeout,
     )
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise ConfigError(
             f"--metrics-port {metrics_port} is not a port (0..65535)", flag="--metrics-port"
         )
     Corruption.parse(bench_corrupt_from_env())  # a typo in the self-test fails here, once
+    paths = (json_path, csv_path)
     if in_launched_job():
-        meta, rows, rank0 = _run_here(opts, metrics_port)
+        meta, rows = _run_here(opts, metrics_port, *paths)
     else:
-        meta, rows = _spawn(opts, nranks, metrics_port)
-        rank0 = True
-    if rank0:
-        _publish(meta, rows, json_path, csv_path)
-    report.raise_on_failure(meta, rows)
+        meta, rows = _spawn(opts, nranks, metrics_port, *paths)
+    if meta is not None:  # rank 0 (only it reports)
+        report.raise_on_failure(meta, rows)
 
 
-def _publish(
-    meta: RunMeta, rows: Sequence[Row], json_path: str | None, csv_path: str | None
-) -> None:
-    """Table (or the JSON document with ``--json -``) to stdout, files where asked."""
-    if json_path == "-":
-        sys.stdout.write(json.dumps(report.to_document(meta, rows), indent=2) + "\n")
-        json_path = None
-    else:
-        sys.stdout.write(report.render_table(meta, rows))
-    sys.stdout.flush()
-    report.write_reports(meta, rows, json_path, csv_path)
+def _provisional(opts: BenchOptions, world_size: int) -> RunMeta:
+    """What an early JSON file says before rank 0 has described the run."""
+    return RunMeta(world_size, (), opts.backend, cclctl.__version__, opts.to_dict(), now_iso())
 
 
-def _row_text(row: Row) -> str:
-    return f"{row.op} {format_bytes(row.size)}"
-
-
-def _run_here(opts: BenchOptions, metrics_port: int | None) -> tuple[RunMeta, list[Row], bool]:
-    """Inside a launched job: this process is one rank; rank 0 shows progress and reports."""
+def _run_here(
+    opts: BenchOptions, metrics_port: int | None, json_path: str | None, csv_path: str | None
+) -> tuple[RunMeta | None, list[Row]]:
+    """Inside a launched job: this process is one rank; rank 0 writes the outputs, which it
+    opens before joining, so a bad path fails before the sweep. Others return (None, [])."""
     flags = {} if metrics_port is None else {"metrics_port": metrics_port}
-    rows: list[Row] = []
-    with RankSweep(opts, **flags) as job:
-        rank0 = job.comm.rank == 0
-        with ui.progress_bar(job.total, "bench", enabled=rank0) as bar:
+    place = rendezvous_from_env()
+    outputs = None
+    if place.rank == 0:
+        outputs = Outputs(json_path, csv_path, _provisional(opts, place.world_size))
+    meta: RunMeta | None = None
+    complete = False
+    try:
+        with RankSweep(opts, **flags) as job:
+            meta = job.meta
             for row in job.rows():
-                rows.append(row)
-                bar.advance(description=_row_text(row))
-        return job.meta.finished(now_iso()), rows, rank0
+                if outputs is not None:
+                    outputs.row(meta, row)
+            meta, complete = meta.finished(now_iso()), True
+    finally:
+        if outputs is not None:
+            outputs.close(meta, complete)
+    return (meta, outputs.rows) if outputs is not None else (None, [])
 
 
-def _spawn(opts: BenchOptions, nranks: int, metrics_port: int | None) -> tuple[RunMeta, list[Row]]:
-    """Bare: start ``nranks`` local ranks and follow rank 0's stream with a progress bar."""
+def _spawn(
+    opts: BenchOptions,
+    nranks: int,
+    metrics_port: int | None,
+    json_path: str | None,
+    csv_path: str | None,
+) -> tuple[RunMeta | None, list[Row]]:
+    """Bare: open the outputs, start ``nranks`` local ranks, and pass each of rank 0's rows
+    on as it arrives; what arrived is kept however the run ends."""
     from cclctl.launch.launcher import launch
 
     opts.check_world(nranks)
-    env = {} if metrics_port is None else {"CCLCTL_METRICS_PORT": str(metrics_port)}
+    outputs = Outputs(json_path, csv_path, _provisional(opts, nranks))  # before any rank
+    env = {"CCLCTL_JOB": inherited_environment().get("CCLCTL_JOB") or DEFAULT_JOB}
+    if metrics_port is not None:
+        env["CCLCTL_METRICS_PORT"] = str(metrics_port)
     cmd = [sys.executable, "-m", "cclctl.benchmark.worker", opts.to_json()]
     collector = events.Collector()
-    with ui.progress_bar(total_rows(opts, nranks), f"starting {nranks} ranks") as bar:
 
-        def on_line(line: str) -> None:
-            row = collector.feed(line)
-            if row is not None:
-                bar.advance(description=_row_text(row))
+    def on_line(line: str) -> None:
+        seen = len(collector.foreign)
+        row = collector.feed(line)
+        if row is not None:
+            outputs.row(collector.meta or outputs.meta, row)
+        for text in collector.foreign[seen:]:  # a library's print, passed on
+            print(text, file=sys.stderr)
 
+    complete = False
+    try:
         result = launch(cmd, nranks, env=env, capture_rank0_stdout=on_line)
-    for line in collector.foreign:
-        print(line, file=sys.stderr)
+        complete = result.returncode == 0 and collector.ended
+    finally:
+        outputs.close(collector.meta, complete)
     if result.interrupted:
+        print(
+            f"cclctl bench: {result.describe()}; {len(collector.rows)} rows kept",
+            file=sys.stderr,
+        )
         raise KeyboardInterrupt
-    if result.returncode != 0 or collector.meta is None or not collector.ended:
+    if not complete or collector.meta is None:
         raise CclError(f"bench did not finish: {result.describe()}", returncode=result.returncode)
     return collector.meta, collector.rows

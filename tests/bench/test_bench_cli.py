@@ -45,14 +45,17 @@ def _run(
 @pytest.mark.parametrize(
     ("args", "flag"),
     [
-        (["--op", "all_reduce,bogus"], "--op"),
+        (["--collective", "all_reduce,bogus"], "--collective"),
         (["-b", "1M", "-e", "1K"], "--minbytes"),
         (["-b", "12Q"], "--minbytes"),
         (["-f", "1"], "--stepfactor"),
-        (["-n", "0"], "--nranks"),
+        (["-g", "0"], "--nranks"),
+        (["-n", "0"], "--iters"),
+        (["-a", "4"], "--average"),
+        (["-T", "0"], "--timeout"),
         (["--dtype", "complex64"], "--dtype"),
-        (["--op", "broadcast", "--root", "2"], "--root"),
-        (["--op", "all_gather", "--redop", "max"], "--redop"),
+        (["--coll", "broadcast", "--root", "2"], "--root"),
+        (["--coll", "all_gather", "-o", "max"], "-o/--op"),
         (["-c", "3"], "--check"),
         (["--metrics-port", "70000"], "--metrics-port"),
         (["--shared-buffers", "--backend", "gloo"], "--shared-buffers"),
@@ -74,16 +77,17 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_sweep_of_five_ops_on_three_ranks_checks_clean(tmp_path: Path) -> None:
     out_json = tmp_path / "out.json"
     code, out, err = _run(
-        ["bench", "--op", ALL_BUT_SENDRECV, "-n", "3", "-c", "1", "--json", str(out_json),
+        ["bench", "--collective", ALL_BUT_SENDRECV, "-g", "3", "-c", "1", "--json", str(out_json),
          "-e", "1M"]
     )  # fmt: skip
     assert code == 0, err
-    assert err == ""  # the progress bar draws only on a terminal and leaves nothing behind
+    assert err == ""  # rows stream to stdout; stderr stays empty
     assert out.count("# Out of bounds values : 0 OK") == 5
     assert out.count("# Avg bus bandwidth    : ") == 5
     doc = json.loads(out_json.read_text())
     assert doc["ok"] is True and doc["meta"]["world_size"] == 3
-    assert doc["meta"]["command"][:3] == ["cclctl", "bench", "--op"]
+    assert doc["meta"]["command"][:3] == ["cclctl", "bench", "--collective"]
+    assert doc["complete"] is True
     assert {row["op"] for row in doc["rows"]} == set(ALL_BUT_SENDRECV.split(","))
     for row in doc["rows"]:
         assert row["out_of_place"]["#wrong"] == 0 and row["in_place"]["#wrong"] == 0, row
@@ -98,7 +102,7 @@ def test_shared_buffers_run_zero_copy_and_check_clean(tmp_path: Path) -> None:
     reduce_scatter and broadcast run zero-copy from 256 KiB up) and every element checks."""
     out_json = tmp_path / "out.json"
     code, out, err = _run(
-        ["bench", "--shared-buffers", "--op", ALL_BUT_SENDRECV, "-n", "3", "-b", "16K",
+        ["bench", "--shared-buffers", "--collective", ALL_BUT_SENDRECV, "-g", "3", "-b", "16K",
          "-e", "256K", "-f", "4", "--json", str(out_json)],
     )  # fmt: skip
     assert code == 0, err
@@ -113,7 +117,7 @@ def test_shared_buffers_run_zero_copy_and_check_clean(tmp_path: Path) -> None:
 def test_a_wrong_element_makes_exit_4(tmp_path: Path) -> None:
     out_csv = tmp_path / "out.csv"
     code, out, err = _run(
-        ["bench", "--op", "all_reduce,all_gather", "-e", "4K", "--csv", str(out_csv)],
+        ["bench", "--coll", "all_reduce,all_gather", "-e", "4K", "--csv", str(out_csv)],
         env={"CCLCTL_BENCH_CORRUPT": "1:all_gather"},
     )
     assert code == 4, err
@@ -144,7 +148,7 @@ def test_bad_self_test_spec_is_exit_2() -> None:
 def test_inside_a_launched_job_rank_0_reports(tmp_path: Path) -> None:
     out_csv = tmp_path / "rows.csv"
     code, out, err = _run(
-        ["launch", "-n", "2", "--", sys.executable, "-m", "cclctl", "bench", "--op",
+        ["launch", "-n", "2", "--", sys.executable, "-m", "cclctl", "bench", "--collective",
          "broadcast,sendrecv", "--root", "1", "-e", "4K", "--csv", str(out_csv)]
     )  # fmt: skip
     assert code == 0, err

@@ -13,19 +13,24 @@ from cclctl.errors import BadInput, ConfigError
 @pytest.mark.parametrize(
     ("kwargs", "flag"),
     [
-        ({"op": "all_reduce,bogus"}, "--op"),
-        ({"op": " , "}, "--op"),
+        ({"collective": "all_reduce,bogus"}, "--collective"),
+        ({"collective": " , "}, "--collective"),
         ({"minbytes": "1M", "maxbytes": "1K"}, "--minbytes"),
         ({"minbytes": "12Q"}, "-b/--minbytes"),
         ({"maxbytes": "lots"}, "-e/--maxbytes"),
         ({"stepfactor": 1}, "--stepfactor"),
         ({"dtype": "complex64"}, "--dtype"),
-        ({"redop": "xor"}, "--redop"),
-        ({"op": "all_gather", "redop": "max"}, "--redop"),
-        ({"op": "all_reduce,broadcast", "redop": "sum"}, "--redop"),
+        ({"redop": "xor"}, "-o/--op"),
+        ({"redop": "all_reduce"}, "-o/--op"),
+        ({"collective": "all_gather", "redop": "max"}, "-o/--op"),
+        ({"collective": "all_reduce,broadcast", "redop": "sum"}, "-o/--op"),
         ({"check": 2}, "--check"),
-        ({"iters": 0}, "--iters"),
-        ({"warmup_iters": -1}, "--warmup-iters"),
+        ({"iters": 0}, "-n/--iters"),
+        ({"warmup_iters": -1}, "-w/--warmup_iters"),
+        ({"average": 4}, "-a/--average"),
+        ({"average": -1}, "-a/--average"),
+        ({"timeout_s": 0.0}, "-T/--timeout"),
+        ({"timeout_s": -2.0}, "-T/--timeout"),
         ({"root": -1}, "--root"),
         ({"min_busbw": -3.0}, "--min-busbw"),
     ],
@@ -40,7 +45,7 @@ def test_bad_values_name_the_flag(kwargs: dict[str, Any], flag: str) -> None:
 
 
 def test_root_must_be_a_rank_of_the_job() -> None:
-    opts = build_options(op="broadcast", root=2)
+    opts = build_options(collective="broadcast", root=2)
     opts.check_world(3)
     with pytest.raises(ConfigError, match=r"--root 2 is out of range for 2 ranks"):
         opts.check_world(2)
@@ -49,7 +54,7 @@ def test_root_must_be_a_rank_of_the_job() -> None:
 
 
 def test_ops_accept_aliases_and_drop_duplicates() -> None:
-    opts = build_options(op="allreduce, all_to_all,all_reduce,SENDRECV")
+    opts = build_options(collective="allreduce, all_to_all,all_reduce,SENDRECV")
     assert opts.ops == ("all_reduce", "alltoall", "sendrecv")
 
 
@@ -71,7 +76,7 @@ def test_auto_iterations_shrink_for_big_sizes_and_explicit_ones_win() -> None:
 
 
 def test_json_round_trip_for_the_spawned_ranks() -> None:
-    opts = build_options(op="reduce,alltoall", redop=None, dtype="bf16", min_busbw=2.5,
+    opts = build_options(collective="reduce,alltoall", redop=None, dtype="bf16", min_busbw=2.5,
                          command=["cclctl", "bench"])  # fmt: skip
     assert BenchOptions.from_json(opts.to_json()) == opts
 

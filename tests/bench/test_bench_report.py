@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,7 @@ def _meta(min_busbw: float | None = 1.0) -> RunMeta:
         iters=20,
         warmup_iters=5,
         min_busbw=min_busbw,
-        command=("cclctl", "bench", "--op", "all_reduce,sendrecv"),
+        command=("cclctl", "bench", "--collective", "all_reduce,sendrecv"),
     )
     ranks = (RankInfo(0, "node-a", 4242), RankInfo(1, "node-b", 4243))
     return RunMeta(
@@ -44,7 +43,7 @@ def _rows(wrong: int = 3) -> list[Row]:
 
 GOLDEN = """\
 # cclctl bench 0.1.0: all_reduce, sendrecv
-# nRanks 2 minBytes 8 maxBytes 1048576 step: 2(factor) warmup iters: 5 iters: 20 validation: 1 backend: cclctl
+# nRanks 2 minBytes 8 maxBytes 1048576 step: 2(factor) warmup iters: 5 iters: 20 validation: 1 average: 1(avg) timeout: default backend: cclctl
 #
 # Using ranks
 #  Rank  0 Pid   4242 on node-a
@@ -99,17 +98,15 @@ def test_no_floor_means_no_verdict_on_the_average() -> None:
     assert "# Out of bounds values : 0 OK" in text
 
 
-def test_json_document_carries_rows_with_table_names_and_metadata(tmp_path: Path) -> None:
-    path = tmp_path / "out.json"
-    report.write_reports(_meta(), _rows(), str(path), None)
-    doc = json.loads(path.read_text())
+def test_json_document_carries_rows_with_table_names_and_metadata() -> None:
+    doc = json.loads(json.dumps(report.to_document(_meta(), _rows())))
     assert doc["schema"] == BENCH_SCHEMA and doc["version"] == 1
     meta = doc["meta"]
     keys = "world_size hosts backend version dtype ops started_at finished_at command redop root"
     for key in [*keys.split(), "minbytes", "maxbytes", "iters", "warmup_iters", "check"]:
         assert key in meta, key
     assert meta["hosts"] == ["node-a", "node-b"]
-    assert meta["command"] == ["cclctl", "bench", "--op", "all_reduce,sendrecv"]
+    assert meta["command"] == ["cclctl", "bench", "--collective", "all_reduce,sendrecv"]
     assert meta["ranks"][1] == {"rank": 1, "host": "node-b", "pid": 4243}
     assert len(doc["rows"]) == 3
     row = doc["rows"][1]
@@ -122,14 +119,12 @@ def test_json_document_carries_rows_with_table_names_and_metadata(tmp_path: Path
     assert doc["summary"]["all_reduce"] == {
         "avg_busbw": pytest.approx(0.223769, rel=1e-5), "out_of_bounds": 1, "wrong": 3,
     }  # fmt: skip
-    assert doc["ok"] is False
+    assert doc["ok"] is False and doc["complete"] is True
     assert Row.from_dict(doc["rows"][1]) == _rows()[1]
 
 
-def test_csv_has_one_line_per_row(tmp_path: Path) -> None:
-    path = tmp_path / "out.csv"
-    report.write_reports(_meta(), _rows(), None, str(path))
-    lines = list(csv.DictReader(io.StringIO(path.read_text())))
+def test_csv_has_one_line_per_row() -> None:
+    lines = list(csv.DictReader(io.StringIO(report.render_csv(_rows()))))
     assert [line["op"] for line in lines] == ["all_reduce", "all_reduce", "sendrecv"]
     assert lines[1]["in_place_#wrong"] == "3" and lines[2]["in_place_#wrong"] == ""
     assert float(lines[0]["out_of_place_time"]) == 12.345

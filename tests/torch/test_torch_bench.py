@@ -22,8 +22,8 @@ OPS = "all_reduce,all_gather,reduce_scatter,broadcast,reduce,alltoall,sendrecv"
 
 @pytest.mark.timeout(120)
 def test_the_sweep_runs_and_checks_every_op_on_gloo() -> None:
-    args = ["bench", "--backend", "gloo", "-n", "2", "-b", "8", "-e", "4K", "-f", "8",
-            "--iters", "3", "-w", "1", "--op", OPS, "--json", "-"]  # fmt: skip
+    args = ["bench", "--backend", "gloo", "-g", "2", "-b", "8", "-e", "4K", "-f", "8",
+            "-n", "3", "-w", "1", "--collective", OPS, "-J", "-"]  # fmt: skip
     out = subprocess.run(
         [CCLCTL, *args], capture_output=True, text=True, timeout=100,
         env=dict(os.environ, **child_env()),
