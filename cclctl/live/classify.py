@@ -27,7 +27,9 @@ STATES = (OK, IN_COLLECTIVE, WAITING, STALE, MISSING, ERROR)
 FLAGS = ("missing", "bad_status", "stale", "failed", "slow", "behind", "errors", "hangs")
 SEVERE_FLAGS = frozenset(("missing", "bad_status", "stale", "failed"))
 
-DEFAULT_STALE_S = 5.0
+#: The same as ``cclctl diagnose hang``'s defaults (stale after, stuck after), so a rank the
+#: table flags and the verdict above it are judged by one clock.
+DEFAULT_STALE_S = 10.0
 DEFAULT_SLOW_S = 5.0
 
 _NS = 1e9
