@@ -45,8 +45,9 @@ HELP = (
     "under 'waiting on' as \"2 (inferred)\" where their own record names no peer (gloo, "
     "NCCL). Other ranks that look wrong (a heartbeat older than --stale, a collective older "
     "than --slow, a failed call, errors or hangs counted) follow in yellow.\n\n"
-    "Columns that do not fit the terminal are dropped whole (first host, pid, size, counts; "
-    "rank and state always stay); op names shorten first (ar, ag, rs, a2a, bcast).\n\n"
+    "Columns that do not fit the terminal are dropped whole (bus bandwidth, counts, size, host "
+    "and pid go first; rank and state always stay); op names shorten first (ar, ag, rs, a2a, "
+    "bcast).\n\n"
     "--once prints one table and exits; --json prints the cclctl.top document (version 1) "
     "and exits. Without --job the store must hold exactly one job. Ctrl-C quits."
 )

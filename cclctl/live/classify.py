@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from cclctl.live.snapshot import JobStatuses, ListingStore, fetch
+from cclctl.live.snapshot import JobStatuses
 from cclctl.records import STARTED, CollectiveRecord, CommInfo, RankSnapshot
 
 OK = "ok"
@@ -106,17 +106,6 @@ class JobView:
     @property
     def missing(self) -> list[int]:
         return sorted(r.rank for r in self.ranks if r.state == MISSING)
-
-
-def read_view(
-    store: ListingStore,
-    job: str | None = None,
-    *,
-    world_size: int | None = None,
-    thresholds: Thresholds | None = None,
-) -> JobView:
-    """Fetch (one round trip) and classify; see :func:`.snapshot.fetch` for the errors."""
-    return classify(fetch(store, job), world_size=world_size, thresholds=thresholds)
 
 
 def classify(
