@@ -23,9 +23,10 @@ from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
 from cclctl.diagnose_io import procs
-from cclctl.diagnose_io.inputs import Inputs, dump_paths, from_live, load_dumps
+from cclctl.diagnose_io.inputs import Inputs, dump_paths, load_dumps
+from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, FaultFound, StoreError, UsageError
-from cclctl.live.snapshot import fetch
+from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.store.client import StoreClient, parse_address
 
 HELP = "Diagnose a job: find the rank or link that hangs it."
@@ -96,16 +97,19 @@ def hang(
         raise UsageError("give dump files or --store, not both")
     if store is None and not dumps:
         raise UsageError("give dump files or folders, or --store HOST:PORT for a live job")
-    inputs = _live(store, job, world_size) if store is not None else _dumps(dumps or [], job)
-    diag = diagnose(
-        inputs.snapshots,
-        world_size=world_size if world_size is not None else inputs.world_size,
-        now_ns=inputs.now_ns,
-        proc=_proc(inputs),
-        unreadable=inputs.unreadable,
-        notes=inputs.notes,
-        options=opts,
-    )
+    if store is not None:
+        diag = diagnose_live(_live(store, job), world_size, opts)  # the same verdict as top's
+    else:
+        inputs = _dumps(dumps or [], job)
+        diag = diagnose(
+            inputs.snapshots,
+            world_size=world_size if world_size is not None else inputs.world_size,
+            now_ns=inputs.now_ns,
+            proc=procs.for_post_mortem(procs.process_states(inputs.snapshots)),
+            unreadable=inputs.unreadable,
+            notes=inputs.notes,
+            options=opts,
+        )
     if as_json:
         sys.stdout.write(json.dumps(diag.to_dict(), indent=2) + "\n")
     else:
@@ -137,7 +141,7 @@ def _dumps(paths: list[str], job: str | None) -> Inputs:
         return load_dumps(paths, job, progress=lambda done: bar.advance())
 
 
-def _live(address: str, job: str | None, world_size: int | None) -> Inputs:
+def _live(address: str, job: str | None) -> JobStatuses:
     try:
         host, port = parse_address(address)
     except StoreError as exc:
@@ -151,12 +155,7 @@ def _live(address: str, job: str | None, world_size: int | None) -> Inputs:
         client.close()
     if not statuses.statuses and not statuses.bad:
         raise UsageError(f"job {statuses.job!r} has published no status to {address} yet")
-    return from_live(statuses, world_size)
-
-
-def _proc(inputs: Inputs) -> dict[int, str]:
-    states = procs.process_states(inputs.snapshots)
-    return states if inputs.source == "live" else procs.for_post_mortem(states)
+    return statuses
 
 
 def _print(diag: Diagnosis) -> None:

@@ -1,12 +1,16 @@
-"""`cclctl top`: every rank of a live job, one row each, the ones that look wrong first.
+"""`cclctl top`: every rank of a live job, one row each, the suspects first.
 
-All the reading and judging is in :mod:`cclctl.live` (``cclctl diagnose hang --store`` uses
-the same code); this module only draws: a rich Live table on a terminal, one table per
-refresh when stdout is a pipe (like ``top -b``), or the JSON document with ``--json``.
+All the reading and judging is elsewhere: :mod:`cclctl.live` classifies each rank and
+:func:`cclctl.diagnose_io.live.diagnose_live` gives the verdict, the very one ``cclctl
+diagnose hang --store`` prints. This module only draws: a rich Live table on a terminal, one
+table per refresh when stdout is a pipe (like ``top -b``), or the JSON document with
+``--json``. Columns that do not fit the terminal are dropped whole (see
+:data:`cclctl.live.table.PRIORITY`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -18,10 +22,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cclctl.diagnose.model import Options
+from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, StoreError, UsageError
 from cclctl.live import table as rows_of
-from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thresholds, read_view
+from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thresholds, classify
+from cclctl.live.culprit import OK, SUSPECT, WAITING, WARN, Culprits, read_culprits
 from cclctl.live.document import to_document
+from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.store.client import StoreClient, parse_address
 
 HELP = (
@@ -29,10 +37,17 @@ HELP = (
     "Reads the status every rank publishes to the job's store (about once a second) and shows "
     "host, pid, heartbeat age, state (ok, in collective, waiting, stale, missing, error), the "
     "collective in flight (comm, seq, op, size, age, the peer it waits on and for send or "
-    "recv), the last bus bandwidth and error and retry counts. Ranks that look wrong come "
-    "first and are highlighted: no status, a heartbeat older than --stale, a collective older "
-    "than --slow, a failed collective, errors or hangs counted, or behind peers that wait for "
-    "them.\n\n"
+    "recv), the last bus bandwidth and error and retry counts.\n\n"
+    "Above the table is the verdict of `cclctl diagnose hang --store` for the same statuses. "
+    'Its suspects come first, in red, with the reason in words ("never entered all_reduce '
+    'seq 155", "stopped (SIGSTOP)", "dead"); the ranks inside the call they block are '
+    'dimmed, summed up in one line ("ranks 0-1,3 wait on rank 2 ...") and show the suspect '
+    "under 'waiting on' as \"2 (inferred)\" where their own record names no peer (gloo, "
+    "NCCL). Other ranks that look wrong (a heartbeat older than --stale, a collective older "
+    "than --slow, a failed call, errors or hangs counted) follow in yellow.\n\n"
+    "Columns that do not fit the terminal are dropped whole (bus bandwidth, counts, size, host "
+    "and pid go first; rank and state always stay); op names shorten first (ar, ag, rs, a2a, "
+    "bcast).\n\n"
     "--once prints one table and exits; --json prints the cclctl.top document (version 1) "
     "and exits. Without --job the store must hold exactly one job. Ctrl-C quits."
 )
@@ -43,7 +58,7 @@ REQUEST_TIMEOUT_S = 10.0
 #: Lines around the rows: header, the table's borders and column titles, the footer.
 CHROME_LINES = 7
 PIPE_WIDTH = 200
-_STYLES = {"bad": "bold red", "warn": "yellow", "ok": ""}
+_STYLES = {SUSPECT: "bold red", WAITING: "dim", WARN: "yellow", OK: ""}
 
 
 def register(app: typer.Typer) -> None:
@@ -62,10 +77,12 @@ def top(
         None, "--world-size", help="Ranks expected, when the job did not rendezvous here."
     ),
     stale: float = typer.Option(
-        DEFAULT_STALE_S, "--stale", help="A heartbeat older than this (s) is stale."
+        DEFAULT_STALE_S, "--stale", help="A heartbeat older than this (s) is stale (as diagnose's)."
     ),
     slow: float = typer.Option(
-        DEFAULT_SLOW_S, "--slow", help="A collective older than this (s) looks stuck."
+        DEFAULT_SLOW_S,
+        "--slow",
+        help="A collective older than this (s) looks stuck (diagnose's --stuck-after).",
     ),
     rows: int | None = typer.Option(
         None, "--rows", help="Rank rows to show \\[default: what fits the terminal; all in a pipe]."
@@ -75,23 +92,54 @@ def top(
     limits = Thresholds(stale_s=stale, slow_s=slow)
     client = _connect(store)
     try:
-        view = read_view(client, job, world_size=world_size, thresholds=limits)
+        screen = read_screen(client, job, world_size, limits)
     except BaseException:
         client.close()
         raise
-    with _Watch(client, view, world_size, limits) as watch:
+    view = screen.view
+    with _Watch(client, screen, world_size, limits) as watch:
         if (once or as_json) and view.world_size == 0:
             raise UsageError(f"job {view.job!r} has published no status to {view.address} yet")
         if as_json:
-            sys.stdout.write(json.dumps(to_document(view), indent=2) + "\n")
+            sys.stdout.write(json.dumps(to_document(view, screen.culprits), indent=2) + "\n")
             return
         console = _console()
         if once:
-            console.print(render(view, rows if rows is not None else _fit(console)))
+            fit = rows if rows is not None else _fit(console, screen)
+            console.print(render(screen, fit, width=console.width))
         elif console.is_terminal:
             watch.live(console, interval, rows)
         else:
             watch.batch(console, interval, rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Screen:
+    """One refresh: every rank classified, and the diagnosis read onto the rows."""
+
+    view: JobView
+    culprits: Culprits
+
+
+def read_screen(
+    client: StoreClient, job: str | None, world_size: int | None, limits: Thresholds
+) -> Screen:
+    """Fetch once; classify the ranks and diagnose the same statuses (no second fetch).
+
+    The diagnosis is ``diagnose hang --store``'s, with --stale and --slow as its stale and
+    stuck thresholds; none while no rank has published. Its UsageError (a --world-size
+    below a rank seen) is the user's to fix, as in diagnose.
+    """
+    return screen_of(fetch(client, job), world_size, limits)
+
+
+def screen_of(statuses: JobStatuses, world_size: int | None, limits: Thresholds) -> Screen:
+    """Classify and diagnose fetched statuses (see :func:`read_screen`)."""
+    view = classify(statuses, world_size=world_size, thresholds=limits)
+    options = Options(stale_after_s=limits.stale_s, stuck_after_s=limits.slow_s)
+    published = bool(statuses.statuses or statuses.bad)
+    diagnosis = diagnose_live(statuses, world_size, options) if published else None
+    return Screen(view, read_culprits(diagnosis, view))
 
 
 def _check(**values: float | None) -> None:
@@ -117,32 +165,45 @@ def _console() -> Console:
     return console
 
 
-def _fit(console: Console, extra_lines: int = 0) -> int | None:
-    """Rows that fit the terminal (at least a few), or all of them in a pipe."""
+def _fit(console: Console, screen: Screen, extra_lines: int = 0) -> int | None:
+    """Rows that fit the terminal under the verdict lines (at least a few), or all of them
+    in a pipe.
+    """
     if not console.is_terminal:
         return None
-    return max(3, console.size.height - CHROME_LINES - extra_lines)
+    width = max(1, console.width)
+    lines = [f"{label}: {words}" for label, words in rows_of.verdict_lines(screen.culprits)]
+    lines += screen.culprits.waiting_lines
+    wrapped = sum(-(-len(line) // width) for line in lines)
+    return max(3, console.size.height - CHROME_LINES - wrapped - extra_lines)
 
 
-def render(view: JobView, max_rows: int | None, note: str = "") -> RenderableType:
-    """Header, table of the rows that fit, and the line counting the rest."""
-    model = rows_of.build_table(view, max_rows)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+def render(screen: Screen, max_rows: int | None, note: str = "", width: int = 0) -> RenderableType:
+    """Header, verdicts, who waits on them, the table of the rows that fit (in ``width``
+    characters; 0: every column) and the line counting the rest.
+    """
+    model = rows_of.build_table(screen.view, screen.culprits, max_rows)
+    if width > 0:
+        model = model.fit(width)
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False)
     for name in model.columns:
         numeric = name in rows_of.NUMERIC or name.startswith("busbw")
-        width = 40 if name == "state" else 24 if name in ("host", "comm") else None
+        state = name == "state"
         table.add_column(
             name,
             justify="right" if numeric else "left",
-            no_wrap=True,
-            max_width=width,
-            overflow="ellipsis",
+            no_wrap=not state,
+            max_width=rows_of.STATE_MAX if state else None,
+            overflow="fold",
         )
     for row in model.rows:
         table.add_row(*row.cells, style=_STYLES[row.severity])
     parts: list[RenderableType] = [Text(model.header, style="bold")]
     if note:
         parts.append(Text(note, style="bold red"))
+    for label, words in model.verdicts:
+        parts.append(Text(f"{label}: ", style="bold red").append(words, style="red"))
+    parts += [Text(line, style="dim") for line in model.waiting]
     parts.append(table)
     if model.footer:
         parts.append(Text(model.footer, style="dim"))
@@ -150,17 +211,17 @@ def render(view: JobView, max_rows: int | None, note: str = "") -> RenderableTyp
 
 
 class _Watch:
-    """The refresh loop: keeps the last good view on screen while the store is away."""
+    """The refresh loop: keeps the last good screen while the store is away."""
 
     def __init__(
-        self, client: StoreClient, view: JobView, world_size: int | None, limits: Thresholds
+        self, client: StoreClient, screen: Screen, world_size: int | None, limits: Thresholds
     ) -> None:
         self.client: StoreClient | None = client
         self.address = client.address
-        self.view = view
+        self.screen = screen
         self.world_size = world_size
         self.limits = limits
-        self.note = ""  # why the view on screen is not fresh ("" when it is)
+        self.note = ""  # why the screen is not fresh ("" when it is)
 
     def __enter__(self) -> _Watch:
         return self
@@ -169,42 +230,43 @@ class _Watch:
         if self.client is not None:
             self.client.close()
 
-    def refresh(self) -> JobView:
-        """Fetch a new view; on a store error keep the last one and say why in ``note``."""
+    def refresh(self) -> Screen:
+        """Fetch a new screen; on a store error keep the last one and say why in ``note``."""
         try:
             if self.client is None:
                 self.client = _connect(self.address, connect_timeout_s=1.0)
-            self.view = read_view(
-                self.client, self.view.job, world_size=self.world_size, thresholds=self.limits
-            )
+            job = self.screen.view.job
+            self.screen = read_screen(self.client, job, self.world_size, self.limits)
             self.note = ""
         except StoreError as exc:
             if self.client is not None:
                 self.client.close()
                 self.client = None
             self.note = f"store unreachable, showing the last view: {exc}"
-        return self.view
+        except UsageError as exc:  # the job's documents changed under us (e.g. another job's)
+            self.note = f"cannot read the job now, showing the last view: {exc}"
+        return self.screen
 
     def live(self, console: Console, interval: float, rows: int | None) -> None:
         """Redraw in place until Ctrl-C."""
-        view = self.view
+        screen = self.screen
         with Live(console=console, auto_refresh=False) as live:
             try:
                 while True:
-                    fit = rows or _fit(console, extra_lines=1 if self.note else 0)
-                    live.update(render(view, fit, self.note), refresh=True)
+                    fit = rows or _fit(console, screen, extra_lines=1 if self.note else 0)
+                    live.update(render(screen, fit, self.note, console.width), refresh=True)
                     time.sleep(interval)
-                    view = self.refresh()
+                    screen = self.refresh()
             except KeyboardInterrupt:
                 return
 
     def batch(self, console: Console, interval: float, rows: int | None) -> None:
         """Stdout is not a terminal: print a full table per refresh, like ``top -b``."""
-        view = self.view
+        screen = self.screen
         try:
             while True:
-                console.print(render(view, rows, self.note))
+                console.print(render(screen, rows, self.note, console.width))
                 time.sleep(interval)
-                view = self.refresh()
+                screen = self.refresh()
         except KeyboardInterrupt:
             return

@@ -2,5 +2,6 @@
 
 ``cclctl top`` draws it and ``cclctl diagnose hang --store`` reasons over it, so nothing here
 imports typer or rich: :mod:`.snapshot` fetches and parses, :mod:`.classify` names each
-rank's state, :mod:`.document` and :mod:`.table` turn the result into JSON and table rows.
+rank's state, :mod:`.culprit` reads the diagnosis onto the ranks (suspects, who waits on
+them), :mod:`.document` and :mod:`.table` turn the result into JSON and table rows.
 """

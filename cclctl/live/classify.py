@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from cclctl.live.snapshot import JobStatuses, ListingStore, fetch
+from cclctl.live.snapshot import JobStatuses
 from cclctl.records import STARTED, CollectiveRecord, CommInfo, RankSnapshot
 
 OK = "ok"
@@ -27,7 +27,9 @@ STATES = (OK, IN_COLLECTIVE, WAITING, STALE, MISSING, ERROR)
 FLAGS = ("missing", "bad_status", "stale", "failed", "slow", "behind", "errors", "hangs")
 SEVERE_FLAGS = frozenset(("missing", "bad_status", "stale", "failed"))
 
-DEFAULT_STALE_S = 5.0
+#: The same as ``cclctl diagnose hang``'s defaults (stale after, stuck after), so a rank the
+#: table flags and the verdict above it are judged by one clock.
+DEFAULT_STALE_S = 10.0
 DEFAULT_SLOW_S = 5.0
 
 _NS = 1e9
@@ -104,17 +106,6 @@ class JobView:
     @property
     def missing(self) -> list[int]:
         return sorted(r.rank for r in self.ranks if r.state == MISSING)
-
-
-def read_view(
-    store: ListingStore,
-    job: str | None = None,
-    *,
-    world_size: int | None = None,
-    thresholds: Thresholds | None = None,
-) -> JobView:
-    """Fetch (one round trip) and classify; see :func:`.snapshot.fetch` for the errors."""
-    return classify(fetch(store, job), world_size=world_size, thresholds=thresholds)
 
 
 def classify(

@@ -1,7 +1,10 @@
 """``cclctl top --json``: the job view as a stable, versioned document for scripts.
 
 Field names and state words are part of the contract: add fields freely, but rename or
-remove one only with a new ``version``.
+remove one only with a new ``version``. ``diagnosis`` is the ``cclctl.diagnosis`` document
+that ``cclctl diagnose hang --store`` prints for the same statuses (null when no rank has
+published yet); each rank's ``highlight``, ``suspect`` and ``waits_on`` say how the table
+shows it.
 """
 
 from __future__ import annotations
@@ -9,13 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from cclctl.live.classify import JobView, RankView
+from cclctl.live.culprit import Culprits, display_order
 
 TOP_SCHEMA = "cclctl.top"
 TOP_VERSION = 1
 
 
-def to_document(view: JobView) -> dict[str, Any]:
-    """The whole view; ``ranks`` is in display order (wrong ranks first, then by rank)."""
+def to_document(view: JobView, culprits: Culprits) -> dict[str, Any]:
+    """The whole view; ``ranks`` is in display order (suspects first, then other wrong
+    ranks, the ranks waiting on suspects, and the rest, each group by rank).
+    """
     return {
         "schema": TOP_SCHEMA,
         "version": TOP_VERSION,
@@ -29,7 +35,9 @@ def to_document(view: JobView) -> dict[str, Any]:
         "stale_after_s": view.thresholds.stale_s,
         "slow_after_s": view.thresholds.slow_s,
         "missing": view.missing,
-        "ranks": [rank_document(r) for r in view.ranks],
+        "diagnosis": None if culprits.diagnosis is None else culprits.diagnosis.to_dict(),
+        "waiting": list(culprits.waiting_lines),
+        "ranks": [rank_document(r, culprits) for r in display_order(view, culprits)],
     }
 
 
@@ -37,8 +45,15 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def rank_document(rank: RankView) -> dict[str, Any]:
-    """One rank; ``current`` is its in-flight call (null when idle or unknown)."""
+def rank_document(rank: RankView, culprits: Culprits) -> dict[str, Any]:
+    """One rank; ``current`` is its in-flight call (null when idle or unknown).
+
+    ``highlight``: "suspect", "waiting" (on a suspect), "warn" (flags, no verdict) or "ok".
+    ``suspect``: the verdict naming it (kind and reason in words) or null. ``waits_on``: the
+    suspects it waits on by the diagnosis ([] when none), known even where ``current``
+    names no peer (gloo, NCCL).
+    """
+    verdict = culprits.reasons.get(rank.rank)
     rec = rank.inflight
     current = None
     if rec is not None:
@@ -77,4 +92,7 @@ def rank_document(rank: RankView) -> dict[str, Any]:
         "hangs": rank.hangs,
         "error": rank.error or None,
         "metrics_url": rank.metrics_url,
+        "highlight": culprits.highlight(rank),
+        "suspect": None if verdict is None else {"kind": verdict[0], "reason": verdict[1]},
+        "waits_on": list(culprits.waits_on.get(rank.rank, ())),
     }

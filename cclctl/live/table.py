@@ -1,7 +1,9 @@
 """The job view as table rows of plain text, ready for any renderer (rich lives in commands/).
 
-Only the rows that fit are built: with 1,000 ranks the screen shows the wrong ones first and
+Only the rows that fit are built: with 1,000 ranks the screen shows the suspects first and
 a line counting the rest, and the cost of a refresh does not grow with rows nobody sees.
+Columns that do not fit the width are dropped whole, by :data:`PRIORITY` (a cut number or
+op name would mislead): ops are first abbreviated to their short forms, then columns go.
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ import collections
 import dataclasses
 import datetime
 
+from cclctl.diagnose.model import MISSING as NO_STATUS
+from cclctl.diagnose.report import suspects_line
 from cclctl.live.classify import ERROR, MISSING, STALE, JobView, RankView
+from cclctl.live.culprit import SUSPECT, Culprits, display_order
+from cclctl.ranges import fold_ranks
 
 COLUMNS = (
     "rank",
@@ -31,14 +37,48 @@ COLUMNS = (
 NUMERIC = frozenset(
     ("rank", "pid", "heartbeat", "seq", "size", "age", "busbw GB/s", "errors", "retries")
 )
+#: Which columns stay when the width runs out, first to last; rank and state always stay.
+PRIORITY = (
+    "rank",
+    "state",
+    "seq",
+    "op",
+    "waiting on",
+    "age",
+    "heartbeat",
+    "comm",
+    "pid",
+    "host",
+    "size",
+    "errors",
+    "retries",
+    "busbw GB/s",
+)
+ALWAYS = frozenset(("rank", "state"))
+#: Short forms of collectives (as NCCL users write them), used when full names do not fit.
+SHORT_OPS = {
+    "all_reduce": "ar",
+    "all_gather": "ag",
+    "reduce_scatter": "rs",
+    "all_to_all": "a2a",
+    "alltoall": "a2a",
+    "broadcast": "bcast",
+}
+#: The state column wraps (never cuts) beyond this width, so one long error keeps the rest.
+STATE_MAX = 40
+#: Characters between two columns as the renderer draws them (a cell's right padding and
+#: the box's blank rule).
+COLUMN_GAP = 2
 
 #: Flags a row's state word already says, so the state cell does not repeat them.
 _IMPLIED = {MISSING: {"missing"}, STALE: {"stale"}, ERROR: {"bad_status", "failed"}}
+#: "waiting on" cells filled from the diagnosis, not from the rank's own record.
+INFERRED = "(inferred)"
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One rank's cells; ``severity`` is "bad" (dead, frozen, failed), "warn" or "ok"."""
+    """One rank's cells; ``severity`` is one of :data:`cclctl.live.culprit.HIGHLIGHTS`."""
 
     rank: int
     cells: tuple[str, ...]
@@ -47,19 +87,81 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class Table:
+    """Header, verdict lines (the diagnosis' faults, then who waits on whom), rows, footer."""
+
     header: str
     columns: tuple[str, ...]
     rows: list[Row]
     footer: str  # "" when every rank has a row
+    verdicts: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (label, words)
+    waiting: list[str] = dataclasses.field(default_factory=list)
+
+    def fit(self, width: int) -> Table:
+        """The columns that fit ``width`` characters, in display order (see :data:`PRIORITY`)."""
+        keep, short = _fit_columns(self, width)
+        index = [i for i, name in enumerate(self.columns) if name in keep]
+        op = self.columns.index("op") if "op" in self.columns else -1
+
+        def cell(i: int, value: str) -> str:
+            return SHORT_OPS.get(value, value) if short and i == op else value
+
+        rows = [
+            Row(r.rank, tuple(cell(i, r.cells[i]) for i in index), r.severity) for r in self.rows
+        ]
+        columns = tuple(self.columns[i] for i in index)
+        return dataclasses.replace(self, columns=columns, rows=rows)
 
 
-def build_table(view: JobView, max_rows: int | None = None) -> Table:
-    """Rows for the first ``max_rows`` ranks in view order (all when None)."""
-    shown = view.ranks if max_rows is None else view.ranks[: max(0, max_rows)]
+def _fit_columns(model: Table, width: int) -> tuple[set[str], bool]:
+    """Greedy by priority: a column is kept if it fits whole; ops shorten before they go."""
+    widths = {
+        name: max([len(name), *(len(r.cells[i]) for r in model.rows)])
+        for i, name in enumerate(model.columns)
+    }
+    widths["state"] = min(widths["state"], STATE_MAX)
+    op = model.columns.index("op") if "op" in model.columns else -1
+    short_op = max([len("op"), *(len(SHORT_OPS.get(r.cells[op], r.cells[op])) for r in model.rows)])
+    keep: set[str] = set()
+    used = -COLUMN_GAP
+    short = False
+    for name in sorted(model.columns, key=_priority):
+        need = widths[name] + COLUMN_GAP
+        if name == "op" and used + need > width and used + short_op + COLUMN_GAP <= width:
+            need, short = short_op + COLUMN_GAP, True
+        if name in ALWAYS or used + need <= width:
+            keep.add(name)
+            used += need
+    return keep, short
+
+
+def _priority(name: str) -> int:
+    base = "busbw GB/s" if name.startswith("busbw") else name
+    return PRIORITY.index(base) if base in PRIORITY else len(PRIORITY)
+
+
+def build_table(view: JobView, culprits: Culprits, max_rows: int | None = None) -> Table:
+    """Rows for the first ``max_rows`` ranks in display order (all when None)."""
+    order = display_order(view, culprits)
+    shown = order if max_rows is None else order[: max(0, max_rows)]
     busbw_op = _common_op(view.ranks)
     columns = COLUMNS if not busbw_op else (*COLUMNS[:-3], f"busbw GB/s {busbw_op}", *COLUMNS[-2:])
-    rows = [_row(rank, busbw_op) for rank in shown]
-    return Table(header(view), columns, rows, _footer(view.ranks[len(shown) :]))
+    rows = [_row(rank, culprits, busbw_op) for rank in shown]
+    footer = _footer(order[len(shown) :])
+    verdicts = verdict_lines(culprits)
+    return Table(header(view), columns, rows, footer, verdicts, list(culprits.waiting_lines))
+
+
+def verdict_lines(culprits: Culprits) -> list[tuple[str, str]]:
+    """(label, words) per finding, worded as ``diagnose hang`` words it: ``("NOT ENTERED",
+    "rank 2 never entered all_reduce seq 155 of comm 0:0-3 · rank 2 (pid 7 on node-1)")``;
+    none when healthy.
+    """
+    lines = []
+    for verdict in culprits.faults:
+        who = suspects_line(verdict)
+        words = f"{verdict.summary} · {who}" if who else verdict.summary
+        lines.append((verdict.kind.replace("_", " ").upper(), words))
+    return lines
 
 
 def header(view: JobView) -> str:
@@ -99,32 +201,47 @@ def state_text(rank: RankView) -> str:
     return f"{word} ({', '.join(extra)})" if extra else word
 
 
-def _row(rank: RankView, busbw_op: str) -> Row:
+def waiting_text(rank: RankView, culprits: Culprits) -> str:
+    """The peer its record waits on ("2 recv"), else the suspects the diagnosis says it
+    waits on ("2 (inferred)"), else "-".
+    """
+    rec = rank.inflight
+    if rec is not None and rec.waiting_on is not None:
+        return f"{rec.waiting_on} {rec.waiting_for or ''}".strip()
+    suspects = culprits.waits_on.get(rank.rank)
+    if suspects:
+        return f"{fold_ranks(suspects)} {INFERRED}"
+    return "-"
+
+
+def _row(rank: RankView, culprits: Culprits, busbw_op: str) -> Row:
     rec = rank.inflight
     known = rank.state != MISSING and "bad_status" not in rank.flags
     if rec is not None:
         where = (rec.comm, str(rec.seq), rec.op, human_bytes(rec.nbytes))
         age = human_age(rank.inflight_age_s)
-        waiting = "-" if rec.waiting_on is None else f"{rec.waiting_on} {rec.waiting_for or ''}"
     else:
         last = max(rank.comms.items(), key=lambda kv: kv[1].last_completed, default=None)
         where = (last[0], str(last[1].last_completed), "-", "-") if last else ("-",) * 4
-        age, waiting = "-", "-"
+        age = "-"
     busbw = rank.busbw_gbps.get(busbw_op)
+    severity = culprits.highlight(rank)
+    state = state_text(rank)
+    if severity == SUSPECT and culprits.reasons[rank.rank][0] != NO_STATUS:
+        state = culprits.reasons[rank.rank][1]  # a missing rank's state says more: why
     cells = (
         str(rank.rank),
         rank.host or "-",
         str(rank.pid) if known else "-",
         human_age(rank.heartbeat_age_s),
-        state_text(rank),
+        state,
         *where,
         age,
-        waiting.strip(),
+        waiting_text(rank, culprits),
         "-" if busbw is None else f"{busbw:.2f}",
         str(rank.errors) if known else "-",
         str(rank.retries) if known else "-",
     )
-    severity = "bad" if rank.severe else "warn" if rank.wrong else "ok"
     return Row(rank.rank, cells, severity)
 
 

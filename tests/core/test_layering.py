@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "telemetry": set(),
     "store": set(),
     "diagnose": set(),
-    "live": set(),
+    "live": {"diagnose"},  # the live view reads verdicts onto its rows
     "runtime": {"telemetry", "store"},
     "launch": {"runtime", "store"},
     "diagnose_io": {"diagnose", "live"},

@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
+from cclctl.commands.top import screen_of
 from cclctl.launch.launcher import LaunchResult, launch
 from cclctl.live import table
 from cclctl.live.classify import Thresholds, classify
 from cclctl.live.snapshot import fetch
+from cclctl.live.table import COLUMNS
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
 from cclctl.store.client import StoreClient, StoreServer
 
@@ -130,8 +132,8 @@ def test_json_document_fields_and_order(server: StoreServer, client: StoreClient
     assert [(r["rank"], r["state"], r["flags"]) for r in doc["ranks"]] == [
         (2, "stale", ["stale"]),
         (3, "missing", ["missing"]),
+        (1, "waiting", []),  # it waits on rank 2, the suspect: before the healthy rank
         (0, "ok", []),
-        (1, "waiting", []),
     ]
     ranks = {r["rank"]: r for r in doc["ranks"]}
     waiting = ranks[1]
@@ -182,18 +184,28 @@ def test_stuck_slow_behind_failed_and_erring_ranks(
     put(client, 4, status(4, world=6, started=42, completed=41, inflight=failed))
     put(client, 5, status(5, world=6, started=42, completed=42, counters={"errors": 2}))
     doc = top_json(server.address, "--slow", "10")
-    got = [(r["rank"], r["state"], r["flags"], r["behind"]) for r in doc["ranks"]]
-    assert got == [
-        (0, "waiting", ["slow"], {}),
-        (1, "waiting", ["slow"], {}),
-        (2, "waiting", ["slow"], {}),
-        (3, "ok", ["behind"], {"0:0-5": 42}),
-        (4, "error", ["failed"], {}),
-        (5, "ok", ["errors"], {}),
+    got = [(r["rank"], r["state"], r["flags"], r["behind"], r["highlight"]) for r in doc["ranks"]]
+    assert got == [  # the suspect, the other wrong rank, then those inside seq 42 waiting
+        (3, "ok", ["behind"], {"0:0-5": 42}, "suspect"),
+        (5, "ok", ["errors"], {}, "warn"),
+        (0, "waiting", ["slow"], {}, "waiting"),
+        (1, "waiting", ["slow"], {}, "waiting"),
+        (2, "waiting", ["slow"], {}, "waiting"),
+        (4, "error", ["failed"], {}, "waiting"),
     ]
-    assert doc["ranks"][4]["error"] == "timed out after 1s" and doc["wrong"] == 6
+    assert doc["ranks"][0]["suspect"] == {
+        "kind": "not_entered",
+        "reason": "never entered all_reduce seq 42",
+    }
+    assert [r["waits_on"] for r in doc["ranks"]] == [[], [], [3], [3], [3], [3]]
+    assert doc["waiting"] == ["ranks 0-2,4 wait on rank 3 in all_reduce seq 42"]
+    assert doc["ranks"][5]["error"] == "timed out after 1s" and doc["wrong"] == 6
     relaxed = top_json(server.address, "--slow", "30")  # nobody waited long enough
-    assert [r["flags"] for r in relaxed["ranks"]][:3] == [["failed"], ["errors"], []]
+    flags = {r["rank"]: r["flags"] for r in relaxed["ranks"]}
+    assert flags == {0: [], 1: [], 2: [], 3: [], 4: ["failed"], 5: ["errors"]}
+    # rank 4's call timed out in seq 42, so the diagnosis still counts it hung (as
+    # `diagnose hang --stuck-after 30` does) and still names rank 3
+    assert relaxed["ranks"][0]["rank"] == 3 and relaxed["ranks"][0]["highlight"] == "suspect"
 
 
 @pytest.mark.timeout(60)
@@ -204,12 +216,14 @@ def test_table_puts_stale_and_missing_ranks_first(server: StoreServer, client: S
     lines = out.stdout.splitlines()
     assert lines[0].startswith(f"job {JOB} · 3/4 ranks · 2 look wrong · store {server.address}")
     rows = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]
-    assert [row[0] for row in rows] == ["2", "3", "0", "1"]
-    assert rows[0][:5] == ["2", "node-1", "1002", rows[0][3], "stale"]
+    assert [row[0] for row in rows] == ["2", "3", "1", "0"]  # rank 1 waits on the suspect
+    # the suspect's state is the diagnosis' reason (rank 2 is on another host: no process
+    # state to tell frozen from dead), no longer the heartbeat word "stale"
+    assert rows[0][:7] == ["2", "node-1", "1002", rows[0][3], "frozen", "or", "dead"]
     assert rows[1][:6] == ["3", "-", "-", "-", "missing", "-"]
-    assert rows[3][4:11] == ["waiting", COMM, "11", "all_reduce", "4", "MiB", rows[3][10]]
-    assert rows[3][11:13] == ["2", "recv"]
-    assert rows[2][4:7] == ["ok", COMM, "10"] and "12.50" in rows[2]
+    assert rows[2][4:11] == ["waiting", COMM, "11", "all_reduce", "4", "MiB", rows[2][10]]
+    assert rows[2][11:13] == ["2", "recv"]
+    assert rows[3][4:7] == ["ok", COMM, "10"] and "12.50" in rows[3]
     assert "busbw GB/s all_reduce" in out.stdout
 
 
@@ -331,13 +345,16 @@ def test_refreshes_until_interrupted(server: StoreServer, client: StoreClient) -
 def test_only_the_rows_that_fit_are_built() -> None:
     statuses = {r: status(r, world=1000, members=[]) for r in range(1000)}
     statuses[500] = status(500, world=1000, members=[], age_s=60)
-    view = classify(_parsed(statuses))
-    model = table.build_table(view, max_rows=10)
+    screen = screen_of(_parsed(statuses), None, Thresholds())
+    model = table.build_table(screen.view, screen.culprits, max_rows=10)
     assert [row.rank for row in model.rows] == [500, 0, 1, 2, 3, 4, 5, 6, 7, 8]
     assert model.footer == "... and 990 more ranks ok"
-    assert model.rows[0].severity == "bad" and model.rows[1].severity == "ok"
-    view = classify(_parsed(statuses), thresholds=Thresholds(stale_s=0.0001))
-    assert table.build_table(view, 10).footer == "... and 990 more ranks (990 look wrong)"
+    # the stale rank is the diagnosis' suspect (red), no longer merely "bad" by its flags
+    assert model.rows[0].severity == "suspect" and model.rows[1].severity == "ok"
+    assert model.rows[0].cells[COLUMNS.index("state")] == "frozen or dead"
+    screen = screen_of(_parsed(statuses), None, Thresholds(stale_s=0.0001))
+    model = table.build_table(screen.view, screen.culprits, 10)
+    assert model.footer == "... and 990 more ranks (990 look wrong)"
 
 
 def test_human_units() -> None:

@@ -1,0 +1,35 @@
+"""The diagnosis of a live job, as fetched from its store: one code path for two commands.
+
+``cclctl diagnose hang --store`` prints it and ``cclctl top`` draws its verdict over the
+table, so both name the same suspects for the same statuses: the statuses, the reader's
+clock at the fetch and the states of the ranks' processes on this host go to the engine
+the same way.
+"""
+
+from __future__ import annotations
+
+from cclctl.diagnose.engine import diagnose
+from cclctl.diagnose.model import Diagnosis, Options
+from cclctl.diagnose_io.inputs import from_live
+from cclctl.diagnose_io.procs import process_states
+from cclctl.live.snapshot import JobStatuses
+
+
+def diagnose_live(
+    statuses: JobStatuses, world_size: int | None = None, options: Options | None = None
+) -> Diagnosis:
+    """Diagnose ``statuses``; ``world_size`` is the user's flag (None: the job's own word).
+
+    Raises BadInput when no rank has published anything, UsageError when ``world_size`` is
+    smaller than a rank seen.
+    """
+    inputs = from_live(statuses, world_size)
+    return diagnose(
+        inputs.snapshots,
+        world_size=world_size if world_size is not None else inputs.world_size,
+        now_ns=inputs.now_ns,
+        proc=process_states(inputs.snapshots),
+        unreadable=inputs.unreadable,
+        notes=inputs.notes,
+        options=options,
+    )
