@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from cclctl.records import CollectiveRecord
+from cclctl.records import ABORTED, FAILED, TIMED_OUT, CollectiveRecord
 
 #: Upper bounds of the duration histogram in nanoseconds: 1-2-5 steps from 10 µs to 100 s.
 #: Integers so the hot path bisects record timestamps without converting to float.
@@ -26,6 +26,10 @@ DURATION_BOUNDS_NS: tuple[int, ...] = (
     100_000_000_000,
 )
 # fmt: on
+
+#: The final states a collective can end in other than completed: the ``reason`` of its
+#: error. Known up front, so the exporter serves a zero series for each from the start.
+ERROR_REASONS: tuple[str, ...] = (FAILED, ABORTED, TIMED_OUT)
 
 
 class OpStats:

@@ -28,14 +28,24 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from cclctl.bandwidth import COLLECTIVES
 from cclctl.errors import ConfigError
-from cclctl.telemetry.counters import DURATION_BOUNDS_NS, MetricsView, OpStats
+from cclctl.telemetry.counters import DURATION_BOUNDS_NS, ERROR_REASONS, MetricsView, OpStats
 
 _BOUNDS_LE = [floatToGoString(ns / 1e9) for ns in DURATION_BOUNDS_NS] + ["+Inf"]
-_OP_LABELS = ["job", "rank", "comm", "op"]
+
+#: The label naming the training job (``CCLCTL_JOB``). Not ``job``: Prometheus attaches
+#: ``job`` and ``instance`` to every series of a target, and would rename ours.
+JOB_LABEL = "cclctl_job"
+_OP_LABELS = [JOB_LABEL, "rank", "comm", "op"]
+_COMM_LABELS = [JOB_LABEL, "rank", "comm"]
+_PEER_LABELS = [JOB_LABEL, "rank", "peer"]
+_RANK_LABELS = [JOB_LABEL, "rank"]
 
 
 def _op_counters(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    """Counters of completed work, per (comm, op) that has had any call."""
+
     def family(name: str, doc: str, value: Callable[[OpStats], float]) -> CounterMetricFamily:
         fam = CounterMetricFamily(name, doc, labels=_OP_LABELS)
         for (comm, op), st in sorted(view.ops.items()):
@@ -54,17 +64,32 @@ def _op_counters(view: MetricsView, base: list[str]) -> Iterator[Metric]:
         "Seconds spent inside completed collectives.",
         lambda st: st.busy_ns / 1e9,
     )
-    yield family("cclctl_hangs", "Collectives the watchdog found hung.", lambda st: st.hangs)
-    yield family("cclctl_retries", "Collectives retried after a fault.", lambda st: st.retries)
+
+
+def _fault_counters(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    """Errors, hangs and retries, with a zero series for every op (and error reason) on
+    every known communicator, so ``increase()`` sees the first fault, not a series born at 1.
+    """
+    keys = sorted({(c.comm, op) for c in view.comms for op in COLLECTIVES} | set(view.ops))
+    idle = OpStats()
+    hangs = CounterMetricFamily(
+        "cclctl_collective_hangs", "Collectives the watchdog found hung.", labels=_OP_LABELS
+    )
+    retries = CounterMetricFamily(
+        "cclctl_collective_retries", "Collectives retried after a fault.", labels=_OP_LABELS
+    )
     errors = CounterMetricFamily(
         "cclctl_collective_errors",
         "Collectives that failed, by reason.",
         labels=[*_OP_LABELS, "reason"],
     )
-    for (comm, op), st in sorted(view.ops.items()):
-        for reason, n in sorted(st.errors.items()):
-            errors.add_metric([*base, comm, op, reason], n)
-    yield errors
+    for comm, op in keys:
+        st = view.ops.get((comm, op), idle)
+        hangs.add_metric([*base, comm, op], st.hangs)
+        retries.add_metric([*base, comm, op], st.retries)
+        for reason in sorted(set(ERROR_REASONS) | set(st.errors)):
+            errors.add_metric([*base, comm, op, reason], st.errors.get(reason, 0))
+    yield from (errors, hangs, retries)
 
 
 def _histogram(view: MetricsView, base: list[str]) -> HistogramMetricFamily:
@@ -76,7 +101,7 @@ def _histogram(view: MetricsView, base: list[str]) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(
         "cclctl_collective_duration_seconds",
         "Duration of completed collectives.",
-        labels=["job", "rank", "op"],
+        labels=[JOB_LABEL, "rank", "op"],
     )
     for op, (counts, busy) in sorted(per_op.items()):
         cumulative, running = [], 0
@@ -89,19 +114,19 @@ def _histogram(view: MetricsView, base: list[str]) -> HistogramMetricFamily:
 
 def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
     started = GaugeMetricFamily(
-        "cclctl_last_started_seq",
+        "cclctl_collective_last_started_seq",
         "Seq of the last collective started.",
-        labels=["job", "rank", "comm"],
+        labels=_COMM_LABELS,
     )
     completed = GaugeMetricFamily(
-        "cclctl_last_completed_seq",
+        "cclctl_collective_last_completed_seq",
         "Seq of the last collective completed.",
-        labels=["job", "rank", "comm"],
+        labels=_COMM_LABELS,
     )
     inflight = GaugeMetricFamily(
-        "cclctl_inflight_start_timestamp_seconds",
+        "cclctl_collective_inflight_start_timestamp_seconds",
         "Start time of the oldest collective in flight (Unix seconds); 0 when idle.",
-        labels=["job", "rank", "comm"],
+        labels=_COMM_LABELS,
     )
     for c in sorted(view.comms, key=lambda c: c.comm):
         started.add_metric([*base, c.comm], c.last_started)
@@ -109,34 +134,34 @@ def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
         inflight.add_metric([*base, c.comm], c.inflight_start_ns / 1e9)
     yield from (started, completed, inflight)
     sent = CounterMetricFamily(
-        "cclctl_link_sent_bytes", "Bytes sent to a peer rank.", labels=["job", "rank", "peer"]
+        "cclctl_link_sent_bytes", "Bytes sent to a peer rank.", labels=_PEER_LABELS
     )
     received = CounterMetricFamily(
         "cclctl_link_received_bytes",
         "Bytes received from a peer rank.",
-        labels=["job", "rank", "peer"],
+        labels=_PEER_LABELS,
     )
     for peer, (s, r) in sorted(view.links.items()):
         sent.add_metric([*base, str(peer)], s)
         received.add_metric([*base, str(peer)], r)
     yield from (sent, received)
     heartbeat = GaugeMetricFamily(
-        "cclctl_heartbeat_timestamp_seconds",
+        "cclctl_status_heartbeat_timestamp_seconds",
         "Last status heartbeat of this rank (Unix seconds); 0 before the first.",
-        labels=["job", "rank"],
+        labels=_RANK_LABELS,
     )
     heartbeat.add_metric(base, view.heartbeat_ns / 1e9)
     publish = CounterMetricFamily(
         "cclctl_status_publish_errors",
         "Status publishes the job's store refused.",
-        labels=["job", "rank"],
+        labels=_RANK_LABELS,
     )
     publish.add_metric(base, view.publish_errors)
     info = InfoMetricFamily("cclctl", "cclctl version, host and backend of this rank.")
     info.add_metric(
-        ["job", "rank", "version", "host", "backend"],
+        [JOB_LABEL, "rank", "version", "host", "backend"],
         {
-            "job": view.job,
+            JOB_LABEL: view.job,
             "rank": base[1],
             "version": view.version,
             "host": view.host,
@@ -156,6 +181,7 @@ class TelemetryCollector:
         view = self._view()
         base = [view.job, str(view.rank)]
         yield from _op_counters(view, base)
+        yield from _fault_counters(view, base)
         yield _histogram(view, base)
         yield from _process_metrics(view, base)
 

@@ -14,11 +14,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from telemetry_helpers import T0, config, run
 
 from cclctl import __version__
+from cclctl.bandwidth import COLLECTIVES
 from cclctl.errors import ConfigError
 from cclctl.records import FAILED, CollectiveRecord
+from cclctl.telemetry.counters import ERROR_REASONS
+from cclctl.telemetry.exporter import JOB_LABEL
 from cclctl.telemetry.hub import Telemetry
 
-ALLOWED_LABELS = {"job", "rank", "comm", "op", "peer", "reason", "le"}
+ALLOWED_LABELS = {JOB_LABEL, "rank", "comm", "op", "peer", "reason", "le"}
+#: Labels Prometheus itself puts on every series of a target; with the default
+#: ``honor_labels: false`` a series' own label of that name becomes ``exported_<name>``.
+TARGET_LABELS = {"job", "instance"}
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -34,7 +40,7 @@ def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 def key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
-    return name, frozenset({"job": "job1", "rank": "1", **labels}.items())
+    return name, frozenset({JOB_LABEL: "job1", "rank": "1", **labels}.items())
 
 
 @pytest.mark.timeout(20)
@@ -61,17 +67,18 @@ def test_scrape_reports_exact_counters(make_tel):
     assert m[key("cclctl_collective_bus_bytes_total", comm="sub", op="all_reduce")] == 500
     assert m[key("cclctl_collective_seconds_total", **w_ar)] == pytest.approx(0.00303)
     assert m[key("cclctl_collective_errors_total", reason="failed", **w_ar)] == 1
-    assert m[key("cclctl_retries_total", **w_ar)] == 1
-    assert m[key("cclctl_hangs_total", **w_ar)] == 1
+    assert m[key("cclctl_collective_retries_total", **w_ar)] == 1
+    assert m[key("cclctl_collective_hangs_total", **w_ar)] == 1
     assert m[key("cclctl_link_sent_bytes_total", peer="2")] == 4096
     assert m[key("cclctl_link_received_bytes_total", peer="2")] == 1024
-    assert m[key("cclctl_last_started_seq", comm="w")] == 4
-    assert m[key("cclctl_last_completed_seq", comm="w")] == 2
-    assert m[key("cclctl_inflight_start_timestamp_seconds", comm="w")] == pytest.approx(
+    assert m[key("cclctl_collective_last_started_seq", comm="w")] == 4
+    assert m[key("cclctl_collective_last_completed_seq", comm="w")] == 2
+    assert m[key("cclctl_collective_inflight_start_timestamp_seconds", comm="w")] == pytest.approx(
         (T0 + 10**10) / 1e9
     )
-    assert m[key("cclctl_inflight_start_timestamp_seconds", comm="sub")] == 0
-    assert m[key("cclctl_heartbeat_timestamp_seconds")] == pytest.approx(tel.heartbeat_ns / 1e9)
+    assert m[key("cclctl_collective_inflight_start_timestamp_seconds", comm="sub")] == 0
+    heartbeat = m[key("cclctl_status_heartbeat_timestamp_seconds")]
+    assert heartbeat == pytest.approx(tel.heartbeat_ns / 1e9)
     info = key("cclctl_info", version=__version__, host="node-a", backend="cclctl")
     assert m[info] == 1
 
@@ -111,15 +118,15 @@ def test_names_and_labels_follow_the_conventions(make_tel):
         "cclctl_collective_bus_bytes",
         "cclctl_collective_seconds",
         "cclctl_collective_errors",
-        "cclctl_hangs",
-        "cclctl_retries",
+        "cclctl_collective_hangs",
+        "cclctl_collective_retries",
         "cclctl_collective_duration_seconds",
-        "cclctl_last_started_seq",
-        "cclctl_last_completed_seq",
-        "cclctl_inflight_start_timestamp_seconds",
+        "cclctl_collective_last_started_seq",
+        "cclctl_collective_last_completed_seq",
+        "cclctl_collective_inflight_start_timestamp_seconds",
         "cclctl_link_sent_bytes",
         "cclctl_link_received_bytes",
-        "cclctl_heartbeat_timestamp_seconds",
+        "cclctl_status_heartbeat_timestamp_seconds",
         "cclctl_status_publish_errors",
         "cclctl_info",
     }
@@ -128,8 +135,37 @@ def test_names_and_labels_follow_the_conventions(make_tel):
         for sample in fam.samples:
             if fam.type == "counter":
                 assert sample.name.endswith(("_total", "_created"))
+            assert not set(sample.labels) & TARGET_LABELS, sample
+            assert not any(label.startswith("__") for label in sample.labels), sample
             if fam.name != "cclctl_info":  # it also carries version, host and backend
                 assert set(sample.labels) <= ALLOWED_LABELS, sample
+
+
+@pytest.mark.timeout(20)
+def test_fault_counters_have_zero_series_from_the_first_scrape(make_tel):
+    """Before any call, every op and error reason of a declared communicator has a zero
+    series, so ``increase()`` counts the first error or hang (a series born at 1 shows none).
+    """
+    tel = make_tel(rank=1)
+    tel.register_comm("w", [0, 1, 2, 3])
+    url = tel.serve_metrics(0)
+    assert url is not None
+    m = scrape(url)
+    for op in COLLECTIVES:
+        assert m[key("cclctl_collective_hangs_total", comm="w", op=op)] == 0
+        assert m[key("cclctl_collective_retries_total", comm="w", op=op)] == 0
+        for reason in ERROR_REASONS:
+            assert m[key("cclctl_collective_errors_total", comm="w", op=op, reason=reason)] == 0
+    assert m[key("cclctl_collective_last_started_seq", comm="w")] == 0
+    assert key("cclctl_collectives_total", comm="w", op="all_reduce") not in m
+    tel.count_error("w", "all_reduce", "connect")  # a reason not known up front joins them
+    run(tel, "w", 1, state=FAILED)
+    m = scrape(url)
+    err = "cclctl_collective_errors_total"
+    assert m[key(err, comm="w", op="all_reduce", reason="connect")] == 1
+    assert m[key(err, comm="w", op="all_reduce", reason=FAILED)] == 1
+    assert m[key(err, comm="w", op="all_reduce", reason="aborted")] == 0
+    assert m[key(err, comm="w", op="broadcast", reason=FAILED)] == 0
 
 
 def free_port() -> int:
