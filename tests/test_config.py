@@ -90,7 +90,7 @@ def test_cclctl_store_names_a_running_store() -> None:
         ),
         (
             {"RANK": "0", "WORLD_SIZE": "2", "CCLCTL_STORE": "nowhere"},
-            "CCLCTL_STORE='nowhere' must be HOST:PORT",
+            "CCLCTL_STORE='nowhere' is not valid: expected HOST:PORT with a port from 1 to 65535",
         ),
     ],
 )

@@ -18,12 +18,12 @@ from cclctl import ui
 from cclctl.benchmark import events, report
 from cclctl.benchmark.options import BenchOptions, build_options
 from cclctl.benchmark.results import Row, RunMeta
-from cclctl.benchmark.selftest import Corruption
 from cclctl.benchmark.sizes import format_bytes
 from cclctl.benchmark.sweep import now_iso, total_rows
 from cclctl.benchmark.worker import RankSweep
-from cclctl.config import bench_corrupt_from_env, in_launched_job
-from cclctl.errors import CclError, ConfigError
+from cclctl.commands.checks import check_command
+from cclctl.config import in_launched_job
+from cclctl.errors import CclError
 
 HELP = (
     "Measure collective bandwidth and check every result, like nccl-tests' *_perf.\n\n"
@@ -112,11 +112,7 @@ def bench(
         backend=backend,
         shared_buffers=shared_buffers,
     )
-    if metrics_port is not None and not 0 <= metrics_port <= 65535:
-        raise ConfigError(
-            f"--metrics-port {metrics_port} is not a port (0..65535)", flag="--metrics-port"
-        )
-    Corruption.parse(bench_corrupt_from_env())  # a typo in the self-test fails here, once
+    check_command("bench", {"--metrics-port": metrics_port})  # before any rank starts
     if in_launched_job():
         meta, rows, rank0 = _run_here(opts, metrics_port)
     else:

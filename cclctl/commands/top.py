@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cclctl.commands.checks import store_to_read
 from cclctl.errors import ConfigError, StoreError, UsageError
 from cclctl.live import table as rows_of
 from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thresholds, read_view
@@ -51,7 +52,12 @@ def register(app: typer.Typer) -> None:
 
 
 def top(
-    store: str = typer.Option(..., "--store", help="The job's store, HOST:PORT."),
+    store: str | None = typer.Option(
+        None,
+        "--store",
+        help="The job's store, HOST:PORT, as `cclctl launch` prints it \\[default: CCLCTL_STORE].",
+        show_default=False,
+    ),
     job: str | None = typer.Option(
         None, "--job", help="Job name \\[default: the only one in the store]."
     ),
@@ -71,9 +77,10 @@ def top(
         None, "--rows", help="Rank rows to show \\[default: what fits the terminal; all in a pipe]."
     ),
 ) -> None:
+    address = store_to_read("top", store)
     _check(interval=interval, stale=stale, slow=slow, world_size=world_size, rows=rows)
     limits = Thresholds(stale_s=stale, slow_s=slow)
-    client = _connect(store)
+    client = _connect(address)
     try:
         view = read_view(client, job, world_size=world_size, thresholds=limits)
     except BaseException:
