@@ -101,14 +101,13 @@ def preflight(
         given = store if isinstance(store, str) else None
         return Preflight(command, store_address(given, env), warnings)
     checked = dict(env)
-    if command != "run":  # bench (bare) and launch start ranks around a store of their own
+    if command == "run":
+        attach_address(env)  # MASTER_PORT too: where the job's store will be
+    elif command == "bench" and in_launched_job(env):
+        rendezvous_from_env(env)  # this process is a rank: the job's store, rank, size
+    else:  # bench (bare) and launch start ranks around a store of their own
         for name in _REPLACED_BY_LAUNCHER:
             checked.pop(name, None)
-    if command == "bench" and in_launched_job(env):
-        checked = dict(env)
-        rendezvous_from_env(env)
-    if command == "run":
-        attach_address(env)  # MASTER_PORT, where the job's store will be
     check_variables(checked, parsers or {})
     return Preflight(command, None, warnings)
 

@@ -185,3 +185,11 @@ def test_client_commands_take_the_store_from_the_flag_then_the_environment() -> 
     assert preflight("top", {"--store": "node1:1"}, env=env).store == "node1:1"
     assert preflight("top", {"--store": None}, env=env).store == "node0:29500"
     assert preflight("diagnose hang", {"--store": None}, env={}).store is None
+
+
+def test_bench_as_a_rank_checks_its_place_in_the_job_and_its_store() -> None:
+    with pytest.raises(ConfigError, match="RANK='x' is not an integer"):
+        preflight("bench", env={"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="CCLCTL_STORE='h' is not valid"):
+        preflight("bench", env={"RANK": "0", "WORLD_SIZE": "2", "CCLCTL_STORE": "h"})
+    assert preflight("bench", env={"CCLCTL_STORE": "h"}).warnings == ()  # bare: replaced
