@@ -23,7 +23,7 @@ app = typer.Typer(
         "find the rank that hangs a job (diagnose hang)."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

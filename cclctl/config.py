@@ -36,15 +36,39 @@ def _parse(env: Mapping[str, str], name: str, default: T, conv: Callable[[str], 
         raise ConfigError(f"{name}={raw!r} is not valid: {exc}", variable=name) from None
 
 
+def _number(raw: str, what: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"expected {what}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"expected {what}")
+    return value
+
+
 def _positive_float(raw: str) -> float:
-    value = float(raw)
+    value = _number(raw, "a positive number of seconds")
     if not value > 0:
         raise ValueError("must be a positive number of seconds")
     return value
 
 
+def _non_negative_float(raw: str) -> float:
+    value = _number(raw, "a number of seconds, 0 or more")
+    if value < 0:
+        raise ValueError("must be 0 or more seconds")
+    return value
+
+
+def _integer(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+
+
 def _non_negative_int(raw: str) -> int:
-    value = int(raw)
+    value = _integer(raw)
     if value < 0:
         raise ValueError("must be >= 0")
     return value
@@ -61,10 +85,22 @@ def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
 
 
 def _port(raw: str) -> int:
-    value = int(raw)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("expected a port number (0 to 65535)") from None
     if not 0 <= value <= 65535:
         raise ValueError("a port is between 0 and 65535")
     return value
+
+
+def _host_port(raw: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) of a running store: a port from 1 to 65535."""
+    host, sep, port_text = raw.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError("expected HOST:PORT with a port from 1 to 65535")
+    return host, int(port_text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,10 +190,8 @@ def _store_address(env: Mapping[str, str]) -> tuple[str, int, bool]:
     """
     given = env.get("CCLCTL_STORE", "").strip()
     if given:
-        host, sep, port_text = given.rpartition(":")
-        if not sep or not host:
-            raise ConfigError(f"CCLCTL_STORE={given!r} must be HOST:PORT", variable="CCLCTL_STORE")
-        return host, _parse({"CCLCTL_STORE": port_text}, "CCLCTL_STORE", 0, _port), True
+        host, port = _parse(env, "CCLCTL_STORE", ("", 0), _host_port)
+        return host, port, True
     host = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
     port = _parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, _port)
     if "TORCHELASTIC_RUN_ID" in env and "MASTER_PORT" in env:
@@ -169,26 +203,35 @@ def attach_from_env(
     rank: int, world_size: int, env: Mapping[str, str] | None = None
 ) -> RendezvousConfig | None:
     """Where a job that already rendezvoused by other means (torch.distributed) finds
-    cclctl's store: ``CCLCTL_STORE`` (running: join it), else ``MASTER_ADDR``:``MASTER_PORT``
-    + 1, hosted by rank 0, because torch.distributed's own store holds ``MASTER_PORT`` under
-    torchrun and plain env:// alike. None when neither variable is set.
+    cclctl's store (see :func:`attach_address`). None when no variable names it.
     """
     env = os.environ if env is None else env
-    if env.get("CCLCTL_STORE", "").strip():
-        host, port, external = _store_address(env)
-    elif env.get("MASTER_PORT", "").strip():
-        host = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
-        port = _parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, _port) + 1
-        if port > 65535:
-            raise ConfigError("MASTER_PORT=65535 leaves no port for cclctl's store")
-        external = False
-    else:
+    where = attach_address(env)
+    if where is None:
         return None
+    host, port, external = where
     local_rank, local_size = 0, 1
     if in_launched_job(env):
         launched = rendezvous_from_env(env)
         local_rank, local_size = launched.local_rank, launched.local_world_size
     return RendezvousConfig(rank, world_size, local_rank, local_size, host, port, "torch", external)
+
+
+def attach_address(env: Mapping[str, str]) -> tuple[str, int, bool] | None:
+    """cclctl's store for a torch.distributed job: ``CCLCTL_STORE`` (running: join it), else
+    ``MASTER_ADDR``:``MASTER_PORT`` + 1, hosted by rank 0, because torch.distributed's own
+    store holds ``MASTER_PORT`` under torchrun and plain env:// alike. None when neither
+    variable is set. The last item is True when the store already runs.
+    """
+    if env.get("CCLCTL_STORE", "").strip():
+        return _store_address(env)
+    if not env.get("MASTER_PORT", "").strip():
+        return None
+    host = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
+    port = _parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, _port) + 1
+    if port > 65535:
+        raise ConfigError("MASTER_PORT=65535 leaves no port for cclctl's store")
+    return host, port, False
 
 
 def _slurm_first_host(env: Mapping[str, str]) -> str | None:
@@ -260,6 +303,11 @@ def bench_corrupt_from_env(env: Mapping[str, str] | None = None) -> str:
     """
     env = os.environ if env is None else env
     return env.get("CCLCTL_BENCH_CORRUPT", "").strip()
+
+
+def environment() -> Mapping[str, str]:
+    """This process's environment, read-only: what :mod:`cclctl.config_check` checks."""
+    return os.environ
 
 
 def inherited_environment() -> dict[str, str]:

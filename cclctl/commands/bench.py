@@ -18,16 +18,11 @@ from cclctl.benchmark import events, report
 from cclctl.benchmark.options import BenchOptions, build_options
 from cclctl.benchmark.outputs import Outputs
 from cclctl.benchmark.results import Row, RunMeta
-from cclctl.benchmark.selftest import Corruption
 from cclctl.benchmark.sweep import now_iso
 from cclctl.benchmark.worker import RankSweep
-from cclctl.config import (
-    bench_corrupt_from_env,
-    in_launched_job,
-    inherited_environment,
-    rendezvous_from_env,
-)
-from cclctl.errors import CclError, ConfigError
+from cclctl.commands.checks import check_command
+from cclctl.config import in_launched_job, inherited_environment, rendezvous_from_env
+from cclctl.errors import CclError
 
 #: The job name of a bare run's ranks unless CCLCTL_JOB says otherwise: stable, so the
 #: metrics' job label keeps one value from run to run.
@@ -169,11 +164,7 @@ def bench(
         average=average,
         timeout_s=timeout,
     )
-    if metrics_port is not None and not 0 <= metrics_port <= 65535:
-        raise ConfigError(
-            f"--metrics-port {metrics_port} is not a port (0..65535)", flag="--metrics-port"
-        )
-    Corruption.parse(bench_corrupt_from_env())  # a typo in the self-test fails here, once
+    check_command("bench", {"--metrics-port": metrics_port})  # before any rank starts
     paths = (json_path, csv_path)
     if in_launched_job():
         meta, rows = _run_here(opts, metrics_port, *paths)

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cclctl import ui
+from cclctl.commands.checks import store_to_read
 from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
@@ -43,6 +44,7 @@ HANG_HELP = (
     "  cclctl diagnose hang r0.json r3.json    (just these dumps)\n\n"
     "  cclctl diagnose hang --store node0:29500    (a live job, from its store)\n\n"
     "  cclctl diagnose hang --store node0:29500 --job train7 --json\n\n"
+    "  CCLCTL_STORE=node0:29500 cclctl diagnose hang    (the store from the environment)\n\n"
     "Dumps are written by the hang watchdog, on `kill -USR1 <pid>`, or at an exit after "
     "errors, into CCLCTL_TRACE_DIR; PyTorch Flight Recorder dumps (nccl_trace_rank_<r>, "
     "pickle or JSON) are read too. Processes on this host are looked at too (stopped, "
@@ -50,6 +52,7 @@ HANG_HELP = (
     "names the file), 1 store unreachable."
 )
 
+MISSING = "give dump files or folders, or --store HOST:PORT (or CCLCTL_STORE) for a live job"
 CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 10.0
 #: Folders with more dump files than this get a progress bar while they load.
@@ -69,7 +72,11 @@ def hang(
         typer.Argument(metavar="DUMP", help="Dump files, or folders of them.", show_default=False),
     ] = None,
     store: str | None = typer.Option(
-        None, "--store", help="A live job's store, HOST:PORT (instead of dumps)."
+        None,
+        "--store",
+        help="A live job's store, HOST:PORT, instead of dumps \\[default without dumps: "
+        "CCLCTL_STORE].",
+        show_default=False,
     ),
     job: str | None = typer.Option(
         None, "--job", help="Job to diagnose \\[default: the only one in the store or dumps]."
@@ -95,12 +102,8 @@ def hang(
     opts = _options(stale, skew, stuck_after, world_size)
     if store is not None and dumps:
         raise UsageError("give dump files or --store, not both")
-    if store is None and not dumps:
-        raise UsageError("give dump files or folders, or --store HOST:PORT for a live job")
-    if store is not None:
-        diag = diagnose_live(_live(store, job), world_size, opts)  # the same verdict as top's
-    else:
-        inputs = _dumps(dumps or [], job)
+    if dumps:  # uses no CCLCTL_* variable
+        inputs = _dumps(dumps, job)
         diag = diagnose(
             inputs.snapshots,
             world_size=world_size if world_size is not None else inputs.world_size,
@@ -110,6 +113,9 @@ def hang(
             notes=inputs.notes,
             options=opts,
         )
+    else:  # the same verdict as top's
+        address = store_to_read("diagnose hang", store, MISSING)
+        diag = diagnose_live(_live(address, job), world_size, opts)
     if as_json:
         sys.stdout.write(json.dumps(diag.to_dict(), indent=2) + "\n")
     else:

@@ -7,8 +7,10 @@ from typing import Annotated
 
 import typer
 
+from cclctl.commands.checks import check_command
 from cclctl.launch import streaming_copies
 from cclctl.launch.launcher import MAX_PROCS, launch, print_prefixed
+from cclctl.launch.output import where_to_watch
 
 HELP = (
     "Run CMD as N ranks on this host, around a job store, and stop them all together.\n\n"
@@ -22,6 +24,8 @@ HELP = (
     "CCLCTL_STREAMING_COPY=SIZE moves it, CCLCTL_STREAMING_COPY=0 leaves glibc's own.\n\n"
     "When a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after "
     "--grace seconds, and cclctl exits with that rank's code (1 if it died by a signal). "
+    "At start it prints the store's address and the `cclctl top` and `cclctl diagnose hang` "
+    "commands that watch this job, on stderr. "
     f"Ctrl-C is forwarded to every rank before they are stopped the same way. -n is 1 to "
     f"{MAX_PROCS}."
 )
@@ -69,9 +73,22 @@ def launch_command(
         5.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping ranks."
     ),
 ) -> None:
+    check_command("launch", {"-n": nprocs, "--port": port, "--timeout": timeout, "--grace": grace})
     result = launch(
-        cmd or [], nprocs, port=port, output=print_prefixed, grace_s=grace, timeout_s=timeout
+        cmd or [],
+        nprocs,
+        port=port,
+        output=print_prefixed,
+        grace_s=grace,
+        timeout_s=timeout,
+        on_start=_announce,
     )
     if result.returncode != 0:
         print(f"cclctl: {result.describe()}", file=sys.stderr)
         raise typer.Exit(result.returncode)
+
+
+def _announce(store: str, job: str) -> None:
+    for line in where_to_watch(store, job):
+        print(line, file=sys.stderr)
+    sys.stderr.flush()

@@ -15,14 +15,26 @@ from typing import Annotated
 
 import typer
 
-from cclctl.config import inherited_environment
+from cclctl.commands.checks import check_command
+from cclctl.config import (
+    attach_address,
+    in_launched_job,
+    inherited_environment,
+    rendezvous_from_env,
+    runtime_from_env,
+)
 from cclctl.errors import UsageError
+from cclctl.launch.output import where_to_watch
 
 HELP = (
     "Run a PyTorch job with cclctl's counters, flight recorder, live status, metrics and "
     "hang watchdog on every torch.distributed collective, without editing the script.\n\n"
     "Each rank publishes its status to cclctl's store: the one `cclctl launch` runs, else "
     "one rank 0 hosts on MASTER_PORT+1 (rank 0 prints the `cclctl top` command to use). "
+    "Where the store is known before the job starts (CCLCTL_STORE or MASTER_PORT set), the "
+    "`cclctl top` and `cclctl diagnose hang` commands are printed on stderr at once.\n\n"
+    "Every option and CCLCTL_* variable is checked before CMD starts: a bad one is exit "
+    "code 2, and the job never runs uninstrumented by mistake. "
     "A CMD ending in .py runs with this Python."
 )
 
@@ -71,6 +83,8 @@ def run_command(
         CCLCTL_METRICS_PORT=None if metrics_port is None else str(metrics_port),
         CCLCTL_JOB=job,
     )
+    check_command("run", {"--timeout": timeout, "--metrics-port": metrics_port}, env=env)
+    _announce(env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -79,6 +93,18 @@ def run_command(
         raise UsageError(f"cclctl run: {argv[0]}: command not found") from None
     except PermissionError:
         raise UsageError(f"cclctl run: {argv[0]}: permission denied") from None
+
+
+def _announce(env: dict[str, str]) -> None:
+    """Where the job's store is known already, print it and the commands that watch the job
+    (once per job: outside a launched job, or on its rank 0)."""
+    where = attach_address(env)
+    if where is None or (in_launched_job(env) and rendezvous_from_env(env).rank != 0):
+        return
+    host, port, _ = where
+    store = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    for line in where_to_watch(store, runtime_from_env(env).job):
+        print(line, file=sys.stderr)
 
 
 def command_line(cmd: list[str]) -> list[str]:

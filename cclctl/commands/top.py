@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cclctl.commands.checks import store_to_read
 from cclctl.diagnose.model import Options
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, StoreError, UsageError
@@ -66,7 +67,12 @@ def register(app: typer.Typer) -> None:
 
 
 def top(
-    store: str = typer.Option(..., "--store", help="The job's store, HOST:PORT."),
+    store: str | None = typer.Option(
+        None,
+        "--store",
+        help="The job's store, HOST:PORT, as `cclctl launch` prints it \\[default: CCLCTL_STORE].",
+        show_default=False,
+    ),
     job: str | None = typer.Option(
         None, "--job", help="Job name \\[default: the only one in the store]."
     ),
@@ -88,9 +94,10 @@ def top(
         None, "--rows", help="Rank rows to show \\[default: what fits the terminal; all in a pipe]."
     ),
 ) -> None:
+    address = store_to_read("top", store)
     _check(interval=interval, stale=stale, slow=slow, world_size=world_size, rows=rows)
     limits = Thresholds(stale_s=stale, slow_s=slow)
-    client = _connect(store)
+    client = _connect(address)
     try:
         screen = read_screen(client, job, world_size, limits)
     except BaseException:

@@ -21,12 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 from cclctl.config import inherited_environment
+from cclctl.config_check import MAX_LOCAL_RANKS
 from cclctl.errors import EXIT_ERROR, CclError, StoreError, UsageError
 from cclctl.launch import streaming_copies
 from cclctl.launch.output import LineSink, OutputPump
 from cclctl.store.client import StoreServer
 
-MAX_PROCS = 1024
+MAX_PROCS = MAX_LOCAL_RANKS
 SIGNAL_EXIT_BASE = 128  # the shell's convention: 130 after Ctrl-C, 143 after SIGTERM
 OUTPUT_DRAIN_S = 5.0
 
@@ -94,6 +95,7 @@ def launch(
     capture_rank0_stdout: Callable[[str], None] | None = None,
     grace_s: float = 5.0,
     timeout_s: float | None = None,
+    on_start: Callable[[str, str], None] | None = None,
 ) -> LaunchResult:
     """Run ``cmd`` as ``nprocs`` ranks on this host and wait for all of them.
 
@@ -102,6 +104,8 @@ def launch(
     frameworks that host their own store), CCLCTL_STORE (this launcher's store),
     CCLCTL_JOB and CCLCTL_TOKEN, and GLIBC_TUNABLES names a streaming-copy threshold (see
     :mod:`~cclctl.launch.streaming_copies`). Lines go to ``output`` (default: ``[rank k] line``).
+    ``on_start(store_address, job)`` is called once every rank started, before any rank's
+    output is passed on (so its lines come first).
     """
     _check_arguments(cmd, nprocs, port, grace_s, timeout_s)
     base = streaming_copies.rank_environment({**inherited_environment(), **(env or {})})
@@ -112,7 +116,7 @@ def launch(
     with server:
         job = _Job(list(cmd), nprocs, _rank_environments(base, nprocs, server.address))
         sink = _route(output or print_prefixed, capture_rank0_stdout)
-        return job.run(sink, grace_s, timeout_s)
+        return job.run(sink, grace_s, timeout_s, on_start)
 
 
 def _check_arguments(
@@ -191,12 +195,20 @@ class _Job:
         self.interrupted_by: int | None = None
         self.poll_s = 0.02 if nprocs <= 64 else 0.1
 
-    def run(self, sink: LineSink, grace_s: float, timeout_s: float | None) -> LaunchResult:
+    def run(
+        self,
+        sink: LineSink,
+        grace_s: float,
+        timeout_s: float | None,
+        on_start: Callable[[str, str], None] | None = None,
+    ) -> LaunchResult:
         pump = OutputPump(sink)
         restore = self._catch_signals()
         timed_out = False
         try:
             self._start_all(pump)
+            if on_start is not None:
+                on_start(self.envs[0]["CCLCTL_STORE"], self.envs[0]["CCLCTL_JOB"])
             pump.start()
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while len(self.exits) < len(self.procs):

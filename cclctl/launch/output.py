@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shlex
 import threading
 from collections.abc import Callable
 from typing import IO
@@ -18,6 +19,17 @@ LineSink = Callable[[int, str, str], None]
 
 READ_BYTES = 1 << 16
 MAX_LINE_BYTES = 1 << 20  # a longer run without a newline is passed on in pieces
+
+
+def where_to_watch(store: str, job: str) -> list[str]:
+    """The lines a launcher prints at start: the job's store, then the ``cclctl top`` and
+    ``cclctl diagnose hang`` commands to paste, each whole on its own line."""
+    where = f"--store {shlex.quote(store)} --job {shlex.quote(job)}"
+    return [
+        f"cclctl: job {job} store {store}; watch it or find what hangs it with:",
+        f"  cclctl top {where}",
+        f"  cclctl diagnose hang {where}",
+    ]
 
 
 class OutputPump:

@@ -14,6 +14,7 @@ from cclctl.config import (
     rendezvous_from_env,
     runtime_from_env,
 )
+from cclctl.config_check import VARIABLES, check_option
 from cclctl.errors import ConfigError
 from cclctl.runtime.comm import selection
 
@@ -90,7 +91,7 @@ def test_cclctl_store_names_a_running_store() -> None:
         ),
         (
             {"RANK": "0", "WORLD_SIZE": "2", "CCLCTL_STORE": "nowhere"},
-            "CCLCTL_STORE='nowhere' must be HOST:PORT",
+            "CCLCTL_STORE='nowhere' is not valid: expected HOST:PORT with a port from 1 to 65535",
         ),
     ],
 )
@@ -178,3 +179,40 @@ def test_a_bare_algorithm_name_applies_to_every_collective_that_has_it() -> None
         "reduce": "ring",
         "broadcast": "tree",
     }
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "variable", "raw", "why"),
+    [
+        ("--timeout", -1.0, "CCLCTL_TIMEOUT", "-1", "must be a positive number of seconds"),
+        ("--timeout", float("nan"), "CCLCTL_TIMEOUT", "nan", "expected a positive number"),
+        ("--metrics-port", 70000, "CCLCTL_METRICS_PORT", "70000", "a port is between 0 and"),
+    ],
+)
+def test_an_option_and_its_variable_are_held_to_the_same_rule(
+    flag: str, value: object, variable: str, raw: str, why: str
+) -> None:
+    with pytest.raises(ConfigError) as by_flag:
+        check_option(flag, value)
+    with pytest.raises(ConfigError) as by_variable:
+        runtime_from_env({variable: raw})
+    assert str(by_flag.value).startswith(f"{flag} ") and why in str(by_flag.value)
+    assert str(by_variable.value).startswith(f"{variable}={raw!r} is not valid: ")
+    assert why in str(by_variable.value)
+    assert by_flag.value.fields == {"flag": flag} and by_variable.value.fields == {
+        "variable": variable
+    }
+
+
+def test_every_variable_the_code_reads_is_known_to_the_preflight() -> None:
+    """A CCLCTL_* name in cclctl's source that the table misses would be warned as a typo."""
+    import pathlib
+    import re
+
+    source = pathlib.Path(__file__).parents[1] / "cclctl"
+    named = {
+        name
+        for path in source.rglob("*.py")
+        for name in re.findall(r"CCLCTL_[A-Z][A-Z_]*[A-Z]", path.read_text())
+    }
+    assert named - set(VARIABLES) == set()

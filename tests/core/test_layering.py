@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 
 #: the base: standard library only, importable by every layer
-BASE = {"records", "errors", "config", "bandwidth", "ranges", "periodic"}
+BASE = {"records", "errors", "config", "config_check", "bandwidth", "ranges", "periodic"}
 
 #: what each layer may import of cclctl, besides the base and itself
 ALLOWED: dict[str, set[str]] = {

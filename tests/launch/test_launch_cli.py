@@ -51,15 +51,19 @@ def test_cli_success_and_a_command_without_the_double_dash() -> None:
     done = cclctl("launch", "-n", "2", PY, "-c", "print('ok')")
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == ["[rank 0] ok", "[rank 1] ok"]
-    assert done.stderr == ""
+    assert [line.split()[:2] for line in done.stderr.splitlines()] == [
+        ["cclctl:", "job"],
+        ["cclctl", "top"],
+        ["cclctl", "diagnose"],
+    ]
 
 
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["-n", "0", "--", "true"], "the number of ranks must be between 1 and 1024, not 0"),
-        (["-n", "2000", "--", "true"], "the number of ranks must be between 1 and 1024, not 2000"),
+        (["-n", "0", "--", "true"], "-n 0 is not valid: the number of ranks is 1 to 1024"),
+        (["-n", "2000", "--", "true"], "-n 2000 is not valid: the number of ranks is 1 to 1024"),
         (["-n", "2"], "no command to launch: give it after --"),
         (["-n", "1", "--", "/no/such/program"], "cannot run '/no/such/program'"),
     ],
