@@ -33,12 +33,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
-from cclctl.runtime.algorithms.shared import account, await_round, slot_free
 from cclctl.runtime.comm import shared_buffers
 from cclctl.runtime.comm.shared_buffers import DESCRIPTOR_SIZE, Descriptor
-from cclctl.runtime.transport import wire
-from cclctl.runtime.transport.shm.group import ShmGroup
-from cclctl.runtime.transport.shm.layout import HEADER, Q_COLL_PUB, Q_COLL_USED, Q_RES_PUB, View
+from cclctl.runtime.transport.shm.group import Round, ShmGroup
+from cclctl.runtime.transport.shm.layout import View
 
 ALGO = "shm_zero_copy"
 #: Smaller calls take the slot path even on shared buffers: publishing descriptors and
@@ -79,50 +77,24 @@ def _label(ctx: Step) -> None:
         ctx.wait.record.algo = ALGO
 
 
-def _publish(ctx: Step, g: ShmGroup, descs: list[Descriptor]) -> tuple[int, int, bytes]:
-    """Put this call's header and ``descs`` in this rank's next slot; (round, offset, header)."""
-    k = g.round
-    g.round = k + 1
-    slot_free(ctx, g, Q_COLL_USED, k)
-    off = g.layout.coll_slot(k)
+def _publish(ctx: Step, g: ShmGroup, descs: list[Descriptor]) -> Round:
+    """Put this call's header and ``descs`` in this rank's next slot; return the round."""
     payload = b"".join(d.pack() for d in descs)
-    header = wire.pack(ctx.call, 0, len(payload))
-    mv = g.me.mv
-    mv[off : off + wire.HEADER_SIZE] = header
-    mv[off + HEADER : off + HEADER + len(payload)] = payload
-    g.me.q[Q_COLL_PUB] = k + 1
-    g.notify()
-    return k, off, header
-
-
-def _skip_round(g: ShmGroup) -> tuple[int, int]:
-    """Take the round a publishing peer uses, without publishing (broadcast's non-roots)."""
-    k = g.round
-    g.round = k + 1
-    return k, g.layout.coll_slot(k)
+    rnd = g.claim_round(ctx.call, ctx.wait, 0, len(payload))
+    g.publish_bytes(rnd, payload)
+    return rnd
 
 
 def _peer_arrays(
-    ctx: Step,
-    g: ShmGroup,
-    view: View,
-    k: int,
-    off: int,
-    header: bytes,
-    count: int,
-    dtype: np.dtype,
-    writable: int = 0,
+    g: ShmGroup, view: View, rnd: Round, dtype: np.dtype, writable: int = 0
 ) -> list[np.ndarray]:
-    """Wait for ``view``'s round ``k``, check its header (``header`` is what this rank
-    expects there) and map the ``count`` buffers it names, the last ``writable`` of them
-    writable."""
-    nbytes = count * DESCRIPTOR_SIZE
-    await_round(ctx, g, view, k, off, header, 0, nbytes)
-    base = off + HEADER
-    mv, peers = view.mv, g.peer_buffers
+    """Wait for ``view``'s ``rnd``, check its header and map the buffers it names, the
+    last ``writable`` of them writable."""
+    mv, peers = g.input_bytes(view, rnd), g.peer_buffers
+    count = rnd.nbytes // DESCRIPTOR_SIZE
     return [
         peers.array(bytes(mv[at : at + DESCRIPTOR_SIZE]), dtype, view.rank, i >= count - writable)
-        for i, at in enumerate(range(base, base + nbytes, DESCRIPTOR_SIZE))
+        for i, at in enumerate(range(0, rnd.nbytes, DESCRIPTOR_SIZE))
     ]
 
 
@@ -148,14 +120,12 @@ def _reduce_piece(
         fn(out, arr[a:b], out=out)
 
 
-def _release(ctx: Step, g: ShmGroup, k: int, readers: list[View]) -> None:
-    """Say this rank is done reading round ``k``'s buffers, then wait until ``readers`` are
+def _release(g: ShmGroup, rnd: Round, readers: list[View]) -> None:
+    """Say this rank is done reading ``rnd``'s buffers, then wait until ``readers`` are
     done with this rank's (the caller may reuse them once the call returns)."""
-    g.me.q[Q_COLL_USED] = k + 1
-    g.notify()
+    g.inputs_read(rnd)
     for view in readers:
-        if view.q[Q_COLL_USED] <= k:
-            g.wait_counter(view, Q_COLL_USED, k + 1, ctx.call, ctx.wait, "send")
+        g.await_read(view, rnd)
 
 
 def all_reduce(
@@ -164,7 +134,7 @@ def all_reduce(
     """``dst`` = the reduction of every rank's ``src``; ``descs`` locate ``src`` and ``dst``."""
     _label(ctx)
     fn = reducer(redop)
-    k, off, header = _publish(ctx, g, descs)
+    rnd = _publish(ctx, g, descs)
     ins: list[Array] = []
     outs: list[Array] = []
     for view in g.views:
@@ -172,7 +142,7 @@ def all_reduce(
             ins.append(src)
             outs.append(dst)
         else:
-            peer_src, peer_dst = _peer_arrays(ctx, g, view, k, off, header, 2, src.dtype, 1)
+            peer_src, peer_dst = _peer_arrays(g, view, rnd, src.dtype, 1)
             ins.append(peer_src)
             outs.append(peer_dst)
     a, b = chunk_bounds(src.size, g.size)[g.local]
@@ -183,13 +153,11 @@ def all_reduce(
         _reduce_piece(fn, ins, g.local, lo, hi, piece)
         for out in peers_out:  # while the piece is still in this core's cache
             out[lo:hi] = piece
-    g.me.q[Q_RES_PUB] = k + 1
-    g.notify()
+    g.publish_result(rnd)
     for view in g.others:  # each has written its share into this rank's output
-        if view.q[Q_RES_PUB] <= k:
-            g.wait_counter(view, Q_RES_PUB, k + 1, ctx.call, ctx.wait, "recv")
-    _release(ctx, g, k, g.others)
-    account(g, 2 * src.nbytes // g.size)
+        g.await_result(view, rnd)
+    _release(g, rnd, g.others)
+    g.account(2 * src.nbytes // g.size)
 
 
 def all_gather(
@@ -204,16 +172,16 @@ def all_gather(
     ``out`` already, or in ``copy_in`` (its input), which is copied into ``out`` while the
     peers read it."""
     _label(ctx)
-    k, off, header = _publish(ctx, g, [desc])
+    rnd = _publish(ctx, g, [desc])
     lo, hi = bounds[g.rank]
     if copy_in is not None:
         out[lo:hi] = copy_in
     for view in g.others:
-        (theirs,) = _peer_arrays(ctx, g, view, k, off, header, 1, out.dtype)
+        (theirs,) = _peer_arrays(g, view, rnd, out.dtype)
         plo, phi = bounds[view.rank]
         out[plo:phi] = theirs
-    _release(ctx, g, k, g.others)
-    account(g, (hi - lo) * out.dtype.itemsize)
+    _release(g, rnd, g.others)
+    g.account((hi - lo) * out.dtype.itemsize)
 
 
 def reduce_scatter(
@@ -228,15 +196,12 @@ def reduce_scatter(
     """``dst`` = the reduction of block ``rank`` of every rank's ``src``."""
     _label(ctx)
     fn = reducer(redop)
-    k, off, header = _publish(ctx, g, [desc])
+    rnd = _publish(ctx, g, [desc])
     lo, hi = bounds[g.rank]
-    ins = [
-        src if view is g.me else _peer_arrays(ctx, g, view, k, off, header, 1, src.dtype)[0]
-        for view in g.views
-    ]
+    ins = [src if view is g.me else _peer_arrays(g, view, rnd, src.dtype)[0] for view in g.views]
     _reduce(fn, ins, g.local, lo, hi, dst)
-    _release(ctx, g, k, g.others)
-    account(g, (hi - lo) * src.dtype.itemsize)
+    _release(g, rnd, g.others)
+    g.account((hi - lo) * src.dtype.itemsize)
 
 
 def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int, desc: Descriptor) -> None:
@@ -244,14 +209,13 @@ def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int, desc: Descriptor) -
     _label(ctx)
     source = g.views[g.ranks.index(root)]
     if g.rank == root:
-        k, _, _ = _publish(ctx, g, [desc])
-        _release(ctx, g, k, g.others)  # the readers: wait until they have their copy
+        rnd = _publish(ctx, g, [desc])
+        _release(g, rnd, g.others)  # the readers: wait until they have their copy
         for view in g.others:
             g.sent[view.rank] += buf.nbytes
         return
-    k, off = _skip_round(g)
-    header = wire.pack(ctx.call, 0, DESCRIPTOR_SIZE)
-    (theirs,) = _peer_arrays(ctx, g, source, k, off, header, 1, buf.dtype)
+    rnd = g.next_round(ctx.call, ctx.wait, 0, DESCRIPTOR_SIZE)
+    (theirs,) = _peer_arrays(g, source, rnd, buf.dtype)
     buf[...] = theirs
-    _release(ctx, g, k, [])
+    _release(g, rnd, [])
     g.received[root] += buf.nbytes

@@ -148,7 +148,7 @@ class Calls:
             self._tag,
             self.epoch,
             seq,
-            "send" if op == "recv" else op,
+            op,
             dtype,
             redop,
             root,

@@ -4,6 +4,11 @@ Algorithms describe each step of a collective as a set of sends and receives bet
 rank and its peers; a transport completes the whole set, in any order, without deadlock.
 That one call is enough for rings, trees, recursive doubling and pairwise exchanges, and it
 lets a shared-memory transport slot in beside TCP without touching the algorithms.
+
+Underneath, TCP and shared memory hand out a step as a :class:`Progress` (moved without
+blocking, waited on when stuck: :class:`SteppedTransport`), so one loop
+(:mod:`cclctl.runtime.transport.drive`) runs a step over one transport or over several at
+once (the hybrid transport).
 """
 
 from __future__ import annotations
@@ -78,6 +83,32 @@ class Wait:
         return self.deadline - now
 
 
+class Progress(Protocol):
+    """One transport's share of a step in flight: moved without blocking, waited on when stuck."""
+
+    @property
+    def done(self) -> bool:
+        """True once every transfer of the share has completed."""
+        ...
+
+    def advance(self) -> bool:
+        """Move every transfer that can move now, without blocking; True if any moved."""
+        ...
+
+    def waiting_on(self) -> tuple[int, str]:
+        """The peer and direction (``"recv"`` first, else ``"send"``) a stuck share waits on."""
+        ...
+
+    def check(self) -> None:
+        """Raise now if a peer of the share failed or died (without blocking)."""
+        ...
+
+    def block(self, wait: Wait, peer: int, what: str, slice_s: float | None) -> None:
+        """Wait until a transfer can move, at most ``slice_s`` seconds (None: the transport's
+        own bound); raise through ``wait.check(call, peer, what)`` or on a failed peer."""
+        ...
+
+
 class Transport(Protocol):
     """Moves the bytes of one algorithm step between this rank and its peers."""
 
@@ -107,3 +138,18 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class SteppedTransport(Transport, Protocol):
+    """A transport whose steps can also be driven together with another's (the hybrid)."""
+
+    def start(
+        self,
+        call: Call,
+        step: int,
+        sends: Sequence[Transfer],
+        recvs: Sequence[Transfer],
+        wait: Wait,
+    ) -> Progress:
+        """The transfers of ``step`` as a share not yet moved (links are set up here)."""
+        ...

@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from cclctl.runtime.transport import wire
-from cclctl.runtime.transport.base import Transfer, Transport, Wait
+from cclctl.runtime.transport.base import Progress, SteppedTransport, Transfer, Transport, Wait
+from cclctl.runtime.transport.drive import drive
 from cclctl.runtime.transport.shm.group import ShmGroup
 from cclctl.runtime.transport.shm.layout import Layout
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.runtime.transport.shm.transport import Exchange, ShmTransport, open_group
 from cclctl.runtime.transport.tcp import TcpTransport
 from cclctl.runtime.transport.tcp_links import Links
-
-_MIXED_POLL_S = 0.001  # with both kinds pending: how long to poll sockets between shm looks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,25 +71,29 @@ def build_transport(
     first = {key: min(r for r in range(world_size) if keys[r] == key) for key in keys}
     hierarchy = Hierarchy(group, sorted(set(first.values())), first[keys[rank]])
     shm = ShmTransport(group, world_size, one_copy=False) if group is not None else None
-    return HybridTransport(shm, tcp, hierarchy if one_copy else None)
+    near = group.ranks if group is not None else []
+    return HybridTransport(shm, tcp, near, hierarchy if one_copy else None)
 
 
 class HybridTransport:
-    """Shared memory to the peers on this host, TCP to the rest, driven in one loop."""
+    """One transport to the peers on this host (shared memory), another to the rest (TCP),
+    each step's shares of both driven in one loop. Only the Transport interface is used."""
 
     name = "hybrid"
     shared = None  # the flat one-copy path needs every rank on one host
 
     def __init__(
-        self, shm: ShmTransport | None, tcp: TcpTransport, hierarchy: Hierarchy | None
+        self,
+        shm: SteppedTransport | None,
+        tcp: SteppedTransport,
+        local: Collection[int],
+        hierarchy: Hierarchy | None,
     ) -> None:
+        """``local``: the ranks ``shm`` reaches (this rank's host); ``tcp`` reaches the rest."""
         self.shm = shm
         self.tcp = tcp
         self.hierarchy = hierarchy
-        self.rank = tcp.rank
-
-    def _local(self, peer: int) -> bool:
-        return self.shm is not None and self.shm.is_local(peer)
+        self._near = frozenset(local) if shm is not None else frozenset()
 
     def exchange(
         self,
@@ -100,41 +103,39 @@ class HybridTransport:
         recvs: Sequence[Transfer],
         wait: Wait,
     ) -> None:
-        shm = self.shm
-        if shm is None:
-            self.tcp.exchange(call, step, sends, recvs, wait)
-            return
-        near = shm.start(
-            call,
-            step,
-            [t for t in sends if shm.is_local(t[0])],
-            [t for t in recvs if shm.is_local(t[0])],
-        )
-        far = self.tcp.start(
-            call,
-            step,
-            [t for t in sends if not shm.is_local(t[0])],
-            [t for t in recvs if not shm.is_local(t[0])],
-            wait,
-        )
-        while near or far:
-            moved = shm.advance(near, call) if near else False
-            if far and self.tcp.advance(far, call):
-                moved = True
-            if moved or not (near or far):
-                continue
-            if not far:
-                first = near[0]
-                shm.group.block(
-                    lambda: any(item.ready() for item in near), first.peer, first.what, call, wait
-                )
-            else:
-                if near:
-                    shm.group.check_peers(call, near[0].peer)
-                self.tcp.block(far, call, wait, _MIXED_POLL_S if near else 0.5)
+        drive(self._shares(call, step, sends, recvs, wait), wait)
+
+    def _shares(
+        self,
+        call: wire.Call,
+        step: int,
+        sends: Sequence[Transfer],
+        recvs: Sequence[Transfer],
+        wait: Wait,
+    ) -> list[Progress]:
+        """The step's shares: the local one first, the TCP one last (drive blocks on it)."""
+        if self.shm is None:
+            return [self.tcp.start(call, step, sends, recvs, wait)]
+        near = self._near
+        return [
+            self.shm.start(
+                call,
+                step,
+                [t for t in sends if t[0] in near],
+                [t for t in recvs if t[0] in near],
+                wait,
+            ),
+            self.tcp.start(
+                call,
+                step,
+                [t for t in sends if t[0] not in near],
+                [t for t in recvs if t[0] not in near],
+                wait,
+            ),
+        ]
 
     def drop_link(self, peer: int) -> None:
-        if self._local(peer) and self.shm is not None:
+        if self.shm is not None and peer in self._near:
             self.shm.drop_link(peer)
         else:
             self.tcp.drop_link(peer)

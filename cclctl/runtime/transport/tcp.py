@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
+from cclctl.runtime.transport.drive import drive
 from cclctl.runtime.transport.tcp_links import Links
 
 _POLL_SLICE_S = 0.5  # how often a blocked step re-checks its deadline and abort flag
@@ -45,7 +46,18 @@ class _Send:
 
 
 class _Recv:
-    __slots__ = ("call", "got", "header", "nbytes", "peer", "rank", "sock", "step", "view")
+    __slots__ = (
+        "call",
+        "expected",
+        "got",
+        "header",
+        "nbytes",
+        "peer",
+        "rank",
+        "sock",
+        "step",
+        "view",
+    )
 
     def __init__(
         self,
@@ -64,6 +76,7 @@ class _Recv:
         self.rank = rank
         self.nbytes = len(view)
         self.header = bytearray(wire.HEADER_SIZE)
+        self.expected = wire.pack(call, step, self.nbytes)
         self.got = 0  # bytes of header + payload received so far
 
     def advance(self) -> int:
@@ -75,8 +88,9 @@ class _Recv:
             self.got += n
             if self.got < hs:
                 return n
-            got = wire.unpack(self.header, self.peer)
-            wire.check(got, self.call, self.step, self.nbytes, self.rank, self.peer)
+            if self.header != self.expected:
+                got = wire.unpack(self.header, self.peer)
+                wire.check(got, self.call, self.step, self.nbytes, self.rank, self.peer)
             if self.nbytes == 0:
                 return -1
         n = self.sock.recv_into(self.view[self.got - hs :])
@@ -84,6 +98,74 @@ class _Recv:
             raise ConnectionResetError("peer closed the connection")
         self.got += n
         return -1 if self.got - hs == self.nbytes else n
+
+
+class TcpStep:
+    """The TCP share of one step (a :class:`~cclctl.runtime.transport.base.Progress`)."""
+
+    __slots__ = ("call", "done", "links", "pending", "rank")
+
+    def __init__(self, links: Links, call: wire.Call, pending: list[_Send | _Recv]) -> None:
+        self.links = links
+        self.rank = links.rank
+        self.call = call
+        self.pending = pending
+        self.done = not pending
+
+    def advance(self) -> bool:
+        """Push and pull what the sockets take now; drop finished items; True if any moved."""
+        pending = self.pending
+        progressed = False
+        for item in list(pending):
+            try:
+                moved = item.advance()
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                self._broken(item, exc)
+            except ProtocolError:
+                # Half a foreign message is on the wire: close the link so the peer
+                # fails at once instead of waiting for a reply that will not come.
+                self.links.drop(item.peer)
+                raise
+            progressed = True
+            if moved < 0:
+                pending.remove(item)
+        self.done = not pending
+        return progressed
+
+    def waiting_on(self) -> tuple[int, str]:
+        first = next((p for p in self.pending if isinstance(p, _Recv)), self.pending[0])
+        return first.peer, "recv" if isinstance(first, _Recv) else "send"
+
+    def check(self) -> None:
+        """Nothing to look at: a failed peer shows as an error on its socket."""
+
+    def block(self, wait: Wait, peer: int, what: str, slice_s: float | None) -> None:
+        """Wait until a socket of the share can move, at most ``slice_s``."""
+        slice_s = _POLL_SLICE_S if slice_s is None else slice_s
+        left = wait.check(self.call, peer, what)
+        poller = select.poll()
+        events: dict[int, int] = {}
+        for item in self.pending:
+            flag = select.POLLIN if isinstance(item, _Recv) else select.POLLOUT
+            events[item.sock.fileno()] = events.get(item.sock.fileno(), 0) | flag
+        for fd, mask in events.items():
+            poller.register(fd, mask)
+        poller.poll(int(min(left, slice_s) * 1000) + (1 if slice_s >= 0.001 else 0))
+
+    def _broken(self, item: _Send | _Recv, exc: OSError) -> None:
+        self.links.drop(item.peer)
+        what = "receiving from" if isinstance(item, _Recv) else "sending to"
+        call = self.call
+        raise PeerError(
+            f"rank {self.rank}: link to rank {item.peer} broke while {what} it in "
+            f"{call.describe()}: {exc.strerror or exc}",
+            rank=self.rank,
+            peer=item.peer,
+            seq=call.seq,
+            op=call.op,
+        ) from None
 
 
 class TcpTransport:
@@ -112,10 +194,7 @@ class TcpTransport:
         recvs: Sequence[Transfer],
         wait: Wait,
     ) -> None:
-        pending = self.start(call, step, sends, recvs, wait)
-        while pending:
-            if not self.advance(pending, call) and pending:
-                self.block(pending, call, wait)
+        drive((self.start(call, step, sends, recvs, wait),), wait)
 
     def start(
         self,
@@ -124,8 +203,8 @@ class TcpTransport:
         sends: Sequence[Transfer],
         recvs: Sequence[Transfer],
         wait: Wait,
-    ) -> list[_Send | _Recv]:
-        """The transfers of one step, linked but not yet moved (the hybrid drives them too)."""
+    ) -> TcpStep:
+        """The transfers of one step, linked but not yet moved."""
         pending: list[_Send | _Recv] = []
         for peer, view in sends:
             sock = self._links.get(peer, call, wait)
@@ -135,60 +214,7 @@ class TcpTransport:
             sock = self._links.get(peer, call, wait)
             pending.append(_Recv(sock, peer, view, call, step, self.rank))
             self._received[peer] += len(view)
-        return pending
-
-    def advance(self, pending: list[_Send | _Recv], call: wire.Call) -> bool:
-        """Push and pull what the sockets take now; drop finished items; True if any moved."""
-        progressed = False
-        for item in list(pending):
-            try:
-                moved = item.advance()
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError as exc:
-                self._broken(item, call, exc)
-            except ProtocolError:
-                # Half a foreign message is on the wire: close the link so the peer
-                # fails at once instead of waiting for a reply that will not come.
-                self._links.drop(item.peer)
-                raise
-            progressed = True
-            if moved < 0:
-                pending.remove(item)
-        return progressed
-
-    def block(
-        self,
-        pending: list[_Send | _Recv],
-        call: wire.Call,
-        wait: Wait,
-        slice_s: float = _POLL_SLICE_S,
-    ) -> None:
-        """Wait until a socket of ``pending`` can move, at most ``slice_s``."""
-        first = next((p for p in pending if isinstance(p, _Recv)), pending[0])
-        what = "recv" if isinstance(first, _Recv) else "send"
-        wait.blocked_on(first.peer, what)
-        left = wait.check(call, first.peer, what)
-        poller = select.poll()
-        events: dict[int, int] = {}
-        for item in pending:
-            flag = select.POLLIN if isinstance(item, _Recv) else select.POLLOUT
-            events[item.sock.fileno()] = events.get(item.sock.fileno(), 0) | flag
-        for fd, mask in events.items():
-            poller.register(fd, mask)
-        poller.poll(int(min(left, slice_s) * 1000) + (1 if slice_s >= 0.001 else 0))
-
-    def _broken(self, item: _Send | _Recv, call: wire.Call, exc: OSError) -> None:
-        self._links.drop(item.peer)
-        what = "receiving from" if isinstance(item, _Recv) else "sending to"
-        raise PeerError(
-            f"rank {self.rank}: link to rank {item.peer} broke while {what} it in "
-            f"{call.describe()}: {exc.strerror or exc}",
-            rank=self.rank,
-            peer=item.peer,
-            seq=call.seq,
-            op=call.op,
-        ) from None
+        return TcpStep(self._links, call, pending)
 
     def drop_link(self, peer: int) -> None:
         self._links.drop(peer)

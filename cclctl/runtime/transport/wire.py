@@ -12,8 +12,6 @@ import dataclasses
 import struct
 import zlib
 
-import numpy as np
-
 from cclctl.bandwidth import COLLECTIVES
 from cclctl.errors import ProtocolError
 
@@ -41,6 +39,8 @@ DTYPE_NAMES = (
 )
 _DTYPE_CODES = {name: code for code, name in enumerate(DTYPE_NAMES)}
 _OP_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
+# A send and the recv that takes it are one message: both sides' headers say "send".
+_OP_CODES["recv"] = _OP_CODES["send"]
 _REDOP_CODES = {name: code for code, name in enumerate(REDOPS)}
 SHARED_BIT = 0x80  # set in the op byte when the call runs on shared buffers
 
@@ -48,10 +48,6 @@ SHARED_BIT = 0x80  # set in the op byte when the call runs on shared buffers
 def comm_tag(comm_id: str) -> int:
     """A 32-bit tag for a communicator id, cheap to compare on every message."""
     return zlib.crc32(comm_id.encode())
-
-
-def dtype_code(dtype: np.dtype) -> int:
-    return _DTYPE_CODES.get(dtype.name, 0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,13 +126,15 @@ def unpack(data: bytes | bytearray | memoryview, peer: int) -> Header:
 
 def check(got: Header, expected: Call, step: int, nbytes: int, rank: int, peer: int) -> None:
     """Refuse a message that belongs to another call, naming what each side called."""
-    if got.call == expected and got.step == step and got.nbytes == nbytes:
+    # A recv's header names the matching send (see _OP_CODES); report the recv as called.
+    wanted = dataclasses.replace(expected, op="send") if expected.op == "recv" else expected
+    if got.call == wanted and got.step == step and got.nbytes == nbytes:
         return
-    if got.call == expected:
+    if got.call == wanted:
         why = f"step {got.step} with {got.nbytes} bytes, expected step {step} with {nbytes}"
     else:
         why = f"peer {peer} called {got.call.describe()}"
-        if dataclasses.replace(got.call, shared=expected.shared) == expected:
+        if dataclasses.replace(got.call, shared=wanted.shared) == wanted:
             why += " (pass buffers from comm.empty() on every rank or on none)"
     raise ProtocolError(
         f"collective mismatch: rank {rank} called {expected.describe()} but {why}",

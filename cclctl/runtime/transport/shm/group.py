@@ -1,46 +1,58 @@
-"""The ranks of one host and their mapped segments: publish, wait, check, fail fast.
+"""The ranks of one host and their mapped segments, and the one-copy engine's rounds.
 
-A wait first looks once (most small-message waits end there), then spins briefly, then
-yields the core for up to a millisecond, then sleeps on this rank's futex word. Peers bump
-that word after they publish, but only when they see this rank's ``sleeping`` flag, so a
-run where every rank has its own core makes no system call at all, while one with more
-ranks than cores hands the core to the awaited rank instead of burning it. Every sleep is
-bounded, so a dead peer (its pidfd turns readable), a peer that failed (its ``state``
-word), the deadline and an abort are all seen within one slice.
+A one-copy collective runs in rounds. In round ``k`` every rank publishes its input (a
+chunk of it) in slot ``k % slots`` of its own segment, under the call's wire header; peers
+read it in place once their header check passes, then say they are done with it. With
+several slots a fast rank runs ahead while a slow one still reads; a slot is reused only
+once every peer has finished with it. The reduce-scatter + all-gather all-reduce adds a
+second set of slots for each rank's reduced share. Algorithms use only the methods below;
+the counters and offsets behind them stay here (see ``layout.py``).
 """
 
 from __future__ import annotations
 
-import os
-import select
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from cclctl.errors import PeerError
 from cclctl.runtime.comm.shared_buffers import PeerBuffers
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.shm.futex import Futex
 from cclctl.runtime.transport.shm.layout import (
-    MASK32,
-    STATE_BROKEN,
+    HEADER,
+    Q_COLL_PUB,
+    Q_COLL_USED,
+    Q_RES_PUB,
+    Q_RES_USED,
     STATE_CLOSED,
     STATE_OK,
-    W_SLEEPING,
     W_STATE,
-    W_WAKE,
     Layout,
     View,
 )
+from cclctl.runtime.transport.shm.signals import Signals
 
 _CACHED_VIEW_BYTES = 64 << 10
 _CACHED_VIEWS = 512
-SLEEP_SLICE_S = 0.02  # the longest a sleeper goes without re-checking liveness and deadline
 
 
-class ShmGroup:
+class Round:
+    """One round of a one-copy collective: its number, its slot, the header it carries."""
+
+    __slots__ = ("call", "header", "k", "nbytes", "offset", "step", "wait")
+
+    def __init__(self, k: int, offset: int, call: wire.Call, wait: Wait, step: int, nbytes: int):
+        self.k = k
+        self.offset = offset  # of the slot (its header) in every rank's segment
+        self.call = call
+        self.wait = wait
+        self.step = step
+        self.nbytes = nbytes  # of the payload every rank publishes in this round
+        self.header = wire.pack(call, step, nbytes)
+
+
+class ShmGroup(Signals):
     """This rank's view of every segment on its host (``views`` by local index)."""
 
     def __init__(
@@ -54,114 +66,134 @@ class ShmGroup:
         yield_s: float,
         futex: Futex,
     ) -> None:
-        self.rank = rank
         self.ranks = list(ranks)  # global rank of each local index, ascending
-        self.local = self.ranks.index(rank)
         self.size = len(self.ranks)
-        self.views = list(views)
-        self.me = self.views[self.local]
-        self.others = [v for v in self.views if v is not self.me]
+        super().__init__(
+            rank, views, self.ranks.index(rank), spin_s=spin_s, yield_s=yield_s, futex=futex
+        )
         self.layout = layout
-        self.spin_s = spin_s  # the longest busy spin
-        self.spin = spin_s  # the current one (see wait_counter)
-        self.yield_s = yield_s
-        self.futex = futex
         self.round = 0  # collective rounds this rank has taken part in
         self.last_res_round = -1  # the latest round that used the result slots
         self.spans = False  # set by the owner: True when these ranks are the whole job
-        self._pids_checked = time.monotonic()
         self._arrays: dict[tuple[int, int, int, np.dtype], np.ndarray] = {}
         self.peer_buffers = PeerBuffers()  # peers' shared buffers (zero-copy collectives)
         # Bytes moved to and from each rank (by global rank), set by the owning transport.
         self.sent: list[int] = [0] * (max(self.ranks) + 1)
         self.received: list[int] = [0] * (max(self.ranks) + 1)
 
-    # ------------------------------------------------------------------ signalling
-    def notify(self) -> None:
-        """After publishing: wake the peers that went to sleep (fence first, see shm_signal)."""
-        self.futex.fence()
-        for view in self.others:
-            i = view.i
-            if i[W_SLEEPING]:
-                i[W_WAKE] = (i[W_WAKE] + 1) & MASK32
-                self.futex.wake(view.wake_addr)
+    # ------------------------------------------------------------------ rounds
+    def next_round(self, call: wire.Call, wait: Wait, step: int, nbytes: int) -> Round:
+        """Take the next round without publishing in it (readers of a broadcast root)."""
+        k = self.round
+        self.round = k + 1
+        return Round(k, self.layout.coll_slot(k), call, wait, step, nbytes)
 
-    def wait_counter(
-        self, view: View, index: int, target: int, call: wire.Call, wait: Wait, what: str
-    ) -> None:
-        """Return once ``view``'s counter ``index`` reaches ``target``.
+    def claim_round(self, call: wire.Call, wait: Wait, step: int, nbytes: int) -> Round:
+        """Take the next round once every peer has finished reading the last one that used
+        its slot, so this rank may write there."""
+        rnd = self.next_round(call, wait, step, nbytes)
+        self._await_all(Q_COLL_USED, rnd.k - self.layout.slots + 1, rnd)
+        return rnd
 
-        The busy spin adapts: it doubles after a wait that it ended and halves after one it
-        did not, so when the ranks share cores (a loaded machine) it shrinks toward zero
-        and the rank yields at once to whoever holds the answer.
-        """
-        q = view.q
-        if q[index] >= target:
-            return
-        now = time.perf_counter()
-        busy, polite = now + self.spin, now + self.spin + self.yield_s
-        while True:  # spin: the peer is usually running on another core right now
-            if q[index] >= target:
-                self.spin = min(self.spin_s, 2 * self.spin + 1e-6)
-                return
-            now = time.perf_counter()
-            if now >= busy:
-                break
-        self.spin *= 0.5
-        while now < polite:  # yield: or it waits for the core this rank is holding
-            os.sched_yield()
-            if q[index] >= target:
-                return
-            now = time.perf_counter()
-        self.block(lambda: q[index] >= target, view.rank, what, call, wait)
+    def publish(self, rnd: Round, src: np.ndarray) -> None:
+        """Copy ``src`` (1-d, or a strided 2-d piece) under ``rnd``'s header into this
+        rank's slot, and tell the peers."""
+        me, off = self.me, rnd.offset
+        me.mv[off : off + wire.HEADER_SIZE] = rnd.header
+        if src.nbytes:
+            slot = self.slot_array(me, off + HEADER, src.nbytes, src.dtype)
+            if src.ndim == 1:
+                slot[...] = src
+            else:  # reduce_scatter's round: one strided piece of every block
+                slot.reshape(src.shape)[...] = src
+        me.q[Q_COLL_PUB] = rnd.k + 1
+        self.notify()
 
-    def block(
-        self, ready: Callable[[], bool], peer: int, what: str, call: wire.Call, wait: Wait
-    ) -> None:
-        """Sleep until ``ready()``; ``peer`` is whom the trace says this rank waits on."""
-        wait.blocked_on(peer, what)
-        me = self.me.i
-        try:
-            while True:
-                seen = me[W_WAKE]
-                me[W_SLEEPING] = 1
-                self.futex.fence()
-                if ready():
-                    return
-                wait.check(call, peer, what)
-                self.check_peers(call, peer)
-                self.futex.wait(self.me.wake_addr, seen, SLEEP_SLICE_S)
-        finally:
-            me[W_SLEEPING] = 0
+    def publish_bytes(self, rnd: Round, payload: bytes) -> None:
+        """Put ``payload`` under ``rnd``'s header in this rank's slot, and tell the peers."""
+        mv, off = self.me.mv, rnd.offset
+        mv[off : off + wire.HEADER_SIZE] = rnd.header
+        mv[off + HEADER : off + HEADER + len(payload)] = payload
+        self.me.q[Q_COLL_PUB] = rnd.k + 1
+        self.notify()
 
-    def check_peers(self, call: wire.Call, peer: int) -> None:
-        """Raise if the awaited peer, or any peer, failed, closed or died."""
-        for view in self.others:
-            state = view.i[W_STATE]
-            if state != STATE_OK:
-                why = "closed its communicator" if state == STATE_CLOSED else "failed"
-                self._peer_error(call, view.rank, f"rank {view.rank} {why}")
-        now = time.monotonic()
-        if now - self._pids_checked < SLEEP_SLICE_S:
-            return
-        self._pids_checked = now
-        fds = [v.pidfd for v in self.others if v.pidfd is not None]
-        if fds:
-            readable, _, _ = select.select(fds, [], [], 0)
-            for view in self.others:
-                if view.pidfd in readable:
-                    self._peer_error(call, view.rank, f"rank {view.rank}'s process exited")
+    def await_input(self, view: View, rnd: Round) -> None:
+        """Return once ``view`` has published ``rnd`` and its header is the one expected."""
+        if view.q[Q_COLL_PUB] <= rnd.k:
+            self.wait_counter(view, Q_COLL_PUB, rnd.k + 1, rnd.call, rnd.wait, "recv")
+        self.check_header(view, rnd.offset, rnd.header, rnd.call, rnd.step, rnd.nbytes)
 
-    def _peer_error(self, call: wire.Call, peer: int, why: str) -> None:
-        self.fail()
-        raise PeerError(
-            f"rank {self.rank}: shared-memory link to rank {peer} broke in "
-            f"{call.describe()}: {why}",
-            rank=self.rank,
-            peer=peer,
-            seq=call.seq,
-            op=call.op,
+    def input_array(self, view: View, rnd: Round, dtype: np.dtype) -> np.ndarray:
+        """``view``'s input of ``rnd`` as ``dtype``, in place (this rank's own at once)."""
+        if view is not self.me:
+            self.await_input(view, rnd)
+        return self.slot_array(view, rnd.offset + HEADER, rnd.nbytes, dtype)
+
+    def input_bytes(self, view: View, rnd: Round) -> memoryview:
+        """``view``'s payload of ``rnd`` as bytes, once published and checked."""
+        self.await_input(view, rnd)
+        base = rnd.offset + HEADER
+        return view.mv[base : base + rnd.nbytes]
+
+    def inputs_read(self, rnd: Round, notify: bool = True) -> None:
+        """Say this rank has finished reading every peer's input of ``rnd``."""
+        self.me.q[Q_COLL_USED] = rnd.k + 1
+        if notify:
+            self.notify()
+
+    def await_read(self, view: View, rnd: Round) -> None:
+        """Return once ``view`` has finished reading this rank's input of ``rnd``."""
+        if view.q[Q_COLL_USED] <= rnd.k:
+            self.wait_counter(view, Q_COLL_USED, rnd.k + 1, rnd.call, rnd.wait, "send")
+
+    # ------------------------------------------------------------------ result slots
+    def result_array(self, rnd: Round, a: int, b: int, dtype: np.dtype) -> np.ndarray:
+        """Elements ``[a, b)`` of this rank's result slot for ``rnd``, once every peer has
+        finished reading the last round that used it."""
+        need = min(rnd.k - self.layout.slots + 1, self.last_res_round + 1)
+        self._await_all(Q_RES_USED, need, rnd)
+        self.last_res_round = rnd.k
+        isz = dtype.itemsize
+        return self.slot_array(
+            self.me, self.layout.res_slot(rnd.k) + HEADER + a * isz, (b - a) * isz, dtype
         )
+
+    def publish_result(self, rnd: Round) -> None:
+        """Say this rank's result of ``rnd`` is complete (in its slot or in peers' buffers)."""
+        self.me.q[Q_RES_PUB] = rnd.k + 1
+        self.notify()
+
+    def await_result(self, view: View, rnd: Round) -> None:
+        """Return once ``view`` has published its result of ``rnd``."""
+        if view.q[Q_RES_PUB] <= rnd.k:
+            self.wait_counter(view, Q_RES_PUB, rnd.k + 1, rnd.call, rnd.wait, "recv")
+
+    def peer_result(self, view: View, rnd: Round, a: int, b: int, dtype: np.dtype) -> np.ndarray:
+        """Elements ``[a, b)`` of ``view``'s result slot for ``rnd``, once published."""
+        self.await_result(view, rnd)
+        isz = dtype.itemsize
+        off = self.layout.res_slot(rnd.k) + HEADER + a * isz
+        return self.slot_array(view, off, (b - a) * isz, dtype)
+
+    def results_read(self, rnd: Round) -> None:
+        """Say this rank has finished reading every peer's result of ``rnd``."""
+        self.me.q[Q_RES_USED] = rnd.k + 1
+        self.notify()
+
+    def account(self, nbytes: int) -> None:
+        """Count ``nbytes`` each way with every peer (one-copy rounds are symmetric: what
+        this rank reads from a peer's slot, that peer reads from this rank's)."""
+        sent, received = self.sent, self.received
+        for view in self.others:
+            sent[view.rank] += nbytes
+            received[view.rank] += nbytes
+
+    def _await_all(self, counter: int, need: int, rnd: Round) -> None:
+        if need <= 0:
+            return
+        for view in self.others:
+            if view.q[counter] < need:
+                self.wait_counter(view, counter, need, rnd.call, rnd.wait, "recv")
 
     # ------------------------------------------------------------------ data
     def slot_array(self, view: View, offset: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
@@ -177,10 +209,6 @@ class ShmGroup:
                 self._arrays.clear()
             arr = self._arrays[key] = view.u8[offset : offset + nbytes].view(dtype)
         return arr
-
-    # ------------------------------------------------------------------ headers
-    def write_header(self, offset: int, header: bytes) -> None:
-        self.me.mv[offset : offset + wire.HEADER_SIZE] = header
 
     def check_header(
         self,
@@ -200,12 +228,6 @@ class ShmGroup:
         raise AssertionError("a header that differs must fail its check")  # pragma: no cover
 
     # ------------------------------------------------------------------ lifecycle
-    def fail(self) -> None:
-        """Tell every peer this rank's link state is unusable, so their waits end now."""
-        if self.me.i[W_STATE] == STATE_OK:
-            self.me.i[W_STATE] = STATE_BROKEN
-            self.notify()
-
     def close(self) -> None:
         if self.me.i[W_STATE] == STATE_OK:
             self.me.i[W_STATE] = STATE_CLOSED

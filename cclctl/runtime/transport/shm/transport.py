@@ -3,11 +3,10 @@
 Two paths share each rank's segment:
 
 - **Point-to-point** (:meth:`ShmTransport.exchange`, the Transport interface): every
-  algorithm runs unchanged. A message to a local peer goes through a ring of slots that
-  peer reads, chunk by chunk, so a message of any size streams with bounded memory.
+  algorithm runs unchanged, over a ring of slots per pair of ranks (``p2p.py``).
 - **One-copy collectives** (:attr:`ShmTransport.shared`, used by ``algorithms/shared.py``):
   a rank copies its input into its own segment once, and every peer reduces or copies
-  straight out of it with numpy's ``out=``: no extra copies, no messages.
+  straight out of it with numpy's ``out=``: no extra copies, no messages (``group.py``).
 
 Setup goes through the job's store: each rank creates its segment and publishes its name,
 the peers map it, and once every local rank has said it mapped all of them each owner
@@ -23,10 +22,12 @@ from collections.abc import Callable, Sequence
 from cclctl.errors import CclError, PeerError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
+from cclctl.runtime.transport.drive import drive
 from cclctl.runtime.transport.shm import segment as shm_segment
 from cclctl.runtime.transport.shm.futex import Futex
 from cclctl.runtime.transport.shm.group import ShmGroup
-from cclctl.runtime.transport.shm.layout import HEADER, W_PID, Layout, View
+from cclctl.runtime.transport.shm.layout import W_PID, Layout, View
+from cclctl.runtime.transport.shm.p2p import Incoming, Outgoing, Rings, ShmStep
 
 #: Publish ``value`` under ``key`` and return every rank's value by rank (all ranks call it).
 Exchange = Callable[[str, bytes], list[bytes]]
@@ -127,8 +128,7 @@ class ShmTransport:
         self.world_size = world_size
         group.spans = one_copy and group.size == world_size
         self._local = {r: i for i, r in enumerate(group.ranks)}
-        self._sent_chunks = [0] * group.size
-        self._recv_chunks = [0] * group.size
+        self._rings = Rings(group)
         self._sent = group.sent = [0] * world_size
         self._received = group.received = [0] * world_size
         self._dropped: set[int] = set()
@@ -151,23 +151,17 @@ class ShmTransport:
         recvs: Sequence[Transfer],
         wait: Wait,
     ) -> None:
-        pending = self.start(call, step, sends, recvs)
-        while pending:
-            progressed = self.advance(pending, call)
-            if pending and not progressed:
-                first = pending[0]
-                self.group.block(
-                    lambda: any(item.ready() for item in pending),
-                    first.peer,
-                    first.what,
-                    call,
-                    wait,
-                )
+        drive((self.start(call, step, sends, recvs, wait),), wait)
 
     def start(
-        self, call: wire.Call, step: int, sends: Sequence[Transfer], recvs: Sequence[Transfer]
-    ) -> list[_Out | _In]:
-        """The transfers of one step, not yet moved (the hybrid transport drives them too)."""
+        self,
+        call: wire.Call,
+        step: int,
+        sends: Sequence[Transfer],
+        recvs: Sequence[Transfer],
+        wait: Wait,
+    ) -> ShmStep:
+        """The transfers of one step, not yet moved."""
         if self._dropped:
             peer = min(self._dropped)
             self.group.fail()
@@ -178,27 +172,15 @@ class ShmTransport:
                 seq=call.seq,
                 op=call.op,
             )
-        items: list[_Out | _In] = []
+        rings, local = self._rings, self._local
+        items: list[Outgoing | Incoming] = []
         for peer, view in sends:
-            items.append(_Out(self, self._local[peer], view, wire.pack(call, step, len(view))))
+            items.append(Outgoing(rings, local[peer], view, wire.pack(call, step, len(view))))
             self._sent[peer] += len(view)
         for peer, view in recvs:
-            items.append(_In(self, self._local[peer], view, call, step))
+            items.append(Incoming(rings, local[peer], view, call, step))
             self._received[peer] += len(view)
-        return items
-
-    def advance(self, pending: list[_Out | _In], call: wire.Call) -> bool:
-        """Move every chunk that can move now; drop finished items; True if anything moved."""
-        progressed = False
-        for item in list(pending):
-            moved = item.advance()
-            if moved:
-                progressed = True
-            if item.done:
-                pending.remove(item)
-        if progressed:
-            self.group.notify()
-        return progressed
+        return ShmStep(self.group, call, items)
 
     def drop_link(self, peer: int) -> None:
         """Fault injection: this rank's next step fails, and so do its peers' waits on it."""
@@ -211,88 +193,3 @@ class ShmTransport:
         if not self._closed:
             self._closed = True
             self.group.close()
-
-
-class _Out:
-    """A message to a local peer, written chunk by chunk into the slots it reads."""
-
-    __slots__ = ("chunks", "done", "header", "j", "peer", "pos", "t", "view")
-    what = "send"
-
-    def __init__(self, t: ShmTransport, j: int, view: memoryview, header: bytes) -> None:
-        self.t = t
-        self.j = j
-        self.peer = t.group.ranks[j]
-        self.view = view
-        self.header = header
-        self.chunks = max(1, -(-len(view) // t.group.layout.p2p_bytes))
-        self.pos = 0
-        self.done = False
-
-    def ready(self) -> bool:
-        g = self.t.group
-        lay = g.layout
-        sent = self.t._sent_chunks[self.j]
-        return g.views[self.j].q[lay.q_received(g.local)] + lay.p2p_slots > sent
-
-    def advance(self) -> bool:
-        t, g = self.t, self.t.group
-        lay, me = g.layout, g.me
-        cp = lay.p2p_bytes
-        moved = False
-        while self.pos < self.chunks and self.ready():
-            sent = t._sent_chunks[self.j]
-            off = lay.p2p_slot(self.j, sent)
-            me.mv[off : off + wire.HEADER_SIZE] = self.header
-            lo = self.pos * cp
-            part = self.view[lo : lo + cp]
-            me.mv[off + HEADER : off + HEADER + len(part)] = part
-            t._sent_chunks[self.j] = sent + 1
-            me.q[lay.q_sent(self.j)] = sent + 1
-            self.pos += 1
-            moved = True
-        self.done = self.pos == self.chunks
-        return moved
-
-
-class _In:
-    """A message from a local peer, copied out of its slots as they fill."""
-
-    __slots__ = ("call", "chunks", "done", "j", "peer", "pos", "step", "t", "view")
-    what = "recv"
-
-    def __init__(self, t: ShmTransport, j: int, view: memoryview, call: wire.Call, step: int):
-        self.t = t
-        self.j = j
-        self.peer = t.group.ranks[j]
-        self.view = view
-        self.call = call
-        self.step = step
-        self.chunks = max(1, -(-len(view) // t.group.layout.p2p_bytes))
-        self.pos = 0
-        self.done = False
-
-    def ready(self) -> bool:
-        g = self.t.group
-        return g.views[self.j].q[g.layout.q_sent(g.local)] > self.t._recv_chunks[self.j]
-
-    def advance(self) -> bool:
-        t, g = self.t, self.t.group
-        lay, src = g.layout, g.views[self.j]
-        cp = lay.p2p_bytes
-        moved = False
-        while self.pos < self.chunks and self.ready():
-            got = t._recv_chunks[self.j]
-            off = lay.p2p_slot(g.local, got)
-            if self.pos == 0:
-                expected = wire.pack(self.call, self.step, len(self.view))
-                g.check_header(src, off, expected, self.call, self.step, len(self.view))
-            lo = self.pos * cp
-            n = min(cp, len(self.view) - lo)
-            self.view[lo : lo + n] = src.mv[off + HEADER : off + HEADER + n]
-            t._recv_chunks[self.j] = got + 1
-            g.me.q[lay.q_received(self.j)] = got + 1
-            self.pos += 1
-            moved = True
-        self.done = self.pos == self.chunks
-        return moved

@@ -1,0 +1,163 @@
+"""Waiting on the peers of one host: wake-ups, adaptive spins, futex sleeps, liveness.
+
+A wait first looks once (most small-message waits end there), then spins briefly, then
+yields the core for up to a millisecond, then sleeps on this rank's futex word. Peers bump
+that word after they publish, but only when they see this rank's ``sleeping`` flag, so a
+run where every rank has its own core makes no system call at all, while one with more
+ranks than cores hands the core to the awaited rank instead of burning it. Every sleep is
+bounded, so a dead peer (its pidfd turns readable), a peer that failed (its ``state``
+word), the deadline and an abort are all seen within one slice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import time
+from collections.abc import Callable, Sequence
+
+from cclctl.errors import PeerError
+from cclctl.runtime.transport import wire
+from cclctl.runtime.transport.base import Wait
+from cclctl.runtime.transport.shm.futex import Futex
+from cclctl.runtime.transport.shm.layout import (
+    MASK32,
+    STATE_BROKEN,
+    STATE_CLOSED,
+    STATE_OK,
+    W_SLEEPING,
+    W_STATE,
+    W_WAKE,
+    View,
+)
+
+SLEEP_SLICE_S = 0.02  # the longest a sleeper goes without re-checking liveness and deadline
+
+
+class Signals:
+    """How this rank waits on, wakes and watches the other ranks of its host."""
+
+    def __init__(
+        self,
+        rank: int,
+        views: Sequence[View],
+        local: int,
+        *,
+        spin_s: float,
+        yield_s: float,
+        futex: Futex,
+    ) -> None:
+        self.rank = rank
+        self.views = list(views)  # by local index
+        self.local = local
+        self.me = self.views[local]
+        self.others = [v for v in self.views if v is not self.me]
+        self.spin_s = spin_s  # the longest busy spin
+        self.spin = spin_s  # the current one (see wait_counter)
+        self.yield_s = yield_s
+        self.futex = futex
+        self._pids_checked = time.monotonic()
+
+    def notify(self) -> None:
+        """After publishing: wake the peers that went to sleep (fence first, see shm_signal)."""
+        self.futex.fence()
+        for view in self.others:
+            i = view.i
+            if i[W_SLEEPING]:
+                i[W_WAKE] = (i[W_WAKE] + 1) & MASK32
+                self.futex.wake(view.wake_addr)
+
+    def wait_counter(
+        self, view: View, index: int, target: int, call: wire.Call, wait: Wait, what: str
+    ) -> None:
+        """Return once ``view``'s counter ``index`` reaches ``target``.
+
+        The busy spin adapts: it doubles after a wait that it ended and halves after one it
+        did not, so when the ranks share cores (a loaded machine) it shrinks toward zero
+        and the rank yields at once to whoever holds the answer.
+        """
+        q = view.q
+        if q[index] >= target:
+            return
+        now = time.perf_counter()
+        busy, polite = now + self.spin, now + self.spin + self.yield_s
+        while True:  # spin: the peer is usually running on another core right now
+            if q[index] >= target:
+                self.spin = min(self.spin_s, 2 * self.spin + 1e-6)
+                return
+            now = time.perf_counter()
+            if now >= busy:
+                break
+        self.spin *= 0.5
+        while now < polite:  # yield: or it waits for the core this rank is holding
+            os.sched_yield()
+            if q[index] >= target:
+                return
+            now = time.perf_counter()
+        self.block(lambda: q[index] >= target, view.rank, what, call, wait)
+
+    def block(
+        self,
+        ready: Callable[[], bool],
+        peer: int,
+        what: str,
+        call: wire.Call,
+        wait: Wait,
+        limit_s: float = math.inf,
+    ) -> None:
+        """Sleep until ``ready()``, or at most ``limit_s``; ``peer`` is whom the trace says
+        this rank waits on."""
+        wait.blocked_on(peer, what)
+        me = self.me.i
+        until = time.monotonic() + limit_s
+        try:
+            while True:
+                seen = me[W_WAKE]
+                me[W_SLEEPING] = 1
+                self.futex.fence()
+                if ready():
+                    return
+                wait.check(call, peer, what)
+                self.check_peers(call, peer)
+                left = until - time.monotonic()
+                if left <= 0:
+                    return
+                self.futex.wait(self.me.wake_addr, seen, min(SLEEP_SLICE_S, left))
+        finally:
+            me[W_SLEEPING] = 0
+
+    def check_peers(self, call: wire.Call, peer: int) -> None:
+        """Raise if the awaited peer, or any peer, failed, closed or died."""
+        for view in self.others:
+            state = view.i[W_STATE]
+            if state != STATE_OK:
+                why = "closed its communicator" if state == STATE_CLOSED else "failed"
+                self._peer_error(call, view.rank, f"rank {view.rank} {why}")
+        now = time.monotonic()
+        if now - self._pids_checked < SLEEP_SLICE_S:
+            return
+        self._pids_checked = now
+        fds = [v.pidfd for v in self.others if v.pidfd is not None]
+        if fds:
+            readable, _, _ = select.select(fds, [], [], 0)
+            for view in self.others:
+                if view.pidfd in readable:
+                    self._peer_error(call, view.rank, f"rank {view.rank}'s process exited")
+
+    def _peer_error(self, call: wire.Call, peer: int, why: str) -> None:
+        self.fail()
+        raise PeerError(
+            f"rank {self.rank}: shared-memory link to rank {peer} broke in "
+            f"{call.describe()}: {why}",
+            rank=self.rank,
+            peer=peer,
+            seq=call.seq,
+            op=call.op,
+        )
+
+    def fail(self) -> None:
+        """Tell every peer this rank's link state is unusable, so their waits end now."""
+        if self.me.i[W_STATE] == STATE_OK:
+            self.me.i[W_STATE] = STATE_BROKEN
+            self.notify()
