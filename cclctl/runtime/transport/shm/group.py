@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cclctl.errors import PeerError
+from cclctl.runtime.comm.failure import CLOSED
 from cclctl.runtime.comm.shared_buffers import PeerBuffers
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
@@ -153,7 +154,6 @@ class ShmGroup:
                     self._peer_error(call, view.rank, f"rank {view.rank}'s process exited")
 
     def _peer_error(self, call: wire.Call, peer: int, why: str) -> None:
-        self.fail()
         raise PeerError(
             f"rank {self.rank}: shared-memory link to rank {peer} broke in "
             f"{call.describe()}: {why}",
@@ -194,22 +194,21 @@ class ShmGroup:
         got = view.mv[offset : offset + wire.HEADER_SIZE]
         if got == expected:
             return
-        self.fail()
         header = wire.unpack(bytes(got), view.rank)
         wire.check(header, call, step, nbytes, self.rank, view.rank)
         raise AssertionError("a header that differs must fail its check")  # pragma: no cover
 
     # ------------------------------------------------------------------ lifecycle
-    def fail(self) -> None:
-        """Tell every peer this rank's link state is unusable, so their waits end now."""
-        if self.me.i[W_STATE] == STATE_OK:
-            self.me.i[W_STATE] = STATE_BROKEN
+    def announce(self, status: str) -> None:
+        """Set this rank's state word to ``status`` (``broken`` or ``closed``), once: the
+        failure state's hook, so every peer's wait on this rank ends now."""
+        me = self.me.i
+        if me[W_STATE] == STATE_OK:
+            me[W_STATE] = STATE_CLOSED if status == CLOSED else STATE_BROKEN
             self.notify()
 
     def close(self) -> None:
-        if self.me.i[W_STATE] == STATE_OK:
-            self.me.i[W_STATE] = STATE_CLOSED
-            self.notify()
+        self.announce(CLOSED)  # a group closed without its communicator's state (setup)
         self._arrays.clear()
         self.peer_buffers.close()
         for view in self.views:
