@@ -207,7 +207,8 @@ class ShmTransport:
         return list(self._sent), list(self._received)
 
     def announce(self, status: str) -> None:
-        self.group.announce(status)
+        if not self._closed:  # once closed, the segments are unmapped
+            self.group.announce(status)
 
     def close(self) -> None:
         if not self._closed:
