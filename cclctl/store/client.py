@@ -231,9 +231,6 @@ class StoreClient:
         status, _ = self._request(Op.DELETE, [key.encode()])
         return status == Status.OK
 
-    def ping(self) -> None:
-        self._request(Op.PING, [])
-
     def close(self) -> None:
         """Close the connection; a request blocked in another thread fails at once."""
         self._closed = True

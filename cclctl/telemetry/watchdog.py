@@ -3,11 +3,12 @@
 It only reads in-memory records, so it never blocks on a dead peer. Past half the timeout it
 warns once; past the timeout it marks the record ``timed_out``, counts the hang, dumps the
 flight recorder, publishes the status at once and logs one line naming the collective and
-the peer this rank waits on. Then the policy applies: ``raise`` (the blocked caller sees the
-mark and raises :class:`~cclctl.errors.CollectiveTimeout`), ``abort`` (``on_abort`` is
-called, which aborts the communicator) or ``wait`` (nothing more: keep waiting).
-``on_expire`` runs on every expiry, whatever the policy (the runtime asks every rank of
-the job to dump there).
+the peer this rank waits on. ``on_expire`` runs on every expiry, whatever the policy: the
+runtime hands the hang to the communicator's failure state there, which applies the policy
+(``raise``: the blocked call raises :class:`~cclctl.errors.CollectiveTimeout`; ``abort``:
+:class:`~cclctl.errors.CommAborted`; ``wait``: keep waiting), and asks every rank of the
+job to dump. ``on_abort`` runs under the ``abort`` policy only (the torch integration
+aborts its process group there).
 """
 
 from __future__ import annotations

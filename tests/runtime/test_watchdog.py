@@ -8,7 +8,8 @@ import threading
 import numpy as np
 import pytest
 from recording_tracer import RecordingTracer
-from thread_ranks import run_ranks
+from telemetry_helpers import wait_for
+from thread_ranks import make_comms, run_comms, run_ranks
 
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CollectiveTimeout, CommAborted, ConfigError, ProtocolError
@@ -99,29 +100,42 @@ def test_watchdog_thread_runs_and_stops() -> None:
     assert rec.state == TIMED_OUT
 
 
-def test_caller_raises_when_the_watchdog_marks_its_record() -> None:
-    """Under the raise policy a blocked call ends as soon as its record is marked."""
-    cfg = RuntimeConfig(job="w", timeout_s=0.5, on_hang="raise")
+def test_a_blocked_call_raises_when_the_watchdog_expires_it() -> None:
+    """Under the raise policy a real watchdog expires a call blocked on a peer that never
+    comes; the communicator's failure state takes the hang and the call raises at once."""
+    comms = make_comms(2, RuntimeConfig(job="w", timeout_s=0.5, on_hang="raise"), watchdog=True)
+    tracer = RecordingTracer()
+    dog = Watchdog(
+        FakeTelemetry(tracer.started),
+        timeout_s=5,
+        policy="raise",
+        on_expire=lambda rec, line: comms[0].failure.hung(rec, line, "raise"),
+    )
+    expired: list[CollectiveRecord] = []
+
+    def expire_once_blocked() -> None:
+        wait_for(lambda: tracer.started and tracer.started[0].waiting_on == 1)
+        rec = tracer.started[0]
+        expired.extend(dog.check(rec.start_ns + 5 * S))
 
     def body(comm):  # type: ignore[no-untyped-def]
-        from cclctl.runtime.comm.communicator import Communicator
-
-        assert isinstance(comm, Communicator)
         if comm.rank == 1:
             return None  # never enters: rank 0 blocks
-
-        def mark_later(rec: CollectiveRecord) -> None:
-            threading.Timer(0.2, lambda: setattr(rec, "state", TIMED_OUT)).start()
-
-        tracer = RecordingTracer(on_start=mark_later)
         comm.tracer = tracer
-        comm._timeout_s = float("inf")  # as when a watchdog is in charge
-        comm._watched = True
+        turn = threading.Thread(target=expire_once_blocked, daemon=True)
+        turn.start()
         with pytest.raises(CollectiveTimeout, match="waiting to recv from rank 1"):
             comm.all_reduce(np.ones(4, np.float32))
-        return tracer.started[0].state
+        turn.join(5)
+        with pytest.raises(CommAborted, match="unusable after an earlier failure"):
+            comm.all_reduce(np.ones(4, np.float32))
+        return comm.failure
 
-    assert run_ranks(2, body, cfg)[0] == TIMED_OUT
+    failure = run_comms(comms, body)[0]
+    assert expired == tracer.started  # the watchdog expired the one call, which then ended
+    assert tracer.started[0].state == TIMED_OUT and tracer.started[0].end_ns
+    assert failure.first.kind == "timeout" and failure.first.seen_by == "watchdog"
+    assert (failure.first.seq, failure.first.op, failure.later) == (1, "all_reduce", 1)
 
 
 def test_abort_ends_a_blocked_call() -> None:

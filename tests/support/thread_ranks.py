@@ -16,7 +16,11 @@ from cclctl.runtime.transport.tcp import TcpTransport
 from cclctl.runtime.transport.tcp_links import Links
 
 
-def make_comms(n: int, cfg: RuntimeConfig | None = None) -> list[Communicator]:
+def make_comms(
+    n: int, cfg: RuntimeConfig | None = None, watchdog: bool = False
+) -> list[Communicator]:
+    """``n`` communicators over loopback TCP; ``watchdog``: as when a watchdog is in charge
+    (calls have no deadline of their own)."""
     cfg = cfg or RuntimeConfig(job="threads", timeout_s=20.0, connect_timeout_s=10.0)
     transports = [
         TcpTransport(Links(r, n, cfg.job, "127.0.0.1", cfg.connect_timeout_s)) for r in range(n)
@@ -24,7 +28,9 @@ def make_comms(n: int, cfg: RuntimeConfig | None = None) -> list[Communicator]:
     for t in transports:
         t.set_peers([p.address for p in transports])
     return [
-        Communicator(rank=r, world_size=n, transport=t, cfg=cfg, comm_id=world_comm_id(n))
+        Communicator(
+            rank=r, world_size=n, transport=t, cfg=cfg, comm_id=world_comm_id(n), watchdog=watchdog
+        )
         for r, t in enumerate(transports)
     ]
 

@@ -19,6 +19,7 @@ from cclctl.runtime.algorithms import latency, pairwise, pipeline, ring, zero_co
 from cclctl.runtime.algorithms.context import Scratch, as_bytes, chunk_bounds, finish_avg
 from cclctl.runtime.comm import buffers, selection, shared_buffers
 from cclctl.runtime.comm.calls import Calls
+from cclctl.runtime.comm.failure import FailureState
 from cclctl.runtime.comm.prepared import PreparedCalls
 from cclctl.runtime.comm.tracing import Tracer
 from cclctl.runtime.transport.base import Transport
@@ -48,8 +49,8 @@ class Communicator:
         on_close: Callable[[], None] | None = None,
         watchdog: bool = False,
     ) -> None:
-        """``watchdog``: whether a watchdog thread marks this communicator's timed-out calls
-        (see :class:`~cclctl.runtime.comm.calls.Calls`).
+        """``watchdog``: whether a watchdog thread expires this communicator's hung calls
+        (through :attr:`failure`; see :class:`~cclctl.runtime.comm.calls.Calls`).
         """
         self.rank = rank
         self.world_size = world_size
@@ -73,6 +74,11 @@ class Communicator:
         self._p2p_sent = [0] * world_size
         self._p2p_received = [0] * world_size
         self._on_close = on_close
+
+    @property
+    def failure(self) -> FailureState:
+        """Whether calls may run here and, once not, the first failure's origin."""
+        return self._calls.failure
 
     @property
     def tracer(self) -> Tracer | None:
@@ -297,12 +303,12 @@ class Communicator:
     # ----------------------------------------------------------------- lifecycle
     def abort(self, reason: str) -> None:
         """Make every blocked or future call on this communicator fail with ``reason``."""
-        self._calls.abort_reason = reason
+        self._calls.failure.abort(reason)
 
     def close(self) -> None:
-        if self._calls.closed:
+        """Refuse every later call, tell the peers and close the links (idempotent)."""
+        if not self._calls.failure.close():
             return
-        self._calls.closed = True
         self.transport.close()
         if self._on_close is not None:
             self._on_close()

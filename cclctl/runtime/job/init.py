@@ -7,6 +7,7 @@ from typing import Any
 
 from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
 from cclctl.errors import UsageError
+from cclctl.records import CollectiveRecord
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.signals import DumpRequests, request_dump
@@ -103,13 +104,13 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         on_close=close,
         watchdog=True,
     )
-    watchdog = Watchdog(
-        telemetry,
-        cfg.timeout_s,
-        cfg.on_hang,
-        on_abort=lambda rec, why: comm.abort(why),
-        on_expire=lambda rec, why: request_dump(signals, rdzv.rank, why),
-    ).start()
+
+    def expired(rec: CollectiveRecord, why: str) -> None:
+        """The policy decides what becomes of the call; every rank of the job dumps."""
+        comm.failure.hung(rec, why, cfg.on_hang)
+        request_dump(signals, rdzv.rank, why)
+
+    watchdog = Watchdog(telemetry, cfg.timeout_s, cfg.on_hang, on_expire=expired).start()
     return comm
 
 

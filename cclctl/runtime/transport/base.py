@@ -16,19 +16,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
-from cclctl.errors import CollectiveTimeout, CommAborted
-from cclctl.records import TIMED_OUT, CollectiveRecord
+from cclctl.records import CollectiveRecord
+from cclctl.runtime.comm.failure import OK, FailureState, timeout_error
 from cclctl.runtime.transport.wire import Call
 
 #: One transfer of a step: the peer rank and the bytes to send or to receive into.
 Transfer = tuple[int, memoryview]
-
-
-def _never_aborted() -> str | None:
-    return None
 
 
 @dataclasses.dataclass(slots=True)
@@ -37,16 +33,15 @@ class Wait:
 
     ``record`` is the collective's live trace record: transports set its ``waiting_on`` and
     ``waiting_for`` before they block, which is what the watchdog, ``cclctl top`` and
-    ``cclctl diagnose hang`` read. ``aborted`` returns a reason once the communicator was
-    aborted (by a peer, the watchdog or an operator), so a blocked step gives up promptly.
+    ``cclctl diagnose hang`` read. ``failure`` is the communicator's failure state: once it
+    fails (an abort, the watchdog, a close), a blocked step gives up promptly.
     """
 
     rank: int
     record: CollectiveRecord | None = None
     deadline: float = math.inf  # time.monotonic() seconds
     started: float = dataclasses.field(default_factory=time.monotonic)
-    aborted: Callable[[], str | None] = _never_aborted
-    watched: bool = False  # a watchdog marks the record timed_out; raise when it does
+    failure: FailureState = dataclasses.field(default_factory=FailureState)
 
     def blocked_on(self, peer: int, what: str) -> None:
         rec = self.record
@@ -56,30 +51,12 @@ class Wait:
 
     def check(self, call: Call, peer: int, what: str) -> float:
         """Raise if the step must stop waiting; otherwise return the seconds left."""
-        reason = self.aborted()
-        if reason is not None:
-            raise CommAborted(
-                f"rank {self.rank}: {call.op} seq {call.seq} aborted ({reason})",
-                rank=self.rank,
-                peer=peer,
-                seq=call.seq,
-                op=call.op,
-                reason=reason,
-            )
+        failure = self.failure
+        if failure.status is not OK:
+            failure.stop(call.op, call.seq, peer, what, time.monotonic() - self.started)
         now = time.monotonic()
-        timed_out = self.watched and self.record is not None and self.record.state == TIMED_OUT
-        if timed_out or now >= self.deadline:
-            elapsed = now - self.started
-            raise CollectiveTimeout(
-                f"rank {self.rank}: {call.op} seq {call.seq} timed out after {elapsed:.1f}s "
-                f"waiting to {what} {'to' if what == 'send' else 'from'} rank {peer}",
-                rank=self.rank,
-                peer=peer,
-                seq=call.seq,
-                op=call.op,
-                elapsed=round(elapsed, 3),
-                waiting_for=what,
-            )
+        if now >= self.deadline:
+            timeout_error(self.rank, call.op, call.seq, peer, what, now - self.started)
         return self.deadline - now
 
 
@@ -135,6 +112,11 @@ class Transport(Protocol):
 
     def link_bytes(self) -> tuple[list[int], list[int]]:
         """Bytes sent to and received from each peer so far (indexed by rank)."""
+        ...
+
+    def announce(self, status: str) -> None:
+        """Tell this rank's peers it is ``broken`` or ``closed`` by the transport's own means
+        (the failure state's hook; shared memory: this rank's state word)."""
         ...
 
     def close(self) -> None: ...

@@ -148,6 +148,10 @@ class HybridTransport:
             received = [a + b for a, b in zip(received, r2, strict=True)]
         return sent, received
 
+    def announce(self, status: str) -> None:
+        if self.shm is not None:
+            self.shm.announce(status)
+
     def close(self) -> None:
         try:
             self.tcp.close()

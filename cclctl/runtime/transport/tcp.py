@@ -222,5 +222,8 @@ class TcpTransport:
     def link_bytes(self) -> tuple[list[int], list[int]]:
         return list(self._sent), list(self._received)
 
+    def announce(self, status: str) -> None:
+        """Nothing to do: a TCP peer learns of a failure from the link itself."""
+
     def close(self) -> None:
         self._links.close()

@@ -25,9 +25,6 @@ from cclctl.runtime.transport.shm.layout import (
     Q_COLL_USED,
     Q_RES_PUB,
     Q_RES_USED,
-    STATE_CLOSED,
-    STATE_OK,
-    W_STATE,
     Layout,
     View,
 )
@@ -222,16 +219,13 @@ class ShmGroup(Signals):
         got = view.mv[offset : offset + wire.HEADER_SIZE]
         if got == expected:
             return
-        self.fail()
         header = wire.unpack(bytes(got), view.rank)
         wire.check(header, call, step, nbytes, self.rank, view.rank)
         raise AssertionError("a header that differs must fail its check")  # pragma: no cover
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        if self.me.i[W_STATE] == STATE_OK:
-            self.me.i[W_STATE] = STATE_CLOSED
-            self.notify()
+        self.announce("closed")  # a group closed without its communicator's state (setup)
         self._arrays.clear()
         self.peer_buffers.close()
         for view in self.views:

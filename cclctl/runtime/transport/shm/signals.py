@@ -146,7 +146,6 @@ class Signals:
                     self._peer_error(call, view.rank, f"rank {view.rank}'s process exited")
 
     def _peer_error(self, call: wire.Call, peer: int, why: str) -> None:
-        self.fail()
         raise PeerError(
             f"rank {self.rank}: shared-memory link to rank {peer} broke in "
             f"{call.describe()}: {why}",
@@ -156,8 +155,10 @@ class Signals:
             op=call.op,
         )
 
-    def fail(self) -> None:
-        """Tell every peer this rank's link state is unusable, so their waits end now."""
-        if self.me.i[W_STATE] == STATE_OK:
-            self.me.i[W_STATE] = STATE_BROKEN
+    def announce(self, status: str) -> None:
+        """Set this rank's state word to ``status`` (``broken`` or ``closed``), once: the
+        failure state's hook, so every peer's wait on this rank ends now."""
+        me = self.me.i
+        if me[W_STATE] == STATE_OK:
+            me[W_STATE] = STATE_CLOSED if status == "closed" else STATE_BROKEN
             self.notify()

@@ -164,7 +164,6 @@ class ShmTransport:
         """The transfers of one step, not yet moved."""
         if self._dropped:
             peer = min(self._dropped)
-            self.group.fail()
             raise PeerError(
                 f"rank {self.rank}: link to rank {peer} was dropped before {call.describe()}",
                 rank=self.rank,
@@ -188,6 +187,10 @@ class ShmTransport:
 
     def link_bytes(self) -> tuple[list[int], list[int]]:
         return list(self._sent), list(self._received)
+
+    def announce(self, status: str) -> None:
+        if not self._closed:  # once closed, the segments are unmapped
+            self.group.announce(status)
 
     def close(self) -> None:
         if not self._closed:
