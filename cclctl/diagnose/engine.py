@@ -20,10 +20,11 @@ from collections.abc import Iterable, Mapping
 
 from cclctl.diagnose import text
 from cclctl.diagnose.frontier import check_frontier
-from cclctl.diagnose.liveness import PROC_STATES, check_liveness, place_unplaced
+from cclctl.diagnose.liveness import check_liveness, place_unplaced
 from cclctl.diagnose.mismatch import check_mismatch
-from cclctl.diagnose.model import HEALTHY, CommSummary, Diagnosis, Options, Verdict
-from cclctl.diagnose.view import CommView, RankState, comm_views, rank_state
+from cclctl.diagnose.model import HEALTHY, MAX_STACKS, CommSummary, Diagnosis, Options, Verdict
+from cclctl.diagnose.stacks import stack_line
+from cclctl.diagnose.view import PROC_STATES, CommView, RankState, comm_views, rank_state
 from cclctl.diagnose.waits import check_waits
 from cclctl.errors import BadInput, UsageError
 from cclctl.records import RankSnapshot
@@ -51,6 +52,7 @@ def diagnose(
     Raises BadInput when there is nothing to diagnose or the documents mix jobs.
     """
     opts = options or Options()
+    source = "live" if now_ns is not None else "dumps"
     unreadable = dict(unreadable or {})
     proc = dict(proc or {})
     for rank, state in proc.items():
@@ -63,7 +65,8 @@ def diagnose(
     size, general = _world_size(newest, unreadable, world_size)
     rank_notes.update(notes or {})
     states = {rank: rank_state(newest[rank]) for rank in sorted(newest)}
-    source = "live" if now_ns is not None else "dumps"
+    for rank, st in states.items():
+        st.live, st.proc = source == "live", proc.get(rank)
     verdicts = check_liveness(
         states,
         size,
@@ -80,6 +83,7 @@ def diagnose(
             verdicts += check(cv, states, explained)
     place_unplaced(verdicts, states)
     for verdict in verdicts:
+        _show_stacks(verdict, states)
         for suspect in verdict.suspects:
             if suspect.rank in rank_notes:
                 verdict.add(f"rank {suspect.rank}: {rank_notes[suspect.rank]}")
@@ -97,6 +101,17 @@ def diagnose(
         notes=all_notes,
         options=opts,
     )
+
+
+def _show_stacks(verdict: Verdict, states: dict[int, RankState]) -> None:
+    """The one-line stack, and the whole stacks, of the verdict's first ranks that have one."""
+    ranks = [s.rank for s in verdict.suspects] or verdict.look_at
+    for rank in ranks[:MAX_STACKS]:
+        st = states.get(rank)
+        line = stack_line(rank, st.stacks) if st is not None else ""
+        if st is not None and line:
+            verdict.where.append(line)
+            verdict.stacks[rank] = st.stacks
 
 
 def _newest(snapshots: Iterable[RankSnapshot]) -> tuple[dict[int, RankSnapshot], dict[int, str]]:
