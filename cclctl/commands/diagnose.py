@@ -9,12 +9,10 @@ to the pure engine in :mod:`cclctl.diagnose`, and draws the answer: a rich repor
 from __future__ import annotations
 
 import json
-import sys
 from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -22,8 +20,8 @@ from cclctl import ui
 from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
-from cclctl.diagnose_io import procs
-from cclctl.diagnose_io.inputs import Inputs, dump_paths, from_live, load_dumps
+from cclctl.diagnose_io import procs, sources
+from cclctl.diagnose_io.inputs import Inputs, from_live
 from cclctl.errors import ConfigError, FaultFound, StoreError, UsageError
 from cclctl.live.snapshot import fetch
 from cclctl.runtime.store import StoreClient, parse_address
@@ -85,6 +83,11 @@ def hang(
         "--skew",
         help="Live: seconds of clock skew allowed for ranks on other hosts.",
     ),
+    stacks: bool = typer.Option(
+        False,
+        "--stacks",
+        help="Also print the whole Python stack of every thread of each suspect (from its dump).",
+    ),
     stuck_after: float = typer.Option(
         Options.stuck_after_s,
         "--stuck-after",
@@ -104,12 +107,13 @@ def hang(
         proc=_proc(inputs),
         unreadable=inputs.unreadable,
         notes=inputs.notes,
+        remarks=inputs.remarks,
         options=opts,
     )
     if as_json:
-        sys.stdout.write(json.dumps(diag.to_dict(), indent=2) + "\n")
+        ui.write_result(json.dumps(diag.to_dict(), indent=2) + "\n")
     else:
-        _print(diag)
+        _print(diag, stacks)
     if diag.fault:
         raise FaultFound(report.fault_message(diag), kinds=[v.kind for v in diag.faults])
 
@@ -126,15 +130,10 @@ def _options(stale: float, skew: float, stuck_after: float, world_size: int | No
 
 
 def _dumps(paths: list[str], job: str | None) -> Inputs:
-    """cclctl's dumps, or PyTorch Flight Recorder dumps when the paths hold those."""
-    from cclctl.integrations.torch_fr import load_flight_recorder  # no torch import
-
-    torch_dumps = load_flight_recorder(paths, job)
-    if torch_dumps is not None:
-        return Inputs(torch_dumps, "dumps", files=len(torch_dumps))
-    count = len(dump_paths(paths))
+    """cclctl's dumps and PyTorch Flight Recorder dumps among the paths, as one job."""
+    count = sources.count_files(paths)
     with ui.progress_bar(count, "reading dumps", enabled=count > PROGRESS_FILES) as bar:
-        return load_dumps(paths, job, progress=lambda done: bar.advance())
+        return sources.load(paths, job, progress=lambda done: bar.advance())
 
 
 def _live(address: str, job: str | None, world_size: int | None) -> Inputs:
@@ -159,8 +158,8 @@ def _proc(inputs: Inputs) -> dict[int, str]:
     return states if inputs.source == "live" else procs.for_post_mortem(states)
 
 
-def _print(diag: Diagnosis) -> None:
-    console = Console(highlight=False, soft_wrap=True)  # commands in the text stay whole
+def _print(diag: Diagnosis, stacks: bool) -> None:
+    console = ui.ResultConsole(highlight=False, soft_wrap=True)  # commands stay whole
     if not console.is_terminal and console.width <= 80:
         console.width = PIPE_WIDTH  # a pipe or a log: no column squeezed away
     console.print(Text(report.headline(diag), style="bold"))
@@ -172,10 +171,14 @@ def _print(diag: Diagnosis) -> None:
         console.print(line)
         if block.suspects:
             console.print(Text("   suspects: ").append(block.suspects, style="bold"))
+        for line in block.where:
+            console.print(Text("   stack: ", style="magenta").append(line))
         for item in block.evidence:
             console.print(Text(f"   - {item}"))
         if block.next_step:
             console.print(Text("   next: ", style="cyan").append(block.next_step))
+        for line in block.stacks if stacks else ():
+            console.print(Text(f"   {line}", style="dim" if line.startswith("    ") else ""))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left")
     for name in report.COMM_COLUMNS:
         table.add_column(name, no_wrap=True, justify="right" if name == "size" else "left")

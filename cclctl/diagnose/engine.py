@@ -16,7 +16,7 @@ the order the documents came in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from cclctl.diagnose import text
 from cclctl.diagnose.frontier import check_frontier
@@ -38,6 +38,7 @@ def diagnose(
     proc: Mapping[int, str] | None = None,
     unreadable: Mapping[int, str] | None = None,
     notes: Mapping[int, str] | None = None,
+    remarks: Sequence[str] = (),
     options: Options | None = None,
 ) -> Diagnosis:
     """Find why a job hangs (or say that it does not).
@@ -48,6 +49,7 @@ def diagnose(
     "stopped", "zombie", "gone") for the ranks the caller could look at. ``unreadable``:
     rank -> why its document could not be used (counted as missing). ``notes``: rank -> a
     remark on how its document was chosen, added to the evidence of verdicts naming it.
+    ``remarks``: notes on the input as a whole (which kinds of dump were read).
 
     Raises BadInput when there is nothing to diagnose or the documents mix jobs.
     """
@@ -90,7 +92,7 @@ def diagnose(
     if not verdicts:
         verdicts = [_healthy(views, states)]
     verdicts.sort(key=Verdict.sort_key)
-    all_notes = general + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
+    all_notes = [*remarks, *general] + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
     return Diagnosis(
         job=job,
         source=source,

@@ -2,8 +2,8 @@
 
 "rank 2 is in train.py:41 load_batch -> time.sleep": the innermost frame of the user's code
 (not the standard library, installed packages or cclctl), then what it calls there (read
-from its source line, else the next frame's function), then the innermost frame when that
-is deeper still. Files are classified by their paths as the rank saw them; no file is read.
+from its source line, when the stack has it), then the innermost frame when that is deeper
+still. Files are classified by their paths as the rank saw them; no file is read.
 """
 
 from __future__ import annotations
@@ -79,9 +79,6 @@ def one_line(stack: ThreadStack) -> str:
     callee = called_in(frames[at].code)
     if callee:
         parts.append(callee)
-    elif deeper:
-        parts.append(deeper[0].func)
-        deeper = deeper[1:]
     if deeper:
         parts.append(place(deeper[-1]))
     return " -> ".join(parts)
