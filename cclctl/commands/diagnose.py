@@ -171,14 +171,14 @@ def _print(diag: Diagnosis, stacks: bool) -> None:
         console.print(line)
         if block.suspects:
             console.print(Text("   suspects: ").append(block.suspects, style="bold"))
-        for line in block.where:
-            console.print(Text("   stack: ", style="magenta").append(line))
+        for where in block.where:
+            console.print(Text("   stack: ", style="magenta").append(where))
         for item in block.evidence:
             console.print(Text(f"   - {item}"))
         if block.next_step:
             console.print(Text("   next: ", style="cyan").append(block.next_step))
-        for line in block.stacks if stacks else ():
-            console.print(Text(f"   {line}", style="dim" if line.startswith("    ") else ""))
+        for frame in block.stacks if stacks else ():
+            console.print(Text(f"   {frame}", style="dim" if frame.startswith("    ") else ""))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left")
     for name in report.COMM_COLUMNS:
         table.add_column(name, no_wrap=True, justify="right" if name == "size" else "left")
