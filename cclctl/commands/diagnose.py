@@ -41,10 +41,17 @@ HANG_HELP = (
     "  cclctl diagnose hang --store node0:29500    (a live job, from its store)\n\n"
     "  cclctl diagnose hang --store node0:29500 --job train7 --json\n\n"
     "Dumps are written by the hang watchdog, on `kill -USR1 <pid>`, or at an exit after "
-    "errors, into CCLCTL_TRACE_DIR; PyTorch Flight Recorder dumps (nccl_trace_rank_<r>, "
-    "pickle or JSON) are read too. Processes on this host are looked at too (stopped, "
-    "zombie, gone). Exit codes: 0 no fault, 3 fault found, 2 unusable input (the message "
-    "names the file), 1 store unreachable."
+    "errors, into CCLCTL_TRACE_DIR; each holds the Python stack of every thread of its rank, "
+    "and a verdict shows where its suspect is in one line ('stack: rank 2 is in "
+    "train.py:41 load_batch -> time.sleep'; --stacks or --json for the whole stacks). "
+    "PyTorch Flight Recorder dumps (nccl_trace_rank_<r>, pickle or JSON) are read too, "
+    "with where each collective was called. A folder holding both kinds is one job, the one "
+    "cclctl's dumps name: per rank cclctl's dump gives the records and the Flight "
+    "Recorder's call site joins its stacks; a rank with only a Flight Recorder dump is read "
+    "from that. Processes on this host are looked at too (stopped, zombie, gone); py-spy "
+    "is suggested only for a live job's running process. Exit codes: 0 no fault, 3 fault "
+    "found (also when a reader such as `| head` closes the output early), 2 unusable input "
+    "(the message names the file), 1 store unreachable."
 )
 
 CONNECT_TIMEOUT_S = 2.0
