@@ -1,8 +1,9 @@
 """Rank 1 of a 2-rank job, stuck outside any collective: it completed all_reduce seqs 1-3 of
 comm 0:0-1, then sleeps in ``load_batch`` (the call the diagnosis must name).
 
-``python stuck_rank.py TRACE_DIR``: dumps into TRACE_DIR on SIGUSR1, prints "ready" once
-the handler is installed, and sleeps until killed (at most two minutes).
+``python stuck_rank.py TRACE_DIR``: dumps into TRACE_DIR on SIGUSR1 and on SIGTERM (then
+dies of it), prints "ready" once the handlers are installed, and sleeps until killed (at
+most two minutes).
 """
 
 import sys
@@ -29,6 +30,7 @@ def main() -> None:
         rec.state = COMPLETED
         rec.end_ns = time.time_ns()
     tel.install_signal_dump()
+    tel.install_termination_dump()
     print("ready", flush=True)
     load_batch()
 

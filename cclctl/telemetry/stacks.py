@@ -4,7 +4,10 @@ The dumping thread reads the others' frames with ``sys._current_frames()`` (no p
 signal to the stuck thread, which may be blocked in C and never run a handler), so a dump
 written by the watchdog, a signal's helper thread or a termination handler shows where the
 main thread is. The dumping thread itself is left out unless it is the main thread (its
-own stack is cclctl writing the dump). Bounds are :mod:`cclctl.stacks`'.
+own stack is cclctl writing the dump). A dump trigger that runs on the main thread (the
+SIGTERM handler, the excepthook) is cut from its stack with everything it called: the
+stack ends where the thread was when the trigger interrupted it. Bounds are
+:mod:`cclctl.stacks`'.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import traceback
 from types import FrameType
 
 from cclctl.stacks import MAX_CODE, MAX_FRAMES, MAX_NAME, MAX_THREADS, Frame, ThreadStack, clip
+from cclctl.telemetry import dumps
 
 
 def capture_stacks() -> list[ThreadStack]:
@@ -37,15 +41,19 @@ def capture_stacks() -> list[ThreadStack]:
 
 
 def _thread_stack(ident: int, top: FrameType, name: str, main: bool) -> ThreadStack:
-    inner: list[Frame] = []
-    omitted = 0
-    for frame, lineno in traceback.walk_stack(top):
-        if len(inner) < MAX_FRAMES:
-            inner.append(_frame(frame, lineno))
-        else:
-            omitted += 1
+    walked = list(traceback.walk_stack(top))  # innermost first; cheap until lines are read
+    cut = max((i + 1 for i, (f, _) in enumerate(walked) if _is_trigger(f)), default=0)
+    kept = walked[cut:]
+    inner = [_frame(frame, lineno) for frame, lineno in kept[:MAX_FRAMES]]
     inner.reverse()
+    omitted = max(0, len(kept) - MAX_FRAMES)
     return ThreadStack(clip(name, MAX_NAME), tuple(inner), main, ident, omitted)
+
+
+def _is_trigger(frame: FrameType) -> bool:
+    """A frame of a dump trigger's own code (see :mod:`cclctl.telemetry.dumps`)."""
+    code = frame.f_code
+    return code.co_filename == dumps.__file__ and code.co_name in dumps.TRIGGERS
 
 
 def _frame(frame: FrameType, lineno: int | None) -> Frame:

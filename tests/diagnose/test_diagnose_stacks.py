@@ -105,9 +105,9 @@ def stuck_rank(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
         proc.wait(timeout=30)
 
 
-def dump_of(proc: subprocess.Popen[str], folder: Path) -> Path:
+def dump_of(proc: subprocess.Popen[str], folder: Path, signum: int = signal.SIGUSR1) -> Path:
     path = folder / "cclctl-stuck-rank1.json"
-    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(signum)
     deadline = time.monotonic() + 30
     while not path.exists():  # the dump is renamed into place whole
         assert time.monotonic() < deadline, "no dump after SIGUSR1"
@@ -131,7 +131,7 @@ def test_a_real_rank_stuck_in_load_batch_is_named_in_the_verdict(stuck_rank, tmp
     path = dump_of(stuck_rank, tmp_path)
     dumped = snapshot_from_json(path.read_text(), where=str(path))
     main = next(s for s in dumped.stacks if s.main)
-    assert [f.func for f in main.frames[:3]] == ["<module>", "main", "load_batch"]
+    assert [f.func for f in main.frames] == ["<module>", "main", "load_batch"]  # not the handler
     write_rank0(tmp_path)
     expected = f"   stack: rank 1 is in stuck_rank.py:{SLEEP_LINE} load_batch -> time.sleep"
     alive = hang(str(tmp_path))
@@ -152,6 +152,15 @@ def test_a_real_rank_stuck_in_load_batch_is_named_in_the_verdict(stuck_rank, tmp
                                  "time.sleep"}  # fmt: skip
     full = hang("--stacks", str(tmp_path))
     assert f'File "{WORKER}", line {SLEEP_LINE}, in load_batch' in full.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_termination_dump_shows_where_the_handler_interrupted_the_rank(stuck_rank, tmp_path):
+    path = dump_of(stuck_rank, tmp_path, signal.SIGTERM)
+    assert stuck_rank.wait(timeout=30) == -signal.SIGTERM  # it still dies of the signal
+    main = next(s for s in snapshot_from_json(path.read_text()).stacks if s.main)
+    assert [f.func for f in main.frames] == ["<module>", "main", "load_batch"]
+    assert main.frames[-1].line == SLEEP_LINE
 
 
 # -- cclctl dumps and Flight Recorder dumps in one folder --------------------------------------
