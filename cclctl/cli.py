@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from cclctl import __version__
+from cclctl import __version__, ui
 from cclctl.commands import bench, diagnose, launch, top
 from cclctl.commands import run as run_command
 from cclctl.errors import EXIT_ERROR, CclError
@@ -49,12 +49,36 @@ def _root(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; typed errors become one line on stderr and their exit code."""
+    """Run the CLI; typed errors become one line on stderr and their exit code.
+
+    A reader that closed stdout early (``cclctl ... | head -1``) ends the output quietly:
+    the exit code stays the command's own (commands write through consoles that go quiet),
+    or 1 where a write failed mid-command, and stdout is flushed here, then pointed at
+    /dev/null, so Python's flush at exit finds nothing to complain about.
+    """
+    code: int | str | None = 0
+    try:
+        _run(argv)
+    except SystemExit as exc:
+        code = exc.code
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        ui.close_stdout()
+    except (OSError, ValueError):
+        pass  # stdout already closed or unusable: nothing left to write
+    sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> None:
     try:
         app(args=argv, prog_name="cclctl", standalone_mode=True)
     except CclError as exc:
         print(f"cclctl: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
+    except BrokenPipeError:  # a write outside a quiet console: the reader has gone
+        ui.close_stdout()
+        sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         print("cclctl: interrupted", file=sys.stderr)
         sys.exit(130)

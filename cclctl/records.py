@@ -15,9 +15,12 @@ from typing import Any
 
 from cclctl.errors import BadInput, UsageError
 from cclctl.ranges import fold_ranks, parse_ranks
+from cclctl.stacks import ThreadStack, stacks_from_list
 
 DUMP_SCHEMA = "cclctl.dump"
 STATUS_SCHEMA = "cclctl.status"
+#: Version 1 throughout: fields are only ever added (a dump's ``stacks`` is one), and
+#: readers ignore the fields they do not know; renaming or removing one needs version 2.
 SCHEMA_VERSION = 1
 
 STARTED = "started"
@@ -161,7 +164,8 @@ class RankSnapshot:
     (``kind="status"``): identity, per-communicator progress and its recent records.
 
     A status carries the in-flight record, counters and the heartbeat; a dump carries the
-    ring of recent records and why it was written. Both are one JSON document.
+    ring of recent records, why it was written and the Python stack of each thread (see
+    :mod:`cclctl.stacks`; older dumps have none). Both are one JSON document.
     """
 
     kind: str  # "dump" or "status"
@@ -177,13 +181,16 @@ class RankSnapshot:
     reason: str = ""
     counters: dict[str, Any] = dataclasses.field(default_factory=dict)
     metrics_url: str = ""
+    stacks: list[ThreadStack] = dataclasses.field(default_factory=list)
 
     @property
     def schema(self) -> str:
         return DUMP_SCHEMA if self.kind == "dump" else STATUS_SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The document; ``stacks`` comes last, after the records (a reader's fast path
+        finds the records array by the ``counters`` key that follows it)."""
+        doc = {
             "schema": self.schema,
             "version": SCHEMA_VERSION,
             "job": self.job,
@@ -199,6 +206,9 @@ class RankSnapshot:
             "counters": self.counters,
             "metrics_url": self.metrics_url,
         }
+        if self.stacks or self.kind == "dump":
+            doc["stacks"] = [s.to_dict() for s in self.stacks]
+        return doc
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
@@ -243,6 +253,7 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         reason=str(data.get("reason", "")),
         counters=dict(counters),
         metrics_url=str(data.get("metrics_url", "")),
+        stacks=stacks_from_list(data.get("stacks"), where),
     )
 
 

@@ -7,6 +7,8 @@ bar that is transient leaves no residue in a terminal once the work is done.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 
 from rich.console import Console
@@ -18,6 +20,35 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
+
+def close_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone (``| head``), so that nothing
+    written later, nor Python's flush at exit, fails again (the Python docs' recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+class ResultConsole(Console):
+    """A console for results on stdout that goes quiet when the reader closes the pipe,
+    instead of rich's default of exiting 1, so the command still ends with its own exit
+    code (``cclctl diagnose hang DIR | head -1`` keeps the verdict's 3)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        close_stdout()
+
+
+def write_result(text: str) -> None:
+    """Write to stdout; a reader that has gone (``| head``) silences it, not the command."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        close_stdout()
 
 
 def stderr_console() -> Console:

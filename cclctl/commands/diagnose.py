@@ -9,12 +9,10 @@ to the pure engine in :mod:`cclctl.diagnose`, and draws the answer: a rich repor
 from __future__ import annotations
 
 import json
-import sys
 from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -23,8 +21,8 @@ from cclctl.commands.checks import store_to_read
 from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
-from cclctl.diagnose_io import procs
-from cclctl.diagnose_io.inputs import Inputs, dump_paths, load_dumps
+from cclctl.diagnose_io import procs, sources
+from cclctl.diagnose_io.inputs import Inputs
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, FaultFound, StoreError, UsageError
 from cclctl.live.snapshot import JobStatuses, fetch
@@ -46,10 +44,17 @@ HANG_HELP = (
     "  cclctl diagnose hang --store node0:29500 --job train7 --json\n\n"
     "  CCLCTL_STORE=node0:29500 cclctl diagnose hang    (the store from the environment)\n\n"
     "Dumps are written by the hang watchdog, on `kill -USR1 <pid>`, or at an exit after "
-    "errors, into CCLCTL_TRACE_DIR; PyTorch Flight Recorder dumps (nccl_trace_rank_<r>, "
-    "pickle or JSON) are read too. Processes on this host are looked at too (stopped, "
-    "zombie, gone). Exit codes: 0 no fault, 3 fault found, 2 unusable input (the message "
-    "names the file), 1 store unreachable."
+    "errors, into CCLCTL_TRACE_DIR; each holds the Python stack of every thread of its rank, "
+    "and a verdict shows where its suspect is in one line ('stack: rank 2 is in "
+    "train.py:41 load_batch -> time.sleep'; --stacks or --json for the whole stacks). "
+    "PyTorch Flight Recorder dumps (nccl_trace_rank_<r>, pickle or JSON) are read too, "
+    "with where each collective was called. A folder holding both kinds is one job, the one "
+    "cclctl's dumps name: per rank cclctl's dump gives the records and the Flight "
+    "Recorder's call site joins its stacks; a rank with only a Flight Recorder dump is read "
+    "from that. Processes on this host are looked at too (stopped, zombie, gone); py-spy "
+    "is suggested only for a live job's running process. Exit codes: 0 no fault, 3 fault "
+    "found (also when a reader such as `| head` closes the output early), 2 unusable input "
+    "(the message names the file), 1 store unreachable."
 )
 
 MISSING = "give dump files or folders, or --store HOST:PORT (or CCLCTL_STORE) for a live job"
@@ -93,6 +98,11 @@ def hang(
         "--skew",
         help="Live: seconds of clock skew allowed for ranks on other hosts.",
     ),
+    stacks: bool = typer.Option(
+        False,
+        "--stacks",
+        help="Also print the whole Python stack of every thread of each suspect (from its dump).",
+    ),
     stuck_after: float = typer.Option(
         Options.stuck_after_s,
         "--stuck-after",
@@ -111,15 +121,16 @@ def hang(
             proc=procs.for_post_mortem(procs.process_states(inputs.snapshots)),
             unreadable=inputs.unreadable,
             notes=inputs.notes,
+            remarks=inputs.remarks,
             options=opts,
         )
     else:  # the same verdict as top's
         address = store_to_read("diagnose hang", store, MISSING)
         diag = diagnose_live(_live(address, job), world_size, opts)
     if as_json:
-        sys.stdout.write(json.dumps(diag.to_dict(), indent=2) + "\n")
+        ui.write_result(json.dumps(diag.to_dict(), indent=2) + "\n")
     else:
-        _print(diag)
+        _print(diag, stacks)
     if diag.fault:
         raise FaultFound(report.fault_message(diag), kinds=[v.kind for v in diag.faults])
 
@@ -136,15 +147,10 @@ def _options(stale: float, skew: float, stuck_after: float, world_size: int | No
 
 
 def _dumps(paths: list[str], job: str | None) -> Inputs:
-    """cclctl's dumps, or PyTorch Flight Recorder dumps when the paths hold those."""
-    from cclctl.diagnose_io.flight_recorder import load_flight_recorder  # no torch import
-
-    torch_dumps = load_flight_recorder(paths, job)
-    if torch_dumps is not None:
-        return Inputs(torch_dumps, "dumps", files=len(torch_dumps))
-    count = len(dump_paths(paths))
+    """cclctl's dumps and PyTorch Flight Recorder dumps among the paths, as one job."""
+    count = sources.count_files(paths)
     with ui.progress_bar(count, "reading dumps", enabled=count > PROGRESS_FILES) as bar:
-        return load_dumps(paths, job, progress=lambda done: bar.advance())
+        return sources.load(paths, job, progress=lambda done: bar.advance())
 
 
 def _live(address: str, job: str | None) -> JobStatuses:
@@ -164,8 +170,8 @@ def _live(address: str, job: str | None) -> JobStatuses:
     return statuses
 
 
-def _print(diag: Diagnosis) -> None:
-    console = Console(highlight=False, soft_wrap=True)  # commands in the text stay whole
+def _print(diag: Diagnosis, stacks: bool) -> None:
+    console = ui.ResultConsole(highlight=False, soft_wrap=True)  # commands stay whole
     if not console.is_terminal and console.width <= 80:
         console.width = PIPE_WIDTH  # a pipe or a log: no column squeezed away
     console.print(Text(report.headline(diag), style="bold"))
@@ -177,10 +183,14 @@ def _print(diag: Diagnosis) -> None:
         console.print(line)
         if block.suspects:
             console.print(Text("   suspects: ").append(block.suspects, style="bold"))
+        for where in block.where:
+            console.print(Text("   stack: ", style="magenta").append(where))
         for item in block.evidence:
             console.print(Text(f"   - {item}"))
         if block.next_step:
             console.print(Text("   next: ", style="cyan").append(block.next_step))
+        for frame in block.stacks if stacks else ():
+            console.print(Text(f"   {frame}", style="dim" if frame.startswith("    ") else ""))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left")
     for name in report.COMM_COLUMNS:
         table.add_column(name, no_wrap=True, justify="right" if name == "size" else "left")

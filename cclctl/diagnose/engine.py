@@ -16,14 +16,15 @@ the order the documents came in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from cclctl.diagnose import text
 from cclctl.diagnose.frontier import check_frontier
-from cclctl.diagnose.liveness import PROC_STATES, check_liveness, place_unplaced
+from cclctl.diagnose.liveness import check_liveness, place_unplaced
 from cclctl.diagnose.mismatch import check_mismatch
-from cclctl.diagnose.model import HEALTHY, CommSummary, Diagnosis, Options, Verdict
-from cclctl.diagnose.view import CommView, RankState, comm_views, rank_state
+from cclctl.diagnose.model import HEALTHY, MAX_STACKS, CommSummary, Diagnosis, Options, Verdict
+from cclctl.diagnose.stacks import stack_line
+from cclctl.diagnose.view import PROC_STATES, CommView, RankState, comm_views, rank_state
 from cclctl.diagnose.waits import check_waits
 from cclctl.errors import BadInput, UsageError
 from cclctl.records import RankSnapshot
@@ -37,6 +38,7 @@ def diagnose(
     proc: Mapping[int, str] | None = None,
     unreadable: Mapping[int, str] | None = None,
     notes: Mapping[int, str] | None = None,
+    remarks: Sequence[str] = (),
     options: Options | None = None,
 ) -> Diagnosis:
     """Find why a job hangs (or say that it does not).
@@ -47,10 +49,12 @@ def diagnose(
     "stopped", "zombie", "gone") for the ranks the caller could look at. ``unreadable``:
     rank -> why its document could not be used (counted as missing). ``notes``: rank -> a
     remark on how its document was chosen, added to the evidence of verdicts naming it.
+    ``remarks``: notes on the input as a whole (which kinds of dump were read).
 
     Raises BadInput when there is nothing to diagnose or the documents mix jobs.
     """
     opts = options or Options()
+    source = "live" if now_ns is not None else "dumps"
     unreadable = dict(unreadable or {})
     proc = dict(proc or {})
     for rank, state in proc.items():
@@ -63,7 +67,8 @@ def diagnose(
     size, general = _world_size(newest, unreadable, world_size)
     rank_notes.update(notes or {})
     states = {rank: rank_state(newest[rank]) for rank in sorted(newest)}
-    source = "live" if now_ns is not None else "dumps"
+    for rank, st in states.items():
+        st.live, st.proc = source == "live", proc.get(rank)
     verdicts = check_liveness(
         states,
         size,
@@ -80,13 +85,14 @@ def diagnose(
             verdicts += check(cv, states, explained)
     place_unplaced(verdicts, states)
     for verdict in verdicts:
+        _show_stacks(verdict, states)
         for suspect in verdict.suspects:
             if suspect.rank in rank_notes:
                 verdict.add(f"rank {suspect.rank}: {rank_notes[suspect.rank]}")
     if not verdicts:
         verdicts = [_healthy(views, states)]
     verdicts.sort(key=Verdict.sort_key)
-    all_notes = general + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
+    all_notes = [*remarks, *general] + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
     return Diagnosis(
         job=job,
         source=source,
@@ -97,6 +103,17 @@ def diagnose(
         notes=all_notes,
         options=opts,
     )
+
+
+def _show_stacks(verdict: Verdict, states: dict[int, RankState]) -> None:
+    """The one-line stack, and the whole stacks, of the verdict's first ranks that have one."""
+    ranks = [s.rank for s in verdict.suspects] or verdict.look_at
+    for rank in ranks[:MAX_STACKS]:
+        st = states.get(rank)
+        line = stack_line(rank, st.stacks) if st is not None else ""
+        if st is not None and line:
+            verdict.where.append(line)
+            verdict.stacks[rank] = st.stacks
 
 
 def _newest(snapshots: Iterable[RankSnapshot]) -> tuple[dict[int, RankSnapshot], dict[int, str]]:

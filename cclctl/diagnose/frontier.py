@@ -108,10 +108,10 @@ def _verdict(
             f"the ranks call collectives in a different order: {text.who(first.suspect)} "
             f"{text.activity(first)} while others wait in {where}; check the order of calls "
             f"(and conditions on rank) in the training script. "
-            + text.py_spy(suspects, "the call site")
+            + text.look([states[r] for r in ranks], "the call site")
         )
     else:
-        step = text.py_spy(suspects, f"where it is instead of {where}")
+        step = text.look([states[r] for r in ranks], f"where it is instead of {where}")
     return Verdict(NOT_ENTERED, summary, suspects, cv.comm, missed, op, evidence, step)
 
 

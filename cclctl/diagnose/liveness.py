@@ -14,14 +14,14 @@ from collections.abc import Mapping
 
 from cclctl.diagnose import text
 from cclctl.diagnose.model import DEAD, MISSING, STOPPED, Options, Suspect, Verdict
-from cclctl.diagnose.view import RankState
+from cclctl.diagnose.view import (
+    PROC_GONE,
+    PROC_RUNNING,
+    PROC_STOPPED,
+    PROC_ZOMBIE,
+    RankState,
+)
 from cclctl.records import COMPLETED
-
-PROC_RUNNING = "running"
-PROC_STOPPED = "stopped"  # SIGSTOP, Ctrl-Z or a debugger (state T)
-PROC_ZOMBIE = "zombie"
-PROC_GONE = "gone"
-PROC_STATES = (PROC_RUNNING, PROC_STOPPED, PROC_ZOMBIE, PROC_GONE)
 
 _NS = 1e9
 
@@ -146,7 +146,8 @@ def _frozen(states: dict[int, RankState], ages: dict[int, float], opts: Options)
         f"(stale after {text.seconds(opts.stale_after_s)})"
         for s in suspects
     ]
-    step = text.py_spy(suspects, "where it is stuck (a held GIL or a blocking call)")
+    shows = "where it is stuck (a held GIL or a blocking call)"
+    step = text.look([states[s.rank] for s in suspects], shows)
     return Verdict(STOPPED, summary, suspects, evidence=evidence, next_step=step)
 
 

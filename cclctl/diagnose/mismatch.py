@@ -70,7 +70,7 @@ def check_mismatch(
         )
     step = (
         "the ranks took different code paths: check conditions on rank and data-dependent "
-        "shapes around this call; " + text.py_spy(suspects, "the call site")
+        "shapes around this call; " + text.look([states[r] for r in fresh], "the call site")
     )
     verdict = Verdict(MISMATCH, summary, suspects, cv.comm, seq, reference[0], lines, step)
     for rank in fresh:

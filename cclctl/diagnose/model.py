@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from cclctl.ranges import fold_ranks
+from cclctl.stacks import ThreadStack
 
 DIAGNOSIS_SCHEMA = "cclctl.diagnosis"
 DIAGNOSIS_VERSION = 1
@@ -42,6 +43,8 @@ _CORROBORATED_MISSING = 2
 
 #: Evidence lines kept per verdict; the rest are counted, so 4,096 ranks stay readable.
 MAX_EVIDENCE = 12
+#: Ranks per verdict whose stacks it shows (the first suspects).
+MAX_STACKS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +85,12 @@ class Suspect:
 
 @dataclasses.dataclass
 class Verdict:
-    """One finding. ``link`` names the two ranks whose connection is suspect (kind ``link``)."""
+    """One finding. ``link`` names the two ranks whose connection is suspect (kind ``link``).
+
+    ``where``: one line per rank whose dump holds a stack ("rank 2 is in train.py:41
+    load_batch -> time.sleep"), and ``stacks`` those ranks' whole stacks. ``look_at``: the
+    ranks to show them for when the verdict names no suspect.
+    """
 
     kind: str
     summary: str
@@ -95,6 +103,9 @@ class Verdict:
     link: tuple[int, int] | None = None
     corroborated: bool = False  # some hung rank waits on a suspect (orders missing ranks)
     fallback: tuple[str, int, str | None] | None = None  # a weaker place, if none is found
+    where: list[str] = dataclasses.field(default_factory=list)
+    stacks: dict[int, list[ThreadStack]] = dataclasses.field(default_factory=dict)
+    look_at: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def fault(self) -> bool:
@@ -142,6 +153,10 @@ class Verdict:
             "op": self.op,
             "evidence": evidence,
             "next_step": self.next_step,
+            "where": list(self.where),
+            "stacks": {
+                str(rank): [s.to_dict() for s in stacks] for rank, stacks in self.stacks.items()
+            },
         }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from cclctl.diagnose.model import MAX_EVIDENCE, Diagnosis, Verdict
+from cclctl.diagnose.stacks import format_stack
 from cclctl.diagnose.text import who
 
 #: Suspects named one by one in a block; the rest are in the folded rank list.
@@ -26,6 +27,8 @@ class Block:
     evidence: list[str]
     next_step: str
     fault: bool
+    where: list[str] = dataclasses.field(default_factory=list)  # one stack line per rank
+    stacks: list[str] = dataclasses.field(default_factory=list)  # the whole stacks
 
 
 def headline(diag: Diagnosis) -> str:
@@ -51,7 +54,19 @@ def _block(verdict: Verdict) -> Block:
         evidence=evidence,
         next_step=verdict.next_step,
         fault=verdict.fault,
+        where=list(verdict.where),
+        stacks=stack_lines(verdict),
     )
+
+
+def stack_lines(verdict: Verdict) -> list[str]:
+    """Every thread's stack of the ranks the verdict shows, as ``traceback`` prints them."""
+    lines: list[str] = []
+    for rank, stacks in verdict.stacks.items():
+        lines.append(f"rank {rank}:")
+        for stack in stacks:
+            lines += ["  " + line for line in format_stack(stack)]
+    return lines
 
 
 def suspects_line(verdict: Verdict) -> str:

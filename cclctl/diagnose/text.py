@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from cclctl.diagnose.model import Suspect
-from cclctl.diagnose.view import RankState
+from cclctl.diagnose.view import PROC_GONE, PROC_RUNNING, PROC_ZOMBIE, RankState
 from cclctl.ranges import fold_ranks
 from cclctl.records import CollectiveRecord
 
@@ -76,11 +76,34 @@ def who(suspect: Suspect) -> str:
     return f"rank {suspect.rank} ({where})" if where else f"rank {suspect.rank}"
 
 
-def py_spy(suspects: Sequence[Suspect], shows: str) -> str:
-    """The next step for ranks whose Python stack tells where they are: ``py-spy dump``."""
-    first = suspects[0]
-    others = [s.rank for s in suspects[1:]]
+def look(states: Sequence[RankState], shows: str) -> str:
+    """The next step for ranks whose Python stack tells where they are.
+
+    Live, for a process that runs (on this host, or elsewhere with a fresh status): its
+    ``py-spy dump``. Post-mortem, or once the process is gone, py-spy has nothing to look at:
+    the stack its dump holds, or its log when the dump has none.
+    """
+    first = states[0]
+    others = [st.rank for st in states[1:]]
     more = f"; likewise for {ranks_word(others)}" if others else ""
-    where = f" on {first.host}" if first.host else ""
-    pid = str(first.pid) if first.pid else f"<pid of rank {first.rank}>"
-    return f"`py-spy dump --pid {pid}`{where} (rank {first.rank}) shows {shows}{more}"
+    if first.live and first.pid and first.proc in (None, PROC_RUNNING):
+        where = f" on {first.host}" if first.host else ""
+        return f"`py-spy dump --pid {first.pid}`{where} (rank {first.rank}) shows {shows}{more}"
+    if any(stack.frames for stack in first.stacks):
+        return (
+            f"the stack in rank {first.rank}'s dump (the stack line above; `--stacks` prints "
+            f"every thread) shows {shows}{more}"
+        )
+    gone = "its process is gone and " if first.proc in (PROC_GONE, PROC_ZOMBIE) else ""
+    return (
+        f"{gone}rank {first.rank}'s dump holds no Python stack (written by an older cclctl, or "
+        f"a Flight Recorder dump without frames): its log, or a dump on `kill -USR1`, shows "
+        f"{shows}{more}"
+    )
+
+
+def compare_all(states: Sequence[RankState]) -> str:
+    """The next step when nobody says whom it waits on: every member's stack, side by side."""
+    if states and states[0].live:
+        return "py-spy dump every rank of the communicator and compare where they wait"
+    return "compare where every rank of the communicator waits: `--stacks` prints their stacks"

@@ -21,12 +21,20 @@ from cclctl.records import (
     CommInfo,
     RankSnapshot,
 )
+from cclctl.stacks import ThreadStack
 
 #: Collective records kept per rank and communicator: enough to compare the last few calls.
 TAIL = 8
 #: The reason in the last status of a rank that closed cleanly (see telemetry.hub.snapshot).
 CLOSED = "closed"
 _NS = 1e9
+
+#: A rank's process as the command saw it on this host (None: elsewhere, or not looked at).
+PROC_RUNNING = "running"
+PROC_STOPPED = "stopped"  # SIGSTOP, Ctrl-Z or a debugger (state T)
+PROC_ZOMBIE = "zombie"
+PROC_GONE = "gone"
+PROC_STATES = (PROC_RUNNING, PROC_STOPPED, PROC_ZOMBIE, PROC_GONE)
 
 
 def in_flight(rec: CollectiveRecord) -> bool:
@@ -36,7 +44,9 @@ def in_flight(rec: CollectiveRecord) -> bool:
 
 @dataclasses.dataclass(slots=True)
 class RankState:
-    """What the checks need of one rank (the newest of its documents)."""
+    """What the checks need of one rank (the newest of its documents). ``live``: it comes
+    from a live status; ``proc``: its process state on this host (see :data:`PROC_STATES`).
+    """
 
     rank: int
     host: str
@@ -46,6 +56,9 @@ class RankState:
     tail: dict[str, dict[int, CollectiveRecord]]  # comm -> seq -> collective record
     inflight: list[CollectiveRecord]  # collective and point-to-point, oldest first
     closed: bool = False  # its last status says it closed cleanly (it finished, not died)
+    stacks: list[ThreadStack] = dataclasses.field(default_factory=list)
+    live: bool = False
+    proc: str | None = None
 
     @property
     def suspect(self) -> Suspect:
@@ -103,7 +116,15 @@ def rank_state(snap: RankSnapshot) -> RankState:
     inflight.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
     closed = snap.reason == CLOSED
     return RankState(
-        snap.rank, snap.host, snap.pid, snap.time_ns, snap.comms, tail, inflight, closed
+        snap.rank,
+        snap.host,
+        snap.pid,
+        snap.time_ns,
+        snap.comms,
+        tail,
+        inflight,
+        closed,
+        snap.stacks,
     )
 
 

@@ -150,7 +150,7 @@ def _idle(cv: CommView, st: RankState, line: str, seq: int, where: str) -> Verdi
         summary = f"rank {st.rank} is inside {where} but waits on nobody"
         detail = f"rank {st.rank} has been in it {text.seconds(st.age_s(rec))}, step "
         detail += f"{rec.step}/{rec.steps}" if rec.steps else f"{rec.step}"
-        step = text.py_spy([suspect], "where it is busy inside the collective")
+        step = text.look([st], "where it is busy inside the collective")
     else:
         summary = f"rank {st.rank} left {where} with an error"
         detail = f"rank {st.rank}'s call ended {rec.state}: {rec.error or 'no message'}"
@@ -167,5 +167,7 @@ def _unexplained(
     evidence = [
         f"{text.ranks_word(inside)} {are} inside it (the longest for {text.seconds(longest)})"
     ]
-    step = "py-spy dump every rank of the communicator and compare where they wait"
-    return Verdict(STUCK, summary, [], cv.comm, seq, cv.ops.get(seq), evidence, step)
+    step = text.compare_all([states[r] for r in inside])
+    verdict = Verdict(STUCK, summary, [], cv.comm, seq, cv.ops.get(seq), evidence, step)
+    verdict.look_at = inside
+    return verdict

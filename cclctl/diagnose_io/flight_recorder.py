@@ -124,11 +124,10 @@ def rank_of(path: str) -> int:
 
 def find_dumps(paths: Sequence[str]) -> list[tuple[str, str]] | None:
     """(path, format) of the Flight Recorder dumps among ``paths`` (files, or folders read
-    one level deep), sorted by path; None when there is none. A file named explicitly that
-    is not one makes it BadInput only when other files are dumps (a mix cannot be read).
+    one level deep), sorted by path; None when there is none. Other files are left to
+    cclctl's own reader (a folder may hold both kinds: ``cclctl.diagnose_io.sources``).
     """
     found: list[tuple[str, str]] = []
-    others: list[str] = []
     for path in paths:
         if os.path.isdir(path):
             try:
@@ -143,19 +142,9 @@ def find_dumps(paths: Sequence[str]) -> list[tuple[str, str]] | None:
                         found.append((full, fmt))
         elif os.path.isfile(path):
             fmt = _sniff_file(path)
-            if fmt is None:
-                others.append(path)
-            else:
+            if fmt is not None:
                 found.append((path, fmt))
-    if not found:
-        return None
-    if others:
-        raise BadInput(
-            f"{others[0]}: not a PyTorch Flight Recorder dump, but other inputs are; "
-            "diagnose one kind of dump at a time",
-            path=others[0],
-        )
-    return sorted(dict.fromkeys(found))
+    return sorted(dict.fromkeys(found)) if found else None
 
 
 def _sniff_file(path: str) -> str | None:
@@ -192,15 +181,21 @@ def load_flight_recorder(
     paths: Sequence[str], job: str | None = None, world_size: int | None = None
 ) -> list[RankSnapshot] | None:
     """PyTorch Flight Recorder dumps among ``paths`` as cclctl snapshots, one per file, in
-    rank order; None when there is no such dump (read them as cclctl's own dumps).
+    rank order; None when there is no such dump. Other files among ``paths`` are not read.
 
     ``job`` names the job in the snapshots (default: the folder the dumps are in).
     ``world_size`` when known; else the largest group or rank seen. Raises BadInput naming
     the file for a dump that cannot be used.
     """
     files = find_dumps(paths)
-    if files is None:
-        return None
+    return None if files is None else read_flight_recorder(files, job, world_size)
+
+
+def read_flight_recorder(
+    files: Sequence[tuple[str, str]], job: str | None = None, world_size: int | None = None
+) -> list[RankSnapshot]:
+    """The snapshots of these Flight Recorder dumps ((path, format), as :func:`find_dumps`
+    gives them); see :func:`load_flight_recorder`."""
     dumps = read_all(files, read_dump)
     if job is None:
         folders = sorted({os.path.basename(os.path.dirname(os.path.abspath(p))) for p, _ in files})

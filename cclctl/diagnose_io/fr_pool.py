@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cclctl.diagnose_io.fr_stacks import site_from_dict
 from cclctl.diagnose_io.fr_translate import Group, RankDump
 from cclctl.errors import BadInput, CclError
 from cclctl.records import CollectiveRecord
@@ -106,6 +107,7 @@ def _to_dict(d: RankDump) -> dict[str, Any]:
         "entries": d.entries,
         "members": d.members,
         "groups": groups,
+        "sites": [s.to_dict() for s in d.sites],
     }
 
 
@@ -129,4 +131,5 @@ def _from_dict(data: dict[str, Any]) -> RankDump:
         data["entries"],
         groups,
         data["members"],
+        [site_from_dict(s) for s in data["sites"]],
     )

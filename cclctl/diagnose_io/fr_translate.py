@@ -25,6 +25,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
+from cclctl.diagnose_io.fr_stacks import Site, call_site, site_of
 from cclctl.errors import BadInput
 from cclctl.ranges import fold_ranks
 from cclctl.records import COMPLETED, STARTED, CollectiveRecord, CommInfo, RankSnapshot
@@ -98,6 +99,7 @@ class RankDump:
     entries: int
     groups: dict[str, Group]
     members: dict[str, list[int]]  # from pg_config, when the backend wrote it
+    sites: list[Site] = dataclasses.field(default_factory=list)  # newest call, open calls
 
 
 def _fail(path: str, why: str) -> BadInput:
@@ -175,6 +177,8 @@ def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDu
             if name and ranks:
                 members[name] = ranks
     groups: dict[str, Group] = {}
+    open_sites: dict[str, Site] = {}  # group -> where its oldest open call was made
+    newest: Site | None = None
     latest = 0
     last = len(entries) - 1
     # Newest first, and cheap for every entry: only the few kept become records, but the
@@ -213,13 +217,22 @@ def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDu
         else:
             group.open_kept += 1
         rec = _record(e, name, seq, done, p2p)
+        if not back or not done:
+            site = site_of(e, name, seq, p2p, rec.op)
+            if site is not None and not done:
+                open_sites[name] = site
+            if not back:
+                newest = site
         if rec.start_ns > latest:
             latest = rec.start_ns
         group.records.append(rec)
     for group in groups.values():
         group.records.reverse()
     version = str(doc.get("version", ""))
-    return RankDump(rank, path, fmt, version, max(mtime_ns, latest), len(entries), groups, members)
+    time_ns = max(mtime_ns, latest)
+    found = [newest] if newest is not None else []
+    found += [open_sites[name] for name in sorted(open_sites)]
+    return RankDump(rank, path, fmt, version, time_ns, len(entries), groups, members, found)
 
 
 def _group_of(e: dict[str, Any], pg: object) -> tuple[str, str]:
@@ -297,6 +310,7 @@ def _snapshot(
         records += group.records
     records.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
     inflight = [r for r in records if r.state == STARTED]
+    stacks = call_site(d.sites, inflight[0] if inflight else None, ids)
     return RankSnapshot(
         kind="dump",
         job=job,
@@ -309,4 +323,5 @@ def _snapshot(
         records=records,
         inflight=inflight[0] if inflight else None,
         reason=f"PyTorch Flight Recorder dump ({d.fmt}, version {d.version}, {d.entries} entries)",
+        stacks=stacks,
     )

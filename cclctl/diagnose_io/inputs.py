@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from cclctl.diagnose_io.dumpfile import fail, read_dump
 from cclctl.errors import BadInput
@@ -34,19 +34,26 @@ class Inputs:
     unreadable: dict[int, str] = dataclasses.field(default_factory=dict)
     notes: dict[int, str] = dataclasses.field(default_factory=dict)
     files: int = 0
+    remarks: list[str] = dataclasses.field(default_factory=list)  # about the input as a whole
 
 
-def dump_paths(paths: Sequence[str]) -> list[str]:
-    """Files as given, and the dump files (``cclctl-<job>-rank<r>.json``) inside folders."""
+def dump_paths(paths: Sequence[str], elsewhere: Collection[str] = ()) -> list[str]:
+    """Files as given, and the dump files (``cclctl-<job>-rank<r>.json``) inside folders.
+
+    ``elsewhere``: paths another reader has (PyTorch Flight Recorder dumps, and the folders
+    holding them): such a file is skipped, such a folder may hold no cclctl dump.
+    """
     out: list[str] = []
     for path in paths:
+        if os.path.normpath(path) in elsewhere and not os.path.isdir(path):
+            continue
         if os.path.isdir(path):
             try:
                 names = sorted(n for n in os.listdir(path) if DUMP_NAME.match(n))
             except OSError as exc:
                 raise fail(path, f"cannot list the folder ({exc.strerror or exc})") from None
             found = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
-            if not found:
+            if not found and os.path.normpath(path) not in elsewhere:
                 raise fail(path, "no cclctl dumps (cclctl-<job>-rank<r>.json) in this folder")
             out += found
         elif os.path.isfile(path):

@@ -31,5 +31,6 @@ def diagnose_live(
         proc=process_states(inputs.snapshots),
         unreadable=inputs.unreadable,
         notes=inputs.notes,
+        remarks=inputs.remarks,
         options=options,
     )

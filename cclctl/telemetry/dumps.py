@@ -31,6 +31,9 @@ from cclctl.errors import CclError, UsageError
 log = logging.getLogger("cclctl.telemetry")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+#: The functions below that dump from the thread they interrupt: a dump's stacks leave
+#: them, and all they call, out (see cclctl.telemetry.stacks).
+TRIGGERS = frozenset(("handler", "hook", "at_exit"))
 
 
 class Dumpable(Protocol):

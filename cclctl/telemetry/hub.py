@@ -21,6 +21,7 @@ from cclctl.records import RankSnapshot
 from cclctl.telemetry import dumps
 from cclctl.telemetry.counters import MetricsView, summarize
 from cclctl.telemetry.recorder import Recorder
+from cclctl.telemetry.stacks import capture_stacks
 from cclctl.telemetry.status import StatusPublisher, StatusStore
 
 if TYPE_CHECKING:
@@ -94,7 +95,8 @@ class Telemetry(Recorder):
 
     def snapshot(self, kind: str = "status", reason: str = "") -> RankSnapshot:
         """This rank's state as a status record (the calls in flight and the last finished
-        call of each communicator, and a heartbeat) or a dump (the whole ring). ``inflight``
+        call of each communicator, and a heartbeat) or a dump (the whole ring and every
+        thread's Python stack, taken by the calling thread). ``inflight``
         is the oldest call in flight. The last status of a closed process says "closed", so
         a reader can tell a rank that finished from one that died.
         """
@@ -125,6 +127,7 @@ class Telemetry(Recorder):
             reason=reason,
             counters=summarize(self.metrics_view()),
             metrics_url=self.metrics_url,
+            stacks=capture_stacks() if kind == "dump" else [],
         )
 
     # -- dumps ---------------------------------------------------------------------------

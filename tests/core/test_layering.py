@@ -15,7 +15,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 
 #: the base: standard library only, importable by every layer
-BASE = {"records", "errors", "config", "config_check", "bandwidth", "ranges", "periodic"}
+BASE = {
+    "records", "errors", "config", "config_check", "bandwidth", "ranges", "periodic", "stacks",
+}
 
 #: what each layer may import of cclctl, besides the base and itself
 ALLOWED: dict[str, set[str]] = {
@@ -34,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
         "benchmark", "diagnose", "diagnose_io", "integrations", "launch", "live", "store",
         "runtime", "telemetry", "ui", "package",
     },
-    "cli": {"commands", "package"},
+    "cli": {"commands", "ui", "package"},
     "ui": set(),
     "__main__": {"cli"},
 }

@@ -33,6 +33,8 @@ def test_idle_job_is_healthy():
             "op": None,
             "evidence": ["comm 0:0-3: every member seen completed seq 10"],
             "next_step": "nothing to do: no rank is missing, frozen, behind or waiting",
+            "where": [],
+            "stacks": {},
         }
     ]
 
@@ -116,6 +118,11 @@ def test_unreadable_statuses_count_as_missing():
 
 def test_rank_that_never_entered_golden():
     job = Job(4).enter([0, 1, 2], waiting_on=ring_left(4))
+    job.stack(
+        3,
+        ("/job/train.py", 60, "main", "batch = load_batch(step)"),
+        ("/job/train.py", 41, "load_batch", "time.sleep(3600)"),
+    )
     diag = diagnose(job.snapshots())
     assert diag.to_dict()["verdicts"] == [
         {
@@ -135,8 +142,34 @@ def test_rank_that_never_entered_golden():
                 "rank 0 waits on rank 3 in all_reduce seq 11 of comm 0:0-3; ranks 1-2 wait on "
                 "it through other ranks",
             ],
-            "next_step": "`py-spy dump --pid 1003` on host-0 (rank 3) shows where it is instead "
-            "of all_reduce seq 11 of comm 0:0-3",
+            "next_step": "the stack in rank 3's dump (the stack line above; `--stacks` prints "
+            "every thread) shows where it is instead of all_reduce seq 11 of comm 0:0-3",
+            "where": ["rank 3 is in train.py:41 load_batch -> time.sleep"],
+            "stacks": {
+                "3": [
+                    {
+                        "name": "MainThread",
+                        "ident": 4,
+                        "main": True,
+                        "omitted": 0,
+                        "call": "",
+                        "frames": [
+                            {
+                                "file": "/job/train.py",
+                                "line": 60,
+                                "func": "main",
+                                "code": "batch = load_batch(step)",
+                            },
+                            {
+                                "file": "/job/train.py",
+                                "line": 41,
+                                "func": "load_batch",
+                                "code": "time.sleep(3600)",
+                            },
+                        ],
+                    }
+                ]
+            },
         }
     ]
 
@@ -212,6 +245,8 @@ def test_mismatched_op_golden():
             "through other ranks",
         ],
         "next_step": "",
+        "where": [],
+        "stacks": {},
     }
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cclctl.records import COMPLETED, STARTED, TIMED_OUT, CollectiveRecord, CommInfo, RankSnapshot
+from cclctl.stacks import Frame, ThreadStack
 
 T0 = 1_700_000_000_000_000_000  # the reader's clock when it fetched (live mode)
 NS = 1_000_000_000
@@ -35,6 +36,7 @@ class _Rank:
     comms: dict[str, CommInfo] = dataclasses.field(default_factory=dict)
     records: list[CollectiveRecord] = dataclasses.field(default_factory=list)
     age_s: float = 0.2  # how old its document is, as of T0 (on its own clock)
+    stacks: list[ThreadStack] = dataclasses.field(default_factory=list)
 
 
 class Job:
@@ -98,6 +100,13 @@ class Job:
             info.last_started = max(info.last_started, at)
         return self
 
+    def stack(self, rank: int, *frames: tuple[str, int, str, str], main: bool = True) -> Job:
+        """Give ``rank``'s dump a thread stack: (file, line, function, code), outermost first."""
+        name = "MainThread" if main else "worker"
+        stack = ThreadStack(name, tuple(Frame(*f) for f in frames), main, ident=1 + rank)
+        self.ranks[rank].stacks.append(stack)
+        return self
+
     def stale(self, ranks: Iterable[int], age_s: float) -> Job:
         """Their last document is ``age_s`` old (a rank that stopped publishing)."""
         for r in ranks:
@@ -145,6 +154,7 @@ class Job:
             records=records,
             inflight=inflight[0] if inflight else None,
             reason="test",
+            stacks=list(info.stacks) if kind == "dump" else [],
         )
 
     def snapshots(self, kind: str = "dump", without: Iterable[int] = ()) -> list[RankSnapshot]:

@@ -144,3 +144,15 @@ def test_cclctl_diagnose_hang_reads_the_folder(not_entered: Path) -> None:
         ("not_entered", "1", 4)
     ]
     assert doc["source"] == "dumps" and doc["ranks_seen"] == 2
+
+
+@pytest.mark.timeout(90)
+def test_the_suspects_call_site_comes_from_the_recorded_frames(not_entered: Path) -> None:
+    snaps = load_flight_recorder([str(not_entered / "pickle")])
+    assert snaps is not None
+    (verdict,) = diagnose(snaps, options=FAST).verdicts
+    # rank 1's newest call is the barrier (world seq 3), made from the job script itself
+    assert verdict.where[0].startswith("rank 1 called barrier seq 3 of comm 0:0-1 from fr_job.py:")
+    assert verdict.where[0].endswith("(Flight Recorder)")
+    (stack,) = verdict.stacks[1]
+    assert stack.call == "barrier seq 3 of comm 0:0-1" and stack.frames[0].func == "<module>"
