@@ -33,12 +33,6 @@ from cclctl.runtime.transport.shm.layout import (
 )
 
 
-def _label(ctx: Step, algo: str) -> None:
-    rec = ctx.wait.record
-    if rec is not None:
-        rec.algo = algo
-
-
 def slot_free(ctx: Step, g: ShmGroup, counter: int, k: int, last: int | None = None) -> None:
     """Wait until every peer has finished round ``k - slots`` of ``counter`` (or ``last``,
     the latest earlier round that used this kind of slot, when that is older).
@@ -118,18 +112,13 @@ def _done(g: ShmGroup, counter: int, k: int) -> None:
 
 
 def all_reduce(
-    ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str, large: bool = False
+    ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str, rsag: bool = False
 ) -> None:
-    """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``).
-
-    ``large`` (the selection chose the bandwidth algorithm) picks reduce-scatter +
-    all-gather for 3+ ranks; with 2 ranks *direct* moves the least data at every size.
-    """
-    if large and g.size > 2:
-        _label(ctx, "shm_rsag")
+    """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``): *direct*,
+    or reduce-scatter + all-gather where selection chose ``rsag`` (3+ ranks, large)."""
+    if rsag:
         _all_reduce_rsag(ctx, g, src, out, redop)
     else:
-        _label(ctx, "shm_direct")
         _all_reduce_direct(ctx, g, src, out, redop)
 
 
@@ -193,7 +182,6 @@ def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str)
 
 def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]) -> None:
     """Fill every rank's block of ``out`` (this rank's block is already in place)."""
-    _label(ctx, "shm_direct")
     lo0, hi0 = bounds[g.rank]
     dtype, isz = out.dtype, out.dtype.itemsize
     rec = ctx.wait.record
@@ -213,7 +201,6 @@ def reduce_scatter(
     ctx: Step, g: ShmGroup, src: Array, dst: Array, bounds: list[tuple[int, int]], redop: str
 ) -> None:
     """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (equal blocks)."""
-    _label(ctx, "shm_direct")
     fn = reducer(redop)
     n, dtype, isz = g.size, src.dtype, src.dtype.itemsize
     block = bounds[0][1] - bounds[0][0]
@@ -237,7 +224,6 @@ def reduce_scatter(
 
 def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int) -> None:
     """Every rank's ``buf`` = the root's (the root's ``buf`` already holds the data)."""
-    _label(ctx, "shm_direct")
     dtype, isz = buf.dtype, buf.dtype.itemsize
     source = g.views[g.ranks.index(root)]
     rec = ctx.wait.record

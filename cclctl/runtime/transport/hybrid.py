@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Transport, Wait
+from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
 from cclctl.runtime.transport.shm.group import ShmGroup
 from cclctl.runtime.transport.shm.layout import Layout
 from cclctl.runtime.transport.shm.segment import host_key
@@ -79,7 +80,6 @@ class HybridTransport:
     """Shared memory to the peers on this host, TCP to the rest, driven in one loop."""
 
     name = "hybrid"
-    shared = None  # the flat one-copy path needs every rank on one host
 
     def __init__(
         self, shm: ShmTransport | None, tcp: TcpTransport, hierarchy: Hierarchy | None
@@ -87,6 +87,7 @@ class HybridTransport:
         self.shm = shm
         self.tcp = tcp
         self.hierarchy = hierarchy
+        self.capabilities = Capabilities(hierarchy=hierarchy) if hierarchy else POINT_TO_POINT
         self.rank = tcp.rank
 
     def _local(self, peer: int) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
+from cclctl.runtime.transport.capabilities import POINT_TO_POINT
 from cclctl.runtime.transport.tcp_links import Links
 
 _POLL_SLICE_S = 0.5  # how often a blocked step re-checks its deadline and abort flag
@@ -90,6 +91,7 @@ class TcpTransport:
     """Transport over one TCP connection per pair of ranks that talk."""
 
     name = "tcp"
+    capabilities = POINT_TO_POINT
 
     def __init__(self, links: Links) -> None:
         self._links = links
