@@ -50,8 +50,10 @@ def make_transports(
     hosts: Sequence[str] | None = None,
     layout: Callable[[int], Layout] | None = None,
     one_copy: bool = True,
+    choice: str = "auto",
 ) -> list[Transport]:
-    """Shared-memory transports for ``n`` thread ranks (hybrid where ``hosts`` differ)."""
+    """Shared-memory transports for ``n`` thread ranks (hybrid where ``hosts`` differ);
+    ``choice`` is each rank's ``CCLCTL_TRANSPORT``."""
     from cclctl.runtime.transport.hybrid import build_transport
 
     hosts = list(hosts) if hosts is not None else ["h"] * n
@@ -69,6 +71,7 @@ def make_transports(
                 CFG.job,
                 exchange.for_rank(r),
                 links,
+                choice=choice,
                 host=hosts[r],
                 layout=layout(len(local)) if layout else None,
                 spin_s=0.0,

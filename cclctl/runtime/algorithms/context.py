@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cclctl.runtime.transport.base import Transfer, Transport, Wait
 from cclctl.runtime.transport.wire import Call
 
-if TYPE_CHECKING:
-    from cclctl.runtime.transport.hybrid import Hierarchy
-    from cclctl.runtime.transport.shm.group import ShmGroup
-
 Array = np.ndarray
+
+# Scratch buffers by role (the ``slot`` of :meth:`Scratch.get`). Roles that never meet in
+# one call share a buffer, so a communicator holds no more scratch than its largest call.
+RD_INCOMING = 0  # recursive doubling: the partner's partial result
+RING_PARTIAL = 0  # ring reduce-scatter: the running partial sums, alternating with ...
+RING_PARTIAL_NEXT = 1  # ... this one
+RING_INCOMING = 2  # ring reduce-scatter: the chunk arriving from the left
+TREE_INCOMING = 3  # tree reduce: a child's partial result
+COPY = 4  # the communicator's copy of an input: reduce's accumulator, in-place all_to_all
+SHARE = 5  # reduce by reduce-scatter: this rank's reduced chunk, before it goes to the root
 
 _REDUCERS: dict[str, Callable[..., object]] = {
     "sum": np.add,
@@ -64,6 +69,7 @@ class Scratch:
         self._bufs: dict[int, Array] = {}
 
     def get(self, slot: int, count: int, dtype: np.dtype) -> Array:
+        """``count`` elements of ``dtype`` from buffer ``slot`` (a role above), grown as needed."""
         nbytes = count * dtype.itemsize
         buf = self._bufs.get(slot)
         if buf is None or buf.nbytes < nbytes:
@@ -71,14 +77,11 @@ class Scratch:
             self._bufs[slot] = buf
         return buf[:nbytes].view(dtype)
 
-    def clear(self) -> None:
-        self._bufs.clear()
-
 
 class Step:
     """One collective call in progress on this rank: who we are and how to move bytes."""
 
-    __slots__ = ("call", "hier", "rank", "scratch", "shared", "size", "transport", "wait")
+    __slots__ = ("call", "rank", "scratch", "size", "transport", "wait")
 
     def __init__(
         self, transport: Transport, rank: int, size: int, call: Call, wait: Wait, scratch: Scratch
@@ -89,10 +92,6 @@ class Step:
         self.call = call
         self.wait = wait
         self.scratch = scratch
-        # The one-copy engine of a shared-memory transport that spans the communicator.
-        self.shared: ShmGroup | None = getattr(transport, "shared", None)
-        # Which ranks share a host, when the communicator spans several (hybrid transport).
-        self.hier: Hierarchy | None = getattr(transport, "hierarchy", None)
 
     def xfer(
         self, step: int, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()

@@ -32,8 +32,6 @@ class _Leaders(Step):
             ctx.transport, members.index(ctx.rank), len(members), ctx.call, ctx.wait, ctx.scratch
         )
         self.members = list(members)
-        self.shared = None
-        self.hier = None
 
     def xfer(
         self, step: int, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()
@@ -49,7 +47,7 @@ class _Leaders(Step):
 def all_reduce(ctx: Step, h: Hierarchy, src: Array, out: Array, redop: str, large: bool) -> None:
     """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``)."""
     if h.group is not None:
-        shared.all_reduce(ctx, h.group, src, out, redop, large)
+        shared.all_reduce(ctx, h.group, src, out, redop, rsag=large and h.group.size > 2)
     elif out is not src:
         out[...] = src
     if ctx.rank == h.leader and len(h.leaders) > 1:
@@ -60,6 +58,3 @@ def all_reduce(ctx: Step, h: Hierarchy, src: Array, out: Array, redop: str, larg
             latency.all_reduce(leaders, out, redop)
     if h.group is not None:
         shared.broadcast(ctx, h.group, out, h.leader)
-    rec = ctx.wait.record
-    if rec is not None:
-        rec.algo = "hier_ring" if large else "hier_rd"

@@ -6,8 +6,14 @@ partial results on both partners, and the reductions are commutative.
 
 from __future__ import annotations
 
-from cclctl.runtime.algorithms import hierarchical, shared
-from cclctl.runtime.algorithms.context import Array, Step, as_bytes, reducer
+from cclctl.runtime.algorithms.context import (
+    RD_INCOMING,
+    TREE_INCOMING,
+    Array,
+    Step,
+    as_bytes,
+    reducer,
+)
 
 
 def all_reduce(ctx: Step, out: Array, redop: str) -> None:
@@ -15,14 +21,8 @@ def all_reduce(ctx: Step, out: Array, redop: str) -> None:
     n, r = ctx.size, ctx.rank
     if n == 1:
         return
-    if ctx.shared is not None:
-        shared.all_reduce(ctx, ctx.shared, out, out, redop)
-        return
-    if ctx.hier is not None:
-        hierarchical.all_reduce(ctx, ctx.hier, out, out, redop, large=False)
-        return
     fn = reducer(redop)
-    tmp = ctx.scratch.get(0, out.size, out.dtype)
+    tmp = ctx.scratch.get(RD_INCOMING, out.size, out.dtype)
     data, scratch = as_bytes(out), as_bytes(tmp)
     pow2 = 1 << (n.bit_length() - 1)
     extra = n - pow2
@@ -51,9 +51,6 @@ def all_reduce(ctx: Step, out: Array, redop: str) -> None:
 def broadcast(ctx: Step, buf: Array, root: int) -> None:
     """Binomial tree from ``root``: ceil(log2(n)) rounds."""
     n = ctx.size
-    if ctx.shared is not None and n > 1:
-        shared.broadcast(ctx, ctx.shared, buf, root)
-        return
     vrank = (ctx.rank - root) % n
     data = as_bytes(buf)
     mask = 1
@@ -74,7 +71,7 @@ def reduce(ctx: Step, acc: Array, redop: str, root: int) -> None:
     n = ctx.size
     vrank = (ctx.rank - root) % n
     fn = reducer(redop)
-    tmp = ctx.scratch.get(3, acc.size, acc.dtype)
+    tmp = ctx.scratch.get(TREE_INCOMING, acc.size, acc.dtype)
     mask = 1
     while mask < n:
         if vrank & mask:

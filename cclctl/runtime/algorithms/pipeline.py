@@ -7,7 +7,6 @@ times instead of log2(n) whole-buffer times.
 
 from __future__ import annotations
 
-from cclctl.runtime.algorithms import shared
 from cclctl.runtime.algorithms.context import Array, Step, as_bytes, chunk_bounds
 
 SEGMENT_BYTES = 1 << 20
@@ -16,9 +15,6 @@ SEGMENT_BYTES = 1 << 20
 def broadcast(ctx: Step, buf: Array, root: int, segment_bytes: int = SEGMENT_BYTES) -> None:
     n = ctx.size
     if n == 1 or buf.size == 0:
-        return
-    if ctx.shared is not None:
-        shared.broadcast(ctx, ctx.shared, buf, root)
         return
     pos = (ctx.rank - root) % n  # position along the chain; the root is 0
     nseg = max(1, -(-buf.nbytes // segment_bytes))

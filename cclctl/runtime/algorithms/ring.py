@@ -7,12 +7,19 @@ the world size does not divide need no padding.
 
 from __future__ import annotations
 
-from cclctl.runtime.algorithms import hierarchical, shared
-from cclctl.runtime.algorithms.context import Array, Step, as_bytes, reducer
+from cclctl.runtime.algorithms.context import (
+    RING_INCOMING,
+    RING_PARTIAL,
+    RING_PARTIAL_NEXT,
+    Array,
+    Step,
+    as_bytes,
+    reducer,
+)
 
 
 def reduce_scatter(
-    ctx: Step, src: Array, dst: Array, bounds: list[tuple[int, int]], redop: str, step0: int = 0
+    ctx: Step, src: Array, dst: Array, bounds: list[tuple[int, int]], redop: str
 ) -> int:
     """Reduce ``src`` (one chunk per rank, as ``bounds`` says) so ``dst`` gets chunk ``rank``.
 
@@ -24,21 +31,19 @@ def reduce_scatter(
         if dst is not src:
             dst[...] = src[bounds[0][0] : bounds[0][1]]
         return 0
-    if ctx.shared is not None and step0 == 0 and _equal(bounds):
-        shared.reduce_scatter(ctx, ctx.shared, src, dst, bounds, redop)
-        return 1
     right, left = (r + 1) % n, (r - 1) % n
     fn = reducer(redop)
     width = max(hi - lo for lo, hi in bounds)
-    bufs = (ctx.scratch.get(0, width, src.dtype), ctx.scratch.get(1, width, src.dtype))
-    recv_buf = ctx.scratch.get(2, width, src.dtype)
+    get, dtype = ctx.scratch.get, src.dtype
+    bufs = (get(RING_PARTIAL, width, dtype), get(RING_PARTIAL_NEXT, width, dtype))
+    recv_buf = get(RING_INCOMING, width, dtype)
     lo, hi = bounds[(r - 1) % n]
     outgoing = src[lo:hi]
     for s in range(n - 1):
         c = (r - s - 2) % n
         lo, hi = bounds[c]
         incoming = recv_buf[: hi - lo]
-        ctx.xfer(step0 + s, [(right, as_bytes(outgoing))], [(left, as_bytes(incoming))])
+        ctx.xfer(s, [(right, as_bytes(outgoing))], [(left, as_bytes(incoming))])
         target = dst if s == n - 2 else bufs[s % 2][: hi - lo]
         fn(incoming, src[lo:hi], out=target)
         outgoing = target
@@ -48,9 +53,6 @@ def reduce_scatter(
 def all_gather(ctx: Step, out: Array, bounds: list[tuple[int, int]], step0: int = 0) -> int:
     """Fill every chunk of ``out`` from the rank that owns it (``out``'s own chunk is set)."""
     n, r = ctx.size, ctx.rank
-    if ctx.shared is not None and n > 1 and step0 == 0:
-        shared.all_gather(ctx, ctx.shared, out, bounds)
-        return 1
     right, left = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):
         slo, shi = bounds[(r - s) % n]
@@ -63,17 +65,6 @@ def all_reduce(
     ctx: Step, src: Array, out: Array, redop: str, bounds: list[tuple[int, int]]
 ) -> None:
     """Reduce-scatter then all-gather: 2(n-1)/n of the buffer crosses each link."""
-    if ctx.shared is not None:
-        shared.all_reduce(ctx, ctx.shared, src, out, redop, large=True)
-        return
-    if ctx.hier is not None:
-        hierarchical.all_reduce(ctx, ctx.hier, src, out, redop, large=True)
-        return
     lo, hi = bounds[ctx.rank]
     steps = reduce_scatter(ctx, src, out[lo:hi], bounds, redop)
     all_gather(ctx, out, bounds, step0=steps)
-
-
-def _equal(bounds: list[tuple[int, int]]) -> bool:
-    width = bounds[0][1] - bounds[0][0]
-    return all(hi - lo == width for lo, hi in bounds)

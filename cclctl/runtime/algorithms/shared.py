@@ -24,12 +24,6 @@ from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces,
 from cclctl.runtime.transport.shm.group import Round, ShmGroup
 
 
-def _label(ctx: Step, algo: str) -> None:
-    rec = ctx.wait.record
-    if rec is not None:
-        rec.algo = algo
-
-
 def _publish(ctx: Step, g: ShmGroup, src: Array, step: int) -> Round:
     """Copy ``src`` into this rank's next collective slot; return the round."""
     rnd = g.claim_round(ctx.call, ctx.wait, step, src.nbytes)
@@ -38,18 +32,13 @@ def _publish(ctx: Step, g: ShmGroup, src: Array, step: int) -> Round:
 
 
 def all_reduce(
-    ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str, large: bool = False
+    ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str, rsag: bool = False
 ) -> None:
-    """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``).
-
-    ``large`` (the selection chose the bandwidth algorithm) picks reduce-scatter +
-    all-gather for 3+ ranks; with 2 ranks *direct* moves the least data at every size.
-    """
-    if large and g.size > 2:
-        _label(ctx, "shm_rsag")
+    """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``): *direct*,
+    or reduce-scatter + all-gather where selection chose ``rsag`` (3+ ranks, large)."""
+    if rsag:
         _all_reduce_rsag(ctx, g, src, out, redop)
     else:
-        _label(ctx, "shm_direct")
         _all_reduce_direct(ctx, g, src, out, redop)
 
 
@@ -106,7 +95,6 @@ def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str)
 
 def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]) -> None:
     """Fill every rank's block of ``out`` (this rank's block is already in place)."""
-    _label(ctx, "shm_direct")
     lo0, hi0 = bounds[g.rank]
     dtype, isz = out.dtype, out.dtype.itemsize
     rec = ctx.wait.record
@@ -125,7 +113,6 @@ def reduce_scatter(
     ctx: Step, g: ShmGroup, src: Array, dst: Array, bounds: list[tuple[int, int]], redop: str
 ) -> None:
     """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (equal blocks)."""
-    _label(ctx, "shm_direct")
     fn = reducer(redop)
     n, dtype, isz = g.size, src.dtype, src.dtype.itemsize
     block = bounds[0][1] - bounds[0][0]
@@ -148,7 +135,6 @@ def reduce_scatter(
 
 def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int) -> None:
     """Every rank's ``buf`` = the root's (the root's ``buf`` already holds the data)."""
-    _label(ctx, "shm_direct")
     dtype, isz = buf.dtype, buf.dtype.itemsize
     source = g.views[g.ranks.index(root)]
     rec = ctx.wait.record

@@ -28,7 +28,8 @@ calls on shared buffers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -39,29 +40,26 @@ from cclctl.runtime.transport.shm.group import Round, ShmGroup
 from cclctl.runtime.transport.shm.layout import View
 
 ALGO = "shm_zero_copy"
-#: Smaller calls take the slot path even on shared buffers: publishing descriptors and
-#: the extra synchronisations cost more than the copy they save (``cclctl bench
-#: --shared-buffers`` against plain buffers: slower at 64 KiB, even at 128 KiB, ahead from
-#: 256 KiB, 2-3x from 4 MiB).
+#: The collectives that run zero-copy, from this many bytes (a call has the same size on
+#: every rank, so every rank decides alike). Below it, publishing descriptors and the
+#: extra synchronisations cost more than the copy they save.
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 MIN_BYTES = 256 << 10
 #: Bytes of result a reduction of more than two inputs builds at a time: the partial sum
 #: and the pieces of every input it reads fit in a core's L2 cache with 4 ranks.
 PIECE_BYTES = 256 << 10
 
 
-#: What a call runs zero-copy on: this host's group and where each of its arrays is.
-Plan = tuple[ShmGroup, list[Descriptor]]
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """Where a zero-copy call's arrays lie, as its peers find them: one descriptor each."""
+
+    descs: list[Descriptor]
 
 
-def plan(transport: object, world_size: int, nbytes: int, arrays: Sequence[Array]) -> Plan | None:
-    """The group and the descriptors of ``arrays`` when a call runs zero-copy: every rank
-    on this host, every array in a shared buffer, and ``nbytes`` (the same on every rank,
-    so every rank decides alike) large enough that skipping the copy pays for the extra
-    synchronisation."""
-    if nbytes < MIN_BYTES or world_size == 1 or not shared_buffers.in_use():
-        return None
-    group: ShmGroup | None = getattr(transport, "shared", None)
-    if group is None:
+def plan(*arrays: Array) -> Plan | None:
+    """The plan for a call on ``arrays`` when every one lies in a shared buffer; else None."""
+    if not shared_buffers.in_use():
         return None
     descs = []
     for arr in arrays:
@@ -69,12 +67,7 @@ def plan(transport: object, world_size: int, nbytes: int, arrays: Sequence[Array
         if desc is None:
             return None
         descs.append(desc)
-    return group, descs
-
-
-def _label(ctx: Step) -> None:
-    if ctx.wait.record is not None:
-        ctx.wait.record.algo = ALGO
+    return Plan(descs)
 
 
 def _publish(ctx: Step, g: ShmGroup, descs: list[Descriptor]) -> Round:
@@ -128,13 +121,10 @@ def _release(g: ShmGroup, rnd: Round, readers: list[View]) -> None:
         g.await_read(view, rnd)
 
 
-def all_reduce(
-    ctx: Step, g: ShmGroup, src: Array, dst: Array, redop: str, descs: list[Descriptor]
-) -> None:
-    """``dst`` = the reduction of every rank's ``src``; ``descs`` locate ``src`` and ``dst``."""
-    _label(ctx)
+def all_reduce(ctx: Step, g: ShmGroup, src: Array, dst: Array, redop: str, where: Plan) -> None:
+    """``dst`` = the reduction of every rank's ``src``; ``where`` locates ``src`` and ``dst``."""
     fn = reducer(redop)
-    rnd = _publish(ctx, g, descs)
+    rnd = _publish(ctx, g, where.descs)
     ins: list[Array] = []
     outs: list[Array] = []
     for view in g.views:
@@ -165,14 +155,13 @@ def all_gather(
     g: ShmGroup,
     out: Array,
     bounds: list[tuple[int, int]],
-    desc: Descriptor,
+    where: Plan,
     copy_in: Array | None = None,
 ) -> None:
-    """Fill every block of ``out`` from its owner. ``desc`` locates this rank's block: in
+    """Fill every block of ``out`` from its owner. ``where`` locates this rank's block: in
     ``out`` already, or in ``copy_in`` (its input), which is copied into ``out`` while the
     peers read it."""
-    _label(ctx)
-    rnd = _publish(ctx, g, [desc])
+    rnd = _publish(ctx, g, where.descs)
     lo, hi = bounds[g.rank]
     if copy_in is not None:
         out[lo:hi] = copy_in
@@ -191,12 +180,11 @@ def reduce_scatter(
     dst: Array,
     bounds: list[tuple[int, int]],
     redop: str,
-    desc: Descriptor,
+    where: Plan,
 ) -> None:
-    """``dst`` = the reduction of block ``rank`` of every rank's ``src``."""
-    _label(ctx)
+    """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (``where``: its place)."""
     fn = reducer(redop)
-    rnd = _publish(ctx, g, [desc])
+    rnd = _publish(ctx, g, where.descs)
     lo, hi = bounds[g.rank]
     ins = [src if view is g.me else _peer_arrays(g, view, rnd, src.dtype)[0] for view in g.views]
     _reduce(fn, ins, g.local, lo, hi, dst)
@@ -204,12 +192,11 @@ def reduce_scatter(
     g.account((hi - lo) * src.dtype.itemsize)
 
 
-def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int, desc: Descriptor) -> None:
+def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int, where: Plan) -> None:
     """Every rank's ``buf`` = the root's, copied straight out of the root's buffer."""
-    _label(ctx)
     source = g.views[g.ranks.index(root)]
     if g.rank == root:
-        rnd = _publish(ctx, g, [desc])
+        rnd = _publish(ctx, g, where.descs)
         _release(g, rnd, g.others)  # the readers: wait until they have their copy
         for view in g.others:
             g.sent[view.rank] += buf.nbytes

@@ -1,10 +1,11 @@
 """The communicator: torch.distributed-style collectives on numpy arrays, traced end to end.
 
-Each call checks its buffers, opens (:mod:`~cclctl.runtime.comm.calls`: a sequence number, the
-same on every rank for the same call, and a trace record), runs the algorithm chosen for its
-size and closes the record. The record is what telemetry counts, what the flight recorder
-keeps and what diagnosis reads, so every rank can always say which collective it is in and
-whom it waits on.
+Each call checks its buffers, takes what :mod:`~cclctl.runtime.comm.selection` decided for
+its op and size, opens (:mod:`~cclctl.runtime.comm.calls`: a sequence number, the same on
+every rank for the same call, and a trace record naming that algorithm), runs it
+(:mod:`~cclctl.runtime.comm.dispatch`) and closes the record. The record is what telemetry
+counts, what the flight recorder keeps and what diagnosis reads, so every rank can always
+say which collective it is in and whom it waits on.
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ from typing import Any
 import numpy as np
 
 from cclctl.config import RuntimeConfig
-from cclctl.runtime.algorithms import latency, pairwise, pipeline, ring, zero_copy
-from cclctl.runtime.algorithms.context import Scratch, as_bytes, chunk_bounds, finish_avg
-from cclctl.runtime.comm import buffers, selection, shared_buffers
+from cclctl.runtime.algorithms import pairwise, zero_copy
+from cclctl.runtime.algorithms.context import COPY, Scratch, as_bytes, finish_avg
+from cclctl.runtime.comm import buffers, dispatch, prepared, selection, shared_buffers
 from cclctl.runtime.comm.calls import Calls
 from cclctl.runtime.comm.failure import FailureState
-from cclctl.runtime.comm.prepared import PreparedCalls
+from cclctl.runtime.comm.prepared import Gather, PreparedCalls, Scatter
 from cclctl.runtime.comm.tracing import Tracer
 from cclctl.runtime.transport.base import Transport
 
 Array = np.ndarray
+_ZERO_COPY = dict.fromkeys(zero_copy.OPS, zero_copy.MIN_BYTES)
 
 
 def world_comm_id(world_size: int) -> str:
@@ -57,9 +59,16 @@ class Communicator:
         self.id = comm_id
         self.cfg = cfg
         self.transport = transport
-        self._selection = selection.parse(cfg.algo)
+        # What runs each op, decided once: the engines the transport offers now.
+        self._caps = transport.capabilities
+        self._choose = selection.decide(
+            selection.parse(cfg.algo), self._caps, world_size, _ZERO_COPY
+        )
         self._scratch = Scratch()
-        self._prepared = PreparedCalls()  # zero-copy calls' checks, for the same arrays again
+        # Zero-copy calls' checks, for the same arrays again.
+        self._plans: PreparedCalls[zero_copy.Plan] = PreparedCalls()
+        self._gathers: PreparedCalls[Gather] = PreparedCalls()
+        self._scatters: PreparedCalls[Scatter] = PreparedCalls()
         self._calls = Calls(
             rank=rank,
             world_size=world_size,
@@ -105,159 +114,119 @@ class Communicator:
         """As :meth:`empty`, zeroed (free: new shared memory starts zero-filled)."""
         return shared_buffers.zeros(shape, dtype)
 
-    def _zero_copy(self, nbytes: int, *arrays: Array) -> zero_copy.Plan | None:
-        return zero_copy.plan(self.transport, self.world_size, nbytes, arrays)
-
-    def _remembered(
-        self, op: str, buf: Array, out: Array | None
-    ) -> tuple[zero_copy.Plan | None, Array, Array]:
-        """The plan of a recent zero-copy ``op`` on these very arrays, with their flat views
-        (unchecked: the arrays passed every check then); ``(None, buf, buf)`` if none."""
-        zc = self._prepared.get(op, buf, out)
-        if zc is None:
-            return None, buf, buf
-        src = buf.reshape(-1)
-        return zc, src, src if out is None else out.reshape(-1)
-
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
         buffers.check_redop(op, "all_reduce")
-        zc, src, dst = self._remembered("all_reduce", buf, out)
+        zc, src, dst = prepared.remembered(self._plans, "all_reduce", buf, out)
         if zc is None:
             src, dst = buffers.reduce_args(buf, out, "all_reduce")
-            zc = self._zero_copy(src.nbytes, src, dst)
-            if zc is not None:
-                self._prepared.keep("all_reduce", (buf, out), zc)
+            if src.nbytes >= self._choose.all_reduce.zero_copy_from:
+                zc = zero_copy.plan(src, dst)
+                if zc is not None:
+                    self._plans.keep("all_reduce", (buf, out), zc)
         if zc is not None:
             with self._call("all_reduce", src, zero_copy.ALGO, redop=op, shared=True) as step:
-                zero_copy.all_reduce(step, zc[0], src, dst, op, zc[1])
+                group = dispatch.one_copy(step, self._caps)
+                zero_copy.all_reduce(step, group, src, dst, op, zc)
                 if op == "avg":
                     finish_avg(dst, self.world_size)
             return dst if out is None else out
-        algo = self._selection.choose("all_reduce", src.nbytes)
+        algo = self._choose.all_reduce.pick(src.nbytes, src.size)
         with self._call("all_reduce", src, algo, redop=op) as step:
-            if self.world_size == 1 or src.size < self.world_size or algo == "rd":
-                if dst is not src:
-                    dst[...] = src
-                if src.size:
-                    latency.all_reduce(step, dst, op)
-            else:
-                ring.all_reduce(step, src, dst, op, chunk_bounds(src.size, self.world_size))
+            dispatch.all_reduce(step, algo, self._caps, src, dst, op)
             if op == "avg":
                 finish_avg(dst, self.world_size)
         return dst if out is None else out
 
     def all_gather(self, buf: Array, out: Array) -> Array:
-        n = self.world_size
-        prepared = self._prepared.get("all_gather", buf, out)
-        if prepared is not None:
-            zc, bounds, copy_in, staged = prepared
+        prep = self._gathers.get("all_gather", buf, out)
+        if prep is not None:
             src, dst = buf.reshape(-1), out.reshape(-1)
         else:
-            src, dst, in_slot = buffers.gather_args(buf, out, n, self.rank)
-            bounds = [(i * src.size, (i + 1) * src.size) for i in range(n)]
-            # Zero-copy: peers read this rank's block from a shared ``buf`` while this rank
-            # copies it into ``out`` (the two copies overlap), else from its slot of ``out``.
-            zc = None if in_slot else self._zero_copy(dst.nbytes, src)
-            copy_in = zc is not None
-            staged = not in_slot and not copy_in  # buf goes to its slot of out first
-            if zc is None:
-                zc = self._zero_copy(dst.nbytes, dst[bounds[self.rank][0] : bounds[self.rank][1]])
-            if zc is not None:
-                self._prepared.keep("all_gather", (buf, out), (zc, bounds, copy_in, staged))
-        if staged:
-            lo, hi = bounds[self.rank]
+            src, dst, in_slot = buffers.gather_args(buf, out, self.world_size, self.rank)
+            bounds = [(i * src.size, (i + 1) * src.size) for i in range(self.world_size)]
+            prep = None
+            if dst.nbytes >= self._choose.all_gather.zero_copy_from:
+                prep = prepared.gather_plan(src, dst, bounds, self.rank, in_slot)
+            if prep is None:
+                algo = self._choose.all_gather.pick(dst.nbytes, dst.size)
+                if not in_slot:
+                    lo, hi = bounds[self.rank]
+                    dst[lo:hi] = src
+                with self._call("all_gather", src, algo, nbytes=dst.nbytes) as step:
+                    if src.size:
+                        dispatch.all_gather(step, algo, self._caps, dst, bounds)
+                return out
+            self._gathers.keep("all_gather", (buf, out), prep)
+        if prep.staged:
+            lo, hi = prep.bounds[self.rank]
             dst[lo:hi] = src
-        if zc is not None:
-            with self._call(
-                "all_gather", src, zero_copy.ALGO, nbytes=dst.nbytes, shared=True
-            ) as step:
-                zero_copy.all_gather(step, zc[0], dst, bounds, zc[1][0], src if copy_in else None)
-            return out
-        with self._call("all_gather", src, "ring", nbytes=dst.nbytes) as step:
-            if src.size:
-                ring.all_gather(step, dst, bounds)
+        copy_in = src if prep.copy_in else None
+        with self._call("all_gather", src, zero_copy.ALGO, nbytes=dst.nbytes, shared=True) as step:
+            group = dispatch.one_copy(step, self._caps)
+            zero_copy.all_gather(step, group, dst, prep.bounds, prep.where, copy_in)
         return out
 
     def reduce_scatter(self, buf: Array, out: Array, op: str = "sum") -> Array:
-        n = self.world_size
         buffers.check_redop(op, "reduce_scatter")
-        prepared = self._prepared.get("reduce_scatter", buf, out)
-        if prepared is not None:
-            zc, bounds = prepared
-            return self._reduce_scatter(buf.reshape(-1), out.reshape(-1), op, zc, bounds, out)
-        src, dst = buffers.scatter_args(buf, out, n, self.rank)
+        prep = self._scatters.get("reduce_scatter", buf, out)
+        if prep is not None:
+            src, dst = buf.reshape(-1), out.reshape(-1)
+            bounds, where = prep.bounds, prep.where
+        else:
+            src, dst = buffers.scatter_args(buf, out, self.world_size, self.rank)
+            k = dst.size
+            bounds = [(i * k, (i + 1) * k) for i in range(self.world_size)]
+            where = None
+            if src.nbytes >= self._choose.reduce_scatter.zero_copy_from:
+                where = zero_copy.plan(src)
+                if where is not None:
+                    self._scatters.keep("reduce_scatter", (buf, out), Scatter(where, bounds))
+        if where is not None:
+            algo = zero_copy.ALGO
+        else:
+            algo = self._choose.reduce_scatter.pick(src.nbytes, src.size)
         k = dst.size
-        bounds = [(i * k, (i + 1) * k) for i in range(n)]
-        zc = self._zero_copy(src.nbytes, src)
-        if zc is not None:
-            self._prepared.keep("reduce_scatter", (buf, out), (zc, bounds))
-        return self._reduce_scatter(src, dst, op, zc, bounds, out)
-
-    def _reduce_scatter(
-        self,
-        src: Array,
-        dst: Array,
-        op: str,
-        zc: zero_copy.Plan | None,
-        bounds: list[tuple[int, int]],
-        out: Array,
-    ) -> Array:
-        n, k = self.world_size, dst.size
-        algo = "ring" if zc is None else zero_copy.ALGO
         with self._call(
-            "reduce_scatter", src, algo, redop=op, count=k, shared=zc is not None
+            "reduce_scatter", src, algo, redop=op, count=k, shared=where is not None
         ) as step:
-            if zc is not None:
-                zero_copy.reduce_scatter(step, zc[0], src, dst, bounds, op, zc[1][0])
+            if where is not None:
+                group = dispatch.one_copy(step, self._caps)
+                zero_copy.reduce_scatter(step, group, src, dst, bounds, op, where)
             elif k:
-                ring.reduce_scatter(step, src, dst, bounds, op)
+                dispatch.reduce_scatter(step, algo, self._caps, src, dst, bounds, op)
             if k and op == "avg":
-                finish_avg(dst, n)
+                finish_avg(dst, self.world_size)
         return out
 
     def broadcast(self, buf: Array, root: int = 0, out: Array | None = None) -> Array:
         root = buffers.check_root(root, self.world_size, "broadcast")
-        zc, src, dst = self._remembered("broadcast", buf, out)
+        zc, src, dst = prepared.remembered(self._plans, "broadcast", buf, out)
         if zc is None:
             src, dst = buffers.in_out(buf, out, "broadcast", writable=out is None)
-            zc = self._zero_copy(dst.nbytes, dst)
-            if zc is not None:
-                self._prepared.keep("broadcast", (buf, out), zc)
+            if dst.nbytes >= self._choose.broadcast.zero_copy_from:
+                zc = zero_copy.plan(dst)
+                if zc is not None:
+                    self._plans.keep("broadcast", (buf, out), zc)
         if self.rank == root and dst is not src:
             dst[...] = src
         if zc is not None:
             with self._call("broadcast", src, zero_copy.ALGO, root=root, shared=True) as step:
-                zero_copy.broadcast(step, zc[0], dst, root, zc[1][0])
+                group = dispatch.one_copy(step, self._caps)
+                zero_copy.broadcast(step, group, dst, root, zc)
             return dst if out is None else out
-        algo = self._selection.choose("broadcast", src.nbytes)
+        algo = self._choose.broadcast.pick(src.nbytes, src.size)
         with self._call("broadcast", src, algo, root=root) as step:
-            if algo == "chain":
-                pipeline.broadcast(step, dst, root)
-            elif src.size:
-                latency.broadcast(step, dst, root)
+            dispatch.broadcast(step, algo, self._caps, dst, root)
         return dst if out is None else out
 
     def reduce(self, buf: Array, op: str = "sum", root: int = 0, out: Array | None = None) -> Array:
         src, dst = buffers.in_out(buf, out, "reduce", writable=out is None and self.rank == root)
         buffers.check_redop(op, "reduce")
         root = buffers.check_root(root, self.world_size, "reduce")
-        algo = self._selection.choose("reduce", src.nbytes)
-        if src.size < self.world_size:
-            algo = "tree"
+        algo = self._choose.reduce.pick(src.nbytes, src.size)
         with self._call("reduce", src, algo, redop=op, root=root) as step:
-            if algo == "ring":
-                bounds = chunk_bounds(src.size, self.world_size)
-                lo, hi = bounds[self.rank]
-                mine = self._scratch.get(5, hi - lo, src.dtype)
-                steps = ring.reduce_scatter(step, src, mine, bounds, op)
-                pairwise.gather_chunks(step, mine, dst, bounds, root, steps)
-            elif src.size:
-                acc = self._scratch.get(4, src.size, src.dtype)
-                acc[...] = src
-                latency.reduce(step, acc, op, root)
-                if self.rank == root:
-                    dst[...] = acc
+            dispatch.reduce(step, algo, self._caps, src, dst, op, root)
             if op == "avg" and self.rank == root:
                 finish_avg(dst, self.world_size)
         return dst if out is None else out
@@ -271,9 +240,10 @@ class Communicator:
                 op="all_to_all",
             )
         dst = buffers.matching_out(out, src, src.size, "all_to_all")
-        with self._call("all_to_all", src, "pairwise") as step:
+        algo = self._choose.all_to_all.pick(src.nbytes, src.size)  # pairwise, the one there is
+        with self._call("all_to_all", src, algo) as step:
             if buffers.overlaps(src, dst):
-                copy = self._scratch.get(4, src.size, src.dtype)
+                copy = self._scratch.get(COPY, src.size, src.dtype)
                 copy[...] = src
                 src = copy
             if src.size:
@@ -297,8 +267,9 @@ class Communicator:
 
     def barrier(self) -> None:
         token = np.zeros(1, dtype=np.uint8)
-        with self._call("barrier", token, "rd", redop="max", nbytes=0) as step:
-            latency.all_reduce(step, token, "max")
+        algo = self._choose.barrier.small
+        with self._call("barrier", token, algo, redop="max", nbytes=0) as step:
+            dispatch.all_reduce(step, algo, self._caps, token, token, "max")
 
     # ----------------------------------------------------------------- lifecycle
     def abort(self, reason: str) -> None:

@@ -1,8 +1,16 @@
-"""Which algorithm runs a collective: chosen by size, overridable with ``CCLCTL_ALGO``.
+"""What runs each collective: one decision per communicator from op, size, engines and
+``CCLCTL_ALGO``.
 
-``CCLCTL_ALGO`` is a comma list: ``ring`` forces ring wherever an op has it;
-``all_reduce=rd,broadcast=chain`` forces per op; ``all_reduce>=1M=ring`` sets the size
-from which ``ring`` replaces the small-message algorithm.
+Every op has a small- and a large-message algorithm and a threshold between them. On a
+transport with an engine (:class:`~cclctl.runtime.transport.capabilities.Capabilities`)
+each runs there: one-copy shared memory (``shm_direct``, ``shm_rsag`` for 3+ ranks),
+zero-copy on shared buffers from :data:`~cclctl.runtime.algorithms.zero_copy.MIN_BYTES`
+(``shm_zero_copy``), or within hosts then across (``hier_rd``, ``hier_ring``).
+
+``CCLCTL_ALGO`` is a comma list: ``ring`` runs ring wherever an op has it and
+``all_reduce=rd,broadcast=chain`` per op, as named, over point-to-point steps on any
+transport; ``all_reduce>=1M=ring`` sets the size from which the large-message algorithm
+replaces the small one (on the engine, when there is one).
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from cclctl.errors import ConfigError
+from cclctl.runtime.transport.capabilities import Capabilities
 
 #: op -> (small-message algorithm, large-message algorithm, default threshold in bytes)
 ALGORITHMS: dict[str, tuple[str, str, int]] = {
@@ -20,20 +29,106 @@ ALGORITHMS: dict[str, tuple[str, str, int]] = {
     "reduce_scatter": ("ring", "ring", 0),
     "all_to_all": ("pairwise", "pairwise", 0),
 }
+#: Ops whose ring needs at least one element per rank (smaller calls run the small one).
+_RING_NEEDS_ELEMENTS = ("all_reduce", "reduce")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+NEVER = 1 << 62  # a threshold no call reaches
 
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
+    """``CCLCTL_ALGO`` parsed: algorithms forced per op, and thresholds moved per op."""
+
     forced: dict[str, str] = dataclasses.field(default_factory=dict)
     thresholds: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def choose(self, op: str, nbytes: int) -> str:
+        """The point-to-point algorithm for ``op`` on ``nbytes`` (engines aside)."""
         forced = self.forced.get(op)
         if forced:
             return forced
         small, large, default = ALGORITHMS[op]
         return large if nbytes >= self.thresholds.get(op, default) else small
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Choice:
+    """What runs one op on one communicator: ``small`` below ``threshold`` bytes or
+    ``min_count`` elements, else ``large`` (``uneven`` where the count does not split into
+    ``parts`` equal blocks); shared buffers run zero-copy from ``zero_copy_from`` bytes."""
+
+    small: str
+    large: str
+    threshold: int
+    min_count: int = 0
+    parts: int = 1
+    uneven: str = ""
+    zero_copy_from: int = NEVER
+
+    def pick(self, nbytes: int, count: int) -> str:
+        if nbytes < self.threshold or count < self.min_count:
+            return self.small
+        return self.uneven if count % self.parts else self.large
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Choices:
+    """Every op's :class:`Choice` on one communicator (``barrier`` is a one-byte all_reduce)."""
+
+    all_reduce: Choice
+    broadcast: Choice
+    reduce: Choice
+    all_gather: Choice
+    reduce_scatter: Choice
+    all_to_all: Choice
+    barrier: Choice
+
+
+def decide(
+    sel: Selection, caps: Capabilities, world_size: int, zero_copy: dict[str, int]
+) -> Choices:
+    """Every op's choice on a communicator of ``world_size`` ranks over a transport with
+    ``caps``; ``zero_copy``: the ops that run zero-copy, from how many bytes. Ranks with
+    the same configuration and transport decide alike."""
+    ops = {op: _choice(sel, op, caps, world_size, zero_copy) for op in ALGORITHMS}
+    barrier = _on_engine("all_reduce", "rd", caps, world_size)
+    return Choices(**ops, barrier=Choice(barrier, barrier, NEVER))
+
+
+def _choice(
+    sel: Selection, op: str, caps: Capabilities, n: int, zero_copy: dict[str, int]
+) -> Choice:
+    small, large, default = ALGORITHMS[op]
+    min_count = n if op in _RING_NEEDS_ELEMENTS else 0
+    forced = sel.forced.get(op)
+    if forced is not None:  # as named, point-to-point; ring falls back as it must
+        if forced == small:
+            return Choice(small, small, NEVER)
+        return Choice(small, forced, 0, min_count)
+    threshold = sel.thresholds.get(op, default)
+    engine_large = _on_engine(op, large, caps, n)
+    even = op == "reduce" and engine_large != large  # one-copy reduce-scatter: equal blocks
+    return Choice(
+        _on_engine(op, small, caps, n),
+        engine_large,
+        threshold,
+        min_count,
+        parts=n if even else 1,
+        uneven=large if even else engine_large,
+        zero_copy_from=NEVER if caps.one_copy is None else zero_copy.get(op, NEVER),
+    )
+
+
+def _on_engine(op: str, algo: str, caps: Capabilities, n: int) -> str:
+    """What runs ``algo`` for ``op`` on the engine ``caps`` offer (``algo`` itself where none)."""
+    if caps.one_copy is not None:
+        if op == "all_reduce":
+            return "shm_rsag" if algo == "ring" and n > 2 else "shm_direct"
+        if op in ("broadcast", "all_gather", "reduce_scatter") or (op, algo) == ("reduce", "ring"):
+            return "shm_direct"
+    if caps.hierarchy is not None and op == "all_reduce":
+        return "hier_ring" if algo == "ring" else "hier_rd"
+    return algo
 
 
 def parse_bytes(text: str) -> int:
@@ -45,31 +140,35 @@ def parse_bytes(text: str) -> int:
 
 
 def parse(spec: str) -> Selection:
+    """``CCLCTL_ALGO`` as a :class:`Selection`; raises ConfigError naming the bad item."""
     forced: dict[str, str] = {}
     thresholds: dict[str, int] = {}
     for raw in filter(None, (item.strip() for item in spec.split(","))):
         try:
-            if "=" not in raw:
-                names = {op for op, algos in ALGORITHMS.items() if raw in algos[:2]}
-                if not names:
-                    raise ValueError(f"no collective has an algorithm called {raw!r}")
-                forced.update(dict.fromkeys(names, raw))
-                continue
-            key, algo = (p.strip() for p in raw.rsplit("=", 1))
-            op, _, size = key.partition(">=")
-            op = op.strip()
-            if op not in ALGORITHMS:
-                raise ValueError(f"unknown collective {op!r}")
-            if algo not in ALGORITHMS[op][:2]:
-                raise ValueError(
-                    f"{op} has no algorithm {algo!r} (has {ALGORITHMS[op][0]}, {ALGORITHMS[op][1]})"
-                )
-            if size:
-                if algo != ALGORITHMS[op][1]:
-                    raise ValueError(f"a size threshold selects {ALGORITHMS[op][1]!r} for {op}")
-                thresholds[op] = parse_bytes(size)
-            else:
-                forced[op] = algo
+            _parse_item(raw, forced, thresholds)
         except ValueError as exc:
             raise ConfigError(f"CCLCTL_ALGO item {raw!r}: {exc}", variable="CCLCTL_ALGO") from None
     return Selection(forced, thresholds)
+
+
+def _parse_item(raw: str, forced: dict[str, str], thresholds: dict[str, int]) -> None:
+    if "=" not in raw:
+        names = {op for op, algos in ALGORITHMS.items() if raw in algos[:2]}
+        if not names:
+            raise ValueError(f"no collective has an algorithm called {raw!r}")
+        forced.update(dict.fromkeys(names, raw))
+        return
+    key, algo = (p.strip() for p in raw.rsplit("=", 1))
+    op, _, size = key.partition(">=")
+    op = op.strip()
+    if op not in ALGORITHMS:
+        raise ValueError(f"unknown collective {op!r}")
+    small, large, _ = ALGORITHMS[op]
+    if algo not in (small, large):
+        raise ValueError(f"{op} has no algorithm {algo!r} (has {small}, {large})")
+    if not size:
+        forced[op] = algo
+    elif algo != large:
+        raise ValueError(f"a size threshold selects {large!r} for {op}")
+    else:
+        thresholds[op] = parse_bytes(size)

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.comm.failure import OK, FailureState, timeout_error
+from cclctl.runtime.transport.capabilities import Capabilities
 from cclctl.runtime.transport.wire import Call
 
 #: One transfer of a step: the peer rank and the bytes to send or to receive into.
@@ -90,6 +91,7 @@ class Transport(Protocol):
     """Moves the bytes of one algorithm step between this rank and its peers."""
 
     name: str
+    capabilities: Capabilities  # the engines beside point-to-point steps (selection reads it)
 
     def exchange(
         self,

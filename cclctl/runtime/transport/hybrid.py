@@ -18,6 +18,7 @@ from collections.abc import Collection, Sequence
 
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Progress, SteppedTransport, Transfer, Transport, Wait
+from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
 from cclctl.runtime.transport.drive import drive
 from cclctl.runtime.transport.shm.group import ShmGroup
 from cclctl.runtime.transport.shm.layout import Layout
@@ -80,7 +81,6 @@ class HybridTransport:
     each step's shares of both driven in one loop. Only the Transport interface is used."""
 
     name = "hybrid"
-    shared = None  # the flat one-copy path needs every rank on one host
 
     def __init__(
         self,
@@ -94,6 +94,7 @@ class HybridTransport:
         self.tcp = tcp
         self.hierarchy = hierarchy
         self._near = frozenset(local) if shm is not None else frozenset()
+        self.capabilities = Capabilities(hierarchy=hierarchy) if hierarchy else POINT_TO_POINT
 
     def exchange(
         self,

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
+from cclctl.runtime.transport.capabilities import POINT_TO_POINT
 from cclctl.runtime.transport.drive import drive
 from cclctl.runtime.transport.tcp_links import Links
 
@@ -172,6 +173,7 @@ class TcpTransport:
     """Transport over one TCP connection per pair of ranks that talk."""
 
     name = "tcp"
+    capabilities = POINT_TO_POINT
 
     def __init__(self, links: Links) -> None:
         self._links = links

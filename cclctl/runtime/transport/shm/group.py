@@ -71,7 +71,6 @@ class ShmGroup(Signals):
         self.layout = layout
         self.round = 0  # collective rounds this rank has taken part in
         self.last_res_round = -1  # the latest round that used the result slots
-        self.spans = False  # set by the owner: True when these ranks are the whole job
         self._arrays: dict[tuple[int, int, int, np.dtype], np.ndarray] = {}
         self.peer_buffers = PeerBuffers()  # peers' shared buffers (zero-copy collectives)
         # Bytes moved to and from each rank (by global rank), set by the owning transport.

@@ -4,7 +4,7 @@ Two paths share each rank's segment:
 
 - **Point-to-point** (:meth:`ShmTransport.exchange`, the Transport interface): every
   algorithm runs unchanged, over a ring of slots per pair of ranks (``p2p.py``).
-- **One-copy collectives** (:attr:`ShmTransport.shared`, used by ``algorithms/shared.py``):
+- **One-copy collectives** (:attr:`ShmTransport.capabilities`, ``algorithms/shared.py``):
   a rank copies its input into its own segment once, and every peer reduces or copies
   straight out of it with numpy's ``out=``: no extra copies, no messages (``group.py``).
 
@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from cclctl.errors import CclError, PeerError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
+from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
 from cclctl.runtime.transport.drive import drive
 from cclctl.runtime.transport.shm import segment as shm_segment
 from cclctl.runtime.transport.shm.futex import Futex
@@ -126,19 +127,16 @@ class ShmTransport:
         self.group = group
         self.rank = group.rank
         self.world_size = world_size
-        group.spans = one_copy and group.size == world_size
+        spans = one_copy and group.size == world_size
+        #: the one-copy engine, when every rank of the communicator is on this host and no
+        #: link was dropped (then every step goes through :meth:`start`, which reports it)
+        self.capabilities = Capabilities(one_copy=group) if spans else POINT_TO_POINT
         self._local = {r: i for i, r in enumerate(group.ranks)}
         self._rings = Rings(group)
         self._sent = group.sent = [0] * world_size
         self._received = group.received = [0] * world_size
         self._dropped: set[int] = set()
         self._closed = False
-
-    @property
-    def shared(self) -> ShmGroup | None:
-        """The one-copy engine, when every rank of the communicator is on this host (and no
-        link was dropped: then every step goes through :meth:`start`, which reports it)."""
-        return self.group if self.group.spans and not self._dropped else None
 
     def is_local(self, peer: int) -> bool:
         return peer in self._local
@@ -184,6 +182,7 @@ class ShmTransport:
     def drop_link(self, peer: int) -> None:
         """Fault injection: this rank's next step fails, and so do its peers' waits on it."""
         self._dropped.add(peer)
+        self.capabilities = POINT_TO_POINT
 
     def link_bytes(self) -> tuple[list[int], list[int]]:
         return list(self._sent), list(self._received)
