@@ -1,0 +1,85 @@
+"""The job's secret: how it is made, kept, shown and proved, with the standard library only.
+
+Every job has a token. A peer proves it knows the token by answering a challenge: an HMAC
+over fresh nonces from both sides and the context of the exchange (what is being proved,
+the job, the ranks, ...), so the token itself never crosses the wire and an answer cannot
+be replayed in another exchange. Comparisons take constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+#: Bytes of randomness in a fresh nonce and in a generated token.
+NONCE_BYTES = 16
+TOKEN_BYTES = 32
+#: An answer to a challenge (HMAC-SHA256).
+PROOF_BYTES = hashlib.sha256().digest_size
+#: The name of the token's file in the job's folder (``token_path``).
+TOKEN_FILE = "token"
+
+
+def new_token() -> str:
+    """A fresh random token (43 URL-safe characters)."""
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def nonce() -> bytes:
+    """A fresh random challenge."""
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def prove(token: str, *context: bytes | str | int) -> bytes:
+    """The answer to a challenge: HMAC-SHA256 of ``context`` under ``token``.
+
+    Each part is length-prefixed, so ("ab", "c") and ("a", "bc") never prove the same thing.
+    """
+    mac = hmac.new(token.encode(), digestmod=hashlib.sha256)
+    for part in context:
+        raw = part if isinstance(part, bytes) else str(part).encode()
+        mac.update(len(raw).to_bytes(4, "big"))
+        mac.update(raw)
+    return mac.digest()
+
+
+def verify(token: str, proof: bytes, *context: bytes | str | int) -> bool:
+    """Whether ``proof`` answers ``context`` under ``token`` (constant time)."""
+    return hmac.compare_digest(proof, prove(token, *context))
+
+
+def redact(token: str) -> str:
+    """What logs may show of a token: enough to tell two apart, too little to use."""
+    return f"{token[:4]}…" if token else "(none)"
+
+
+def token_path(folder: str | os.PathLike[str]) -> Path:
+    """Where a job's token file lives in its folder (beside its dumps)."""
+    return Path(folder) / TOKEN_FILE
+
+
+def write_token_file(folder: str | os.PathLike[str], token: str) -> Path:
+    """Write ``token`` to the job's folder, readable by its owner only (0600), whole or not
+    at all; the folder is made (0700) if missing. Returns the file's path."""
+    path = token_path(folder)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, token.encode() + b"\n")
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def read_token_file(folder: str | os.PathLike[str]) -> str | None:
+    """The token in the job's folder, or None when there is none (or it is empty)."""
+    try:
+        text = token_path(folder).read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return text or None
