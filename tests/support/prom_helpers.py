@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -28,14 +29,21 @@ def prometheus_binary() -> str:
     return path
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_block(count: int) -> int:
-    """A base port with ``count`` consecutive free ports after it."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
+    """A base port with ``count`` consecutive free ports after it, below the kernel's
+    ephemeral range: there, the suite's own client sockets (and their TIME_WAIT
+    leftovers) never take a port out of the block."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, max(10001, low - count))
         socks = []
         try:
             for port in range(base, base + count):
