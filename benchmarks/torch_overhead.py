@@ -11,8 +11,7 @@ own cost per call from the noise of the network path.
 
 ``--wrapper`` measures the wrappers alone, in this process: the wrapped all_reduce around a
 function that does nothing, against that function, in CPU time, for the quick path (a
-synchronous call on a CPU tensor; its pure-Python wrapper, and its compiled one where
-built) and the general one (everything else). That is the cost
+synchronous call on a CPU tensor) and the general one (everything else). That is the cost
 cclctl adds to every call, free of gloo's noise.
 
 ``--paths`` compares the two paths of the wrapper in the same processes: the general one,
@@ -83,7 +82,7 @@ def start_instrumented_gloo(
 def python_wrappers(
     target: Callable[..., Any], like: Callable[..., Any]
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The general and the pure-Python quick wrapper of all_reduce around ``target``, read
+    """The general and the quick wrapper of all_reduce around ``target``, read
     by the signature of ``like`` (torch's all_reduce), reporting to the live session."""
     import torch
 
@@ -155,13 +154,7 @@ def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
 
     general, quick = python_wrappers(nothing, real)
     t = torch.zeros(2)
-    sides = {"bare": nothing, "general": general, "quick (python)": quick}
-    if cclctl_torch._compiled_quick() is not None:
-        layout = quick_layout("all_reduce", real)
-        assert layout is not None
-        sides["quick (compiled)"] = cclctl_torch._quick_wrapper(
-            state, nothing, "all_reduce", layout, torch.Tensor, general
-        )
+    sides = {"bare": nothing, "general": general, "quick": quick}
     best = dict.fromkeys(sides, float("inf"))
     for _ in range(rounds):
         for side, fn in sides.items():

@@ -25,11 +25,7 @@ read the mean of both. Rank 0 reports:
   of calls still drift apart (one run of 1,200 rounds: +0.34% [-0.67%, +1.68%]), and the
   control shows by how much in the run at hand.
 
-With ``--python``, a fourth side: the pure-Python quick wrapper, which stands in for the
-compiled one (``_quickwrap.c``) where that was not built, over the same session. Both are
-then measured against plain in the same run.
-
-    python benchmarks/torch_per_call.py [--size 1M] [--rounds 200] [--calls 40] [--pin] [--python]
+    python benchmarks/torch_per_call.py [--size 1M] [--rounds 200] [--calls 40] [--pin]
 """
 
 from __future__ import annotations
@@ -44,27 +40,20 @@ import sys
 import tempfile
 import time
 
-from torch_overhead import python_wrappers, start_instrumented_gloo
+from torch_overhead import start_instrumented_gloo
 
 from cclctl.benchmark.sizes import parse_size
 
 DECILES = range(1, 10)
-PYTHON = "py"  # the side of the pure-Python quick wrapper (``--python``)
-TRACED = ("on", PYTHON)  # the sides that record, each charged its own fold
-NAMES = {"off": "plain", "off2": "plain 2", "on": "wrapped", PYTHON: "wrapped (python)"}
-PYTHON_HELP = (
-    "a fourth side: the pure-Python quick wrapper, against the one instrument() installed "
-    "(the compiled one where built), in the same processes"
-)
+TRACED = ("on",)  # the sides that record, each charged its own fold
+NAMES = {"off": "plain", "off2": "plain 2", "on": "wrapped"}
 
 
-def _rank_main(size: int, rounds: int, calls: int, pin: bool, data: str, python: bool) -> None:
+def _rank_main(size: int, rounds: int, calls: int, pin: bool, data: str) -> None:
     import torch
 
     dist, plain, traced, sess = start_instrumented_gloo(pin)
     fns = {"on": traced, "off": plain, "off2": plain}
-    if python:
-        fns[PYTHON] = python_wrappers(plain, plain)[1]  # over the same session
     sides = tuple(fns)
     t = torch.zeros(max(size // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
     for _ in range(5):
@@ -190,12 +179,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200, help="blocks per side")
     parser.add_argument("--calls", type=int, default=40, help="calls per block")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i")
-    parser.add_argument("--python", action="store_true", help=PYTHON_HELP)
     parser.add_argument("--data", help=argparse.SUPPRESS)  # where rank 0 writes its timings
     args = parser.parse_args()
     size = parse_size(args.size, "--size")
     if "RANK" in os.environ:
-        _rank_main(size, args.rounds, args.calls, args.pin, args.data, args.python)
+        _rank_main(size, args.rounds, args.calls, args.pin, args.data)
         return
     from cclctl.launch.launcher import launch
 
@@ -203,7 +191,6 @@ def main() -> None:
         data = os.path.join(tmp, "timings.json")
         argv = [sys.executable, __file__, "--size", str(size), "--rounds", str(args.rounds)]
         argv += ["--calls", str(args.calls), "--data", data] + (["--pin"] if args.pin else [])
-        argv += ["--python"] if args.python else []
         result = launch(argv, args.ranks, env={"PYTHONWARNINGS": "ignore"})
         if result.returncode != 0 or not os.path.exists(data):
             sys.exit(f"benchmark ranks failed (exit {result.returncode})")
