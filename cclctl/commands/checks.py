@@ -14,8 +14,7 @@ from cclctl.errors import UsageError
 def _parsers() -> dict[str, Parser]:
     from cclctl.benchmark.selftest import Corruption
     from cclctl.launch import streaming_copies
-    from cclctl.runtime.comm import selection
-    from cclctl.runtime.job import faults
+    from cclctl.runtime.comm import faults, selection
 
     def copy_threshold(raw: str) -> object:
         return streaming_copies.threshold({streaming_copies.VARIABLE: raw})

@@ -121,6 +121,41 @@ def test_the_rule_catches_a_lazy_upward_import() -> None:
     assert _upward(Path("commands/top.py"), tree) == []
 
 
+#: the runtime's own floors, top first: each may import only the ones below it (and the
+#: modules directly in runtime/, the failure state, which every floor shares)
+RUNTIME_FLOORS = ("job", "comm", "algorithms", "transport")
+
+
+def _runtime_floor(module: str) -> int:
+    """A runtime module's floor (its index in RUNTIME_FLOORS); the runtime's own modules
+    (``runtime/failure.py``) sit below every floor."""
+    parts = module.split(".")
+    return RUNTIME_FLOORS.index(parts[2]) if parts[2] in RUNTIME_FLOORS else len(RUNTIME_FLOORS)
+
+
+def _runtime_upward(rel: Path, tree: ast.Module) -> list[str]:
+    if rel.parts[0] != "runtime" or len(rel.parts) < 3:
+        return []
+    floor = _runtime_floor(".".join(("cclctl", *rel.with_suffix("").parts)))
+    return [
+        f"{rel} imports {module}"
+        for module in _imports(tree)
+        if module.startswith("cclctl.runtime.") and _runtime_floor(module) < floor
+    ]
+
+
+def test_the_runtime_floors_import_downward_only() -> None:
+    assert [line for rel, tree in _modules() for line in _runtime_upward(rel, tree)] == []
+
+
+def test_the_floor_rule_catches_a_transport_that_imports_the_communicator() -> None:
+    tree = ast.parse("from cclctl.runtime.comm.calls import Calls\n")
+    assert _runtime_upward(Path("runtime/transport/tcp.py"), tree) == [
+        "runtime/transport/tcp.py imports cclctl.runtime.comm.calls"
+    ]
+    assert _runtime_upward(Path("runtime/job/init.py"), tree) == []
+
+
 @pytest.mark.parametrize("package", sorted(CONFINED))
 def test_third_party_packages_stay_in_their_modules(package: str) -> None:
     wrong = []

@@ -12,8 +12,8 @@ from thread_ranks import make_comms, run_comms, run_ranks
 
 from cclctl.errors import CollectiveTimeout, CommAborted, CommError, PeerError
 from cclctl.records import ABORTED, CollectiveRecord
-from cclctl.runtime.comm.failure import ABORTED as STATE_ABORTED
-from cclctl.runtime.comm.failure import BROKEN, CLOSED, OK, FailureState, Origin
+from cclctl.runtime.failure import ABORTED as STATE_ABORTED
+from cclctl.runtime.failure import BROKEN, CLOSED, OK, FailureState, Origin
 
 LINK = Origin("peer", "link to rank 3 broke", 3, 7, "all_reduce")
 

@@ -14,7 +14,7 @@ from thread_ranks import make_comms, run_comms, run_ranks
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CollectiveTimeout, CommAborted, ConfigError, ProtocolError
 from cclctl.records import STARTED, TIMED_OUT, CollectiveRecord
-from cclctl.runtime.job import faults
+from cclctl.runtime.comm import faults
 from cclctl.runtime.job.signals import DumpRequests, request_dump
 from cclctl.telemetry.watchdog import Watchdog
 

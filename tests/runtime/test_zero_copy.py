@@ -22,9 +22,9 @@ from thread_ranks import run_ranks as tcp_run_ranks
 from cclctl.config import RuntimeConfig
 from cclctl.errors import ProtocolError
 from cclctl.runtime.algorithms import zero_copy
-from cclctl.runtime.comm import shared_buffers
 from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.comm.shared_buffers import Descriptor, PeerBuffers
+from cclctl.runtime.transport.shm import shared_buffers
+from cclctl.runtime.transport.shm.shared_buffers import Descriptor, PeerBuffers
 
 FAST_FAIL = RuntimeConfig(job="zc", timeout_s=10.0, connect_timeout_s=5.0)
 

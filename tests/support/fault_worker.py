@@ -3,7 +3,7 @@
 Between collectives each rank "computes" for ``PAUSE`` seconds, as a training step does, so
 the statuses it publishes keep up with its progress before the fault strikes.
 
-The fault itself comes from ``CCLCTL_FAULT`` (see cclctl/runtime/job/faults.py);
+The fault itself comes from ``CCLCTL_FAULT`` (see cclctl/runtime/comm/faults.py);
 ``FAULT_BUFFERS=shared`` puts the buffers in ``comm.empty()`` (zero-copy). With
 ``HOLD_ON_ERROR=1`` a rank whose collective fails stays alive (as a training process stuck
 in its error handling does), so the live diagnosis can still read its status.

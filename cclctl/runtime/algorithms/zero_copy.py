@@ -1,9 +1,9 @@
 """Zero-copy collectives on shared buffers: ranks read each other's arrays directly.
 
 When every rank of a one-host communicator passes buffers from ``comm.empty()``
-(:mod:`cclctl.runtime.comm.shared_buffers`), nothing is staged through the segment's slots. A
-rank publishes where its buffers are (one small round: the call's wire header and the
-buffer descriptors), then:
+(:mod:`cclctl.runtime.transport.shm.shared_buffers`), nothing is staged through the
+segment's slots. A rank publishes where its buffers are (one small round: the call's wire
+header and the buffer descriptors), then:
 
 - ``all_reduce``: reduces its share of the buffer straight out of every peer's input, in
   rank order (every rank gets the same bits), and writes each piece of the result into
@@ -34,10 +34,10 @@ from collections.abc import Callable
 import numpy as np
 
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
-from cclctl.runtime.comm import shared_buffers
-from cclctl.runtime.comm.shared_buffers import DESCRIPTOR_SIZE, Descriptor
+from cclctl.runtime.transport.shm import shared_buffers
 from cclctl.runtime.transport.shm.group import Round, ShmGroup
 from cclctl.runtime.transport.shm.layout import View
+from cclctl.runtime.transport.shm.shared_buffers import DESCRIPTOR_SIZE, Descriptor
 
 ALGO = "shm_zero_copy"
 #: The collectives that run zero-copy, from this many bytes (a call has the same size on

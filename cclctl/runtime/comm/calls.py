@@ -1,7 +1,7 @@
 """One communicator's calls as they open and close: refused, numbered, recorded, failed.
 
 Every collective and point-to-point call goes through :meth:`Calls.open`, which refuses a
-call when the communicator's :class:`~cclctl.runtime.comm.failure.FailureState` is not ok
+call when the communicator's :class:`~cclctl.runtime.failure.FailureState` is not ok
 (failed, aborted or closed), gives the call its sequence number (the same on every rank
 for the same call), applies an injected fault, opens its trace record and builds the
 :class:`Step` its algorithm runs. When the call ends, its record is closed; a failure
@@ -21,10 +21,9 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.algorithms.context import Scratch, Step
-from cclctl.runtime.comm import buffers
-from cclctl.runtime.comm.failure import OK, FailureState
+from cclctl.runtime.comm import buffers, faults
 from cclctl.runtime.comm.tracing import Traced, Tracer, close_record
-from cclctl.runtime.job import faults
+from cclctl.runtime.failure import OK, FailureState
 from cclctl.runtime.transport.base import Transport, Wait
 from cclctl.runtime.transport.wire import Call, comm_tag
 from cclctl.telemetry.recorder import FOLD_BATCH

@@ -18,12 +18,13 @@ import numpy as np
 from cclctl.config import RuntimeConfig
 from cclctl.runtime.algorithms import pairwise, zero_copy
 from cclctl.runtime.algorithms.context import COPY, Scratch, as_bytes, finish_avg
-from cclctl.runtime.comm import buffers, dispatch, prepared, selection, shared_buffers
+from cclctl.runtime.comm import buffers, dispatch, prepared, selection
 from cclctl.runtime.comm.calls import Calls
-from cclctl.runtime.comm.failure import FailureState
 from cclctl.runtime.comm.prepared import Gather, PreparedCalls, Scatter
 from cclctl.runtime.comm.tracing import Tracer
+from cclctl.runtime.failure import FailureState
 from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.shm import shared_buffers
 
 Array = np.ndarray
 _ZERO_COPY = dict.fromkeys(zero_copy.OPS, zero_copy.MIN_BYTES)

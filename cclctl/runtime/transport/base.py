@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from cclctl.records import CollectiveRecord
-from cclctl.runtime.comm.failure import OK, FailureState, timeout_error
+from cclctl.runtime.failure import OK, FailureState, timeout_error
 from cclctl.runtime.transport.capabilities import Capabilities
 from cclctl.runtime.transport.wire import Call
 

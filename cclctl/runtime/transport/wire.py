@@ -62,7 +62,7 @@ class Call:
     redop: str = ""
     root: int = -1
     count: int = 0
-    shared: bool = False  # on buffers from cclctl.runtime.comm.shared_buffers (zero-copy)
+    shared: bool = False  # on buffers from cclctl.runtime.transport.shm.shared_buffers (zero-copy)
 
     def describe(self) -> str:
         parts = [p for p in (self.dtype, self.redop) if p]

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cclctl.runtime.comm.shared_buffers import PeerBuffers
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.shm.futex import Futex
@@ -28,6 +27,7 @@ from cclctl.runtime.transport.shm.layout import (
     Layout,
     View,
 )
+from cclctl.runtime.transport.shm.shared_buffers import PeerBuffers
 from cclctl.runtime.transport.shm.signals import Signals
 
 _CACHED_VIEW_BYTES = 64 << 10
