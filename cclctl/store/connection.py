@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import socket
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cclctl import auth
@@ -137,7 +138,7 @@ class Connection(asyncio.Protocol):
             out = access.public_listing(out)
         return self._reply(status, out)
 
-    def _reply(self, status: Status, fields: list[bytes] | tuple[bytes, ...] = ()) -> bool:
+    def _reply(self, status: Status, fields: Sequence[bytes] = ()) -> bool:
         if self._transport is None:
             return False
         self._transport.write(pack_reply(status, fields))

@@ -73,9 +73,7 @@ class FrameReader:
         op, timeout, count = REQUEST_HEADER.unpack_from(self._buffer)
         table = REQUEST_HEADER.size + 4 * count
         if count > self.max_fields or table > self.max_frame:
-            raise FrameRefused(
-                f"a request with {count} fields is not a store request", "fields"
-            )
+            raise FrameRefused(f"a request with {count} fields is not a store request", "fields")
         self._header = (op, timeout, count)
         self._need = table
 

@@ -14,12 +14,14 @@ import functools
 import struct
 from collections.abc import Sequence
 
+from cclctl.config import DEFAULT_STORE_MAX_FRAME
+
 REQUEST_HEADER = struct.Struct("!BdI")  # op, timeout in seconds (< 0: none), field count
 REPLY_HEADER = struct.Struct("!BI")  # status, field count
 
 #: The default cap on a request frame (``CCLCTL_STORE_MAX_FRAME``): far above the largest
 #: value a job stores (status documents, addresses: kilobytes), far below a memory attack.
-DEFAULT_MAX_FRAME_BYTES = 64 << 20
+DEFAULT_MAX_FRAME_BYTES = DEFAULT_STORE_MAX_FRAME
 #: A reply larger than this is garbage, not a store's answer.
 MAX_REPLY_BYTES = 1 << 30
 MAX_FIELDS = 1 << 20

@@ -45,7 +45,10 @@ def init(
             store
             if isinstance(store, StoreClient)
             else StoreClient.from_address(
-                store, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s
+                store,
+                timeout_s=cfg.timeout_s,
+                connect_timeout_s=cfg.connect_timeout_s,
+                token=cfg.token or None,
             )
         )
         rdzv = join_store(client, rank, world_size, cfg)
@@ -136,6 +139,7 @@ def _start_telemetry(
         rdzv.store.port,
         timeout_s=cfg.timeout_s,
         connect_timeout_s=cfg.connect_timeout_s,
+        token=cfg.token or None,
     )
     try:
         telemetry.serve_metrics()
