@@ -17,7 +17,7 @@ from typing import Any
 
 from cclctl.errors import StoreError
 from cclctl.store.connection import Connection
-from cclctl.store.limits import EventLog, StoreLimits
+from cclctl.store.limits import REASONS, EventLog, StoreLimits
 from cclctl.store.state import StoreState
 
 LISTEN_BACKLOG = 4096  # ranks connect in a burst at start-up; the kernel caps it at somaxconn
@@ -54,8 +54,9 @@ class StoreServer:
 
     @property
     def rejected(self) -> dict[str, int]:
-        """Connections closed by a limit or a failed proof, by reason (see limits.REASONS)."""
-        return dict(self.events.rejected)
+        """Connections closed by a limit or a failed proof, by reason (every reason in
+        limits.REASONS, zero or more)."""
+        return {reason: self.events.rejected[reason] for reason in REASONS}
 
     @property
     def refused(self) -> int:

@@ -175,6 +175,26 @@ def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
     yield from (heartbeat, publish, info)
 
 
+def _store_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    """What the job's store turned away, on the rank that hosts it (see docs/metrics.md)."""
+    if view.store is None:
+        return
+    rejected = CounterMetricFamily(
+        "cclctl_store_rejected_connections",
+        "Connections the job's store closed, by reason (a limit, a wrong token).",
+        labels=[*_RANK_LABELS, "reason"],
+    )
+    for reason, count in sorted(view.store.rejected.items()):
+        rejected.add_metric([*base, reason], count)
+    refused = CounterMetricFamily(
+        "cclctl_store_refused_requests",
+        "Requests the job's store refused to clients without the job's token.",
+        labels=_RANK_LABELS,
+    )
+    refused.add_metric(base, view.store.refused)
+    yield from (rejected, refused)
+
+
 class TelemetryCollector:
     """A prometheus_client collector over a ``MetricsView`` source, read at scrape time."""
 
@@ -188,6 +208,7 @@ class TelemetryCollector:
         yield from _fault_counters(view, base)
         yield _histogram(view, base)
         yield from _process_metrics(view, base)
+        yield from _store_metrics(view, base)
 
 
 class MetricsExporter:
