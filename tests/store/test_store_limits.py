@@ -17,13 +17,19 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from scripts import script
-from store_attacks import closed_by_peer, connect, declared_frame_head, send_until_closed, wait_until
+from store_attacks import (
+    closed_by_peer,
+    connect,
+    declared_frame_head,
+    send_until_closed,
+    wait_until,
+)
 
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.frames import FrameReader
 from cclctl.store.limits import StoreLimits
 from cclctl.store.protocol import REQUEST_HEADER, Op, pack_request
+from scripts import script
 
 MiB = 1 << 20
 TOKEN = "limits-test-token"
