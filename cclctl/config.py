@@ -8,7 +8,9 @@ and tests can build configurations without touching ``os.environ``.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -24,6 +26,10 @@ DEFAULT_TRACE_BUFFER = 2000
 DEFAULT_STATUS_INTERVAL_S = 1.0
 TRANSPORTS = ("auto", "tcp")
 HANG_POLICIES = ("raise", "abort", "wait")
+DEFAULT_STORE_MAX_FRAME = 64 << 20
+STORE_MAX_FRAME_RANGE = (64 << 10, 1 << 30)
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
 
 
 def _parse(env: Mapping[str, str], name: str, default: T, conv: Callable[[str], T]) -> T:
@@ -101,6 +107,48 @@ def _host_port(raw: str) -> tuple[str, int]:
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError("expected HOST:PORT with a port from 1 to 65535")
     return host, int(port_text)
+
+
+def _bind_address(raw: str) -> str:
+    """An address to listen on: an IP (``0.0.0.0``, ``::`` for every interface) or a name."""
+    host = raw.strip("[]")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        if _HOSTNAME.fullmatch(host) and len(host) <= 253:
+            return host
+    raise ValueError("expected an address to listen on (an IP, 0.0.0.0, or a host name)")
+
+
+def _frame_size(raw: str) -> int:
+    """Bytes, with an optional K, M or G (binary): ``64M``."""
+    text = raw.upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+    try:
+        value = int(text[: len(text) - len(unit)]) * _SIZE_UNITS[unit]
+    except ValueError:
+        raise ValueError("expected a size in bytes, like 67108864 or 64M") from None
+    low, high = STORE_MAX_FRAME_RANGE
+    if not low <= value <= high:
+        raise ValueError("a store frame cap is between 64K and 1G")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreServerConfig:
+    """How a store cclctl hosts listens: where (``CCLCTL_STORE_ADDR``; empty: the address
+    the ranks are given) and the largest request it takes (``CCLCTL_STORE_MAX_FRAME``)."""
+
+    bind: str = ""
+    max_frame: int = DEFAULT_STORE_MAX_FRAME
+
+
+def store_server_from_env(env: Mapping[str, str] | None = None) -> StoreServerConfig:
+    env = os.environ if env is None else env
+    return StoreServerConfig(
+        bind=_parse(env, "CCLCTL_STORE_ADDR", "", _bind_address),
+        max_frame=_parse(env, "CCLCTL_STORE_MAX_FRAME", DEFAULT_STORE_MAX_FRAME, _frame_size),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +342,13 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
     )
     given = {k: v for k, v in flags.items() if v is not None}
     return base.replace(**given) if given else base
+
+
+def client_token(env: Mapping[str, str] | None = None) -> str | None:
+    """The token ``top`` and ``diagnose hang`` prove to a store (``CCLCTL_TOKEN``); None:
+    they read without one, which a job's store allows for its statuses."""
+    env = os.environ if env is None else env
+    return env.get("CCLCTL_TOKEN", "").strip() or None
 
 
 def bench_corrupt_from_env(env: Mapping[str, str] | None = None) -> str:

@@ -24,6 +24,7 @@ from cclctl.config import (
     in_launched_job,
     rendezvous_from_env,
     runtime_from_env,
+    store_server_from_env,
 )
 from cclctl.errors import ConfigError
 
@@ -35,6 +36,8 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_JOB": "job name in the store, dumps and metrics",
     "CCLCTL_STORE": "HOST:PORT of a running job store",
     "CCLCTL_TOKEN": "the job's store token (set by cclctl launch)",
+    "CCLCTL_STORE_ADDR": "address the store rank 0 hosts listens on",
+    "CCLCTL_STORE_MAX_FRAME": "largest store request, in bytes (64M)",
     "CCLCTL_TIMEOUT": "seconds before a collective counts as hung",
     "CCLCTL_CONNECT_TIMEOUT": "seconds to reach the store and peers",
     "CCLCTL_TRANSPORT": "auto or tcp",
@@ -135,6 +138,7 @@ def check_variables(env: Mapping[str, str], parsers: Mapping[str, Parser]) -> No
     """Every ``CCLCTL_*`` variable in ``env`` parses (typed ones here, the rest by
     ``parsers``)."""
     runtime_from_env(env)
+    store_server_from_env(env)
     if env.get("CCLCTL_STORE", "").strip():
         _parse(env, "CCLCTL_STORE", ("", 0), _host_port)
     for name, parse in parsers.items():

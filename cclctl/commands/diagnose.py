@@ -18,6 +18,7 @@ from rich.text import Text
 
 from cclctl import ui
 from cclctl.commands.checks import store_to_read
+from cclctl.config import client_token
 from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
@@ -159,7 +160,11 @@ def _live(address: str, job: str | None) -> JobStatuses:
     except StoreError as exc:
         raise ConfigError(f"--store: {exc}", flag="--store") from None
     client = StoreClient(
-        host, port, timeout_s=REQUEST_TIMEOUT_S, connect_timeout_s=CONNECT_TIMEOUT_S
+        host,
+        port,
+        timeout_s=REQUEST_TIMEOUT_S,
+        connect_timeout_s=CONNECT_TIMEOUT_S,
+        token=client_token(),
     )
     try:
         statuses = fetch(client, job)

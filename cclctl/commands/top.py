@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cclctl.commands.checks import store_to_read
+from cclctl.config import client_token
 from cclctl.diagnose.model import Options
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, StoreError, UsageError
@@ -161,7 +162,13 @@ def _connect(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Stor
         host, port = parse_address(address)
     except StoreError as exc:
         raise ConfigError(f"--store: {exc}", flag="--store") from None
-    return StoreClient(host, port, timeout_s=REQUEST_TIMEOUT_S, connect_timeout_s=connect_timeout_s)
+    return StoreClient(
+        host,
+        port,
+        timeout_s=REQUEST_TIMEOUT_S,
+        connect_timeout_s=connect_timeout_s,
+        token=client_token(),
+    )
 
 
 def _console() -> Console:

@@ -20,12 +20,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from cclctl.config import inherited_environment
+from cclctl import auth
+from cclctl.config import inherited_environment, store_server_from_env
 from cclctl.config_check import MAX_LOCAL_RANKS
 from cclctl.errors import EXIT_ERROR, CclError, StoreError, UsageError
 from cclctl.launch import streaming_copies
 from cclctl.launch.output import LineSink, OutputPump
 from cclctl.store.client import StoreServer
+from cclctl.store.limits import StoreLimits
 
 MAX_PROCS = MAX_LOCAL_RANKS
 SIGNAL_EXIT_BASE = 128  # the shell's convention: 130 after Ctrl-C, 143 after SIGTERM
@@ -109,12 +111,15 @@ def launch(
     """
     _check_arguments(cmd, nprocs, port, grace_s, timeout_s)
     base = streaming_copies.rank_environment({**inherited_environment(), **(env or {})})
+    token = auth.new_token()  # the job's: only its ranks may write to its store
+    limits = StoreLimits(max_frame=store_server_from_env().max_frame)
     try:
-        server = StoreServer("127.0.0.1", port).start()
+        server = StoreServer("127.0.0.1", port, token=token, limits=limits).start()
     except StoreError as exc:
         raise UsageError(f"{exc} (pick another --port, or 0 for a free one)") from None
     with server:
-        job = _Job(list(cmd), nprocs, _rank_environments(base, nprocs, server.address))
+        envs = _rank_environments(base, nprocs, server.address, token)
+        job = _Job(list(cmd), nprocs, envs)
         sink = _route(output or print_prefixed, capture_rank0_stdout)
         return job.run(sink, grace_s, timeout_s, on_start)
 
@@ -136,7 +141,9 @@ def _check_arguments(
         raise UsageError(f"the timeout must be a positive number of seconds, not {timeout_s:g}")
 
 
-def _rank_environments(base: dict[str, str], nprocs: int, store: str) -> list[dict[str, str]]:
+def _rank_environments(
+    base: dict[str, str], nprocs: int, store: str, token: str
+) -> list[dict[str, str]]:
     common = {
         **base,
         "WORLD_SIZE": str(nprocs),
@@ -145,7 +152,7 @@ def _rank_environments(base: dict[str, str], nprocs: int, store: str) -> list[di
         "MASTER_PORT": str(_free_port()),
         "CCLCTL_STORE": store,
         "CCLCTL_JOB": base.get("CCLCTL_JOB") or f"launch-{secrets.token_hex(4)}",
-        "CCLCTL_TOKEN": secrets.token_hex(16),
+        "CCLCTL_TOKEN": token,
         "PYTHONUNBUFFERED": base.get("PYTHONUNBUFFERED", "1"),  # lines as they are printed
     }
     return [dict(common, RANK=str(r), LOCAL_RANK=str(r)) for r in range(nprocs)]

@@ -21,8 +21,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from cclctl import auth
 from cclctl.errors import StoreError, StoreTimeout
+from cclctl.store import access
 from cclctl.store.protocol import (
+    MAX_REPLY_BYTES,
     REPLY_HEADER,
     Op,
     Status,
@@ -59,7 +62,12 @@ def _describe_keys(keys: Sequence[str], limit: int = 5) -> str:
 
 
 class StoreClient:
-    """A connection to a :class:`StoreServer`; thread-safe (requests take turns)."""
+    """A connection to a :class:`StoreServer`; thread-safe (requests take turns).
+
+    With ``token`` the client proves it as it connects (and the store proves it back, so a
+    fake store is found out at once); without one it may only read the job's statuses from
+    a store that has a token, and do everything on one that has none.
+    """
 
     def __init__(
         self,
@@ -68,6 +76,7 @@ class StoreClient:
         *,
         timeout_s: float = 60.0,
         connect_timeout_s: float = 60.0,
+        token: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -78,6 +87,8 @@ class StoreClient:
         self._pid = os.getpid()  # the process this connection belongs to (see the module)
         self._sock: socket.socket | None = self._connect(connect_timeout_s)
         self._reader = self._sock.makefile("rb")
+        if token:
+            self._authenticate(token)
 
     @classmethod
     def from_address(cls, address: str, **kw: Any) -> StoreClient:
@@ -107,6 +118,37 @@ class StoreClient:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock
 
+    def _authenticate(self, token: str) -> None:
+        """The token's handshake (see :mod:`cclctl.store.access`); the store proves first."""
+        client_nonce = auth.nonce()
+        try:
+            _, fields = self._request(Op.HELLO, [client_nonce])
+        except StoreError as exc:
+            self._drop()
+            raise StoreError(
+                f"{exc.message}; a cclctl job's store has a token: is {self.address} "
+                "the job's store?",
+                address=self.address,
+            ) from None
+        if len(fields) != 2 or not auth.verify(
+            token, fields[1], access.SERVER_ROLE, client_nonce, fields[0]
+        ):
+            self._drop()
+            raise StoreError(
+                f"the store at {self.address} cannot prove it holds the job's token: it is "
+                "not this job's store, or the token (CCLCTL_TOKEN) is another job's",
+                address=self.address,
+            )
+        try:
+            self._request(Op.AUTH, [access.client_proof(token, fields[0], client_nonce)])
+        except StoreError:
+            self._drop()
+            raise StoreError(
+                f"the store at {self.address} refused the token (CCLCTL_TOKEN): it is "
+                "another job's",
+                address=self.address,
+            ) from None
+
     def _request(
         self, op: Op, fields: Sequence[bytes], wait_s: float | None = None
     ) -> tuple[Status, list[bytes]]:
@@ -130,6 +172,8 @@ class StoreClient:
                     sock.settimeout(answer_within)
                 sock.sendall(frame)
                 status, count = REPLY_HEADER.unpack(self._read(REPLY_HEADER.size))
+                if 4 * count > MAX_REPLY_BYTES:
+                    raise ValueError(f"a reply of {count} fields is not a store's answer")
                 lengths = field_lengths(self._read(4 * count), count)
                 payload = self._read(sum(lengths)) if count else b""
             except TimeoutError:

@@ -3,7 +3,8 @@
 A request is ``op:u8 timeout:f64 nfields:u32``, then ``nfields`` field lengths (``u32``
 each), then the fields back to back. A reply is the same with ``status:u8`` in place of op
 and timeout. Fixed-size headers let both sides read a frame in three exact reads, so a
-round trip costs a few syscalls and no parsing beyond ``struct``.
+round trip costs a few syscalls and no parsing beyond ``struct``. The server reads requests
+with :class:`cclctl.store.frames.FrameReader`, which checks each frame's size at its header.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ import functools
 import struct
 from collections.abc import Sequence
 
+from cclctl.config import DEFAULT_STORE_MAX_FRAME
+
 REQUEST_HEADER = struct.Struct("!BdI")  # op, timeout in seconds (< 0: none), field count
 REPLY_HEADER = struct.Struct("!BI")  # status, field count
 
-#: A frame larger than this is garbage (or an attack), not a store request.
-MAX_FRAME_BYTES = 1 << 30
+#: The default cap on a request frame (``CCLCTL_STORE_MAX_FRAME``): far above the largest
+#: value a job stores (status documents, addresses: kilobytes), far below a memory attack.
+DEFAULT_MAX_FRAME_BYTES = DEFAULT_STORE_MAX_FRAME
+#: A reply larger than this is garbage, not a store's answer.
+MAX_REPLY_BYTES = 1 << 30
 MAX_FIELDS = 1 << 20
 
 NO_TIMEOUT = -1.0
@@ -35,6 +41,8 @@ class Op(enum.IntEnum):
     LIST = 7  # (prefix,) -> (key, value, key, value, ...)
     DELETE = 8  # (key,) -> () or NOT_FOUND
     PING = 9  # () -> ()
+    HELLO = 10  # (client nonce,) -> (server nonce, server proof); see cclctl.store.access
+    AUTH = 11  # (client proof,) -> (); a wrong proof closes the connection
 
 
 class Status(enum.IntEnum):
@@ -70,10 +78,10 @@ def pack_reply(status: Status, fields: Sequence[bytes] = ()) -> bytes:
 
 
 def field_lengths(raw: bytes, count: int) -> tuple[int, ...]:
-    """Decode the ``count`` lengths that follow a header; reject absurd totals."""
+    """Decode the ``count`` lengths that follow a reply's header; reject absurd totals."""
     lengths: tuple[int, ...] = lengths_struct(count).unpack(raw)
-    if sum(lengths) > MAX_FRAME_BYTES:
-        raise ValueError(f"a frame of {sum(lengths)} bytes is larger than the store accepts")
+    if sum(lengths) > MAX_REPLY_BYTES:
+        raise ValueError(f"a reply of {sum(lengths)} bytes is larger than a store sends")
     return lengths
 
 
@@ -84,27 +92,3 @@ def split_fields(payload: bytes, lengths: Sequence[int]) -> list[bytes]:
         fields.append(payload[offset : offset + length])
         offset += length
     return fields
-
-
-def take_request(buffer: bytearray) -> tuple[int, float, list[bytes]] | None:
-    """Remove one complete request from the front of ``buffer``; None until it is all there.
-
-    Raises ValueError for a frame no client of ours would send, so the server can hang up.
-    """
-    if len(buffer) < REQUEST_HEADER.size:
-        return None
-    op, timeout, count = REQUEST_HEADER.unpack_from(buffer)
-    if count > MAX_FIELDS:
-        raise ValueError(f"a request with {count} fields is not a store request")
-    start = REQUEST_HEADER.size + 4 * count
-    if len(buffer) < start:
-        return None
-    lengths = lengths_struct(count).unpack_from(buffer, REQUEST_HEADER.size)
-    end = start + sum(lengths)
-    if end - start > MAX_FRAME_BYTES:
-        raise ValueError(f"a frame of {end - start} bytes is larger than the store accepts")
-    if len(buffer) < end:
-        return None
-    frame = bytes(buffer[:end])
-    del buffer[:end]
-    return op, timeout, split_fields(frame[start:], lengths)

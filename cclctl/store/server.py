@@ -1,9 +1,9 @@
 """The store's server: one asyncio loop in one daemon thread serves every client.
 
-Each connection is a bare :class:`asyncio.Protocol` (no streams, no task per request): a
-request that can be answered now is answered inside ``data_received``, so a round trip costs
-one loop wake-up. Only a ``get``/``wait`` on a missing key becomes a task, and it parks on a
-future, so ten thousand connected ranks, most of them waiting, cost no threads.
+Ten thousand connected ranks, most of them waiting, cost no threads (see
+:mod:`cclctl.store.connection`). With a token, only clients that prove it may write (see
+:mod:`cclctl.store.access`); :class:`~cclctl.store.limits.StoreLimits` bounds what any
+client may cost, and a sweep on the loop enforces its deadlines.
 """
 
 from __future__ import annotations
@@ -13,26 +13,59 @@ import contextlib
 import os
 import socket
 import threading
+from typing import Any
 
 from cclctl.errors import StoreError
-from cclctl.store.protocol import Status, pack_reply, take_request
+from cclctl.store.connection import Connection
+from cclctl.store.limits import REASONS, EventLog, StoreLimits
 from cclctl.store.state import StoreState
 
 LISTEN_BACKLOG = 4096  # ranks connect in a burst at start-up; the kernel caps it at somaxconn
 
 
 class StoreServer:
-    """A key-value store on ``host:port``, served from a background thread until closed."""
+    """A key-value store on ``host:port``, served from a background thread until closed.
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    With ``token``, a client that does not prove it may only read the job's statuses (what
+    ``cclctl top`` reads); every store cclctl starts has one. Without a token the store is
+    open to anyone who reaches the port: for tests and trusted setups only.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        token: str | None = None,
+        limits: StoreLimits | None = None,
+    ) -> None:
         self.host = host
         self._port = port
+        self.token = token or None
+        self.limits = limits or StoreLimits()
+        self.state = StoreState()
+        self.events = EventLog(f"{host}:{port}")
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._state = StoreState()
-        self._connections: set[_Connection] = set()
+        self._connections: dict[Connection, None] = {}  # in order of arrival
+        self._buffered = 0
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Connections closed by a limit or a failed proof, by reason (every reason in
+        limits.REASONS, zero or more)."""
+        return {reason: self.events.rejected[reason] for reason in REASONS}
+
+    @property
+    def refused(self) -> int:
+        """Requests refused to a connection without the token."""
+        return self.events.refused
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
 
     def start(self) -> StoreServer:
         """Bind now (so a taken port fails here, naming it) and serve in a daemon thread."""
@@ -47,6 +80,7 @@ class StoreServer:
                 address=f"{self.host}:{self._port}",
             ) from None
         self._port = int(self._sock.getsockname()[1])
+        self.events.address = self.address
         ready = threading.Event()
         self._thread = threading.Thread(
             target=asyncio.run,
@@ -85,91 +119,91 @@ class StoreServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # Called by connections, on the loop.
+
+    def now(self) -> float:
+        assert self._loop is not None
+        return self._loop.time()
+
+    def admit(self, conn: Connection) -> None:
+        """Register a new connection; at the cap, drop the oldest idle one to make room."""
+        if len(self._connections) >= self.limits.connection_cap():
+            victim = self._oldest_idle()
+            if victim is None:
+                self._connections[conn] = None
+                conn.reject("full", f"{len(self._connections) - 1} connections, none idle")
+                return
+            victim.reject("evicted", "the oldest idle connection, to make room for a new one")
+        self._connections[conn] = None
+
+    def forget(self, conn: Connection) -> None:
+        self._connections.pop(conn, None)
+        self._buffered -= conn.accounted
+        conn.accounted = 0
+
+    def account(self, conn: Connection) -> None:
+        """Count a connection's partial frames against max_buffered; over it, close it."""
+        self._buffered += conn.buffered - conn.accounted
+        conn.accounted = conn.buffered
+        if self._buffered > self.limits.buffered_cap:
+            conn.reject("memory", f"partial frames hold {self._buffered} bytes in all")
+
+    def _oldest_idle(self) -> Connection | None:
+        """The idle connection that has been quiet longest; never one that proved the token
+        while a store has a token, so a flood of strangers cannot push a rank out."""
+        candidates = [
+            c for c in self._connections if c.idle and (self.token is None or not c.authenticated)
+        ]
+        return min(candidates, key=lambda c: c.last_active, default=None)
+
     async def _serve(self, ready: threading.Event) -> None:
         self._loop = loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_error)
         self._stop = asyncio.Event()
         assert self._sock is not None  # bound by start()
         server = await loop.create_server(
-            lambda: _Connection(self._state, self._connections),
-            sock=self._sock,
-            backlog=LISTEN_BACKLOG,
+            lambda: Connection(self), sock=self._sock, backlog=LISTEN_BACKLOG
         )
+        sweeper = loop.create_task(self._sweep())
         ready.set()
         await self._stop.wait()
+        sweeper.cancel()
         server.close()
         for connection in list(self._connections):
             connection.close()
         # asyncio.run then cancels the waits that remain.
 
-
-class _Connection(asyncio.Protocol):
-    """One client. Requests are answered in order; a blocking one holds back the rest."""
-
-    def __init__(self, state: StoreState, registry: set[_Connection]) -> None:
-        self._state = state
-        self._registry = registry
-        self._buffer = bytearray()
-        self._transport: asyncio.Transport | None = None
-        self._waiting: asyncio.Task[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._registry.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._registry.discard(self)
-        if self._waiting is not None:
-            self._waiting.cancel()
-        self._transport = None
-
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        if self._waiting is None:
-            self._serve_buffered()
-
-    # A client that does not read its replies must not make us buffer without bound.
-    def pause_writing(self) -> None:
-        if self._transport is not None:
-            self._transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self._transport is not None:
-            self._transport.resume_reading()
-
-    def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-
-    def _serve_buffered(self) -> None:
-        state = self._state
-        while self._transport is not None:
-            try:
-                request = take_request(self._buffer)
-                if request is None:
-                    return
-                op, timeout, fields = request
-                if state.would_block(op, fields):
-                    self._waiting = asyncio.get_running_loop().create_task(
-                        self._answer_later(op, fields, timeout)
+    async def _sweep(self) -> None:
+        """Close connections past their deadlines: a frame too slow, a stranger too quiet."""
+        limits = self.limits
+        while True:
+            await asyncio.sleep(limits.sweep_s)
+            now = self.now()
+            for conn in list(self._connections):
+                started = conn.frame_started
+                if started is not None and now - started > limits.frame_timeout_s:
+                    conn.reject(
+                        "frame_timeout", f"a frame not whole {limits.frame_timeout_s:g}s on"
                     )
-                    return
-                status, out = state.apply(op, fields)
-            except ValueError as exc:  # garbage on the wire: say why once, then hang up
-                self._transport.write(pack_reply(Status.ERROR, [str(exc).encode()]))
-                self._transport.close()
-                return
-            self._transport.write(pack_reply(status, out))
+                elif (
+                    conn.idle
+                    and self._may_idle_out(conn)
+                    and now - conn.last_active > limits.idle_timeout_s
+                ):
+                    conn.reject("idle", f"no request for {limits.idle_timeout_s:g}s")
 
-    async def _answer_later(self, op: int, fields: list[bytes], timeout: float) -> None:
-        try:
-            status, out = await self._state.apply_blocking(op, fields, timeout)
-        except ValueError as exc:
-            status, out = Status.ERROR, [str(exc).encode()]
-        self._waiting = None
-        if self._transport is not None:
-            self._transport.write(pack_reply(status, out))
-            self._serve_buffered()
+    def _may_idle_out(self, conn: Connection) -> bool:
+        """Ranks stay connected, quiet, for a whole job; strangers and silent sockets do not."""
+        if self.token is not None:
+            return not conn.authenticated
+        return conn.requests == 0
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """An error asyncio would print with a traceback (an accept out of descriptors):
+        counted and told in one line instead."""
+        message = str(context.get("message", ""))
+        if "accept" not in message:
+            loop.default_exception_handler(context)
+            return
+        exc = context.get("exception")
+        self.events.reject("accept_error", f"{message}: {exc}" if exc else message)

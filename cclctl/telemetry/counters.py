@@ -130,6 +130,17 @@ class MetricsView:
     links: dict[int, tuple[int, int]]  # peer -> (sent, received)
     heartbeat_ns: int
     publish_errors: int
+    #: On the rank that hosts the job's store: its closed connections by reason, and the
+    #: requests it refused to clients without the token; None elsewhere.
+    store: StoreCounts | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreCounts:
+    """What the job's store turned away (read from the store server at scrape time)."""
+
+    rejected: dict[str, int]
+    refused: int
 
 
 def summarize(view: MetricsView) -> dict[str, object]:

@@ -5,6 +5,10 @@ collector takes one consistent copy of the plain counters and turns it into metr
 Each process has its own ``CollectorRegistry``, so nothing is global and tests can run
 several exporters side by side. See docs/metrics.md for what every metric means.
 
+Scrapes are served by :class:`~cclctl.telemetry.http_serve.MetricsHTTPServer`: one thread,
+a bounded number of connections and a deadline on each request, so slow or half-sent
+requests cannot pile threads or sockets into the rank.
+
 A process forked from a rank (a DataLoader worker) drops its copy of the listening socket at
 once: it has no thread serving it, and a copy left open would keep the rank's port bound
 after the rank is gone, so a restarted rank could not serve its metrics there.
@@ -16,9 +20,8 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -31,6 +34,7 @@ from prometheus_client.utils import floatToGoString
 from cclctl.bandwidth import COLLECTIVES
 from cclctl.errors import ConfigError
 from cclctl.telemetry.counters import DURATION_BOUNDS_NS, ERROR_REASONS, MetricsView, OpStats
+from cclctl.telemetry.http_serve import MetricsHTTPServer
 
 _BOUNDS_LE = [floatToGoString(ns / 1e9) for ns in DURATION_BOUNDS_NS] + ["+Inf"]
 
@@ -171,6 +175,26 @@ def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
     yield from (heartbeat, publish, info)
 
 
+def _store_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    """What the job's store turned away, on the rank that hosts it (see docs/metrics.md)."""
+    if view.store is None:
+        return
+    rejected = CounterMetricFamily(
+        "cclctl_store_rejected_connections",
+        "Connections the job's store closed, by reason (a limit, a wrong token).",
+        labels=[*_RANK_LABELS, "reason"],
+    )
+    for reason, count in sorted(view.store.rejected.items()):
+        rejected.add_metric([*base, reason], count)
+    refused = CounterMetricFamily(
+        "cclctl_store_refused_requests",
+        "Requests the job's store refused to clients without the job's token.",
+        labels=_RANK_LABELS,
+    )
+    refused.add_metric(base, view.store.refused)
+    yield from (rejected, refused)
+
+
 class TelemetryCollector:
     """A prometheus_client collector over a ``MetricsView`` source, read at scrape time."""
 
@@ -184,6 +208,7 @@ class TelemetryCollector:
         yield from _fault_counters(view, base)
         yield _histogram(view, base)
         yield from _process_metrics(view, base)
+        yield from _store_metrics(view, base)
 
 
 class MetricsExporter:
@@ -192,8 +217,8 @@ class MetricsExporter:
     def __init__(self, view: Callable[[], MetricsView]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(TelemetryCollector(view))
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: MetricsHTTPServer | None = None
+        self._lock = threading.Lock()
         _serving.add(self)
 
     def render(self) -> bytes:
@@ -202,33 +227,38 @@ class MetricsExporter:
 
     def start(self, addr: str, port: int) -> int:
         """Listen on ``addr:port`` (port 0: any free one); returns the port bound."""
-        if self._server is not None:
-            return int(self._server.server_address[1])
-        try:
-            self._server, self._thread = start_http_server(port, addr, self.registry)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}",
-                variable="CCLCTL_METRICS_PORT",
-            ) from None
-        return int(self._server.server_address[1])
+        with self._lock:
+            if self._server is not None:
+                return self._server.port
+            server = MetricsHTTPServer(self.render, CONTENT_TYPE_LATEST)
+            try:
+                bound = server.start(addr, port)
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}",
+                    variable="CCLCTL_METRICS_PORT",
+                ) from None
+            self._server = server
+            return bound
+
+    @property
+    def server(self) -> MetricsHTTPServer | None:
+        """The HTTP server while serving (its ``rejected`` counts dropped scrapes)."""
+        return self._server
 
     def stop(self) -> None:
         """Stop serving and free the port; safe to call more than once."""
-        server, thread, self._server, self._thread = self._server, self._thread, None, None
+        server, self._server = self._server, None
         if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(timeout=5.0)
+            server.stop()
 
     def _forget_in_child(self) -> None:
         """In a forked child: close this process's copy of the socket, serve nothing. Not
-        ``stop``: its ``shutdown`` would wait forever for a serving thread the child lacks.
+        ``stop``: it would wait for a serving thread the child does not have.
         """
-        server, self._server, self._thread = self._server, None, None
+        server, self._server = self._server, None
         if server is not None:
-            server.socket.close()
+            server.close_socket()
 
 
 _serving: weakref.WeakSet[MetricsExporter] = weakref.WeakSet()

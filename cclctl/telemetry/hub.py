@@ -19,7 +19,7 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import UsageError
 from cclctl.records import RankSnapshot
 from cclctl.telemetry import dumps
-from cclctl.telemetry.counters import MetricsView, summarize
+from cclctl.telemetry.counters import MetricsView, StoreCounts, summarize
 from cclctl.telemetry.recorder import Recorder
 from cclctl.telemetry.stacks import capture_stacks
 from cclctl.telemetry.status import StatusPublisher, StatusStore
@@ -57,6 +57,7 @@ class Telemetry(Recorder):
         self._exporter: MetricsExporter | None = None
         self._hooks: list[Callable[[], None]] = []
         self._link_sources: list[LinkSource] = []
+        self._store_source: Callable[[], StoreCounts] | None = None
         self._close_lock = threading.Lock()
         self._closed = False
 
@@ -83,7 +84,12 @@ class Telemetry(Recorder):
             links=links,
             heartbeat_ns=self.heartbeat_ns,
             publish_errors=publisher.errors if publisher else 0,
+            store=self._store_source() if self._store_source is not None else None,
         )
+
+    def add_store_source(self, source: Callable[[], StoreCounts]) -> None:
+        """On the rank that hosts the job's store: read what it turned away, at scrape time."""
+        self._store_source = source
 
     def add_link_source(self, source: LinkSource) -> None:
         """Read per-peer link bytes from a transport that already counts them.

@@ -9,6 +9,7 @@ import time
 import pytest
 from launch_helpers import PY, RANK_PROGRAM, Lines, assert_all_gone
 
+from cclctl import auth
 from cclctl.errors import UsageError
 from cclctl.launch.launcher import LaunchResult, launch
 
@@ -48,7 +49,7 @@ def test_ranks_get_the_job_environment_and_prefixed_output() -> None:
         assert env["CCLCTL_STORE"] == result.store_address
         assert env["MASTER_PORT"] != result.store_address.rpartition(":")[2]
         assert env["CCLCTL_JOB"] == result.job and result.job.startswith("launch-")
-        assert len(env["CCLCTL_TOKEN"]) == 32
+        assert len(env["CCLCTL_TOKEN"]) == len(auth.new_token())
         assert env["EXTRA"] == "yes"
     assert len({env["CCLCTL_TOKEN"] for env in envs.values()}) == 1
 

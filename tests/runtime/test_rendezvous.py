@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cclctl.config import RuntimeConfig
-from cclctl.errors import RendezvousError
+from cclctl.errors import ConfigError, RendezvousError
 from cclctl.runtime.job.rendezvous import Rendezvous, _bind_host, join_store
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.scope import ScopedStore
@@ -177,11 +177,14 @@ def test_rank_out_of_range_is_refused(server: StoreServer) -> None:
         join_store(client, 4, 4, cfg())
 
 
-def test_bind_host_falls_back_to_every_interface_only_for_foreign_addresses() -> None:
+def test_bind_host_never_falls_back_to_every_interface_unless_asked() -> None:
     assert _bind_host("127.0.0.1") == "127.0.0.1"
     assert _bind_host("localhost") == "localhost"
-    assert _bind_host("192.0.2.1") == "0.0.0.0"  # TEST-NET-1: never this host's
-    assert _bind_host("no-such-host.invalid") == "0.0.0.0"
+    for foreign in ("192.0.2.1", "no-such-host.invalid"):  # TEST-NET-1: never this host's
+        with pytest.raises(ConfigError, match="CCLCTL_STORE_ADDR") as caught:
+            _bind_host(foreign)
+        assert caught.value.exit_code == 2 and foreign in caught.value.message
+    assert _bind_host("192.0.2.1", "0.0.0.0") == "0.0.0.0"  # asked for: CCLCTL_STORE_ADDR
 
 
 RANK_SCRIPT = """

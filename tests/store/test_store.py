@@ -250,11 +250,12 @@ def test_ten_thousand_clients_blocked_in_wait_are_released_by_one_set(
 
 
 def test_request_frames_round_trip_through_the_parser() -> None:
-    from cclctl.store.protocol import take_request
+    from cclctl.store.frames import FrameReader, Request
 
     frame = pack_request(Op.COMPARE_SET, [b"key", b"", b"\x00\xff"], 1.5)
-    buffer = bytearray(frame[:5])
-    assert take_request(buffer) is None  # incomplete: nothing consumed
-    buffer += frame[5:] + b"extra"
-    assert take_request(buffer) == (Op.COMPARE_SET, 1.5, [b"key", b"", b"\x00\xff"])
-    assert buffer == b"extra"
+    reader = FrameReader(max_frame=1 << 20, max_fields=16)
+    reader.feed(frame[:5])
+    assert reader.take() is None  # incomplete: nothing consumed
+    reader.feed(frame[5:] + b"extra")
+    assert reader.take() == Request(Op.COMPARE_SET, 1.5, [b"key", b"", b"\x00\xff"])
+    assert reader.buffered == len(b"extra")

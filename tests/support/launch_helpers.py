@@ -24,7 +24,9 @@ if action == "leave":
     sys.exit(0)  # exits at once, leaving its sleeping child behind
 if action == "ignore-term":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-store = StoreClient.from_address(os.environ["CCLCTL_STORE"], connect_timeout_s=10)
+store = StoreClient.from_address(
+    os.environ["CCLCTL_STORE"], connect_timeout_s=10, token=os.environ["CCLCTL_TOKEN"]
+)
 store.add("ready", 1)
 if action.startswith("exit") or action == "kill":
     while int(store.get("ready")) < world:

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from telemetry_helpers import run
 
 from cclctl.records import FAILED
+from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.exporter import JOB_LABEL, MetricsExporter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +28,7 @@ def exposed(make_tel) -> tuple[set[str], set[str]]:
     run(tel, "w", 1)
     run(tel, "w", 2, state=FAILED)
     tel.link_bytes(1, 1, 1)
+    tel.add_store_source(lambda: StoreCounts({"idle": 1}, 2))  # as on the store's rank
     text = MetricsExporter(tel.metrics_view).render().decode()
     families = list(text_string_to_metric_families(text))
     return {f.name for f in families}, {s.name for f in families for s in f.samples}

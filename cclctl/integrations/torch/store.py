@@ -18,6 +18,7 @@ from cclctl.runtime.job.rendezvous import Rendezvous, join
 from cclctl.runtime.job.signals import DumpRequests, request_dump
 from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
+from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.hub import Telemetry
 
 #: torch's init_process_group has just lined the ranks up, so they reach cclctl's store
@@ -72,10 +73,14 @@ def attach(
             rdzv.store.port,
             timeout_s=cfg.timeout_s,
             connect_timeout_s=cfg.connect_timeout_s,
+            token=cfg.token or None,
         )
     except BaseException:
         rdzv.close()
         raise
+    server = rdzv.server
+    if server is not None:  # rank 0 hosts the store: its exporter shows what it turned away
+        telemetry.add_store_source(lambda: StoreCounts(server.rejected, server.refused))
     try:
         telemetry.publish_to(ScopedStore.for_job(client, rdzv.job))
         requests = DumpRequests(ScopedStore.for_job(client, rdzv.job), telemetry, rank).start()

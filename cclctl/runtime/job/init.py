@@ -17,6 +17,7 @@ from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.runtime.transport.tcp_links import Links, local_address_towards
 from cclctl.store.client import StoreClient, parse_address
 from cclctl.store.scope import ScopedStore
+from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.hub import Telemetry
 from cclctl.telemetry.watchdog import Watchdog
 
@@ -45,7 +46,10 @@ def init(
             store
             if isinstance(store, StoreClient)
             else StoreClient.from_address(
-                store, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s
+                store,
+                timeout_s=cfg.timeout_s,
+                connect_timeout_s=cfg.connect_timeout_s,
+                token=cfg.token or None,
             )
         )
         rdzv = join_store(client, rank, world_size, cfg)
@@ -126,6 +130,9 @@ def _start_telemetry(
     )
     telemetry.register_comm(comm_id, list(range(rdzv.world_size)))
     telemetry.add_link_source(transport.link_bytes)
+    server = rdzv.server
+    if server is not None:  # the rank that hosts the store shows what it turned away
+        telemetry.add_store_source(lambda: StoreCounts(server.rejected, server.refused))
     if threading.current_thread() is threading.main_thread():
         telemetry.install_signal_dump()  # kill -USR1 <pid>: dump now, keep running
         if cfg.trace_dir:  # evidence on every way out, where the operator asked for it
@@ -136,6 +143,7 @@ def _start_telemetry(
         rdzv.store.port,
         timeout_s=cfg.timeout_s,
         connect_timeout_s=cfg.connect_timeout_s,
+        token=cfg.token or None,
     )
     try:
         telemetry.serve_metrics()

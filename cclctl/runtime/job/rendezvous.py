@@ -16,17 +16,23 @@ import socket
 import time
 from typing import Any
 
-from cclctl.config import RendezvousConfig, RuntimeConfig
-from cclctl.errors import CclError, RendezvousError, StoreTimeout
+from cclctl.config import (
+    RendezvousConfig,
+    RuntimeConfig,
+    StoreServerConfig,
+    store_server_from_env,
+)
+from cclctl.errors import CclError, ConfigError, RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.store.client import StoreClient, StoreServer
+from cclctl.store.limits import StoreLimits
 from cclctl.store.scope import ScopedStore
 
 #: How often a waiting rank looks for an error another rank reported, so it fails fast.
 ERROR_POLL_S = 0.5
 ERROR_KEY = "rdzv/error"
 ERROR_LINGER_S = 2 * ERROR_POLL_S
-ANY_ADDRESS = "0.0.0.0"
+ANY_ADDRESSES = ("0.0.0.0", "::")
 
 
 @dataclasses.dataclass
@@ -84,17 +90,33 @@ class Rendezvous:
                 self.server.close()
 
 
-def join(rdzv: RendezvousConfig, cfg: RuntimeConfig) -> Rendezvous:
-    """Join the job described by the environment: rank 0 hosts the store unless one runs."""
+def join(
+    rdzv: RendezvousConfig, cfg: RuntimeConfig, hosting: StoreServerConfig | None = None
+) -> Rendezvous:
+    """Join the job described by the environment: rank 0 hosts the store unless one runs.
+
+    The store rank 0 hosts has the job's token (``cfg.token``) and listens where ``hosting``
+    says (default: ``CCLCTL_STORE_ADDR`` and ``CCLCTL_STORE_MAX_FRAME``).
+    """
     server = None
     host, port = rdzv.store_host, rdzv.store_port
     if not rdzv.store_external and rdzv.rank == 0:
-        server = StoreServer(_bind_host(host), port).start()
-        host = "127.0.0.1" if server.host == ANY_ADDRESS else server.host
+        hosting = store_server_from_env() if hosting is None else hosting
+        server = StoreServer(
+            _bind_host(host, hosting.bind),
+            port,
+            token=cfg.token or None,
+            limits=StoreLimits(max_frame=hosting.max_frame),
+        ).start()
+        host = "127.0.0.1" if server.host in ANY_ADDRESSES else server.host
         port = server.port
     try:
         client = StoreClient(
-            host, port, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s
+            host,
+            port,
+            timeout_s=cfg.timeout_s,
+            connect_timeout_s=cfg.connect_timeout_s,
+            token=cfg.token or None,
         )
     except BaseException:
         if server is not None:
@@ -219,21 +241,33 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {fold_ranks(ranks)}"
 
 
-def _bind_host(host: str) -> str:
-    """``host`` when it is one of this machine's addresses, else every interface.
-
-    Behind NAT or in containers MASTER_ADDR may name an address this host cannot bind; the
-    store then listens on all interfaces, and only then.
+def _bind_host(host: str, bind: str = "") -> str:
+    """Where rank 0's store listens: ``bind`` (``CCLCTL_STORE_ADDR``) when given, else
+    ``host``, which must be one of this machine's addresses. Never every interface unless
+    asked: behind NAT or in a container, say which address (or ``0.0.0.0``) to listen on.
     """
+    if bind:
+        return bind
+    if _is_local(host):
+        return host
+    raise ConfigError(
+        f"the store's address {host!r} (MASTER_ADDR) is not an address of this host, and "
+        "rank 0 hosts the job's store there: start rank 0 on that host, or set "
+        "CCLCTL_STORE_ADDR to the address to listen on (0.0.0.0 for every interface)",
+        variable="MASTER_ADDR",
+    )
+
+
+def _is_local(host: str) -> bool:
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
-        return ANY_ADDRESS
+        return False
     for family, kind, proto, _, sockaddr in infos:
         with socket.socket(family, kind, proto) as probe:
             try:
                 probe.bind((sockaddr[0], 0))
             except OSError:
                 continue
-            return host
-    return ANY_ADDRESS
+            return True
+    return False
