@@ -204,9 +204,11 @@ class _Telemetry:
     def __init__(self, fail_first: bool) -> None:
         self.queue = 0
         self.folds = 0
+        self.looks = 0  # how often the folder asked what is queued
         self.fail = fail_first
 
     def queued(self) -> int:
+        self.looks += 1
         return self.queue
 
     def fold(self) -> None:
@@ -221,8 +223,10 @@ def test_the_folder_folds_only_what_is_queued_outlives_a_failed_fold_and_stops()
     tel = _Telemetry(fail_first=True)
     folder = Folder(tel, period_s=0.001, idle_s=0.001).start()
     try:
-        time.sleep(0.05)
-        assert tel.folds == 0  # nothing queued, nothing to fold
+        deadline = time.monotonic() + 5
+        while tel.looks < 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert tel.looks >= 5 and tel.folds == 0  # it looked: nothing queued, nothing folded
         tel.queue = 3
         deadline = time.monotonic() + 5
         while tel.queue and time.monotonic() < deadline:

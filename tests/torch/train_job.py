@@ -114,7 +114,9 @@ def records():
     sess = telemetry.session() if telemetry else None
     if sess is None:
         return
-    time.sleep(0.05)  # async works close from gloo's thread
+    deadline = time.monotonic() + 10
+    while sess.telemetry.inflight() and time.monotonic() < deadline:
+        time.sleep(0.01)  # async works close from gloo's thread
     recs = [
         [r.comm, r.seq, r.op, r.state, r.dtype, r.count, r.nbytes, r.root, r.peer, r.duration_ns]
         for r in sess.telemetry.records()
