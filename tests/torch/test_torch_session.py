@@ -156,6 +156,26 @@ def test_a_work_without_future_closes_at_wait_or_when_polled_done() -> None:
         done.close()
 
 
+def test_close_ends_the_poll_thread_while_it_waits_between_polls() -> None:
+    class Polled(_Work):  # never completes; says when the background poll looked at it
+        def __init__(self) -> None:
+            super().__init__()
+            self.looked = threading.Event()
+
+        def is_completed(self) -> bool:
+            self.looked.set()
+            return False
+
+    done = Completions(lambda rec, error, end_ns: None, poll_s=3600)
+    work = Polled()
+    done.on_wait_or_poll(CollectiveRecord("c", 1, "send", peer=1), work)
+    thread = done._thread
+    assert thread is not None and work.looked.wait(10)  # polled once: now it waits an hour
+    done.close()
+    assert not thread.is_alive()  # not left waiting out the hour until the next poll
+    assert done.pending() == 1  # still in flight: that is what it is
+
+
 def test_cuda_style_events_give_the_duration_and_failures_close_with_the_error() -> None:
     class Event:
         def __init__(self, ready: bool, fail: bool = False) -> None:
