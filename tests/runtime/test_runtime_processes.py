@@ -14,6 +14,7 @@ from scripts import script
 from cclctl.launch.launcher import launch
 from cclctl.runtime.algorithms import zero_copy
 
+pytestmark = pytest.mark.slow  # real multi-process jobs, up to 7 ranks
 WORKER = script("matrix_worker.py")
 
 

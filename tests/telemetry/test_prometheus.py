@@ -32,6 +32,7 @@ from promql_sources import dashboard_queries, dashboard_variables, doc_queries, 
 from cclctl.launch.launcher import LaunchResult, launch
 from scripts import script
 
+pytestmark = pytest.mark.slow  # real jobs scraped by a real Prometheus
 JOB, HUNG = "prom-e2e", "prom-hang"
 RANKS, HUNG_RANKS = 4, 3
 GATHER_BYTES = 5 * 1000 * 4 * RANKS  # 5 all_gathers of the full gathered buffer

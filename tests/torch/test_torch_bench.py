@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # cclctl bench on real gloo ranks
+
 from torch_jobs import child_env, run_job
 
 CCLCTL = str(Path(sys.executable).with_name("cclctl"))

@@ -16,6 +16,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # real gloo jobs writing Flight Recorder dumps
+
 from torch_jobs import child_env, run_job
 
 from cclctl.diagnose.engine import diagnose

@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # real gloo jobs through cclctl run
+
 from torch_jobs import child_env, run_job
 
 CCLCTL = str(Path(sys.executable).with_name("cclctl"))

@@ -22,6 +22,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # real gloo jobs, diagnosed live
+
 from torch_jobs import HERE, child_env, free_port
 
 from cclctl.errors import CclError
