@@ -130,6 +130,7 @@ def test_launch_prints_the_store_and_commands_that_work_against_the_job(tmp_path
             proc.wait(60)
         finally:
             proc.kill()
+            proc.wait(10)
     assert proc.returncode == 0
 
 

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-pytestmark = pytest.mark.slow  # real gloo jobs through cclctl run
-
 from torch_jobs import child_env, run_job
+
+pytestmark = pytest.mark.slow  # real gloo jobs through cclctl run
 
 CCLCTL = str(Path(sys.executable).with_name("cclctl"))
 WORLD = 2

@@ -22,13 +22,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-pytestmark = pytest.mark.slow  # real gloo jobs, diagnosed live
-
 from torch_jobs import HERE, child_env, free_port
 
 from cclctl.errors import CclError
 from cclctl.live.snapshot import fetch
 from cclctl.store.client import StoreClient
+
+pytestmark = pytest.mark.slow  # real gloo jobs, diagnosed live
 
 CCLCTL = str(Path(sys.executable).with_name("cclctl"))
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))

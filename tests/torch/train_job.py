@@ -137,7 +137,10 @@ elif mode == "hang":
     dist.all_reduce(t)
     dist.barrier()
     if rank == world - 1:
+        give_up = time.monotonic() + 300  # a backstop: the test releases or stops it first
         while not os.path.exists(flag):  # stuck in its own code, not in a collective
+            if time.monotonic() > give_up:
+                raise SystemExit(f"{flag} never appeared")
             time.sleep(0.05)
     dist.all_reduce(t)
     print("released", flush=True)
