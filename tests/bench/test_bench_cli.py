@@ -73,6 +73,7 @@ def test_bad_input_is_one_line_and_exit_2(
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sweep_of_five_ops_on_three_ranks_checks_clean(tmp_path: Path) -> None:
     out_json = tmp_path / "out.json"
@@ -96,6 +97,7 @@ def test_sweep_of_five_ops_on_three_ranks_checks_clean(tmp_path: Path) -> None:
     assert len(table_rows) == len(doc["rows"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_shared_buffers_run_zero_copy_and_check_clean(tmp_path: Path) -> None:
     """--shared-buffers: every op's buffers come from comm.empty() (all_reduce, all_gather,
@@ -144,6 +146,7 @@ def test_bad_self_test_spec_is_exit_2() -> None:
     assert code == 2 and "CCLCTL_BENCH_CORRUPT" in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_inside_a_launched_job_rank_0_reports(tmp_path: Path) -> None:
     out_csv = tmp_path / "rows.csv"

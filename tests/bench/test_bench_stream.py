@@ -19,6 +19,7 @@ import pytest
 from cclctl.benchmark import report
 from cclctl.benchmark.results import Row
 
+pytestmark = pytest.mark.slow  # a real cclctl bench, interrupted mid-sweep
 LONG_SWEEP = ["-e", "1G"]  # far longer than any test waits: interrupted, never finished
 
 

@@ -77,6 +77,7 @@ def next_line(lines: queue.Queue[str], deadline: float, seen: list[str]) -> str:
     return line
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_launch_prints_the_store_and_commands_that_work_against_the_job(tmp_path: Path) -> None:
     release = tmp_path / "release"
@@ -129,6 +130,7 @@ def test_launch_prints_the_store_and_commands_that_work_against_the_job(tmp_path
             proc.wait(60)
         finally:
             proc.kill()
+            proc.wait(10)
     assert proc.returncode == 0
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fault_job import FaultJob
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # real fault-injection jobs
 
 
 def _diagnose(*args: str) -> tuple[int, dict[str, Any], str]:

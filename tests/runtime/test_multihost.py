@@ -17,9 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from scripts import script
 
 pytestmark = [
+    pytest.mark.slow,  # real jobs across network namespaces
     pytest.mark.netns,
     pytest.mark.skipif(
         os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None,

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -85,7 +84,9 @@ def test_ranks_join_and_exchange_values_by_rank(server: StoreServer) -> None:
 
 @pytest.mark.timeout(20)
 def test_a_rank_claimed_twice_names_both_processes(server: StoreServer) -> None:
-    first, first_out = join_in_thread(server, 1, 2, cfg(host="host-a"))
+    # The first claimant's own rendezvous timeout lies far beyond this test's: it can only
+    # end here by learning of the clash.
+    first, first_out = join_in_thread(server, 1, 2, cfg(host="host-a", connect_timeout_s=600))
     client = StoreClient("127.0.0.1", server.port)
     client.get("cclctl/job/rdzv/rank/1", timeout_s=5)  # host-a's claim is in; it waits for rank 0
     with pytest.raises(RendezvousError) as info:
@@ -93,9 +94,8 @@ def test_a_rank_claimed_twice_names_both_processes(server: StoreServer) -> None:
     client.close()
     message = f"rank 1 is claimed twice: by host-a pid {PID} and host-b pid {PID}"
     assert str(info.value) == message
-    started = time.monotonic()
-    first.join(5)
-    assert time.monotonic() - started < 2  # the first claimant fails fast, not at its timeout
+    first.join(10)
+    assert not first.is_alive(), "the first claimant still waits for its own timeout"
     assert str(first_out["error"]) == f"rendezvous abandoned: {message}"
 
 

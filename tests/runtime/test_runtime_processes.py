@@ -9,11 +9,12 @@ from typing import Any
 
 import matrix_worker
 import pytest
-from scripts import script
 
 from cclctl.launch.launcher import launch
 from cclctl.runtime.algorithms import zero_copy
+from scripts import script
 
+pytestmark = pytest.mark.slow  # real multi-process jobs, up to 7 ranks
 WORKER = script("matrix_worker.py")
 
 

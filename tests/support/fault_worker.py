@@ -54,8 +54,8 @@ def main() -> int:
             one(comm, buf, out)
     except CclError as exc:
         print(f"rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
-        if os.environ.get("HOLD_ON_ERROR") == "1":
-            threading.Event().wait()
+        if os.environ.get("HOLD_ON_ERROR") == "1":  # until the test stops it (at most 5 min)
+            threading.Event().wait(300)
         return 1
     print(f"rank {comm.rank} done", flush=True)
     comm.close()

@@ -16,10 +16,15 @@ import numpy as np
 import cclctl
 from cclctl.errors import CclError
 
+GIVE_UP_S = 300  # a backstop for a rank whose test is gone: its launcher stops it long before
+
 
 def wait_for_file(path: str) -> None:
     """Poll for the test's signal file (it decides when the next phase may start)."""
+    deadline = time.monotonic() + GIVE_UP_S
     while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{path} never appeared")
         time.sleep(0.1)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ from promql_sources import dashboard_queries, dashboard_variables, doc_queries, 
 from cclctl.launch.launcher import LaunchResult, launch
 from scripts import script
 
+pytestmark = pytest.mark.slow  # real jobs scraped by a real Prometheus
 JOB, HUNG = "prom-e2e", "prom-hang"
 RANKS, HUNG_RANKS = 4, 3
 GATHER_BYTES = 5 * 1000 * 4 * RANKS  # 5 all_gathers of the full gathered buffer
@@ -100,16 +102,22 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
         ),
     ]
     dead = base + RANKS + HUNG_RANKS  # a target nothing listens on: a rank that is gone
-    server, port = start_prometheus(tmp, list(range(base, dead + 1)))
+    server: subprocess.Popen[bytes] | None = None
     try:
+        server, port = start_prometheus(tmp, list(range(base, dead + 1)))
         yield Jobs(port, go, release, f"127.0.0.1:{dead}")
     finally:
         go.touch()
         release.touch()
         for thread in threads:
             thread.join(60)
-        server.terminate()
-        server.wait(10)
+        if server is not None:
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(10)
     assert len(results) == 2 and all(r.returncode == 0 for r in results), "\n".join(lines[-40:])
 
 

@@ -212,19 +212,24 @@ if hold:  # a fold thread inside the recorder's lock when the process forks
 
     threading.Thread(target=fold, daemon=True).start()
     held.wait()
+started_r, started_w = os.pipe()
 pid = os.fork()
 if pid == 0:  # the forked child (a DataLoader worker, say): inherits every trigger
     if mode == "signal":
-        os.kill(os.getpid(), signal.SIGUSR1)
-        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGUSR1)  # the Python handler has run when kill returns
+        for thread in threading.enumerate():  # a fork keeps no thread: any is the handler's
+            if thread is not threading.current_thread():
+                thread.join(5)
         sys.exit(0)  # a normal exit: atexit runs
     if mode == "raise":
         raise RuntimeError("worker failed")
-    time.sleep(30)  # "term": the parent stops it
+    os.write(started_w, b"x")  # "term": running, past the fork; the parent stops it
+    time.sleep(30)
     os._exit(0)
+os.close(started_w)
 release.set()
 if mode == "term":
-    time.sleep(0.3)
+    os.read(started_r, 1)  # the child runs (or has died: then the read ends at once)
     os.kill(pid, signal.SIGTERM)
 deadline = time.monotonic() + 10
 while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:

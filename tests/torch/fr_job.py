@@ -44,7 +44,7 @@ elif scenario == "mismatch" and last:
     dist.broadcast(t, 0, async_op=True)
 else:
     dist.all_reduce(t, async_op=True)
-time.sleep(1.5)
+time.sleep(1.5)  # the hang itself: dumped later than the tests' 1 s stuck_after_s
 warm.join()
 for fmt, name, dump in (
     ("pickle", f"nccl_trace_rank_{rank}", _dump_fr_trace),

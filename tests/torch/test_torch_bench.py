@@ -16,6 +16,8 @@ pytest.importorskip("torch")
 
 from torch_jobs import child_env, run_job
 
+pytestmark = pytest.mark.slow  # cclctl bench on real gloo ranks
+
 CCLCTL = str(Path(sys.executable).with_name("cclctl"))
 OPS = "all_reduce,all_gather,reduce_scatter,broadcast,reduce,alltoall,sendrecv"
 

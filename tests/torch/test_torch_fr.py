@@ -22,6 +22,8 @@ from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import MISMATCH, NOT_ENTERED, Options
 from cclctl.diagnose_io.flight_recorder import load_flight_recorder
 
+pytestmark = pytest.mark.slow  # real gloo jobs writing Flight Recorder dumps
+
 FAST = Options(stuck_after_s=1.0)  # the jobs hang for ~1.5 s before they dump
 
 

@@ -17,6 +17,8 @@ pytest.importorskip("torch")
 
 from torch_jobs import child_env, run_job
 
+pytestmark = pytest.mark.slow  # real gloo jobs through cclctl run
+
 CCLCTL = str(Path(sys.executable).with_name("cclctl"))
 WORLD = 2
 

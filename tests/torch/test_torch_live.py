@@ -28,6 +28,8 @@ from cclctl.errors import CclError
 from cclctl.live.snapshot import fetch
 from cclctl.store.client import StoreClient
 
+pytestmark = pytest.mark.slow  # real gloo jobs, diagnosed live
+
 CCLCTL = str(Path(sys.executable).with_name("cclctl"))
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 EXIT_FAULT = 3

@@ -156,6 +156,26 @@ def test_a_work_without_future_closes_at_wait_or_when_polled_done() -> None:
         done.close()
 
 
+def test_close_ends_the_poll_thread_while_it_waits_between_polls() -> None:
+    class Polled(_Work):  # never completes; says when the background poll looked at it
+        def __init__(self) -> None:
+            super().__init__()
+            self.looked = threading.Event()
+
+        def is_completed(self) -> bool:
+            self.looked.set()
+            return False
+
+    done = Completions(lambda rec, error, end_ns: None, poll_s=3600)
+    work = Polled()
+    done.on_wait_or_poll(CollectiveRecord("c", 1, "send", peer=1), work)
+    thread = done._thread
+    assert thread is not None and work.looked.wait(10)  # polled once: now it waits an hour
+    done.close()
+    assert not thread.is_alive()  # not left waiting out the hour until the next poll
+    assert done.pending() == 1  # still in flight: that is what it is
+
+
 def test_cuda_style_events_give_the_duration_and_failures_close_with_the_error() -> None:
     class Event:
         def __init__(self, ready: bool, fail: bool = False) -> None:
@@ -204,9 +224,11 @@ class _Telemetry:
     def __init__(self, fail_first: bool) -> None:
         self.queue = 0
         self.folds = 0
+        self.looks = 0  # how often the folder asked what is queued
         self.fail = fail_first
 
     def queued(self) -> int:
+        self.looks += 1
         return self.queue
 
     def fold(self) -> None:
@@ -221,8 +243,10 @@ def test_the_folder_folds_only_what_is_queued_outlives_a_failed_fold_and_stops()
     tel = _Telemetry(fail_first=True)
     folder = Folder(tel, period_s=0.001, idle_s=0.001).start()
     try:
-        time.sleep(0.05)
-        assert tel.folds == 0  # nothing queued, nothing to fold
+        deadline = time.monotonic() + 5
+        while tel.looks < 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert tel.looks >= 5 and tel.folds == 0  # it looked: nothing queued, nothing folded
         tel.queue = 3
         deadline = time.monotonic() + 5
         while tel.queue and time.monotonic() < deadline:

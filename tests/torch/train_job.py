@@ -114,7 +114,9 @@ def records():
     sess = telemetry.session() if telemetry else None
     if sess is None:
         return
-    time.sleep(0.05)  # async works close from gloo's thread
+    deadline = time.monotonic() + 10
+    while sess.telemetry.inflight() and time.monotonic() < deadline:
+        time.sleep(0.01)  # async works close from gloo's thread
     recs = [
         [r.comm, r.seq, r.op, r.state, r.dtype, r.count, r.nbytes, r.root, r.peer, r.duration_ns]
         for r in sess.telemetry.records()
@@ -135,7 +137,10 @@ elif mode == "hang":
     dist.all_reduce(t)
     dist.barrier()
     if rank == world - 1:
+        give_up = time.monotonic() + 300  # a backstop: the test releases or stops it first
         while not os.path.exists(flag):  # stuck in its own code, not in a collective
+            if time.monotonic() > give_up:
+                raise SystemExit(f"{flag} never appeared")
             time.sleep(0.05)
     dist.all_reduce(t)
     print("released", flush=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -157,7 +156,7 @@ class Completions:
                 self._wake.clear()
                 continue
             self.poll()
-            time.sleep(self._poll_s)
+            self._stop.wait(self._poll_s)  # close() ends the wait at once
 
     def _safe_close(self, rec: CollectiveRecord, error: BaseException | None, end_ns: int) -> None:
         try:
