@@ -23,6 +23,10 @@ class StoreState:
         self.data: dict[bytes, bytes] = {}
         self._waiters: dict[bytes, set[asyncio.Future[bool]]] = {}
 
+    def waiting(self, key: bytes) -> int:
+        """How many requests wait for ``key`` now (what a blocked ``get`` or ``wait`` shows)."""
+        return len(self._waiters.get(key, ()))
+
     def would_block(self, op: int, fields: Sequence[bytes]) -> bool:
         return op in BLOCKING_OPS and any(key not in self.data for key in fields)
 

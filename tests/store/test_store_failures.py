@@ -6,9 +6,9 @@ import os
 import select
 import socket
 import threading
-import time
 
 import pytest
+from store_waits import until_waiting
 
 from cclctl.errors import StoreError, StoreTimeout
 from cclctl.store.client import StoreClient, StoreServer
@@ -23,14 +23,12 @@ def free_port() -> int:
 
 @pytest.mark.timeout(10)
 def test_get_timeout_names_the_key_and_the_store(client: StoreClient, server: StoreServer) -> None:
-    started = time.monotonic()
     with pytest.raises(StoreTimeout) as info:
         client.get("rank/7/addr", timeout_s=0.3)
     assert str(info.value) == (
         f"timed out after 0.3s waiting for key 'rank/7/addr' in the store at {server.address}"
     )
     assert info.value.fields["key"] == "rank/7/addr"
-    assert 0.25 < time.monotonic() - started < 3
     client.set("after", b"1")  # a timeout does not break the connection
     assert client.get("after") == b"1"
 
@@ -49,13 +47,11 @@ def test_wait_timeout_names_only_the_missing_keys(client: StoreClient, server: S
 @pytest.mark.timeout(10)
 def test_unreachable_store_is_a_timeout_naming_the_address() -> None:
     port = free_port()
-    started = time.monotonic()
     with pytest.raises(StoreTimeout) as info:
         StoreClient("127.0.0.1", port, connect_timeout_s=0.4)
     assert str(info.value) == (
         f"cannot reach the store at 127.0.0.1:{port} after 0.4s: Connection refused"
     )
-    assert 0.3 < time.monotonic() - started < 3
 
 
 @pytest.mark.timeout(10)
@@ -96,7 +92,7 @@ def test_closing_the_server_fails_a_blocked_get_with_the_address() -> None:
 
     t = threading.Thread(target=blocked, daemon=True)
     t.start()
-    time.sleep(0.2)
+    until_waiting(srv, "never")
     srv.close()
     t.join(5)
     assert not t.is_alive()
@@ -108,7 +104,9 @@ def test_closing_the_server_fails_a_blocked_get_with_the_address() -> None:
 
 
 @pytest.mark.timeout(10)
-def test_closing_a_client_unblocks_its_waiting_thread(client: StoreClient) -> None:
+def test_closing_a_client_unblocks_its_waiting_thread(
+    client: StoreClient, server: StoreServer
+) -> None:
     errors: list[BaseException] = []
 
     def blocked() -> None:
@@ -119,7 +117,7 @@ def test_closing_a_client_unblocks_its_waiting_thread(client: StoreClient) -> No
 
     t = threading.Thread(target=blocked, daemon=True)
     t.start()
-    time.sleep(0.2)
+    until_waiting(server, "never")
     client.close()
     t.join(5)
     assert not t.is_alive()
