@@ -211,16 +211,10 @@ class Session:
             comm.seq += 1
             count = tensor.numel()  # not ``nbytes``: sparse tensors raise there
             name, itemsize = dtype_info(tensor.dtype)
-            rec = CollectiveRecord(
-                comm=comm.id,
-                seq=comm.seq,
-                op=call[QUICK_OP],
-                dtype=name,
-                count=count,
-                nbytes=count * itemsize,
-                state=STARTED,
-                start_ns=call[QUICK_START],
-            )
+            rec = CollectiveRecord(  # positional, as in open_record: once per quick call
+                comm.id, comm.seq, call[QUICK_OP], name, count, count * itemsize, None, None,
+                0, "", STARTED, call[QUICK_START],
+            )  # fmt: skip
             self.telemetry.start(rec)
             if call[QUICK_END]:
                 finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
