@@ -87,11 +87,12 @@ def python_wrappers(
     import torch
 
     from cclctl.integrations.torch import wrap as cclctl_torch
+    from cclctl.integrations.torch.wrappers import wrap_general, wrap_quick
 
     state, layout = cclctl_torch._state, quick_layout("all_reduce", like)
     assert state is not None and layout is not None
-    general = cclctl_torch._wrap(state, target, describer("all_reduce", like, torch.Tensor))
-    quick = cclctl_torch._wrap_quick(state, target, "all_reduce", layout, torch.Tensor, general)
+    general = wrap_general(state, target, describer("all_reduce", like, torch.Tensor))
+    quick = wrap_quick(state, target, "all_reduce", layout, torch.Tensor, general)
     return general, quick
 
 

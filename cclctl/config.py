@@ -8,13 +8,12 @@ and tests can build configurations without touching ``os.environ``.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
-import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TypeVar
 
+from cclctl import config_values as values
 from cclctl.errors import ConfigError
 
 T = TypeVar("T")
@@ -27,111 +26,6 @@ DEFAULT_STATUS_INTERVAL_S = 1.0
 TRANSPORTS = ("auto", "tcp")
 HANG_POLICIES = ("raise", "abort", "wait")
 DEFAULT_STORE_MAX_FRAME = 64 << 20
-STORE_MAX_FRAME_RANGE = (64 << 10, 1 << 30)
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
-
-
-def _parse(env: Mapping[str, str], name: str, default: T, conv: Callable[[str], T]) -> T:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return conv(raw.strip())
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name}={raw!r} is not valid: {exc}", variable=name) from None
-
-
-def _number(raw: str, what: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"expected {what}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"expected {what}")
-    return value
-
-
-def _positive_float(raw: str) -> float:
-    value = _number(raw, "a positive number of seconds")
-    if not value > 0:
-        raise ValueError("must be a positive number of seconds")
-    return value
-
-
-def _non_negative_float(raw: str) -> float:
-    value = _number(raw, "a number of seconds, 0 or more")
-    if value < 0:
-        raise ValueError("must be 0 or more seconds")
-    return value
-
-
-def _integer(raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError("expected a whole number") from None
-
-
-def _non_negative_int(raw: str) -> int:
-    value = _integer(raw)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
-    def conv(raw: str) -> str:
-        value = raw.lower()
-        if value not in options:
-            raise ValueError(f"expected one of {', '.join(options)}")
-        return value
-
-    return conv
-
-
-def _port(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError("expected a port number (0 to 65535)") from None
-    if not 0 <= value <= 65535:
-        raise ValueError("a port is between 0 and 65535")
-    return value
-
-
-def _host_port(raw: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) of a running store: a port from 1 to 65535."""
-    host, sep, port_text = raw.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError("expected HOST:PORT with a port from 1 to 65535")
-    return host, int(port_text)
-
-
-def _bind_address(raw: str) -> str:
-    """An address to listen on: an IP (``0.0.0.0``, ``::`` for every interface) or a name."""
-    host = raw.strip("[]")
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        if _HOSTNAME.fullmatch(host) and len(host) <= 253:
-            return host
-    raise ValueError("expected an address to listen on (an IP, 0.0.0.0, or a host name)")
-
-
-def _frame_size(raw: str) -> int:
-    """Bytes, with an optional K, M or G (binary): ``64M``."""
-    text = raw.upper().removesuffix("B").removesuffix("I")
-    unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
-    try:
-        value = int(text[: len(text) - len(unit)]) * _SIZE_UNITS[unit]
-    except ValueError:
-        raise ValueError("expected a size in bytes, like 67108864 or 64M") from None
-    low, high = STORE_MAX_FRAME_RANGE
-    if not low <= value <= high:
-        raise ValueError("a store frame cap is between 64K and 1G")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +40,10 @@ class StoreServerConfig:
 def store_server_from_env(env: Mapping[str, str] | None = None) -> StoreServerConfig:
     env = os.environ if env is None else env
     return StoreServerConfig(
-        bind=_parse(env, "CCLCTL_STORE_ADDR", "", _bind_address),
-        max_frame=_parse(env, "CCLCTL_STORE_MAX_FRAME", DEFAULT_STORE_MAX_FRAME, _frame_size),
+        bind=values.parse(env, "CCLCTL_STORE_ADDR", "", values.bind_address),
+        max_frame=values.parse(
+            env, "CCLCTL_STORE_MAX_FRAME", DEFAULT_STORE_MAX_FRAME, values.frame_size
+        ),
     )
 
 
@@ -238,10 +134,10 @@ def _store_address(env: Mapping[str, str]) -> tuple[str, int, bool]:
     """
     given = env.get("CCLCTL_STORE", "").strip()
     if given:
-        host, port = _parse(env, "CCLCTL_STORE", ("", 0), _host_port)
+        host, port = values.parse(env, "CCLCTL_STORE", ("", 0), values.host_port)
         return host, port, True
     host = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
-    port = _parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, _port)
+    port = values.parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, values.port)
     if "TORCHELASTIC_RUN_ID" in env and "MASTER_PORT" in env:
         port += 1
     return host, port, False
@@ -276,7 +172,7 @@ def attach_address(env: Mapping[str, str]) -> tuple[str, int, bool] | None:
     if not env.get("MASTER_PORT", "").strip():
         return None
     host = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
-    port = _parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, _port) + 1
+    port = values.parse(env, "MASTER_PORT", DEFAULT_STORE_PORT, values.port) + 1
     if port > 65535:
         raise ConfigError("MASTER_PORT=65535 leaves no port for cclctl's store")
     return host, port, False
@@ -323,20 +219,22 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
     env = os.environ if env is None else env
     base = RuntimeConfig(
         job=env.get("CCLCTL_JOB") or env.get("TORCHELASTIC_RUN_ID") or "default",
-        timeout_s=_parse(env, "CCLCTL_TIMEOUT", DEFAULT_TIMEOUT_S, _positive_float),
-        connect_timeout_s=_parse(
-            env, "CCLCTL_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S, _positive_float
+        timeout_s=values.parse(env, "CCLCTL_TIMEOUT", DEFAULT_TIMEOUT_S, values.positive_float),
+        connect_timeout_s=values.parse(
+            env, "CCLCTL_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S, values.positive_float
         ),
-        transport=_parse(env, "CCLCTL_TRANSPORT", "auto", _choice(TRANSPORTS)),
+        transport=values.parse(env, "CCLCTL_TRANSPORT", "auto", values.choice(TRANSPORTS)),
         algo=env.get("CCLCTL_ALGO", "").strip(),
-        trace_buffer=_parse(env, "CCLCTL_TRACE_BUFFER", DEFAULT_TRACE_BUFFER, _non_negative_int),
-        trace_dir=env.get("CCLCTL_TRACE_DIR", "").strip(),
-        metrics_port=_parse(env, "CCLCTL_METRICS_PORT", 0, _port),
-        metrics_addr=env.get("CCLCTL_METRICS_ADDR", "").strip() or "127.0.0.1",
-        status_interval_s=_parse(
-            env, "CCLCTL_STATUS_INTERVAL", DEFAULT_STATUS_INTERVAL_S, _positive_float
+        trace_buffer=values.parse(
+            env, "CCLCTL_TRACE_BUFFER", DEFAULT_TRACE_BUFFER, values.non_negative_int
         ),
-        on_hang=_parse(env, "CCLCTL_ON_HANG", "raise", _choice(HANG_POLICIES)),
+        trace_dir=env.get("CCLCTL_TRACE_DIR", "").strip(),
+        metrics_port=values.parse(env, "CCLCTL_METRICS_PORT", 0, values.port),
+        metrics_addr=env.get("CCLCTL_METRICS_ADDR", "").strip() or "127.0.0.1",
+        status_interval_s=values.parse(
+            env, "CCLCTL_STATUS_INTERVAL", DEFAULT_STATUS_INTERVAL_S, values.positive_float
+        ),
+        on_hang=values.parse(env, "CCLCTL_ON_HANG", "raise", values.choice(HANG_POLICIES)),
         fault=env.get("CCLCTL_FAULT", "").strip(),
         token=env.get("CCLCTL_TOKEN", "").strip(),
     )

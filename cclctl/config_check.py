@@ -13,12 +13,8 @@ import dataclasses
 import difflib
 from collections.abc import Callable, Mapping
 
+from cclctl import config_values as values
 from cclctl.config import (
-    _host_port,
-    _non_negative_float,
-    _parse,
-    _port,
-    _positive_float,
     attach_address,
     environment,
     in_launched_job,
@@ -61,11 +57,11 @@ _REPLACED_BY_LAUNCHER = ("CCLCTL_STORE", "CCLCTL_TOKEN")
 
 #: Rules of the options that carry a number; ``None`` means not given.
 _OPTION_RULES: dict[str, Callable[[str], object]] = {
-    "--timeout": _positive_float,
-    "--grace": _non_negative_float,
-    "--metrics-port": _port,
-    "--port": _port,
-    "--store": _host_port,
+    "--timeout": values.positive_float,
+    "--grace": values.non_negative_float,
+    "--metrics-port": values.port,
+    "--port": values.port,
+    "--store": values.host_port,
 }
 
 #: Parses a structured variable's value (their parsers live in the layers above).
@@ -140,7 +136,7 @@ def check_variables(env: Mapping[str, str], parsers: Mapping[str, Parser]) -> No
     runtime_from_env(env)
     store_server_from_env(env)
     if env.get("CCLCTL_STORE", "").strip():
-        _parse(env, "CCLCTL_STORE", ("", 0), _host_port)
+        values.parse(env, "CCLCTL_STORE", ("", 0), values.host_port)
     for name, parse in parsers.items():
         raw = env.get(name, "").strip()
         if raw:
@@ -155,7 +151,7 @@ def store_address(given: str | None, env: Mapping[str, str]) -> str | None:
         return given.strip()
     if not env.get("CCLCTL_STORE", "").strip():
         return None
-    _parse(env, "CCLCTL_STORE", ("", 0), _host_port)
+    values.parse(env, "CCLCTL_STORE", ("", 0), values.host_port)
     return env["CCLCTL_STORE"].strip()
 
 

@@ -54,98 +54,119 @@ def register(app: typer.Typer) -> None:
     app.command("bench", help=HELP)(bench)
 
 
+# The options of ``cclctl bench``, nccl-tests' flags where it has them.
+_COLLECTIVE = typer.Option(
+    "all_reduce",
+    "--collective",
+    "--coll",
+    help="Collective(s), comma separated: all_reduce, all_gather, reduce_scatter, "
+    "broadcast, reduce, alltoall, sendrecv (nccl-tests has one binary per collective). "
+    "Not -o/--op, which is the reduction: an old '--op all_reduce' is refused.",
+)
+_NRANKS = typer.Option(
+    2,
+    "-g",
+    "--nranks",
+    help="Local ranks to spawn, one process each (nccl-tests' -g, GPUs per thread, is the "
+    "nearest meaning; no -N, which is nccl-tests' run cycles). Ignored inside a launched "
+    "job.",
+)
+_MINBYTES = typer.Option("8", "-b", "--minbytes", help="Smallest size: 8, 1K, 64M, 1G.")
+_MAXBYTES = typer.Option("64M", "-e", "--maxbytes", help="Largest size.")
+_STEPFACTOR = typer.Option(2, "-f", "--stepfactor", help="Size multiplier per step.")
+_ITERS = typer.Option(
+    None, "-n", "--iters", help="Timed iterations per size (default: 20, fewer for big sizes)."
+)
+_WARMUP_ITERS = typer.Option(
+    None,
+    "-w",
+    "--warmup_iters",
+    "--warmup-iters",
+    help="Untimed iterations per size (default: up to 5).",
+)
+_REDOP = typer.Option(
+    None,
+    "-o",
+    "--op",
+    "--redop",
+    help="Reduction of the reducing collectives: sum, prod, min, max, avg (default: sum).",
+)
+_DTYPE = typer.Option(
+    "float32",
+    "-d",
+    "--datatype",
+    "--dtype",
+    help="float32 (float), float16 (half), bfloat16, float64 (double), int8, uint8, int32, int64.",
+)
+_ROOT = typer.Option(0, "-r", "--root", help="Root rank of broadcast and reduce.")
+_CHECK = typer.Option(1, "-c", "--check", help="1: check every element; 0: skip.")
+_AVERAGE = typer.Option(
+    1,
+    "-a",
+    "--average",
+    help="A row's time from the ranks' times: 0 rank 0's, 1 their average, 2 the "
+    "minimum, 3 the maximum (nccl-tests' modes and default).",
+)
+_TIMEOUT = typer.Option(
+    None,
+    "-T",
+    "--timeout",
+    help="Seconds one collective may take before the run fails (default: CCLCTL_TIMEOUT, else 60).",
+)
+_JSON_PATH = typer.Option(
+    None,
+    "-J",
+    "--json",
+    help="Write the JSON report to PATH, rewritten after every row ('-': to stdout at "
+    "the end, the table to stderr).",
+)
+_CSV_PATH = typer.Option(
+    None,
+    "--csv",
+    help="Write the rows as CSV to PATH, a line per row ('-': to stdout, the table to stderr).",
+)
+_MIN_BUSBW = typer.Option(
+    None, "--min-busbw", help="Fail (exit 4) when an op's average busbw (GB/s) is below."
+)
+_METRICS_PORT = typer.Option(
+    None, "--metrics-port", help="Serve Prometheus metrics from this base port per rank."
+)
+_BACKEND = typer.Option(
+    "cclctl",
+    "--backend",
+    help="cclctl (this runtime), or torch.distributed: torch (nccl with CUDA, else gloo), "
+    "gloo, nccl.",
+)
+_SHARED_BUFFERS = typer.Option(
+    False,
+    "--shared-buffers",
+    help="Allocate the buffers with comm.empty(): ranks on one host then read each "
+    "other's buffers directly (zero-copy), as nccl-tests' -R registers them.",
+)
+
+
 def bench(
-    collective: str = typer.Option(
-        "all_reduce",
-        "--collective",
-        "--coll",
-        help="Collective(s), comma separated: all_reduce, all_gather, reduce_scatter, "
-        "broadcast, reduce, alltoall, sendrecv (nccl-tests has one binary per collective). "
-        "Not -o/--op, which is the reduction: an old '--op all_reduce' is refused.",
-    ),
-    nranks: int = typer.Option(
-        2,
-        "-g",
-        "--nranks",
-        help="Local ranks to spawn, one process each (nccl-tests' -g, GPUs per thread, is the "
-        "nearest meaning; no -N, which is nccl-tests' run cycles). Ignored inside a launched "
-        "job.",
-    ),
-    minbytes: str = typer.Option("8", "-b", "--minbytes", help="Smallest size: 8, 1K, 64M, 1G."),
-    maxbytes: str = typer.Option("64M", "-e", "--maxbytes", help="Largest size."),
-    stepfactor: int = typer.Option(2, "-f", "--stepfactor", help="Size multiplier per step."),
-    iters: int | None = typer.Option(
-        None, "-n", "--iters", help="Timed iterations per size (default: 20, fewer for big sizes)."
-    ),
-    warmup_iters: int | None = typer.Option(
-        None,
-        "-w",
-        "--warmup_iters",
-        "--warmup-iters",
-        help="Untimed iterations per size (default: up to 5).",
-    ),
-    redop: str | None = typer.Option(
-        None,
-        "-o",
-        "--op",
-        "--redop",
-        help="Reduction of the reducing collectives: sum, prod, min, max, avg (default: sum).",
-    ),
-    dtype: str = typer.Option(
-        "float32",
-        "-d",
-        "--datatype",
-        "--dtype",
-        help="float32 (float), float16 (half), bfloat16, float64 "
-        "(double), int8, uint8, int32, int64.",
-    ),
-    root: int = typer.Option(0, "-r", "--root", help="Root rank of broadcast and reduce."),
-    check: int = typer.Option(1, "-c", "--check", help="1: check every element; 0: skip."),
-    average: int = typer.Option(
-        1,
-        "-a",
-        "--average",
-        help="A row's time from the ranks' times: 0 rank 0's, 1 their average, 2 the "
-        "minimum, 3 the maximum (nccl-tests' modes and default).",
-    ),
-    timeout: float | None = typer.Option(
-        None,
-        "-T",
-        "--timeout",
-        help="Seconds one collective may take before the run fails "
-        "(default: CCLCTL_TIMEOUT, else 60).",
-    ),
-    json_path: str | None = typer.Option(
-        None,
-        "-J",
-        "--json",
-        help="Write the JSON report to PATH, rewritten after every row ('-': to stdout at "
-        "the end, the table to stderr).",
-    ),
-    csv_path: str | None = typer.Option(
-        None,
-        "--csv",
-        help="Write the rows as CSV to PATH, a line per row ('-': to stdout, the table to stderr).",
-    ),
-    min_busbw: float | None = typer.Option(
-        None, "--min-busbw", help="Fail (exit 4) when an op's average busbw (GB/s) is below."
-    ),
-    metrics_port: int | None = typer.Option(
-        None, "--metrics-port", help="Serve Prometheus metrics from this base port per rank."
-    ),
-    backend: str = typer.Option(
-        "cclctl",
-        "--backend",
-        help="cclctl (this runtime), or torch.distributed: torch (nccl with CUDA, else gloo), "
-        "gloo, nccl.",
-    ),
-    shared_buffers: bool = typer.Option(
-        False,
-        "--shared-buffers",
-        help="Allocate the buffers with comm.empty(): ranks on one host then read each "
-        "other's buffers directly (zero-copy), as nccl-tests' -R registers them.",
-    ),
+    collective: str = _COLLECTIVE,
+    nranks: int = _NRANKS,
+    minbytes: str = _MINBYTES,
+    maxbytes: str = _MAXBYTES,
+    stepfactor: int = _STEPFACTOR,
+    iters: int | None = _ITERS,
+    warmup_iters: int | None = _WARMUP_ITERS,
+    redop: str | None = _REDOP,
+    dtype: str = _DTYPE,
+    root: int = _ROOT,
+    check: int = _CHECK,
+    average: int = _AVERAGE,
+    timeout: float | None = _TIMEOUT,
+    json_path: str | None = _JSON_PATH,
+    csv_path: str | None = _CSV_PATH,
+    min_busbw: float | None = _MIN_BUSBW,
+    metrics_port: int | None = _METRICS_PORT,
+    backend: str = _BACKEND,
+    shared_buffers: bool = _SHARED_BUFFERS,
 ) -> None:
+    """Run the sweep (see HELP): spawned local ranks, or this rank of a launched job."""
     opts = build_options(
         collective=collective,
         minbytes=minbytes,

@@ -78,20 +78,7 @@ def diagnose(
         unreadable=unreadable,
         opts=opts,
     )
-    explained = {s.rank: v for v in verdicts for s in v.suspects}
-    views = comm_views(states, opts, doomed=set(explained))
-    for check in (check_frontier, check_mismatch, check_waits):
-        for cv in views:
-            verdicts += check(cv, states, explained)
-    place_unplaced(verdicts, states)
-    for verdict in verdicts:
-        _show_stacks(verdict, states)
-        for suspect in verdict.suspects:
-            if suspect.rank in rank_notes:
-                verdict.add(f"rank {suspect.rank}: {rank_notes[suspect.rank]}")
-    if not verdicts:
-        verdicts = [_healthy(views, states)]
-    verdicts.sort(key=Verdict.sort_key)
+    views = _check_comms(verdicts, states, opts, rank_notes)
     all_notes = [*remarks, *general] + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
     return Diagnosis(
         job=job,
@@ -103,6 +90,29 @@ def diagnose(
         notes=all_notes,
         options=opts,
     )
+
+
+def _check_comms(
+    verdicts: list[Verdict], states: dict[int, RankState], opts: Options, notes: dict[int, str]
+) -> list[CommView]:
+    """Add the verdicts of the per-communicator checks to liveness's ``verdicts`` (or the
+    healthy one when there are none), each with its stacks and notes, in verdict order;
+    return the communicators' views."""
+    explained = {s.rank: v for v in verdicts for s in v.suspects}
+    views = comm_views(states, opts, doomed=set(explained))
+    for check in (check_frontier, check_mismatch, check_waits):
+        for cv in views:
+            verdicts += check(cv, states, explained)
+    place_unplaced(verdicts, states)
+    for verdict in verdicts:
+        _show_stacks(verdict, states)
+        for suspect in verdict.suspects:
+            if suspect.rank in notes:
+                verdict.add(f"rank {suspect.rank}: {notes[suspect.rank]}")
+    if not verdicts:
+        verdicts.append(_healthy(views, states))
+    verdicts.sort(key=Verdict.sort_key)
+    return views
 
 
 def _show_stacks(verdict: Verdict, states: dict[int, RankState]) -> None:

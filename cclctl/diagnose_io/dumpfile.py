@@ -1,7 +1,7 @@
 """Read one flight-recorder dump file, defensively and fast, keeping only its tail.
 
 A dump holds up to thousands of records per communicator, and a diagnosis needs the last few
-of each. Parsing all of them costs ~10 ms a file (5 s for 512 ranks), so the fast path
+of each. Parsing all of them adds up to seconds over hundreds of ranks, so the fast path
 parses the document *without* its records array (which still checks every other byte, the
 end of the file included, so a truncated dump is caught), then only the tail of the array,
 plus each communicator's last started call found by its exact bytes. Anything the

@@ -23,7 +23,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cclctl.diagnose_io.fr_pool import read_all
-from cclctl.diagnose_io.fr_translate import RankDump, read_rank, snapshots
+from cclctl.diagnose_io.fr_snapshots import snapshots
+from cclctl.diagnose_io.fr_translate import RankDump, read_rank
 from cclctl.errors import BadInput
 from cclctl.records import RankSnapshot
 
@@ -49,9 +50,9 @@ class _PlainUnpickler(pickle.Unpickler):
 
 class _Peekable(io.BytesIO):
     """Bytes the unpickler can read ahead in. Given no ``peek``, it calls ``read`` for every
-    opcode of an unframed pickle, and PyTorch writes its dumps unframed (protocol 2): 3.5x
-    slower, 29 instead of 9 ms for 2,000 entries. (io.BufferedReader has ``peek`` too, but
-    it allocates whatever length a corrupt opcode claims before finding the data short.)
+    opcode of an unframed pickle, and PyTorch writes its dumps unframed (protocol 2), which
+    makes loading several times slower. (io.BufferedReader has ``peek`` too, but it
+    allocates whatever length a corrupt opcode claims before finding the data short.)
     """
 
     def peek(self, size: int = 0) -> bytes:
@@ -80,9 +81,9 @@ def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while a parsed dump is alive.
 
     A dump is hundreds of thousands of containers, freed by their reference counts. Built
-    while the collector runs, they would be scanned again and again (~20%); and the first
+    while the collector runs, they would be scanned again and again; and the first
     collection after it resumes would scan them all once more, so :func:`read_dump` keeps
-    it paused until the dump is condensed and freed (another ~20%).
+    it paused until the dump is condensed and freed.
     """
     paused = gc.isenabled()
     gc.disable()

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
 from typing import Any, TypeGuard
 
-from cclctl.diagnose_io.fr_stacks import Site, call_site, site_of
+from cclctl.diagnose_io.fr_stacks import Site, site_of
 from cclctl.errors import BadInput
-from cclctl.ranges import fold_ranks
-from cclctl.records import COMPLETED, STARTED, CollectiveRecord, CommInfo, RankSnapshot
+from cclctl.records import COMPLETED, STARTED, CollectiveRecord
 
 #: Completed calls kept per group (the engine compares the last 8).
 TAIL = 16
@@ -156,6 +154,26 @@ def _op(profiling_name: object) -> tuple[str, int | None]:
     return OPS.get(name, name), None
 
 
+def _last_completed(doc: dict[Any, Any]) -> dict[str, int]:
+    """pg_id -> the op_id of its last completed collective (``pg_status``), -1 if unknown."""
+    return {
+        str(pg): _as_int(info.get("last_completed_collective"), -1)
+        for pg, info in _mapping(doc.get("pg_status")).items()
+        if isinstance(info, dict)
+    }
+
+
+def _members(doc: dict[Any, Any]) -> dict[str, list[int]]:
+    """Group name -> its member ranks (``pg_config``; gloo leaves it empty)."""
+    members: dict[str, list[int]] = {}
+    for key, info in _mapping(doc.get("pg_config")).items():
+        if isinstance(info, dict):
+            name, ranks = str(info.get("name") or key), _ranks(info.get("ranks"))
+            if name and ranks:
+                members[name] = ranks
+    return members
+
+
 def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDump:
     """Condense one parsed dump; BadInput naming the file when its shape is not a dump's."""
     if not isinstance(doc, dict):
@@ -163,19 +181,7 @@ def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDu
     entries = doc.get("entries", [])
     if not isinstance(entries, list):
         raise _fail(path, "field 'entries' is not a list")
-    status = _mapping(doc.get("pg_status"))
-    done_op = {
-        str(pg): _as_int(info.get("last_completed_collective"), -1)
-        for pg, info in status.items()
-        if isinstance(info, dict)
-    }
-    members: dict[str, list[int]] = {}
-    config = _mapping(doc.get("pg_config"))
-    for key, info in config.items():
-        if isinstance(info, dict):
-            name, ranks = str(info.get("name") or key), _ranks(info.get("ranks"))
-            if name and ranks:
-                members[name] = ranks
+    done_op, members = _last_completed(doc), _members(doc)
     groups: dict[str, Group] = {}
     open_sites: dict[str, Site] = {}  # group -> where its oldest open call was made
     newest: Site | None = None
@@ -266,62 +272,3 @@ def _record(e: dict[str, Any], group: str, seq: int, done: bool, p2p: bool) -> C
     if p2p and not done and op in ("send", "recv"):
         rec.waiting_on, rec.waiting_for = rec.peer, op
     return rec
-
-
-def snapshots(
-    dumps: Sequence[RankDump], job: str, world_size: int | None = None
-) -> list[RankSnapshot]:
-    """Every rank's snapshot, with group members and comm ids agreed across all dumps, so the
-    result is the same whatever order the files came in.
-    """
-    dumps = sorted(dumps, key=lambda d: (d.rank, d.path))
-    highest = max((r for d in dumps for ranks in d.members.values() for r in ranks), default=-1)
-    size = world_size or max(highest, max(d.rank for d in dumps)) + 1
-    members: dict[str, list[int]] = {}
-    for d in dumps:  # pg_config first: the lowest rank that lists a group decides
-        for name, ranks in d.members.items():
-            members.setdefault(name, sorted(set(ranks)))
-    seen: dict[str, list[int]] = {}
-    for d in dumps:  # in rank order, so each list is sorted
-        for name, group in d.groups.items():
-            seen.setdefault(name, []).append(d.rank)
-            if name not in members and group.desc == "default_pg":
-                members[name] = list(range(size))
-    for name, ranks in seen.items():
-        members.setdefault(name, sorted(set(ranks)))
-    ids = {name: f"{name}:{fold_ranks(ranks)}" for name, ranks in members.items()}
-    return [_snapshot(d, job, size, members, ids) for d in dumps]
-
-
-def _snapshot(
-    d: RankDump, job: str, size: int, members: dict[str, list[int]], ids: dict[str, str]
-) -> RankSnapshot:
-    comms: dict[str, CommInfo] = {}
-    records: list[CollectiveRecord] = []
-    for name, group in d.groups.items():
-        comm, ranks = ids[name], members[name]
-        comms[comm] = CommInfo(ranks, group.started, group.completed)
-        for rec in group.records:
-            rec.comm = comm
-            if rec.peer is not None and 0 <= rec.peer < len(ranks):
-                rec.peer = ranks[rec.peer]  # dumps name peers by their index in the group
-                if rec.waiting_on is not None:
-                    rec.waiting_on = rec.peer
-        records += group.records
-    records.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
-    inflight = [r for r in records if r.state == STARTED]
-    stacks = call_site(d.sites, inflight[0] if inflight else None, ids)
-    return RankSnapshot(
-        kind="dump",
-        job=job,
-        rank=d.rank,
-        world_size=size,
-        host="",
-        pid=0,
-        time_ns=d.time_ns,
-        comms=comms,
-        records=records,
-        inflight=inflight[0] if inflight else None,
-        reason=f"PyTorch Flight Recorder dump ({d.fmt}, version {d.version}, {d.entries} entries)",
-        stacks=stacks,
-    )

@@ -2,15 +2,14 @@
 
 glibc's ``memcpy`` (numpy's copies use it) switches to non-temporal stores above a threshold
 it derives from the L3 size the CPU reports. Virtual machines often report the host's whole
-L3 (480 MiB on the VMs cclctl is measured on), which puts that threshold at 190 MB: every
-smaller copy first reads each destination line it is about to overwrite. There a 64 MiB
-numpy copy ran at 5.1 GB/s, and at 11.4 GB/s with the threshold at 1 MiB; two processes
-copying at once got 4.6 against 8.3 GB/s each. Collectives on shared buffers copy whole
-shares between ranks, so they are bound by exactly this.
+L3 (hundreds of MiB), which puts that threshold far above any copy: every smaller copy
+first reads each destination line it is about to overwrite, which roughly halves a large
+copy's speed. Collectives on shared buffers copy whole shares between ranks, so they are
+bound by exactly this.
 
 Below a few MiB streaming stores lose: a peer reads a reduced share right after it is
-written, and it should find it in cache (a 1 MiB threshold made 4 and 16 MiB all_reduces
-slower). 32 MiB keeps those in cache and streams what cannot stay there anyway.
+written, and it should find it in cache. 32 MiB keeps those in cache and streams what
+cannot stay there anyway.
 
 glibc reads the threshold once, when a process starts (``GLIBC_TUNABLES``), so the launcher
 sets it for its ranks. A threshold the user already gave glibc wins; ``CCLCTL_STREAMING_COPY

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+from cclctl.bandwidth import bus_factor
 from cclctl.records import ABORTED, FAILED, TIMED_OUT, CollectiveRecord
 
 #: Upper bounds of the duration histogram in nanoseconds: 1-2-5 steps from 10 µs to 100 s.
@@ -104,6 +105,41 @@ class CommState:
         self.last_completed = 0
         self.ops: dict[str, OpStats] = {}
         self.ring: collections.deque[CollectiveRecord] = collections.deque(maxlen=ring_size)
+
+
+def add_run(
+    cs: CommState,
+    st: OpStats,
+    world_size: int,
+    calls: int,
+    nbytes: int,
+    busy_ns: int,
+    last: CollectiveRecord | None,
+    started: int,
+    done: int,
+) -> None:
+    """Write one run of records' sums into the counters of its communicator ``cs`` and op
+    ``st``: ``calls`` completed calls of ``nbytes`` bytes and ``busy_ns`` in all, ``last``
+    the latest of them (None: none completed), and the highest collective seqs the run
+    started and completed. ``world_size`` sizes a communicator whose members are unknown.
+    """
+    if started > cs.last_started:
+        cs.last_started = started
+    if last is None:
+        return
+    world_size = len(cs.ranks) or world_size
+    if st.factor_n != world_size:
+        st.factor = bus_factor(last.op, world_size)
+        st.factor_n = world_size
+    st.collectives += calls
+    st.bytes += nbytes
+    st.bus_bytes += nbytes * st.factor
+    st.busy_ns += busy_ns
+    st.last_bus_bytes = last.nbytes * st.factor
+    st.last_ns = max(0, last.end_ns - last.start_ns)
+    st.last_end_ns = last.end_ns
+    if done > cs.last_completed:
+        cs.last_completed = done
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,12 +9,10 @@ and counts those in flight that have ended since. The caller runs it every ``FOL
 calls, and every reader (a scrape, a status, a dump, the watchdog) runs it before it looks,
 so readers always see exact counters.
 
-Why: after a 1 MiB all_reduce the caches hold the reduction's data, not the interpreter's,
-so what a call costs here is counted in distinct memory touched, not in instructions.
-Counting per call cost 8-10 us (against ~2 us warm); a second queue for ends, reached
-through the recorder's attributes, cost ~1.4 us more per call than one append
-(``benchmarks/telemetry_on_off.py`` and a one-process simulation of it). Folding runs the
-counting code warm, once per few hundred calls.
+Why: after a large all_reduce the caches hold the reduction's data, not the interpreter's,
+so what a call costs here is counted in distinct memory touched, not in instructions: one
+append touches the least, and counting per call would touch every counter cold. Folding
+runs the counting code warm, once per few hundred calls.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ import threading
 from bisect import bisect_left
 from collections.abc import Callable
 
-from cclctl.bandwidth import bus_factor
 from cclctl.records import COMPLETED, FINAL_STATES, CollectiveRecord, CommInfo
-from cclctl.telemetry.counters import DURATION_BOUNDS_NS, CommState, CommView, OpStats
+from cclctl.telemetry.counters import DURATION_BOUNDS_NS, CommState, CommView, OpStats, add_run
 
 #: How many calls a caller lets queue before it runs :meth:`Recorder.fold` (the runtime's
 #: communicator and the PyTorch integration fold when a record's seq is a multiple of it;
@@ -121,9 +118,8 @@ class Recorder:
         keeping the rest in flight (the caller holds the lock).
 
         One pass, summing in locals over each run of records of one (comm, op), written
-        back when the run ends: each record is read once, while it is in cache. After a
-        1 MiB reduction records are cold, and a pass that grouped them first and counted
-        them after cost 0.9 us per record against 0.7 (a cold-cache simulation).
+        back when the run ends: each record is read once, while it is in cache (records
+        are cold after a large reduction).
         """
         queue, inflight, bounds = self._queue, self._inflight, DURATION_BOUNDS_NS
         popleft = queue.popleft
@@ -135,7 +131,7 @@ class Recorder:
         for _ in range(len(queue)):
             rec = popleft()
             if rec.op is not op or rec.comm is not comm:  # a new run (identity: the usual)
-                self._add(cs, st, calls, nbytes, busy, last, started, done)
+                add_run(cs, st, self._world_size, calls, nbytes, busy, last, started, done)
                 calls = nbytes = busy = started = done = 0
                 last = None
                 comm, op = rec.comm, rec.op
@@ -164,7 +160,7 @@ class Recorder:
             last = rec
             if seq > done:
                 done = seq
-        self._add(cs, st, calls, nbytes, busy, last, started, done)
+        add_run(cs, st, self._world_size, calls, nbytes, busy, last, started, done)
 
     def _count_one(self, rec: CollectiveRecord) -> None:
         """Count one ended record that an earlier fold left in flight (the caller holds
@@ -178,45 +174,12 @@ class Recorder:
         ns = max(0, rec.end_ns - rec.start_ns)
         st.buckets[bisect_left(DURATION_BOUNDS_NS, ns)] += 1
         seq = rec.seq if rec.peer is None else 0
-        self._add(cs, st, 1, rec.nbytes, ns, rec, 0, seq)
+        add_run(cs, st, self._world_size, 1, rec.nbytes, ns, rec, 0, seq)
 
     def _stats(self, comm: str, op: str) -> tuple[CommState, OpStats]:
         """The state of ``comm`` and the counters of its ``op``, created on first use."""
         cs = self._comms.get(comm) or self._comm(comm)
         return cs, cs.ops.get(op) or self._op(comm, op)
-
-    def _add(
-        self,
-        cs: CommState,
-        st: OpStats,
-        calls: int,
-        nbytes: int,
-        busy_ns: int,
-        last: CollectiveRecord | None,
-        started: int,
-        done: int,
-    ) -> None:
-        """Write one run's sums into its counters: ``calls`` completed calls of ``nbytes``
-        bytes and ``busy_ns`` in all, ``last`` the latest of them (None: none completed),
-        and the highest collective seqs the run started and completed.
-        """
-        if started > cs.last_started:
-            cs.last_started = started
-        if last is None:
-            return
-        world_size = len(cs.ranks) or self._world_size
-        if st.factor_n != world_size:
-            st.factor = bus_factor(last.op, world_size)
-            st.factor_n = world_size
-        st.collectives += calls
-        st.bytes += nbytes
-        st.bus_bytes += nbytes * st.factor
-        st.busy_ns += busy_ns
-        st.last_bus_bytes = last.nbytes * st.factor
-        st.last_ns = max(0, last.end_ns - last.start_ns)
-        st.last_end_ns = last.end_ns
-        if done > cs.last_completed:
-            cs.last_completed = done
 
     def link_bytes(self, peer: int, sent: int, received: int) -> None:
         """Add bytes sent to and received from ``peer`` (per message or per collective)."""

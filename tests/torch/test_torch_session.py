@@ -262,14 +262,17 @@ def test_a_quick_call_is_built_off_its_thread_yet_every_reader_sees_it(one_rank:
     """The quick path hands over a list and marks its end there; readers still see the
     call at once: in flight while it runs (the watchdog's view), then ended, counted once.
     A failed call keeps torch's error, and a call the watchdog timed out stays timed out."""
-    from cclctl.integrations.torch.session import QUICK_END, quick_call
+    from cclctl.integrations.torch.session import QUICK_END
+
+    def quick_call(op: str, tensor: Any, group: Any) -> list[Any]:
+        return [group, tensor, op, time.time_ns(), 0, None]  # as the quick wrapper builds it
 
     sess = cclctl_torch.session()
     assert sess is not None and sess.folder is not None
     sess.folder.stop()  # no background hand-over: only readers build the records here
     tel = sess.telemetry
     ok = quick_call("all_reduce", torch.ones(8), None)
-    sess.hand(ok)
+    sess.quick.append(ok)
     [running] = tel.inflight()
     assert (running.seq, running.op, running.state, running.nbytes) == (
         1,
@@ -284,8 +287,8 @@ def test_a_quick_call_is_built_off_its_thread_yet_every_reader_sees_it(one_rank:
         assert (st.collectives, st.bytes, st.busy_ns) == (1, 32, 5_000)
     bad = quick_call("all_reduce", torch.ones(2, dtype=torch.complex64), None)
     slow = quick_call("all_reduce", torch.ones(2), None)
-    sess.hand(bad)
-    sess.hand(slow)
+    sess.quick.append(bad)
+    sess.quick.append(slow)
     sess.fail_quick(bad, ValueError("all_reduce does not support MAX on complex\nmore"))
     [timed_out] = tel.inflight()
     timed_out.state = "timed_out"  # as the watchdog marks it

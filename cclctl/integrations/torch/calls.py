@@ -1,10 +1,10 @@
 """What each wrapped torch.distributed function is called with, read cheaply on every call.
 
-A wrapper must not change the call it wraps, and it must cost microseconds, so arguments are
-read by position or keyword from indexes computed once from the function's signature (not
-``inspect.Signature.bind``, ~10 µs a call). Anything unexpected (no tensor where one should
-be, an argument torch will reject) makes :func:`describe` return None: the wrapper then
-calls torch untouched and torch raises its own error.
+A wrapper must not change the call it wraps, and it runs on every call, so arguments are
+read by position or keyword from indexes computed once from the function's signature
+(``inspect.Signature.bind`` on every call would cost more than the rest of the wrapper).
+Anything unexpected (no tensor where one should be, an argument torch will reject) makes the
+reader return None: the wrapper then calls torch untouched and torch raises its own error.
 
 Sizes follow the runtime and nccl-tests: ``count`` is elements per rank as passed,
 ``nbytes`` the full gathered buffer for all_gather and reduce_scatter.
@@ -139,8 +139,8 @@ def quick_layout(name: str, fn: Callable[..., Any]) -> QuickLayout | None:
 def describer(name: str, fn: Callable[..., Any], tensor_type: type) -> Describe:
     """The function that reads one call of ``fn`` (torch.distributed's ``name``).
 
-    Parameter positions are looked up once here; the returned function costs about a
-    microsecond. It returns None when the arguments are not what torch expects.
+    Parameter positions are looked up once here, not on every call. The returned function
+    returns None when the arguments are not what torch expects.
     """
     at = _positions(fn)
     op = OPS[name]

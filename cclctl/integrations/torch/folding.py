@@ -1,23 +1,15 @@
 """A torch session's records are counted by a thread of its own, not by the calls.
 
-Why: cclctl's runtime folds on the calling thread every ``FOLD_BATCH`` calls, because its
+cclctl's runtime folds on the calling thread every ``FOLD_BATCH`` calls, because its
 transport waits by spinning in that thread and leaves no idle time to fold in. A
 torch.distributed call waits in the backend with the GIL released instead, so a thread that
 folds now and then (every ``FOLD_PERIOD_S``) mostly runs while the caller waits, and the
-caller keeps the time. On 2 pinned gloo ranks at 8 B that took the main thread's CPU per
-wrapped call from +4.7-4.9 to +4.0-4.3 us over plain torch (``benchmarks/torch_overhead.py``,
-three runs of each, alternating); on those 2 cores the wall clock did not move measurably,
-and on hosts with cores to spare the fold leaves the caller's core altogether. Calls still
-fold themselves, so the queue stays bounded should this thread starve: a quick call when
-``FOLD_BACKSTOP`` of them wait, any other every ``FOLD_BACKSTOP`` calls of its group.
+caller keeps the time. Calls still fold themselves, so the queue stays bounded should this
+thread starve: a quick call when ``FOLD_BACKSTOP`` of them wait, any other every
+``FOLD_BACKSTOP`` calls of its group.
 
-Every 100 ms, not 10: readers fold for themselves, so a longer period costs nothing in
-freshness, and each wake-up takes the rank's core and the GIL from the backend for a
-moment. On 2 pinned ranks, two runs of each alternating (``torch_overhead.py --sizes 8,1M
---rounds 600 --pin``), folding every 100 ms cost +16.1 and +17.8 us at 8 B and +1.52% and
-+1.47% at 1 MiB, against +24.1 and +41.1 us and +2.23% and +4.07% every 10 ms. The machine
-slowed down during those runs (gloo's plain 8 B call from 245 to 284 us), and the 10 ms
-runs came second in each pair, so this leans one way without settling it.
+The period is long (100 ms): readers fold for themselves, so a longer period costs nothing
+in freshness, and each wake-up takes the rank's core and the GIL from the backend.
 """
 
 from __future__ import annotations

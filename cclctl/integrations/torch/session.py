@@ -11,23 +11,13 @@ names groups by creation order, the same on every rank, so ``0:0-7`` is the worl
 the runtime), its own collective seq from 1 and a per-pair seq for point-to-point calls.
 
 The wrapper's quick path (a synchronous one-tensor call on a known group) hands over a
-*quick call*, a list of what the record needs (indices ``QUICK_*``, built by
-:func:`quick_call`): the call's group and tensor themselves, not its comm, seq, size and
-dtype, and marks its end in it; the session numbers the call and builds its record later,
-in whichever thread folds telemetry (:meth:`Session.hand_over`, run before every fold),
-reading the tensor's size and dtype there and letting go of it. Between two gloo calls the
-caches hold gloo's data, and reading a tensor's metadata, or the session's and the comm's
-attributes, costs the calling thread several microseconds of cold memory that the folding
-thread, reading a batch, pays once warm. On 2 pinned gloo ranks
-(``benchmarks/torch_overhead.py --pin``), building the record off the calling thread took
-that thread's CPU per call from +4.7-5.5 to +4.1-5.0 us over plain torch at 8 B; reading
-size and dtype there too took it from +12.0-12.7 to +8.9-9.4 us at 1 MiB and from +3.7-3.9
-to +3.0-3.3 us at 8 B (two runs of each, alternating, with the fold charged);
-numbering the call there as well, not in the wrapper, took it from +7.01 and +7.16
-to +6.77 and +6.47 us at 1 MiB.
-The price: the tensor lives until the next fold (``FOLD_PERIOD_S``, 100 ms), a tensor
-resized in place before then is recorded at its new size, and seq numbers are given out
-by two threads, so they are given under ``_quick_lock``.
+*quick call*, a list of what the record needs (indices ``QUICK_*``): the call's group and
+tensor themselves, its op and start, and marks its end in it. The session numbers the call
+and builds its record later, in whichever thread folds telemetry (:meth:`Session.hand_over`,
+run before every fold), so the calling thread does not touch the tensor's metadata or the
+session's state, which are cold in its caches between two gloo calls. The price: the tensor
+lives until the next fold, a tensor resized in place before then is recorded at its new
+size, and seq numbers are given by two threads, so under ``_quick_lock``.
 """
 
 from __future__ import annotations
@@ -43,26 +33,18 @@ from typing import Any
 from cclctl.config import RuntimeConfig
 from cclctl.integrations.torch.calls import Call
 from cclctl.integrations.torch.folding import FOLD_BACKSTOP, Folder
+from cclctl.integrations.torch.records import TorchComm, dtype_info, error_text, finish_record
 from cclctl.integrations.torch.store import StoreAttachment, attach
 from cclctl.integrations.torch.timing import Completions
-from cclctl.ranges import fold_ranks
-from cclctl.records import COMPLETED, FAILED, STARTED, TIMED_OUT, CollectiveRecord
+from cclctl.records import STARTED, CollectiveRecord
 from cclctl.telemetry.hub import Telemetry
 from cclctl.telemetry.watchdog import Watchdog
 
 log = logging.getLogger("cclctl.torch")
 
-_DTYPES: dict[Any, tuple[str, int]] = {}
-_now_ns = time.time_ns  # one global read on the quick path, not a module's attribute
-
 #: Where a quick call keeps each field: the call's group and tensor (both None once the
 #: record is built), its op, when it started and ended (0: not yet), why it failed.
 QUICK_GROUP, QUICK_TENSOR, QUICK_OP, QUICK_START, QUICK_END, QUICK_ERROR = 0, 1, 2, 3, 4, 5
-
-
-def quick_call(op: str, tensor: Any, group: Any) -> list[Any]:
-    """A quick call starting now (the wrapper builds the same list inline)."""
-    return [group, tensor, op, _now_ns(), 0, None]
 
 
 def quietly(fn: Callable[..., None], *args: Any) -> None:
@@ -71,59 +53,6 @@ def quietly(fn: Callable[..., None], *args: Any) -> None:
         fn(*args)
     except Exception:
         log.exception("cclctl: torch telemetry failed")
-
-
-def dtype_info(dtype: Any) -> tuple[str, int]:
-    """``torch.float32`` -> ``("float32", 4)``: its name and bytes per element, cached (str()
-    of a dtype costs a microsecond, and a dict hit is cheaper than ``element_size()``).
-    """
-    info = _DTYPES.get(dtype)
-    if info is None:
-        info = _DTYPES[dtype] = (str(dtype).removeprefix("torch."), dtype.itemsize)
-    return info
-
-
-def error_text(error: BaseException) -> str:
-    """What a record says of torch's exception: its type and first line."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
-def finish_record(rec: CollectiveRecord, error: str | None, end_ns: int) -> None:
-    """End ``rec`` at ``end_ns``: completed, or failed with ``error`` (a timed-out record
-    stays timed out). ``end_ns`` is set last: telemetry takes a record with it as ended.
-    """
-    if error is None:
-        rec.state = COMPLETED
-        rec.waiting_on = rec.waiting_for = None
-    else:
-        if rec.state != TIMED_OUT:
-            rec.state = FAILED
-        rec.error = error
-    rec.end_ns = end_ns
-
-
-class TorchComm:
-    """A process group as cclctl counts it."""
-
-    __slots__ = ("group", "id", "ranks", "received", "sent", "seq", "size")
-
-    def __init__(self, group: Any, name: str, ranks: list[int]) -> None:
-        self.group = group
-        self.ranks = ranks
-        self.size = len(ranks)
-        self.id = f"{name}:{fold_ranks(ranks)}"
-        self.seq = 0
-        self.sent: dict[int, int] = {}
-        self.received: dict[int, int] = {}
-
-    def global_rank(self, given: int | None, in_group: int | None) -> int | None:
-        """A root or peer as a global rank, from torch's ``src`` or ``group_src`` form."""
-        if given is not None:
-            return int(given)
-        if in_group is not None and 0 <= in_group < self.size:
-            return self.ranks[in_group]
-        return None
 
 
 class Session:
@@ -142,10 +71,8 @@ class Session:
         #: known process groups: the wrapper's quick path takes calls on these only
         self.comms: dict[Any, TorchComm] = {}
         self._world_comm: TorchComm | None = None  # the default group's, set by start()
-        self._trace = self.telemetry.start  # one bound method: the hot path's only hand-over
-        #: quick calls not yet handed over (see hand_over); the wrapper appends with ``hand``
+        #: quick calls not yet handed over (see hand_over); the wrapper appends to it
         self.quick: collections.deque[list[Any]] = collections.deque()
-        self.hand = self.quick.append
         self._open: dict[int, tuple[list[Any], CollectiveRecord]] = {}  # in flight when built
         self._quick_lock = threading.Lock()
         self.telemetry.add_source(self.hand_over)
@@ -238,14 +165,14 @@ class Session:
                 seq = comm.seq
                 if call.root is not None or call.group_root is not None:
                     root = comm.global_rank(call.root, call.group_root)
-            # positional: a third cheaper than keywords, on the hot path of every call
+            # positional: cheaper than keywords, and this runs on the calling thread
             rec = CollectiveRecord(
                 comm.id, seq, call.op, dtype, call.count, call.nbytes, root, peer, 0, "",
                 STARTED, time.time_ns(),
             )  # fmt: skip
             if peer is not None and peer >= 0:
                 rec.waiting_on, rec.waiting_for = peer, call.direction
-            self._trace(rec)
+            self.telemetry.start(rec)
         return rec
 
     def fail_quick(self, call: list[Any], error: BaseException) -> None:
@@ -273,7 +200,7 @@ class Session:
                 if call[QUICK_END]:
                     del opened[key]
                     finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
-        quick, start, comms, world = self.quick, self._trace, self.comms, self._world_comm
+        quick, comms, world = self.quick, self.comms, self._world_comm
         for _ in range(len(quick)):
             call = quick.popleft()
             group, tensor = call[QUICK_GROUP], call[QUICK_TENSOR]
@@ -284,11 +211,11 @@ class Session:
             comm.seq += 1
             count = tensor.numel()  # not ``nbytes``: sparse tensors raise there
             name, itemsize = dtype_info(tensor.dtype)
-            rec = CollectiveRecord(
+            rec = CollectiveRecord(  # positional, as in open_record: once per quick call
                 comm.id, comm.seq, call[QUICK_OP], name, count, count * itemsize, None, None,
                 0, "", STARTED, call[QUICK_START],
             )  # fmt: skip
-            start(rec)
+            self.telemetry.start(rec)
             if call[QUICK_END]:
                 finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
             else:

@@ -28,11 +28,6 @@ from cclctl.runtime.transport.base import Transport, Wait
 from cclctl.runtime.transport.wire import Call, comm_tag
 from cclctl.telemetry.recorder import FOLD_BATCH
 
-#: Distinct call sizes whose int objects the records share: each record the flight recorder
-#: keeps would otherwise keep two fresh ints, allocated and later freed in memory a large
-#: reduction has long since pushed out of the caches.
-_SIZES_KEPT = 256
-
 
 class Calls:
     """The calls of one communicator (``comm_id``, this process's ``rank`` of
@@ -64,7 +59,6 @@ class Calls:
         self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s
         self._faults = faults.parse(cfg.fault)
         self._seq = 0
-        self._sizes: dict[int, int] = {}
         self._tracer: Tracer | None = None
         self._trace: Callable[[CollectiveRecord], None] | None = None
 
@@ -134,18 +128,10 @@ class Calls:
     def _sized(
         self, arr: np.ndarray, count: int | None, nbytes: int | None
     ) -> tuple[int, int, str]:
-        """The call's count, bytes and dtype name; each size one int object that every
-        record of it shares (see ``_SIZES_KEPT``)."""
-        sizes = self._sizes
-        if len(sizes) > _SIZES_KEPT:
-            sizes.clear()
+        """The call's count, bytes and dtype name (count and bytes: ``arr``'s unless given)."""
         count = arr.size if count is None else count
         nbytes = arr.nbytes if nbytes is None else nbytes
-        return (
-            sizes.setdefault(count, count),
-            sizes.setdefault(nbytes, nbytes),
-            buffers.dtype_name(arr.dtype),
-        )
+        return count, nbytes, buffers.dtype_name(arr.dtype)
 
     def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
         close_record(rec, exc)
