@@ -84,6 +84,15 @@ def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
     return conv
 
 
+def _flag(raw: str) -> bool:
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1 or 0 (on or off)")
+
+
 def _port(raw: str) -> int:
     try:
         value = int(raw)
@@ -263,7 +272,8 @@ class RuntimeConfig:
     status_interval_s: float = DEFAULT_STATUS_INTERVAL_S
     on_hang: str = "raise"
     fault: str = ""
-    token: str = ""
+    token: str = ""  # the job's secret (see runtime/job/token.py): links and store prove it
+    link_mac: bool = False  # a MAC on every TCP message (CCLCTL_LINK_MAC)
     hostname: str = dataclasses.field(default_factory=socket.gethostname)
 
     def replace(self, **changes: object) -> RuntimeConfig:
@@ -291,9 +301,22 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
         on_hang=_parse(env, "CCLCTL_ON_HANG", "raise", _choice(HANG_POLICIES)),
         fault=env.get("CCLCTL_FAULT", "").strip(),
         token=env.get("CCLCTL_TOKEN", "").strip(),
+        link_mac=_parse(env, "CCLCTL_LINK_MAC", False, _flag),
     )
     given = {k: v for k, v in flags.items() if v is not None}
     return base.replace(**given) if given else base
+
+
+def job_dir(job: str, env: Mapping[str, str] | None = None) -> str:
+    """The job's folder on this host, where its token file (and dumps) live:
+    ``CCLCTL_TRACE_DIR`` when set, else ``${TMPDIR:-/tmp}/cclctl/<job>/``."""
+    env = os.environ if env is None else env
+    trace_dir = env.get("CCLCTL_TRACE_DIR", "").strip()
+    if trace_dir:
+        return trace_dir
+    base = env.get("TMPDIR", "").strip() or "/tmp"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job).lstrip(".") or "_"
+    return os.path.join(base, "cclctl", safe)
 
 
 def bench_corrupt_from_env(env: Mapping[str, str] | None = None) -> str:

@@ -130,6 +130,7 @@ class MetricsView:
     links: dict[int, tuple[int, int]]  # peer -> (sent, received)
     heartbeat_ns: int
     publish_errors: int
+    link_auth_failures: int = 0  # link handshakes refused (see runtime/transport/tcp_links.py)
 
 
 def summarize(view: MetricsView) -> dict[str, object]:

@@ -48,7 +48,7 @@ def test_ranks_get_the_job_environment_and_prefixed_output() -> None:
         assert env["CCLCTL_STORE"] == result.store_address
         assert env["MASTER_PORT"] != result.store_address.rpartition(":")[2]
         assert env["CCLCTL_JOB"] == result.job and result.job.startswith("launch-")
-        assert len(env["CCLCTL_TOKEN"]) == 32
+        assert len(env["CCLCTL_TOKEN"]) >= 32
         assert env["EXTRA"] == "yes"
     assert len({env["CCLCTL_TOKEN"] for env in envs.values()}) == 1
 

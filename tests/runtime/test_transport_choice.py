@@ -48,7 +48,7 @@ def test_one_rank_asking_for_tcp_gives_every_rank_tcp() -> None:
     out: list[Transport | None] = [None] * n
 
     def open_one(r: int) -> None:
-        links = Links(r, n, CFG.job, "127.0.0.1", CFG.connect_timeout_s)
+        links = Links(r, n, CFG.job, "127.0.0.1", CFG.connect_timeout_s, token="test-token")
         choice = "tcp" if r == 1 else "auto"
         out[r] = build_transport(
             r, n, CFG.job, exchange.for_rank(r), links, choice=choice, host="h"

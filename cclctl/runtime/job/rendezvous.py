@@ -19,6 +19,7 @@ from typing import Any
 from cclctl.config import RendezvousConfig, RuntimeConfig
 from cclctl.errors import CclError, RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
+from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check, resolve_token
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.scope import ScopedStore
 
@@ -47,6 +48,7 @@ class Rendezvous:
     job: str = "default"
     hosts: list[str] = dataclasses.field(default_factory=list)  # host of every rank, by rank
     close_timeout_s: float = 60.0
+    token: str = ""  # the job's token, as every rank agreed on it (see runtime/job/token.py)
     _rounds: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
 
@@ -85,10 +87,22 @@ class Rendezvous:
 
 
 def join(rdzv: RendezvousConfig, cfg: RuntimeConfig) -> Rendezvous:
-    """Join the job described by the environment: rank 0 hosts the store unless one runs."""
+    """Join the job described by the environment: rank 0 hosts the store unless one runs.
+
+    The rank gets the job's token first (:func:`~cclctl.runtime.job.token.resolve_token`).
+    """
     server = None
     host, port = rdzv.store_host, rdzv.store_port
-    if not rdzv.store_external and rdzv.rank == 0:
+    hosts_store = not rdzv.store_external and rdzv.rank == 0
+    source = resolve_token(
+        cfg,
+        rank=rdzv.rank,
+        store=(host, port),
+        hosts_store=hosts_store,
+        store_running=rdzv.store_external,
+    )
+    cfg = cfg.replace(token=source.token)
+    if hosts_store:
         server = StoreServer(_bind_host(host), port).start()
         host = "127.0.0.1" if server.host == ANY_ADDRESS else server.host
         port = server.port
@@ -102,7 +116,7 @@ def join(rdzv: RendezvousConfig, cfg: RuntimeConfig) -> Rendezvous:
         raise
     try:
         joined = join_store(
-            client, rdzv.rank, rdzv.world_size, cfg, rdzv.local_rank, rdzv.local_world_size
+            client, rdzv.rank, rdzv.world_size, cfg, rdzv.local_rank, rdzv.local_world_size, source
         )
     except BaseException as exc:
         client.close()
@@ -122,8 +136,11 @@ def join_store(
     cfg: RuntimeConfig,
     local_rank: int = 0,
     local_world_size: int = 1,
+    token_source: TokenSource | None = None,
 ) -> Rendezvous:
-    """Join through a running store: check the world size, claim the rank, wait for all."""
+    """Join through a running store: check the world size, claim the rank, wait for all,
+    and agree on the job's token (rank 0 leaves a proof of ``cfg.token``, the others check
+    theirs against it, reading ``token_source``'s file again while theirs is stale)."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise RendezvousError(
             f"rank {rank} is out of range for world size {world_size}",
@@ -133,8 +150,14 @@ def join_store(
     scoped = ScopedStore.for_job(store, cfg.job)
     me = {"rank": rank, "host": cfg.hostname, "pid": os.getpid()}
     _agree_world_size(scoped, world_size, me)
+    if rank == 0 and cfg.token:
+        publish_check(scoped, cfg.token, cfg.job)
     _claim_rank(scoped, rank, dict(me, nonce=secrets.token_hex(8)))
     claims = _gather(scoped, "rdzv/rank/", world_size, cfg.connect_timeout_s, "rendezvous")
+    token = cfg.token
+    if rank != 0 and token:
+        source = token_source or TokenSource(token, GIVEN, "")
+        token = agree_token(scoped, source, rank, cfg.job, cfg.connect_timeout_s)
     return Rendezvous(
         rank=rank,
         world_size=world_size,
@@ -144,6 +167,7 @@ def join_store(
         job=cfg.job,
         hosts=[str(json.loads(claim).get("host", "?")) for claim in claims],
         close_timeout_s=cfg.timeout_s,
+        token=token,
     )
 
 

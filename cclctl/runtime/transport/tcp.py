@@ -3,7 +3,8 @@
 One thread moves all transfers of a step: it pushes and pulls bytes on every socket that can
 make progress and only then blocks in ``poll``. Payloads go straight from and into the
 caller's buffers (``sendmsg`` with the header, ``recv_into`` a memoryview), so large messages
-are never copied in user space.
+are never copied in user space. On links with a MAC session (``CCLCTL_LINK_MAC=1``) every
+message is followed by its tag, checked before the payload counts as received.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT
 from cclctl.runtime.transport.drive import drive
+from cclctl.runtime.transport.link_auth import TAG_BYTES, Session
 from cclctl.runtime.transport.tcp_links import Links
 
 _POLL_SLICE_S = 0.5  # how often a blocked step re-checks its deadline and abort flag
@@ -25,12 +27,16 @@ _POLL_SLICE_S = 0.5  # how often a blocked step re-checks its deadline and abort
 class _Send:
     __slots__ = ("bufs", "peer", "sock")
 
-    def __init__(self, sock: socket.socket, peer: int, header: bytes, view: memoryview) -> None:
+    def __init__(
+        self, sock: socket.socket, peer: int, header: bytes, view: memoryview, tag: bytes = b""
+    ) -> None:
         self.sock = sock
         self.peer = peer
         self.bufs: list[memoryview] = (
             [memoryview(header), view] if len(view) else [memoryview(header)]
         )
+        if tag:
+            self.bufs.append(memoryview(tag))
 
     def advance(self) -> int:
         """Send what the socket takes now; return bytes sent (-1 once finished)."""
@@ -99,6 +105,44 @@ class _Recv:
             raise ConnectionResetError("peer closed the connection")
         self.got += n
         return -1 if self.got - hs == self.nbytes else n
+
+
+class _MacRecv(_Recv):
+    """A receive whose message is followed by its MAC, checked once the payload is in."""
+
+    __slots__ = ("msg_seq", "payload_done", "session", "tag", "tag_got")
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer: int,
+        view: memoryview,
+        call: wire.Call,
+        step: int,
+        rank: int,
+        session: Session,
+    ) -> None:
+        super().__init__(sock, peer, view, call, step, rank)
+        self.session = session
+        self.msg_seq = session.next_recv()
+        self.payload_done = False
+        self.tag = bytearray(TAG_BYTES)
+        self.tag_got = 0
+
+    def advance(self) -> int:
+        if not self.payload_done:
+            moved = super().advance()
+            if moved >= 0:
+                return moved
+            self.payload_done = True
+        n = self.sock.recv_into(memoryview(self.tag)[self.tag_got :])
+        if n == 0:
+            raise ConnectionResetError("peer closed the connection")
+        self.tag_got += n
+        if self.tag_got < TAG_BYTES:
+            return n
+        self.session.check(self.msg_seq, self.header, self.view, bytes(self.tag))
+        return -1
 
 
 class TcpStep:
@@ -208,13 +252,22 @@ class TcpTransport:
     ) -> TcpStep:
         """The transfers of one step, linked but not yet moved."""
         pending: list[_Send | _Recv] = []
+        links = self._links
         for peer, view in sends:
-            sock = self._links.get(peer, call, wait)
-            pending.append(_Send(sock, peer, wire.pack(call, step, len(view)), view))
+            sock = links.get(peer, call, wait)
+            header = wire.pack(call, step, len(view))
+            session = links.session(peer)
+            tag = session.sign(header, view) if session is not None else b""
+            pending.append(_Send(sock, peer, header, view, tag))
             self._sent[peer] += len(view)
         for peer, view in recvs:
-            sock = self._links.get(peer, call, wait)
-            pending.append(_Recv(sock, peer, view, call, step, self.rank))
+            sock = links.get(peer, call, wait)
+            session = links.session(peer)
+            pending.append(
+                _Recv(sock, peer, view, call, step, self.rank)
+                if session is None
+                else _MacRecv(sock, peer, view, call, step, self.rank, session)
+            )
             self._received[peer] += len(view)
         return TcpStep(self._links, call, pending)
 
