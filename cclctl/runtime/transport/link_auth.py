@@ -32,6 +32,7 @@ FLAG_MAC = 0x01
 #: magic, version, flags, 0, job tag, from, to, world size, epoch, nonce_a
 _HELLO = struct.Struct("<4sBBHIIIIQ16s")
 _HELLO_MAGIC = b"CCL2"
+_OLD_HELLO_MAGIC = b"CCL1"  # the unauthenticated hello of earlier versions: job tag, rank, world
 _CHALLENGE = struct.Struct("<4s16s")
 _PROOF = struct.Struct(f"<4s{auth.PROOF_BYTES}s")
 CHALLENGE_MAGIC = b"CCLc"
@@ -193,11 +194,14 @@ def accept(
     proof. Returns the context, whose ``connector`` is the rank the proof established; the
     caller registers the link (refusing a rank already linked), then sends :func:`confirm`.
     """
-    raw = _recv_exact(sock, _HELLO.size)
-    fields = _HELLO.unpack(raw)
-    magic, version, their_flags, _, tag, claimed, to, world, their_epoch, nonce_a = fields
+    magic = _recv_exact(sock, len(_HELLO_MAGIC))  # a stranger is turned away at once
+    if magic == _OLD_HELLO_MAGIC:
+        _, claimed, _ = struct.unpack("<III", _recv_exact(sock, 12))
+        raise HandshakeRefused("an unauthenticated (CCL1) handshake", claimed)
     if magic != _HELLO_MAGIC:
-        raise HandshakeRefused(f"not a cclctl link handshake (magic {magic!r})")
+        raise HandshakeRefused(f"not a cclctl link handshake (it began {magic!r})")
+    raw = magic + _recv_exact(sock, _HELLO.size - len(magic))
+    _, version, their_flags, _, tag, claimed, to, world, their_epoch, nonce_a = _HELLO.unpack(raw)
     hello = _Hello(version, their_flags, tag, claimed, to, world, their_epoch)
     why = hello.problem(job=job, epoch=epoch, rank=rank, world_size=world_size, flags=flags)
     if why:
