@@ -106,7 +106,8 @@ def launch(
     frameworks that host their own store), CCLCTL_STORE (this launcher's store),
     CCLCTL_JOB and CCLCTL_TOKEN (a fresh token, also written 0600 to the job's folder for
     the operators on this host, and removed when the job ends), and GLIBC_TUNABLES names a
-    streaming-copy threshold (see :mod:`~cclctl.launch.streaming_copies`). Lines go to ``output`` (default: ``[rank k] line``).
+    streaming-copy threshold (see :mod:`~cclctl.launch.streaming_copies`). Lines go to
+    ``output`` (default: ``[rank k] line``).
     ``on_start(store_address, job)`` is called once every rank started, before any rank's
     output is passed on (so its lines come first).
     """
