@@ -23,6 +23,7 @@ import hmac
 import socket
 import struct
 import zlib
+from typing import Any
 
 from cclctl import auth
 from cclctl.errors import ProtocolError
@@ -107,26 +108,24 @@ class Session:
         self.send_seq = 0
         self.recv_seq = 0
 
-    def _tag(self, sender: int, seq: int, header: bytes | bytearray, payload: memoryview) -> bytes:
+    def _start(self, sender: int, seq: int) -> Any:
         mac = self._base.copy()
         mac.update(struct.pack("<IQ", sender, seq))
-        mac.update(header)
-        mac.update(payload)
-        return mac.digest()
+        return mac
 
-    def sign(self, header: bytes, payload: memoryview) -> bytes:
-        """The tag of the next message this rank sends on the link."""
+    def send_mac(self) -> Any:
+        """A MAC for the next message this rank sends, to feed its header and payload."""
         self.send_seq += 1
-        return self._tag(self.rank, self.send_seq, header, payload)
+        return self._start(self.rank, self.send_seq)
 
-    def next_recv(self) -> int:
-        """The number of the next message expected from the peer."""
+    def recv_mac(self) -> tuple[int, Any]:
+        """The number of the next message from the peer, and a MAC to feed it to."""
         self.recv_seq += 1
-        return self.recv_seq
+        return self.recv_seq, self._start(self.peer, self.recv_seq)
 
-    def check(self, seq: int, header: bytearray, payload: memoryview, tag: bytes) -> None:
+    def check(self, seq: int, mac: Any, tag: bytes) -> None:
         """Raise ProtocolError naming the peer unless ``tag`` is the message's."""
-        if not hmac.compare_digest(tag, self._tag(self.peer, seq, header, payload)):
+        if not hmac.compare_digest(tag, mac.digest()):
             raise ProtocolError(
                 f"rank {self.rank}: message {seq} from rank {self.peer} failed its integrity "
                 "check (CCLCTL_LINK_MAC): it was changed in flight",
