@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 
 from cclctl.runtime.transport import wire
-from cclctl.runtime.transport.link_auth import TAG_BYTES, Session
+from cclctl.runtime.transport.link_auth import TAG_BYTES, Session, tag_of
 
 
 class Send:
@@ -119,7 +119,7 @@ class MacSend(Send):
             self.mac.update(self.view[self.hashed : sent])
             self.hashed = sent
         if not self.bufs:
-            self.bufs.append(memoryview(self.mac.digest()))
+            self.bufs.append(memoryview(tag_of(self.mac)))
             self.tagged = True
         return 1
 
