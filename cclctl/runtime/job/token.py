@@ -83,7 +83,15 @@ def resolve_token(
         return TokenSource(cfg.token, plan, folder)
     if plan == GENERATE:
         token = auth.new_token()
-        auth.write_token_file(folder, token)
+        try:
+            auth.write_token_file(folder, token)
+        except OSError as exc:
+            raise ConfigError(
+                f"rank 0 cannot write the job's token file in {folder}: "
+                f"{exc.strerror or exc} (set CCLCTL_TRACE_DIR or TMPDIR to a folder of "
+                f"yours, or CCLCTL_TOKEN on every rank: {RECIPE})",
+                variable="CCLCTL_TOKEN",
+            ) from None
         return TokenSource(token, plan, folder)
     if plan == REFUSE:
         raise ConfigError(

@@ -197,7 +197,10 @@ class Links:
             )  # fmt: skip
             claimed = ctx.connector
             with self._linked:
-                if claimed in self.socks or self._closed.is_set():
+                if self._closed.is_set():
+                    sock.close()
+                    return
+                if claimed in self.socks:
                     raise HandshakeRefused("that rank is already linked", claimed)
                 link_auth.confirm(sock, self._token, ctx)
                 self._keep(claimed, sock, ctx.session(self._token, self.rank))
@@ -240,6 +243,8 @@ class Links:
                 sock.close()
             self.socks.clear()
             self.sessions.clear()
+        with contextlib.suppress(OSError):  # wakes the accept thread at once
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         if self._acceptor is not threading.current_thread():
             self._acceptor.join(2 * _ACCEPT_POLL_S + 1.0)
