@@ -12,7 +12,10 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 from pathlib import Path
+
+from cclctl.errors import ConfigError
 
 #: Bytes of randomness in a fresh nonce and in a generated token.
 NONCE_BYTES = 16
@@ -77,9 +80,26 @@ def write_token_file(folder: str | os.PathLike[str], token: str) -> Path:
 
 
 def read_token_file(folder: str | os.PathLike[str]) -> str | None:
-    """The token in the job's folder, or None when there is none (or it is empty)."""
+    """The token in the job's folder, or None when there is none (or it is empty).
+
+    Only a file of this user's that no one else may read or write counts: in a shared
+    ``/tmp`` another user could plant a token of theirs where the job looks for its own.
+    """
+    path = token_path(folder)
     try:
-        text = token_path(folder).read_text().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the token file {path}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid() or info.st_mode & 0o077 or not stat.S_ISREG(info.st_mode):
+            raise ConfigError(
+                f"the token file {path} is not this user's alone (owner uid {info.st_uid}, "
+                f"mode {stat.S_IMODE(info.st_mode):o}): remove it, or set CCLCTL_TOKEN"
+            )
+        text = os.read(fd, 4096).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
     return text or None

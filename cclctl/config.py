@@ -207,7 +207,8 @@ class RuntimeConfig:
     status_interval_s: float = DEFAULT_STATUS_INTERVAL_S
     on_hang: str = "raise"
     fault: str = ""
-    token: str = ""
+    token: str = ""  # the job's secret (see runtime/job/token.py): links and store prove it
+    link_mac: bool = False  # a MAC on every TCP message (CCLCTL_LINK_MAC)
     hostname: str = dataclasses.field(default_factory=socket.gethostname)
 
     def replace(self, **changes: object) -> RuntimeConfig:
@@ -237,6 +238,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
         on_hang=values.parse(env, "CCLCTL_ON_HANG", "raise", values.choice(HANG_POLICIES)),
         fault=env.get("CCLCTL_FAULT", "").strip(),
         token=env.get("CCLCTL_TOKEN", "").strip(),
+        link_mac=values.parse(env, "CCLCTL_LINK_MAC", False, values.flag),
     )
     given = {k: v for k, v in flags.items() if v is not None}
     return base.replace(**given) if given else base
@@ -247,6 +249,18 @@ def client_token(env: Mapping[str, str] | None = None) -> str | None:
     they read without one, which a job's store allows for its statuses."""
     env = os.environ if env is None else env
     return env.get("CCLCTL_TOKEN", "").strip() or None
+
+
+def job_dir(job: str, env: Mapping[str, str] | None = None) -> str:
+    """The job's folder on this host, where its token file (and dumps) live:
+    ``CCLCTL_TRACE_DIR`` when set, else ``${TMPDIR:-/tmp}/cclctl/<job>/``."""
+    env = os.environ if env is None else env
+    trace_dir = env.get("CCLCTL_TRACE_DIR", "").strip()
+    if trace_dir:
+        return trace_dir
+    base = env.get("TMPDIR", "").strip() or "/tmp"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job).lstrip(".") or "_"
+    return os.path.join(base, "cclctl", safe)
 
 
 def bench_corrupt_from_env(env: Mapping[str, str] | None = None) -> str:

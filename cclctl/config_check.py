@@ -31,7 +31,8 @@ MAX_LOCAL_RANKS = 1024
 VARIABLES: dict[str, str] = {
     "CCLCTL_JOB": "job name in the store, dumps and metrics",
     "CCLCTL_STORE": "HOST:PORT of a running job store",
-    "CCLCTL_TOKEN": "the job's store token (set by cclctl launch)",
+    "CCLCTL_TOKEN": "the job's secret, proved by links and the store (set by cclctl launch)",
+    "CCLCTL_LINK_MAC": "1: a MAC on every TCP message between ranks",
     "CCLCTL_STORE_ADDR": "address the store rank 0 hosts listens on",
     "CCLCTL_STORE_MAX_FRAME": "largest store request, in bytes (64M)",
     "CCLCTL_TIMEOUT": "seconds before a collective counts as hung",

@@ -72,6 +72,15 @@ def choice(options: tuple[str, ...]) -> Callable[[str], str]:
     return conv
 
 
+def flag(raw: str) -> bool:
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1 or 0 (on or off)")
+
+
 def port(raw: str) -> int:
     try:
         value = int(raw)

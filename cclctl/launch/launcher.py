@@ -18,10 +18,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import FrameType
 
 from cclctl import auth
-from cclctl.config import inherited_environment, store_server_from_env
+from cclctl.config import inherited_environment, job_dir, store_server_from_env
 from cclctl.config_check import MAX_LOCAL_RANKS
 from cclctl.errors import EXIT_ERROR, CclError, StoreError, UsageError
 from cclctl.launch import streaming_copies
@@ -104,8 +105,10 @@ def launch(
     ``env`` adds variables to the inherited environment. Each rank also gets RANK,
     WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port for
     frameworks that host their own store), CCLCTL_STORE (this launcher's store),
-    CCLCTL_JOB and CCLCTL_TOKEN, and GLIBC_TUNABLES names a streaming-copy threshold (see
-    :mod:`~cclctl.launch.streaming_copies`). Lines go to ``output`` (default: ``[rank k] line``).
+    CCLCTL_JOB and CCLCTL_TOKEN (a fresh token, also written 0600 to the job's folder for
+    the operators on this host, and removed when the job ends), and GLIBC_TUNABLES names a
+    streaming-copy threshold (see :mod:`~cclctl.launch.streaming_copies`). Lines go to
+    ``output`` (default: ``[rank k] line``).
     ``on_start(store_address, job)`` is called once every rank started, before any rank's
     output is passed on (so its lines come first).
     """
@@ -119,9 +122,26 @@ def launch(
         raise UsageError(f"{exc} (pick another --port, or 0 for a free one)") from None
     with server:
         envs = _rank_environments(base, nprocs, server.address, token)
-        job = _Job(list(cmd), nprocs, envs)
-        sink = _route(output or print_prefixed, capture_rank0_stdout)
-        return job.run(sink, grace_s, timeout_s, on_start)
+        token_file = _write_token(envs[0]["CCLCTL_JOB"], token, base)
+        try:
+            job = _Job(list(cmd), nprocs, envs)
+            sink = _route(output or print_prefixed, capture_rank0_stdout)
+            return job.run(sink, grace_s, timeout_s, on_start)
+        finally:
+            with contextlib.suppress(OSError):
+                token_file.unlink()
+
+
+def _write_token(job: str, token: str, env: Mapping[str, str]) -> Path:
+    """The job's token in its folder (0600), for ``cclctl top`` and the like on this host."""
+    folder = job_dir(job, env)
+    try:
+        return auth.write_token_file(folder, token)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the job's token file in {folder}: {exc.strerror or exc} "
+            "(set CCLCTL_TRACE_DIR or TMPDIR to a folder of yours)"
+        ) from None
 
 
 def _check_arguments(

@@ -138,6 +138,7 @@ class StoreClient:
                 f"the store at {self.address} cannot prove it holds the job's token: it is "
                 "not this job's store, or the token (CCLCTL_TOKEN) is another job's",
                 address=self.address,
+                reason="token",
             )
         try:
             self._request(Op.AUTH, [access.client_proof(token, fields[0], client_nonce)])
@@ -147,6 +148,7 @@ class StoreClient:
                 f"the store at {self.address} refused the token (CCLCTL_TOKEN): it is "
                 "another job's",
                 address=self.address,
+                reason="token",
             ) from None
 
     def _request(

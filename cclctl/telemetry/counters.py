@@ -166,6 +166,7 @@ class MetricsView:
     links: dict[int, tuple[int, int]]  # peer -> (sent, received)
     heartbeat_ns: int
     publish_errors: int
+    link_auth_failures: int = 0  # link handshakes refused (see runtime/transport/tcp_links.py)
     #: On the rank that hosts the job's store: its closed connections by reason, and the
     #: requests it refused to clients without the token; None elsewhere.
     store: StoreCounts | None = None

@@ -161,6 +161,12 @@ def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
         labels=_RANK_LABELS,
     )
     publish.add_metric(base, view.publish_errors)
+    refused = CounterMetricFamily(
+        "cclctl_link_auth_failures",
+        "Link handshakes this rank refused: a bad proof, another job, a rank already linked.",
+        labels=_RANK_LABELS,
+    )
+    refused.add_metric(base, view.link_auth_failures)
     info = InfoMetricFamily("cclctl", "cclctl version, host and backend of this rank.")
     info.add_metric(
         [JOB_LABEL, "rank", "version", "host", "backend"],
@@ -172,7 +178,7 @@ def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
             "backend": view.backend,
         },
     )
-    yield from (heartbeat, publish, info)
+    yield from (heartbeat, publish, refused, info)
 
 
 def _store_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:

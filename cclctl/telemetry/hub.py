@@ -58,6 +58,7 @@ class Telemetry(Recorder):
         self._hooks: list[Callable[[], None]] = []
         self._link_sources: list[LinkSource] = []
         self._store_source: Callable[[], StoreCounts] | None = None
+        self._auth_failure_sources: list[Callable[[], int]] = []
         self._close_lock = threading.Lock()
         self._closed = False
 
@@ -85,6 +86,7 @@ class Telemetry(Recorder):
             heartbeat_ns=self.heartbeat_ns,
             publish_errors=publisher.errors if publisher else 0,
             store=self._store_source() if self._store_source is not None else None,
+            link_auth_failures=sum(source() for source in self._auth_failure_sources),
         )
 
     def add_store_source(self, source: Callable[[], StoreCounts]) -> None:
@@ -98,6 +100,10 @@ class Telemetry(Recorder):
         hot path pays nothing for per-peer accounting.
         """
         self._link_sources.append(source)
+
+    def add_auth_failure_source(self, source: Callable[[], int]) -> None:
+        """Read how many link handshakes the transport refused (a stranger, a wrong token)."""
+        self._auth_failure_sources.append(source)
 
     def snapshot(self, kind: str = "status", reason: str = "") -> RankSnapshot:
         """This rank's state as a status record (the calls in flight and the last finished

@@ -5,7 +5,10 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+import pytest
+
 from cclctl import auth
+from cclctl.errors import ConfigError
 
 
 def test_a_proof_verifies_only_under_the_same_token_and_context() -> None:
@@ -46,3 +49,18 @@ def test_the_token_file_is_the_owners_alone(tmp_path: Path) -> None:
     assert auth.read_token_file(folder) == token
     assert auth.read_token_file(tmp_path / "nowhere") is None
     assert [p.name for p in folder.iterdir()] == [auth.TOKEN_FILE]  # no temp file left
+
+
+def test_a_token_file_others_may_write_is_refused(tmp_path: Path) -> None:
+    path = auth.write_token_file(tmp_path, auth.new_token())
+    path.chmod(0o622)
+    with pytest.raises(ConfigError, match="is not this user's alone"):
+        auth.read_token_file(tmp_path)
+
+
+def test_a_token_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    real = auth.write_token_file(tmp_path / "elsewhere", auth.new_token())
+    (tmp_path / "job").mkdir()
+    auth.token_path(tmp_path / "job").symlink_to(real)
+    with pytest.raises(ConfigError, match="cannot read the token file"):
+        auth.read_token_file(tmp_path / "job")

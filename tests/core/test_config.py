@@ -165,7 +165,8 @@ def test_a_rank_outside_any_job_gets_one_line_and_exit_2() -> None:
 def test_unreachable_store_is_named_with_its_address() -> None:
     code = (
         "import cclctl\n"
-        "try:\n    cclctl.init(rank=0, world_size=2, store='127.0.0.1:1', connect_timeout_s=1.0)\n"
+        "try:\n    cclctl.init(rank=0, world_size=2, store='127.0.0.1:1', connect_timeout_s=1.0,"
+        " token='a-token-for-this-test-0123456789abcdef')\n"
         "except Exception as e:\n    print(type(e).__name__, e.exit_code, e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)

@@ -68,6 +68,7 @@ def _rank(
         "MASTER_ADDR": ADDRS["h1"],
         "MASTER_PORT": str(port),
         "CCLCTL_JOB": "multihost",
+        "CCLCTL_TOKEN": "multihost-token-0123456789abcdefghijk",  # across hosts: set on each
         "CCLCTL_TIMEOUT": "60",
     }
     cmd = [

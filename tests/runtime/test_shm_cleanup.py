@@ -38,6 +38,7 @@ def run_job(n: int, job: str, **env: str) -> list[dict[str, Any]]:
                     "WORLD_SIZE": str(n),
                     "CCLCTL_STORE": server.address,
                     "CCLCTL_JOB": job,
+                    "CCLCTL_TOKEN": "shm-test-token-0123456789abcdefghijkl",  # as launchers do
                     **env,
                 },
                 stdout=subprocess.PIPE,

@@ -7,7 +7,6 @@ import sys
 import threading
 
 import pytest
-from scripts import script
 from shm_thread_ranks import CFG, MemoryExchange, make_transports
 
 from cclctl.launch.launcher import launch
@@ -17,6 +16,7 @@ from cclctl.runtime.transport.shm import segment as shm_segment
 from cclctl.runtime.transport.shm.transport import ShmTransport
 from cclctl.runtime.transport.tcp import TcpTransport
 from cclctl.runtime.transport.tcp_links import Links
+from scripts import script
 
 WORKER = script("shm_worker.py")
 pytestmark = pytest.mark.timeout(60)
@@ -48,7 +48,7 @@ def test_one_rank_asking_for_tcp_gives_every_rank_tcp() -> None:
     out: list[Transport | None] = [None] * n
 
     def open_one(r: int) -> None:
-        links = Links(r, n, CFG.job, "127.0.0.1", CFG.connect_timeout_s)
+        links = Links(r, n, CFG.job, "127.0.0.1", CFG.connect_timeout_s, token="test-token")
         choice = "tcp" if r == 1 else "auto"
         out[r] = build_transport(
             r, n, CFG.job, exchange.for_rank(r), links, choice=choice, host="h"

@@ -53,6 +53,7 @@ class FaultJob:
                 "MASTER_ADDR": "127.0.0.1",
                 "CCLCTL_STORE": self.store,
                 "CCLCTL_JOB": job,
+                "CCLCTL_TOKEN": "fault-job-token-0123456789abcdefghijkl",  # as a launcher does
                 "CCLCTL_TIMEOUT": str(timeout_s),
                 "CCLCTL_ON_HANG": "wait",
                 "CCLCTL_TRACE_DIR": str(self.dump_dir),

@@ -64,7 +64,7 @@ def make_transports(
     def open_one(r: int) -> None:
         try:
             local = [p for p in range(n) if hosts[p] == hosts[r]]
-            links = Links(r, n, CFG.job, "127.0.0.1", CFG.connect_timeout_s)
+            links = Links(r, n, CFG.job, "127.0.0.1", CFG.connect_timeout_s, token="test-token")
             out[r] = build_transport(
                 r,
                 n,

@@ -23,7 +23,12 @@ def make_comms(
     (calls have no deadline of their own)."""
     cfg = cfg or RuntimeConfig(job="threads", timeout_s=20.0, connect_timeout_s=10.0)
     transports = [
-        TcpTransport(Links(r, n, cfg.job, "127.0.0.1", cfg.connect_timeout_s)) for r in range(n)
+        TcpTransport(
+            Links(
+                r, n, cfg.job, "127.0.0.1", cfg.connect_timeout_s, token=cfg.token or "thread-ranks"
+            )
+        )
+        for r in range(n)
     ]
     for t in transports:
         t.set_peers([p.address for p in transports])

@@ -128,6 +128,7 @@ def test_names_and_labels_follow_the_conventions(make_tel):
         "cclctl_link_received_bytes",
         "cclctl_status_heartbeat_timestamp_seconds",
         "cclctl_status_publish_errors",
+        "cclctl_link_auth_failures",
         "cclctl_info",
     }
     for fam in families:

@@ -73,7 +73,7 @@ def attach(
             rdzv.store.port,
             timeout_s=cfg.timeout_s,
             connect_timeout_s=cfg.connect_timeout_s,
-            token=cfg.token or None,
+            token=rdzv.token or None,
         )
     except BaseException:
         rdzv.close()

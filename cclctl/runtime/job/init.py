@@ -11,6 +11,7 @@ from cclctl.records import CollectiveRecord
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.signals import DumpRequests, request_dump
+from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
@@ -42,6 +43,9 @@ def init(
     if any(v is not None for v in explicit):
         if rank is None or world_size is None or store is None:
             raise UsageError("cclctl.init(): give rank, world_size and store together, or none")
+        where = parse_address(store) if isinstance(store, str) else (store.host, store.port)
+        source = resolve_token(cfg, rank=rank, store=where, hosts_store=False, store_running=True)
+        cfg = cfg.replace(token=source.token)
         client = (
             store
             if isinstance(store, StoreClient)
@@ -52,7 +56,7 @@ def init(
                 token=cfg.token or None,
             )
         )
-        rdzv = join_store(client, rank, world_size, cfg)
+        rdzv = join_store(client, rank, world_size, cfg, token_source=source)
         store_host = parse_address(store)[0] if isinstance(store, str) else client.host
     else:
         env = rendezvous_from_env()
@@ -72,6 +76,9 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         cfg.job,
         local_address_towards(store_host),
         cfg.connect_timeout_s,
+        token=rdzv.token,
+        mac=cfg.link_mac,
+        epoch=0,  # the world communicator's first life; recovery will bump it
     )
     transport = build_transport(  # takes over links: closes them on failure
         rdzv.rank,
@@ -84,6 +91,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
     )
     comm_id = world_comm_id(rdzv.world_size)
     telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id, transport)
+    telemetry.add_auth_failure_source(lambda: links.auth_failures)
     signals = ScopedStore.for_job(status_client, rdzv.job)
     dump_requests = DumpRequests(signals, telemetry, rdzv.rank).start()
     watchdog: Watchdog | None = None
@@ -143,7 +151,7 @@ def _start_telemetry(
         rdzv.store.port,
         timeout_s=cfg.timeout_s,
         connect_timeout_s=cfg.connect_timeout_s,
-        token=cfg.token or None,
+        token=rdzv.token or None,
     )
     try:
         telemetry.serve_metrics()

@@ -22,8 +22,9 @@ from cclctl.config import (
     StoreServerConfig,
     store_server_from_env,
 )
-from cclctl.errors import CclError, ConfigError, RendezvousError, StoreTimeout
+from cclctl.errors import CclError, ConfigError, RendezvousError, StoreError, StoreTimeout
 from cclctl.ranges import fold_ranks
+from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check, resolve_token
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.limits import StoreLimits
 from cclctl.store.scope import ScopedStore
@@ -33,6 +34,8 @@ ERROR_POLL_S = 0.5
 ERROR_KEY = "rdzv/error"
 ERROR_LINGER_S = 2 * ERROR_POLL_S
 ANY_ADDRESSES = ("0.0.0.0", "::")
+#: How long a rank whose token the store refused waits before reading the token file again.
+TOKEN_REREAD_S = 0.2
 
 
 @dataclasses.dataclass
@@ -53,6 +56,7 @@ class Rendezvous:
     job: str = "default"
     hosts: list[str] = dataclasses.field(default_factory=list)  # host of every rank, by rank
     close_timeout_s: float = 60.0
+    token: str = ""  # the job's token, as every rank agreed on it (see runtime/job/token.py)
     _rounds: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
 
@@ -95,12 +99,22 @@ def join(
 ) -> Rendezvous:
     """Join the job described by the environment: rank 0 hosts the store unless one runs.
 
-    The store rank 0 hosts has the job's token (``cfg.token``) and listens where ``hosting``
-    says (default: ``CCLCTL_STORE_ADDR`` and ``CCLCTL_STORE_MAX_FRAME``).
+    The rank gets the job's token first (:func:`~cclctl.runtime.job.token.resolve_token`).
+    The store rank 0 hosts has that token and listens where ``hosting`` says (default:
+    ``CCLCTL_STORE_ADDR`` and ``CCLCTL_STORE_MAX_FRAME``).
     """
     server = None
     host, port = rdzv.store_host, rdzv.store_port
-    if not rdzv.store_external and rdzv.rank == 0:
+    hosts_store = not rdzv.store_external and rdzv.rank == 0
+    source = resolve_token(
+        cfg,
+        rank=rdzv.rank,
+        store=(host, port),
+        hosts_store=hosts_store,
+        store_running=rdzv.store_external,
+    )
+    cfg = cfg.replace(token=source.token)
+    if hosts_store:
         hosting = store_server_from_env() if hosting is None else hosting
         server = StoreServer(
             _bind_host(host, hosting.bind),
@@ -111,20 +125,15 @@ def join(
         host = "127.0.0.1" if server.host in ANY_ADDRESSES else server.host
         port = server.port
     try:
-        client = StoreClient(
-            host,
-            port,
-            timeout_s=cfg.timeout_s,
-            connect_timeout_s=cfg.connect_timeout_s,
-            token=cfg.token or None,
-        )
+        client = _connect(host, port, cfg, source)
+        cfg = cfg.replace(token=source.token)
     except BaseException:
         if server is not None:
             server.close()
         raise
     try:
         joined = join_store(
-            client, rdzv.rank, rdzv.world_size, cfg, rdzv.local_rank, rdzv.local_world_size
+            client, rdzv.rank, rdzv.world_size, cfg, rdzv.local_rank, rdzv.local_world_size, source
         )
     except BaseException as exc:
         client.close()
@@ -137,6 +146,26 @@ def join(
     return joined
 
 
+def _connect(host: str, port: int, cfg: RuntimeConfig, source: TokenSource) -> StoreClient:
+    """A client that proved the job's token; a token file that still holds an earlier
+    run's token is read again until it holds this one's (or the connect timeout passes)."""
+    deadline = time.monotonic() + cfg.connect_timeout_s
+    while True:
+        try:
+            return StoreClient(
+                host,
+                port,
+                timeout_s=cfg.timeout_s,
+                connect_timeout_s=max(0.1, deadline - time.monotonic()),
+                token=source.token or None,
+            )
+        except StoreError as exc:
+            if exc.fields.get("reason") != "token" or time.monotonic() >= deadline:
+                raise
+            if not source.refresh():  # rank 0 may not have written this run's token yet
+                time.sleep(TOKEN_REREAD_S)
+
+
 def join_store(
     store: StoreClient,
     rank: int,
@@ -144,8 +173,11 @@ def join_store(
     cfg: RuntimeConfig,
     local_rank: int = 0,
     local_world_size: int = 1,
+    token_source: TokenSource | None = None,
 ) -> Rendezvous:
-    """Join through a running store: check the world size, claim the rank, wait for all."""
+    """Join through a running store: check the world size, claim the rank, wait for all,
+    and agree on the job's token (rank 0 leaves a proof of ``cfg.token``, the others check
+    theirs against it, reading ``token_source``'s file again while theirs is stale)."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise RendezvousError(
             f"rank {rank} is out of range for world size {world_size}",
@@ -155,8 +187,14 @@ def join_store(
     scoped = ScopedStore.for_job(store, cfg.job)
     me = {"rank": rank, "host": cfg.hostname, "pid": os.getpid()}
     _agree_world_size(scoped, world_size, me)
+    if rank == 0 and cfg.token:
+        publish_check(scoped, cfg.token, cfg.job)
     _claim_rank(scoped, rank, dict(me, nonce=secrets.token_hex(8)))
     claims = _gather(scoped, "rdzv/rank/", world_size, cfg.connect_timeout_s, "rendezvous")
+    token = cfg.token
+    if rank != 0 and token:
+        source = token_source or TokenSource(token, GIVEN, "")
+        token = agree_token(scoped, source, rank, cfg.job, cfg.connect_timeout_s)
     return Rendezvous(
         rank=rank,
         world_size=world_size,
@@ -166,6 +204,7 @@ def join_store(
         job=cfg.job,
         hosts=[str(json.loads(claim).get("host", "?")) for claim in claims],
         close_timeout_s=cfg.timeout_s,
+        token=token,
     )
 
 

@@ -3,13 +3,13 @@
 One thread moves all transfers of a step: it pushes and pulls bytes on every socket that can
 make progress and only then blocks in ``poll``. Payloads go straight from and into the
 caller's buffers (``sendmsg`` with the header, ``recv_into`` a memoryview), so large messages
-are never copied in user space.
+are never copied in user space. On links with a MAC session (``CCLCTL_LINK_MAC=1``) every
+message is followed by its tag, checked before the payload counts as received.
 """
 
 from __future__ import annotations
 
 import select
-import socket
 from collections.abc import Sequence
 
 from cclctl.errors import PeerError, ProtocolError
@@ -18,87 +18,9 @@ from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT
 from cclctl.runtime.transport.drive import drive
 from cclctl.runtime.transport.tcp_links import Links
+from cclctl.runtime.transport.tcp_messages import MacRecv, MacSend, Recv, Send
 
 _POLL_SLICE_S = 0.5  # how often a blocked step re-checks its deadline and abort flag
-
-
-class _Send:
-    __slots__ = ("bufs", "peer", "sock")
-
-    def __init__(self, sock: socket.socket, peer: int, header: bytes, view: memoryview) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.bufs: list[memoryview] = (
-            [memoryview(header), view] if len(view) else [memoryview(header)]
-        )
-
-    def advance(self) -> int:
-        """Send what the socket takes now; return bytes sent (-1 once finished)."""
-        sent = self.sock.sendmsg(self.bufs)
-        while sent:
-            head = self.bufs[0]
-            if sent >= len(head):
-                sent -= len(head)
-                self.bufs.pop(0)
-            else:
-                self.bufs[0] = head[sent:]
-                sent = 0
-        return -1 if not self.bufs else 1
-
-
-class _Recv:
-    __slots__ = (
-        "call",
-        "expected",
-        "got",
-        "header",
-        "nbytes",
-        "peer",
-        "rank",
-        "sock",
-        "step",
-        "view",
-    )
-
-    def __init__(
-        self,
-        sock: socket.socket,
-        peer: int,
-        view: memoryview,
-        call: wire.Call,
-        step: int,
-        rank: int,
-    ) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.view = view
-        self.call = call
-        self.step = step
-        self.rank = rank
-        self.nbytes = len(view)
-        self.header = bytearray(wire.HEADER_SIZE)
-        self.expected = wire.pack(call, step, self.nbytes)
-        self.got = 0  # bytes of header + payload received so far
-
-    def advance(self) -> int:
-        hs = wire.HEADER_SIZE
-        if self.got < hs:
-            n = self.sock.recv_into(memoryview(self.header)[self.got :])
-            if n == 0:
-                raise ConnectionResetError("peer closed the connection")
-            self.got += n
-            if self.got < hs:
-                return n
-            if self.header != self.expected:
-                got = wire.unpack(self.header, self.peer)
-                wire.check(got, self.call, self.step, self.nbytes, self.rank, self.peer)
-            if self.nbytes == 0:
-                return -1
-        n = self.sock.recv_into(self.view[self.got - hs :])
-        if n == 0:
-            raise ConnectionResetError("peer closed the connection")
-        self.got += n
-        return -1 if self.got - hs == self.nbytes else n
 
 
 class TcpStep:
@@ -106,7 +28,7 @@ class TcpStep:
 
     __slots__ = ("call", "done", "links", "pending", "rank")
 
-    def __init__(self, links: Links, call: wire.Call, pending: list[_Send | _Recv]) -> None:
+    def __init__(self, links: Links, call: wire.Call, pending: list[Send | Recv]) -> None:
         self.links = links
         self.rank = links.rank
         self.call = call
@@ -136,8 +58,8 @@ class TcpStep:
         return progressed
 
     def waiting_on(self) -> tuple[int, str]:
-        first = next((p for p in self.pending if isinstance(p, _Recv)), self.pending[0])
-        return first.peer, "recv" if isinstance(first, _Recv) else "send"
+        first = next((p for p in self.pending if isinstance(p, Recv)), self.pending[0])
+        return first.peer, "recv" if isinstance(first, Recv) else "send"
 
     def check(self) -> None:
         """Nothing to look at: a failed peer shows as an error on its socket."""
@@ -149,15 +71,15 @@ class TcpStep:
         poller = select.poll()
         events: dict[int, int] = {}
         for item in self.pending:
-            flag = select.POLLIN if isinstance(item, _Recv) else select.POLLOUT
+            flag = select.POLLIN if isinstance(item, Recv) else select.POLLOUT
             events[item.sock.fileno()] = events.get(item.sock.fileno(), 0) | flag
         for fd, mask in events.items():
             poller.register(fd, mask)
         poller.poll(int(min(left, slice_s) * 1000) + (1 if slice_s >= 0.001 else 0))
 
-    def _broken(self, item: _Send | _Recv, exc: OSError) -> None:
+    def _broken(self, item: Send | Recv, exc: OSError) -> None:
         self.links.drop(item.peer)
-        what = "receiving from" if isinstance(item, _Recv) else "sending to"
+        what = "receiving from" if isinstance(item, Recv) else "sending to"
         call = self.call
         raise PeerError(
             f"rank {self.rank}: link to rank {item.peer} broke while {what} it in "
@@ -207,14 +129,26 @@ class TcpTransport:
         wait: Wait,
     ) -> TcpStep:
         """The transfers of one step, linked but not yet moved."""
-        pending: list[_Send | _Recv] = []
+        pending: list[Send | Recv] = []
+        links = self._links
         for peer, view in sends:
-            sock = self._links.get(peer, call, wait)
-            pending.append(_Send(sock, peer, wire.pack(call, step, len(view)), view))
+            sock = links.get(peer, call, wait)
+            header = wire.pack(call, step, len(view))
+            session = links.session(peer)
+            pending.append(
+                Send(sock, peer, header, view)
+                if session is None
+                else MacSend(sock, peer, header, view, session)
+            )
             self._sent[peer] += len(view)
         for peer, view in recvs:
-            sock = self._links.get(peer, call, wait)
-            pending.append(_Recv(sock, peer, view, call, step, self.rank))
+            sock = links.get(peer, call, wait)
+            session = links.session(peer)
+            pending.append(
+                Recv(sock, peer, view, call, step, self.rank)
+                if session is None
+                else MacRecv(sock, peer, view, call, step, self.rank, session)
+            )
             self._received[peer] += len(view)
         return TcpStep(self._links, call, pending)
 

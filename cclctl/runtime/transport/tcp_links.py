@@ -1,26 +1,37 @@
-"""TCP connections between ranks: listen, connect, accept and identify peers.
+"""TCP connections between ranks: listen, connect, authenticate and identify peers.
 
 Links are made on first use, so a 64-rank ring opens 2 links per rank rather than 63. The
-lower rank of a pair always connects and the higher one accepts; the kernel's listen
-backlog completes a connect before the acceptor looks, so two ranks that need each other
-never wait on one another to set up a link.
+lower rank of a pair always connects and the higher one accepts. A link is kept only after
+the handshake of :mod:`~cclctl.runtime.transport.link_auth`: both ranks prove they hold the
+job's token, and the acceptor files the link under the rank that proof established, not
+under whoever connected first. A thread of its own answers every newcomer, so a connector
+never waits on what its acceptor is doing, and a stranger's connection (bad proof, wrong
+job, a rank already linked, garbage, silence past the deadline) is closed, counted and
+named in the log while the real peer still links.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
-import struct
+import threading
 import time
-import zlib
 
 from cclctl.errors import CommError, PeerError
+from cclctl.runtime.transport import link_auth
 from cclctl.runtime.transport.base import Wait
+from cclctl.runtime.transport.link_auth import HandshakeRefused, Session
 from cclctl.runtime.transport.wire import Call
 
-_HELLO = struct.Struct("<4sIII")  # magic, job tag, rank, world size
-_HELLO_MAGIC = b"CCL1"
+log = logging.getLogger("cclctl.links")
+
 _SOCKET_BUFFER = 4 << 20
+#: Longest a handshake may take before the newcomer is dropped.
+HANDSHAKE_TIMEOUT_S = 10.0
+#: Handshakes answered at once; more newcomers than this are turned away.
+MAX_PENDING_HANDSHAKES = 64
+_ACCEPT_POLL_S = 0.2  # how often the accept thread looks whether the links were closed
 
 
 def local_address_towards(host: str) -> str:
@@ -50,15 +61,39 @@ def _tune(sock: socket.socket) -> None:
 
 
 class Links:
-    """This rank's listening socket and its established links, keyed by peer rank."""
+    """This rank's listening socket, the thread that authenticates newcomers, and the
+    established links (with their MAC sessions when ``mac``), keyed by peer rank."""
 
     def __init__(
-        self, rank: int, world_size: int, job: str, host: str, connect_timeout_s: float
+        self,
+        rank: int,
+        world_size: int,
+        job: str,
+        host: str,
+        connect_timeout_s: float,
+        *,
+        token: str,
+        mac: bool = False,
+        epoch: int = 0,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
     ) -> None:
+        if not token:
+            raise CommError(f"rank {rank}: no token for the job's links", rank=rank)
         self.rank = rank
         self.world_size = world_size
-        self._job_tag = zlib.crc32(job.encode())
+        self._job = job
+        self._token = token
+        self._epoch = epoch
+        self._flags = link_auth.FLAG_MAC if mac else 0
         self._connect_timeout_s = connect_timeout_s
+        self._handshake_s = min(handshake_timeout_s, connect_timeout_s)
+        self.peers: list[str] = []
+        self.socks: dict[int, socket.socket] = {}
+        self.sessions: dict[int, Session] = {}
+        self.auth_failures = 0  # handshakes refused since the links opened
+        self._linked = threading.Condition()
+        self._pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self._closed = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -67,9 +102,12 @@ class Links:
             self._listener.close()
             raise CommError(f"rank {rank}: cannot listen on {host}: {exc}", rank=rank) from None
         self._listener.listen(max(128, world_size + 16))
+        self._listener.settimeout(_ACCEPT_POLL_S)
         self.address = "{}:{}".format(*self._listener.getsockname())
-        self.peers: list[str] = []
-        self.socks: dict[int, socket.socket] = {}
+        self._acceptor = threading.Thread(
+            target=self._serve, name=f"cclctl-links-r{rank}", daemon=True
+        )
+        self._acceptor.start()
 
     def get(self, peer: int, call: Call, wait: Wait) -> socket.socket:
         sock = self.socks.get(peer)
@@ -81,8 +119,13 @@ class Links:
             )
         return sock
 
+    def session(self, peer: int) -> Session | None:
+        """The link's MAC session; None when messages carry no MAC."""
+        return self.sessions.get(peer)
+
     def _connect(self, peer: int, call: Call, wait: Wait) -> socket.socket:
-        host, _, port = self.peers[peer].rpartition(":")
+        where = self.peers[peer]
+        host, _, port = where.rpartition(":")
         deadline = time.monotonic() + self._connect_timeout_s
         while True:
             try:
@@ -92,67 +135,124 @@ class Links:
                 wait.blocked_on(peer, "send")
                 wait.check(call, peer, "send")
                 if time.monotonic() > deadline:
-                    raise PeerError(
-                        f"rank {self.rank}: cannot connect to rank {peer} at "
-                        f"{self.peers[peer]}: {exc}",
-                        rank=self.rank,
-                        peer=peer,
-                        seq=call.seq,
-                        op=call.op,
-                    ) from None
+                    what = f"cannot connect to rank {peer} at {where}: {exc}"
+                    raise self._peer_error(peer, call, what) from None
                 time.sleep(0.05)
-        _tune(sock)
-        sock.sendall(_HELLO.pack(_HELLO_MAGIC, self._job_tag, self.rank, self.world_size))
-        sock.setblocking(False)
-        self.socks[peer] = sock
+        try:
+            sock.settimeout(self._handshake_s)
+            session = link_auth.connect(
+                sock, self._token, self._job, self._epoch, self.rank, peer, self.world_size,
+                self._flags,
+            )  # fmt: skip
+        except (HandshakeRefused, OSError) as exc:
+            sock.close()
+            why = exc.why if isinstance(exc, HandshakeRefused) else str(exc) or "timed out"
+            what = f"the link handshake with rank {peer} at {where} failed: {why}"
+            raise self._peer_error(peer, call, what) from None
+        self._keep(peer, sock, session)
         return sock
 
+    def _peer_error(self, peer: int, call: Call, what: str) -> PeerError:
+        return PeerError(
+            f"rank {self.rank}: {what}",
+            rank=self.rank,
+            peer=peer,
+            seq=call.seq,
+            op=call.op,
+        )
+
     def _accept(self, peer: int, call: Call, wait: Wait) -> socket.socket:
+        """Wait until the accept thread has linked ``peer``, checking the call's deadline."""
         wait.blocked_on(peer, "recv")
-        while peer not in self.socks:
-            left = wait.check(call, peer, "recv")
-            self._listener.settimeout(min(left, 0.5))
+        with self._linked:
+            while peer not in self.socks:
+                left = wait.check(call, peer, "recv")
+                self._linked.wait(min(left, 0.5))
+            return self.socks[peer]
+
+    def _serve(self) -> None:
+        """The accept thread: hand every newcomer to a handshake of its own."""
+        while not self._closed.is_set():
             try:
-                sock, _ = self._listener.accept()
+                sock, addr = self._listener.accept()
             except TimeoutError:
                 continue
-            self._identify(sock)
-        return self.socks[peer]
+            except OSError:
+                return  # the listener was closed
+            if not self._pending.acquire(blocking=False):
+                sock.close()
+                self._refused(addr, None, "too many handshakes in progress")
+                continue
+            threading.Thread(
+                target=self._handshake, args=(sock, addr), name="cclctl-handshake", daemon=True
+            ).start()
 
-    def _identify(self, sock: socket.socket) -> None:
-        """Read a newcomer's hello; keep it under its rank, drop strangers."""
+    def _handshake(self, sock: socket.socket, addr: tuple[str, int]) -> None:
+        claimed: int | None = None
         try:
-            sock.settimeout(5.0)
-            hello = b""
-            while len(hello) < _HELLO.size:
-                chunk = sock.recv(_HELLO.size - len(hello))
-                if not chunk:
-                    raise OSError("closed before saying hello")
-                hello += chunk
-            magic, job_tag, rank, world = _HELLO.unpack(hello)
-        except (OSError, struct.error):
+            sock.settimeout(self._handshake_s)
+            ctx = link_auth.accept(
+                sock, self._token, self._job, self._epoch, self.rank, self.world_size,
+                self._flags,
+            )  # fmt: skip
+            claimed = ctx.connector
+            with self._linked:
+                if self._closed.is_set():
+                    sock.close()
+                    return
+                if claimed in self.socks:
+                    raise HandshakeRefused("that rank is already linked", claimed)
+                link_auth.confirm(sock, self._token, ctx)
+                self._keep(claimed, sock, ctx.session(self._token, self.rank))
+                self._linked.notify_all()
+        except HandshakeRefused as exc:
             sock.close()
-            return
-        if (
-            magic != _HELLO_MAGIC
-            or job_tag != self._job_tag
-            or world != self.world_size
-            or not 0 <= rank < self.rank
-            or rank in self.socks
-        ):
+            self._refused(addr, exc.claimed, exc.why)
+        except OSError as exc:
             sock.close()
-            return
+            self._refused(addr, claimed, _socket_why(exc))
+        finally:
+            self._pending.release()
+
+    def _keep(self, peer: int, sock: socket.socket, session: Session | None) -> None:
         _tune(sock)
         sock.setblocking(False)
-        self.socks[rank] = sock
+        if session is not None:
+            self.sessions[peer] = session
+        self.socks[peer] = sock
+
+    def _refused(self, addr: tuple[str, int], claimed: int | None, why: str) -> None:
+        self.auth_failures += 1
+        who = "?" if claimed is None else str(claimed)
+        log.warning(
+            "rank %d: refused a link from %s:%s claiming rank %s: %s",
+            self.rank, addr[0], addr[1], who, why,
+        )  # fmt: skip
 
     def drop(self, peer: int) -> None:
-        sock = self.socks.pop(peer, None)
+        with self._linked:
+            self.sessions.pop(peer, None)
+            sock = self.socks.pop(peer, None)
         if sock is not None:
             sock.close()
 
     def close(self) -> None:
-        for sock in self.socks.values():
-            sock.close()
-        self.socks.clear()
+        self._closed.set()
+        with self._linked:
+            for sock in self.socks.values():
+                sock.close()
+            self.socks.clear()
+            self.sessions.clear()
+        with contextlib.suppress(OSError):  # wakes the accept thread at once
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        if self._acceptor is not threading.current_thread():
+            self._acceptor.join(2 * _ACCEPT_POLL_S + 1.0)
+
+
+def _socket_why(exc: OSError) -> str:
+    if isinstance(exc, TimeoutError):
+        return "no complete handshake before the deadline"
+    if isinstance(exc, ConnectionResetError):
+        return "closed during the handshake"
+    return f"socket error: {exc.strerror or exc}"

@@ -1,0 +1,252 @@
+"""The link handshake: both ranks of a TCP link prove they hold the job's token.
+
+Four messages, the lower rank (the connector) first::
+
+    HELLO      connector -> acceptor   version, flags, job tag, from, to, world, epoch, nonce_a
+    CHALLENGE  acceptor  -> connector  nonce_b
+    PROOF      connector -> acceptor   HMAC(token, "connector", job, epoch, ranks, world,
+                                            flags, nonce_a, nonce_b)
+    ACCEPT     acceptor  -> connector  HMAC(token, "acceptor", the same context)
+
+The token never crosses the wire, a proof answers one exchange only (both nonces are in it),
+roles are bound (an acceptor's proof is never a connector's), and the connector proves
+itself before the acceptor answers with a proof of its own. Both sides derive the link's
+session key from the same context; with ``CCLCTL_LINK_MAC=1`` it keys an HMAC-SHA256 tag on
+every message (:class:`Session`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import socket
+import struct
+import zlib
+from typing import Any
+
+from cclctl import auth
+from cclctl.errors import ProtocolError
+
+VERSION = 1
+FLAG_MAC = 0x01
+#: magic, version, flags, 0, job tag, from, to, world size, epoch, nonce_a
+_HELLO = struct.Struct("<4sBBHIIIIQ16s")
+_HELLO_MAGIC = b"CCL2"
+_OLD_HELLO_MAGIC = b"CCL1"  # the unauthenticated hello of earlier versions: job tag, rank, world
+_CHALLENGE = struct.Struct("<4s16s")
+_PROOF = struct.Struct(f"<4s{auth.PROOF_BYTES}s")
+CHALLENGE_MAGIC = b"CCLc"
+PROOF_MAGIC = b"CCLp"
+ACCEPT_MAGIC = b"CCLa"
+TAG_BYTES = 16  # a message's MAC (HMAC-SHA256, truncated)
+
+
+class HandshakeRefused(Exception):
+    """A handshake that failed; ``claimed`` is the rank the newcomer said it was, if any."""
+
+    def __init__(self, why: str, claimed: int | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.claimed = claimed
+
+
+def job_tag(job: str) -> int:
+    """A 32-bit tag for the job name, to turn strangers away before any proof."""
+    return zlib.crc32(job.encode())
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkContext:
+    """What a link's proofs are bound to: the job, its epoch, both ranks and the options."""
+
+    job: str
+    epoch: int
+    connector: int
+    acceptor: int
+    world_size: int
+    flags: int
+    nonce_a: bytes
+    nonce_b: bytes
+
+    def parts(self) -> tuple[bytes | str | int, ...]:
+        return (
+            "cclctl-link",
+            VERSION,
+            self.job,
+            self.epoch,
+            self.connector,
+            self.acceptor,
+            self.world_size,
+            self.flags,
+            self.nonce_a,
+            self.nonce_b,
+        )
+
+    def proof(self, token: str, role: str) -> bytes:
+        return auth.prove(token, role, *self.parts())
+
+    def session(self, token: str, sender: int) -> Session | None:
+        """This side's session (None without FLAG_MAC); ``sender`` is this rank."""
+        if not self.flags & FLAG_MAC:
+            return None
+        key = auth.prove(token, "session", *self.parts())
+        return Session(key, sender, self.acceptor if sender == self.connector else self.connector)
+
+
+class Session:
+    """The MAC of every message on one link, in both directions, numbered so that a
+    message dropped, repeated or reordered in flight fails its check as surely as a
+    changed byte."""
+
+    __slots__ = ("_base", "peer", "rank", "recv_seq", "send_seq")
+
+    def __init__(self, key: bytes, rank: int, peer: int) -> None:
+        # OpenSSL's HMAC-SHA256 runs on the CPU's SHA instructions (x86 SHA-NI, ARMv8), which
+        # hash large payloads faster than BLAKE2b does in software.
+        self._base = hmac.new(key, digestmod="sha256")
+        self.rank = rank
+        self.peer = peer
+        self.send_seq = 0
+        self.recv_seq = 0
+
+    def _start(self, sender: int, seq: int) -> Any:
+        mac = self._base.copy()
+        mac.update(struct.pack("<IQ", sender, seq))
+        return mac
+
+    def send_mac(self) -> Any:
+        """A MAC for the next message this rank sends, to feed its header and payload."""
+        self.send_seq += 1
+        return self._start(self.rank, self.send_seq)
+
+    def recv_mac(self) -> tuple[int, Any]:
+        """The number of the next message from the peer, and a MAC to feed it to."""
+        self.recv_seq += 1
+        return self.recv_seq, self._start(self.peer, self.recv_seq)
+
+    def check(self, seq: int, mac: Any, tag: bytes) -> None:
+        """Raise ProtocolError naming the peer unless ``tag`` is the message's."""
+        if not hmac.compare_digest(tag, tag_of(mac)):
+            raise ProtocolError(
+                f"rank {self.rank}: message {seq} from rank {self.peer} failed its integrity "
+                "check (CCLCTL_LINK_MAC): it was changed in flight",
+                rank=self.rank,
+                peer=self.peer,
+            )
+
+
+def tag_of(mac: Any) -> bytes:
+    """A message's tag: its HMAC-SHA256, truncated to TAG_BYTES (as IPsec's HMAC-SHA-256-128)."""
+    return bytes(mac.digest()[:TAG_BYTES])
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionResetError("closed during the handshake")
+        data += chunk
+    return data
+
+
+def _expect(sock: socket.socket, shape: struct.Struct, magic: bytes, claimed: int | None) -> bytes:
+    fields = shape.unpack(_recv_exact(sock, shape.size))
+    if fields[0] != magic:
+        raise HandshakeRefused(f"malformed handshake (got {fields[0]!r})", claimed)
+    return bytes(fields[1])
+
+
+def connect(
+    sock: socket.socket,
+    token: str,
+    job: str,
+    epoch: int,
+    rank: int,
+    peer: int,
+    world_size: int,
+    flags: int,
+) -> Session | None:
+    """The connector's side, on a blocking socket with a deadline; raises
+    :class:`HandshakeRefused` (or OSError) when the peer is not the job's rank ``peer``."""
+    nonce_a = auth.nonce()
+    sock.sendall(
+        _HELLO.pack(
+            _HELLO_MAGIC, VERSION, flags, 0, job_tag(job), rank, peer, world_size, epoch, nonce_a
+        )
+    )
+    try:
+        nonce_b = _expect(sock, _CHALLENGE, CHALLENGE_MAGIC, peer)
+    except ConnectionResetError:
+        why = "it closed the link at once (another job, world size or CCLCTL_LINK_MAC?)"
+        raise HandshakeRefused(why, peer) from None
+    ctx = LinkContext(job, epoch, rank, peer, world_size, flags, nonce_a, nonce_b)
+    sock.sendall(_PROOF.pack(PROOF_MAGIC, ctx.proof(token, "connector")))
+    try:
+        answer = _expect(sock, _PROOF, ACCEPT_MAGIC, peer)
+    except ConnectionResetError:
+        why = "it refused this rank's proof (a different CCLCTL_TOKEN?)"
+        raise HandshakeRefused(why, peer) from None
+    if not hmac.compare_digest(answer, ctx.proof(token, "acceptor")):
+        raise HandshakeRefused("it failed to prove the job's token", peer)
+    return ctx.session(token, rank)
+
+
+def accept(
+    sock: socket.socket, token: str, job: str, epoch: int, rank: int, world_size: int, flags: int
+) -> LinkContext:
+    """The acceptor's side up to the connector's proof: read a HELLO, challenge, check the
+    proof. Returns the context, whose ``connector`` is the rank the proof established; the
+    caller registers the link (refusing a rank already linked), then sends :func:`confirm`.
+    """
+    magic = _recv_exact(sock, len(_HELLO_MAGIC))  # a stranger is turned away at once
+    if magic == _OLD_HELLO_MAGIC:
+        _, claimed, _ = struct.unpack("<III", _recv_exact(sock, 12))
+        raise HandshakeRefused("an unauthenticated (CCL1) handshake", claimed)
+    if magic != _HELLO_MAGIC:
+        raise HandshakeRefused(f"not a cclctl link handshake (it began {magic!r})")
+    raw = magic + _recv_exact(sock, _HELLO.size - len(magic))
+    _, version, their_flags, _, tag, claimed, to, world, their_epoch, nonce_a = _HELLO.unpack(raw)
+    hello = _Hello(version, their_flags, tag, claimed, to, world, their_epoch)
+    why = hello.problem(job=job, epoch=epoch, rank=rank, world_size=world_size, flags=flags)
+    if why:
+        raise HandshakeRefused(why, claimed)
+    nonce_b = auth.nonce()
+    sock.sendall(_CHALLENGE.pack(CHALLENGE_MAGIC, nonce_b))
+    proof = _expect(sock, _PROOF, PROOF_MAGIC, claimed)
+    ctx = LinkContext(job, epoch, claimed, rank, world_size, flags, bytes(nonce_a), nonce_b)
+    if not hmac.compare_digest(proof, ctx.proof(token, "connector")):
+        raise HandshakeRefused("bad proof (it does not hold the job's token)", claimed)
+    return ctx
+
+
+def confirm(sock: socket.socket, token: str, ctx: LinkContext) -> None:
+    """The acceptor's last message: its own proof, once the link is registered."""
+    sock.sendall(_PROOF.pack(ACCEPT_MAGIC, ctx.proof(token, "acceptor")))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hello:
+    version: int
+    flags: int
+    tag: int
+    claimed: int
+    to: int
+    world: int
+    epoch: int
+
+    def problem(self, *, job: str, epoch: int, rank: int, world_size: int, flags: int) -> str:
+        """Why this HELLO is refused before any proof, or "" when it may go on."""
+        if self.version != VERSION:
+            return f"handshake version {self.version}, expected {VERSION}"
+        if self.tag != job_tag(job):
+            return "another job"
+        if self.world != world_size or self.to != rank:
+            return f"meant for rank {self.to} of {self.world}, this is rank {rank} of {world_size}"
+        if not 0 <= self.claimed < rank:
+            return "a rank that does not connect to this one"
+        if self.epoch != epoch:
+            return f"epoch {self.epoch}, this rank is at epoch {epoch}"
+        if self.flags != flags:
+            return f"CCLCTL_LINK_MAC differs (it is {'on' if flags & FLAG_MAC else 'off'} here)"
+        return ""

@@ -1,0 +1,179 @@
+"""One message on a TCP link, sent or received a piece at a time by the step that drives it.
+
+A send pushes the header and the payload with ``sendmsg`` straight from the caller's buffer;
+a receive reads the header, checks it names the call this rank is in, then reads the
+payload straight into the caller's buffer. The MAC variants (``CCLCTL_LINK_MAC=1``) feed
+each piece to the link's MAC as it goes, and send or check the tag after the payload.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from cclctl.runtime.transport import wire
+from cclctl.runtime.transport.link_auth import TAG_BYTES, Session, tag_of
+
+
+class Send:
+    __slots__ = ("bufs", "peer", "sock")
+
+    def __init__(self, sock: socket.socket, peer: int, header: bytes, view: memoryview) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.bufs: list[memoryview] = (
+            [memoryview(header), view] if len(view) else [memoryview(header)]
+        )
+
+    def advance(self) -> int:
+        """Send what the socket takes now; return bytes sent (-1 once finished)."""
+        sent = self.sock.sendmsg(self.bufs)
+        while sent:
+            head = self.bufs[0]
+            if sent >= len(head):
+                sent -= len(head)
+                self.bufs.pop(0)
+            else:
+                self.bufs[0] = head[sent:]
+                sent = 0
+        return -1 if not self.bufs else 1
+
+
+class Recv:
+    __slots__ = (
+        "call",
+        "expected",
+        "got",
+        "header",
+        "nbytes",
+        "peer",
+        "rank",
+        "sock",
+        "step",
+        "view",
+    )
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer: int,
+        view: memoryview,
+        call: wire.Call,
+        step: int,
+        rank: int,
+    ) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.view = view
+        self.call = call
+        self.step = step
+        self.rank = rank
+        self.nbytes = len(view)
+        self.header = bytearray(wire.HEADER_SIZE)
+        self.expected = wire.pack(call, step, self.nbytes)
+        self.got = 0  # bytes of header + payload received so far
+
+    def advance(self) -> int:
+        hs = wire.HEADER_SIZE
+        if self.got < hs:
+            n = self.sock.recv_into(memoryview(self.header)[self.got :])
+            if n == 0:
+                raise ConnectionResetError("peer closed the connection")
+            self.got += n
+            if self.got < hs:
+                return n
+            if self.header != self.expected:
+                got = wire.unpack(self.header, self.peer)
+                wire.check(got, self.call, self.step, self.nbytes, self.rank, self.peer)
+            if self.nbytes == 0:
+                return -1
+        n = self.sock.recv_into(self.view[self.got - hs :])
+        if n == 0:
+            raise ConnectionResetError("peer closed the connection")
+        self.got += n
+        return -1 if self.got - hs == self.nbytes else n
+
+
+class MacSend(Send):
+    """A send whose message is followed by its MAC, fed with each piece as it goes out, so
+    hashing overlaps what the kernel still has to send."""
+
+    __slots__ = ("hashed", "mac", "tagged", "view")
+
+    def __init__(
+        self, sock: socket.socket, peer: int, header: bytes, view: memoryview, session: Session
+    ) -> None:
+        super().__init__(sock, peer, header, view)
+        self.mac = session.send_mac()
+        self.mac.update(header)
+        self.view = view
+        self.hashed = 0  # payload bytes sent and hashed
+        self.tagged = False
+
+    def advance(self) -> int:
+        if self.tagged:
+            return super().advance()
+        super().advance()
+        left = sum(len(b) for b in self.bufs)  # of header and payload
+        sent = len(self.view) - min(left, len(self.view))
+        if sent > self.hashed:
+            self.mac.update(self.view[self.hashed : sent])
+            self.hashed = sent
+        if not self.bufs:
+            self.bufs.append(memoryview(tag_of(self.mac)))
+            self.tagged = True
+        return 1
+
+
+class MacRecv(Recv):
+    """A receive whose message is followed by its MAC, fed with each piece as it arrives
+    and checked before the payload counts as received."""
+
+    __slots__ = ("hashed", "mac", "msg_seq", "payload_done", "session", "tag", "tag_got")
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer: int,
+        view: memoryview,
+        call: wire.Call,
+        step: int,
+        rank: int,
+        session: Session,
+    ) -> None:
+        super().__init__(sock, peer, view, call, step, rank)
+        self.session = session
+        self.msg_seq, self.mac = session.recv_mac()
+        self.hashed = -1  # payload bytes hashed; -1 until the header is
+        self.payload_done = False
+        self.tag = bytearray(TAG_BYTES)
+        self.tag_got = 0
+
+    def advance(self) -> int:
+        if not self.payload_done:
+            try:
+                moved = super().advance()
+            finally:
+                self._feed()
+            if moved >= 0:
+                return moved
+            self.payload_done = True
+        n = self.sock.recv_into(memoryview(self.tag)[self.tag_got :])
+        if n == 0:
+            raise ConnectionResetError("peer closed the connection")
+        self.tag_got += n
+        if self.tag_got < TAG_BYTES:
+            return n
+        self.session.check(self.msg_seq, self.mac, bytes(self.tag))
+        return -1
+
+    def _feed(self) -> None:
+        """Hash what arrived since the last call: the header once, then the payload."""
+        got = self.got - wire.HEADER_SIZE
+        if got < 0:
+            return
+        if self.hashed < 0:
+            self.mac.update(self.header)
+            self.hashed = 0
+        if got > self.hashed:
+            self.mac.update(self.view[self.hashed : got])
+            self.hashed = got
