@@ -25,6 +25,7 @@ from cclctl.diagnose_io import procs, sources
 from cclctl.diagnose_io.inputs import Inputs
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, FaultFound, StoreError, UsageError
+from cclctl.limits import MAX_WORLD_SIZE
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.store.client import StoreClient, parse_address
 
@@ -143,6 +144,11 @@ def _options(stale: float, skew: float, stuck_after: float, world_size: int | No
         raise ConfigError(f"--skew must be zero or more, not {skew!r}", flag="--skew")
     if world_size is not None and world_size < 1:
         raise ConfigError(f"--world-size must be at least 1, not {world_size}", flag="--world-size")
+    if world_size is not None and world_size > MAX_WORLD_SIZE:
+        raise ConfigError(
+            f"--world-size {world_size} is over the limit of {MAX_WORLD_SIZE:,} ranks",
+            flag="--world-size",
+        )
     return Options(stale_after_s=stale, skew_margin_s=skew, stuck_after_s=stuck_after)
 
 

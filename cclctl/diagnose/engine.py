@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from cclctl import limits
 from cclctl.diagnose import text
 from cclctl.diagnose.frontier import check_frontier
 from cclctl.diagnose.liveness import check_liveness, place_unplaced
@@ -160,6 +161,7 @@ def _world_size(
     claimed = sorted({s.world_size for s in newest.values()})
     notes: list[str] = []
     if given is not None:
+        limits.world_size(given, "the world size given")
         if given < highest:
             raise UsageError(f"world size {given} is too small: rank {highest - 1} was seen")
         return given, notes

@@ -25,6 +25,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
+from cclctl import limits
 from cclctl.diagnose_io.fr_stacks import Site, call_site, site_of
 from cclctl.errors import BadInput
 from cclctl.ranges import fold_ranks
@@ -123,13 +124,22 @@ def _mapping(value: object) -> dict[Any, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _ranks(value: object) -> list[int]:
-    """``pg_config`` ranks: the text ``"[0, 1, 2]"`` or a list; never evaluated as code."""
+def _ranks(value: object, path: str) -> list[int]:
+    """``pg_config`` ranks: the text ``"[0, 1, 2]"`` or a list; never evaluated as code.
+    Each is a rank below :data:`cclctl.limits.MAX_WORLD_SIZE` (TooLarge otherwise)."""
     if isinstance(value, str):
-        return [int(x) for x in _INT.findall(value)]
-    if isinstance(value, list | tuple):
-        return [int(x) for x in value if _is_int(x)]
-    return []
+        found = [int(x) if len(x) <= 9 else 10**9 for x in _INT.findall(value)]
+    elif isinstance(value, list | tuple):
+        found = [int(x) for x in value if _is_int(x)]
+    else:
+        return []
+    if found:
+        limits.rank(max(found), path, "a process group member")
+    return found
+
+
+#: No tensor has more elements; a product beyond it is a corrupt size, not a count.
+_MAX_NUMEL = 1 << 62
 
 
 def _numel(sizes: object) -> int:
@@ -140,6 +150,8 @@ def _numel(sizes: object) -> int:
                 n = 1
                 for dim in shape:
                     n *= dim if _is_int(dim) else 0
+                    if not -_MAX_NUMEL <= n <= _MAX_NUMEL:
+                        raise ValueError(f"a tensor size of more than {_MAX_NUMEL} elements")
                 total += n
     return total
 
@@ -173,7 +185,7 @@ def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDu
     config = _mapping(doc.get("pg_config"))
     for key, info in config.items():
         if isinstance(info, dict):
-            name, ranks = str(info.get("name") or key), _ranks(info.get("ranks"))
+            name, ranks = str(info.get("name") or key), _ranks(info.get("ranks"), path)
             if name and ranks:
                 members[name] = ranks
     groups: dict[str, Group] = {}
@@ -277,6 +289,7 @@ def snapshots(
     dumps = sorted(dumps, key=lambda d: (d.rank, d.path))
     highest = max((r for d in dumps for ranks in d.members.values() for r in ranks), default=-1)
     size = world_size or max(highest, max(d.rank for d in dumps)) + 1
+    limits.world_size(size, "the Flight Recorder dumps")  # members and ranks were checked
     members: dict[str, list[int]] = {}
     for d in dumps:  # pg_config first: the lowest rank that lists a group decides
         for name, ranks in d.members.items():
