@@ -19,19 +19,21 @@ DIAGNOSIS_VERSION = 1
 
 DEAD = "dead"
 STOPPED = "stopped"
+STALE = "stale"  # no fresh status, and nothing shows the process stopped
 MISSING = "missing"
 NOT_ENTERED = "not_entered"
 MISMATCH = "mismatch"
 LINK = "link"
 STUCK = "stuck"
 HEALTHY = "healthy"
-KINDS = (DEAD, STOPPED, MISSING, NOT_ENTERED, MISMATCH, LINK, STUCK, HEALTHY)
+KINDS = (DEAD, STOPPED, STALE, MISSING, NOT_ENTERED, MISMATCH, LINK, STUCK, HEALTHY)
 
 #: Report order: the most certain faults first. A missing rank that others wait on is as
 #: certain as a dead one; a missing rank nobody waits on is the weakest evidence of all.
 _PRIORITY = {
     DEAD: 0,
     STOPPED: 1,
+    STALE: 1,
     NOT_ENTERED: 3,
     MISMATCH: 4,
     LINK: 5,

@@ -218,8 +218,8 @@ def test_table_puts_stale_and_missing_ranks_first(server: StoreServer, client: S
     rows = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]
     assert [row[0] for row in rows] == ["2", "3", "1", "0"]  # rank 1 waits on the suspect
     # the suspect's state is the diagnosis' reason (rank 2 is on another host: no process
-    # state to tell frozen from dead), no longer the heartbeat word "stale"
-    assert rows[0][:7] == ["2", "node-1", "1002", rows[0][3], "frozen", "or", "dead"]
+    # state to tell stopped from running), not a guess that it stopped
+    assert rows[0][:9] == ["2", "node-1", "1002", rows[0][3], "status", "stale", "for", "rank", "2"]
     assert rows[1][:6] == ["3", "-", "-", "-", "missing", "-"]
     assert rows[2][4:11] == ["waiting", COMM, "11", "all_reduce", "4", "MiB", rows[2][10]]
     assert rows[2][11:13] == ["2", "recv"]
@@ -351,7 +351,7 @@ def test_only_the_rows_that_fit_are_built() -> None:
     assert model.footer == "... and 990 more ranks ok"
     # the stale rank is the diagnosis' suspect (red), no longer merely "bad" by its flags
     assert model.rows[0].severity == "suspect" and model.rows[1].severity == "ok"
-    assert model.rows[0].cells[COLUMNS.index("state")] == "frozen or dead"
+    assert model.rows[0].cells[COLUMNS.index("state")] == "status stale for rank 500"
     screen = screen_of(_parsed(statuses), None, Thresholds(stale_s=0.0001))
     model = table.build_table(screen.view, screen.culprits, 10)
     assert model.footer == "... and 990 more ranks (990 look wrong)"
