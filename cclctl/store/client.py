@@ -23,6 +23,7 @@ from typing import Any
 
 from cclctl.errors import StoreError, StoreTimeout
 from cclctl.store.protocol import (
+    MAX_FIELDS,
     REPLY_HEADER,
     Op,
     Status,
@@ -37,6 +38,12 @@ __all__ = ["StoreClient", "StoreServer", "parse_address"]
 #: Extra time a blocking request waits for the server's own timeout reply.
 ANSWER_SLACK_S = 5.0
 MAX_RETRY_DELAY_S = 0.5
+#: Requests sent again on a new connection when the old one was lost after they left:
+#: repeating them changes nothing (a ``set`` writes the same bytes again, as a status
+#: publisher does every second; the rest only read). ``add`` would count twice,
+#: ``compare_set`` could report its own win as a loss and ``delete`` its own removal as
+#: "not found": those fail with a StoreError saying they may have been applied.
+IDEMPOTENT = frozenset({Op.SET, Op.GET, Op.TRY_GET, Op.WAIT, Op.LIST, Op.PING})
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -75,6 +82,7 @@ class StoreClient:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._closed = False
+        self.reconnects = 0  # connections reopened after one was lost (see _request)
         self._pid = os.getpid()  # the process this connection belongs to (see the module)
         self._sock: socket.socket | None = self._connect(connect_timeout_s)
         self._reader = self._sock.makefile("rb")
@@ -110,50 +118,97 @@ class StoreClient:
     def _request(
         self, op: Op, fields: Sequence[bytes], wait_s: float | None = None
     ) -> tuple[Status, list[bytes]]:
+        """One round trip. A connection lost to a reset is reopened (with backoff, within
+        this request's deadline) and the request sent again when that is safe: always if
+        it never fully left, else only for the ops in :data:`IDEMPOTENT`.
+        """
         if os.getpid() != self._pid:  # before the lock, which a fork may inherit held
             raise StoreError(
                 f"the connection to the store at {self.address} belongs to process "
                 f"{self._pid}; a process forked from it must open its own",
                 address=self.address,
             )
-        frame = pack_request(op, fields, wait_s)
         answer_within = self.timeout_s if wait_s is None else wait_s + ANSWER_SLACK_S
+        deadline = time.monotonic() + answer_within
+        delay = 0.0  # the first retry at once (a reset connection), then backing off
         with self._lock:
-            sock = self._sock
-            if sock is None:
-                raise StoreError(
-                    f"the connection to the store at {self.address} is closed",
-                    address=self.address,
-                )
-            try:
-                if sock.gettimeout() != answer_within:
-                    sock.settimeout(answer_within)
-                sock.sendall(frame)
-                status, count = REPLY_HEADER.unpack(self._read(REPLY_HEADER.size))
-                lengths = field_lengths(self._read(4 * count), count)
-                payload = self._read(sum(lengths)) if count else b""
-            except TimeoutError:
-                self._drop()
-                raise StoreTimeout(
-                    f"the store at {self.address} did not answer within {answer_within:g}s",
-                    address=self.address,
-                ) from None
-            except (OSError, EOFError, ValueError) as exc:
-                self._drop()
-                if self._closed:
-                    raise StoreError(
-                        f"the connection to the store at {self.address} is closed",
-                        address=self.address,
-                    ) from None
-                raise StoreError(
-                    f"lost the connection to the store at {self.address}: {_reason(exc)}",
-                    address=self.address,
-                ) from None
-        fields_out = split_fields(payload, lengths)
+            while True:
+                sock = self._sock if self._sock is not None else self._reopen(deadline)
+                left = deadline - time.monotonic()
+                waits = None if wait_s is None else max(left - ANSWER_SLACK_S, 0.0)
+                answer = self._round_trip(sock, pack_request(op, fields, waits), left, op)
+                if answer is not None:
+                    status, fields_out = answer
+                    break
+                delay = self._back_off(delay, deadline)
         if status == Status.ERROR:
             message = fields_out[0].decode(errors="replace") if fields_out else "unknown error"
             raise StoreError(f"the store at {self.address} refused: {message}")
         return Status(status), fields_out
+
+    def _round_trip(
+        self, sock: socket.socket, frame: bytes, within_s: float, op: Op
+    ) -> tuple[int, list[bytes]] | None:
+        """Send ``frame`` and read the reply; None when the connection was lost in a way
+        that makes sending it again on a new one safe (see :meth:`_request`)."""
+        sent = False
+        try:
+            within_s = max(within_s, 0.05)
+            if sock.gettimeout() != within_s:
+                sock.settimeout(within_s)
+            sock.sendall(frame)
+            sent = True
+            status, count = REPLY_HEADER.unpack(self._read(REPLY_HEADER.size))
+            if count > MAX_FIELDS:
+                raise ValueError(f"a reply of {count} fields is not the store's")
+            lengths = field_lengths(self._read(4 * count), count)
+            payload = self._read(sum(lengths)) if count else b""
+        except TimeoutError:
+            self._drop()
+            raise StoreTimeout(
+                f"the store at {self.address} did not answer within {within_s:.3g}s",
+                address=self.address,
+            ) from None
+        except (OSError, EOFError, ValueError) as exc:
+            self._drop()
+            if self._closed:
+                raise StoreError(
+                    f"the connection to the store at {self.address} is closed",
+                    address=self.address,
+                ) from None
+            if isinstance(exc, ValueError) or (sent and op not in IDEMPOTENT):
+                unsure = f"; the {op.name.lower()} may have been applied, so it is not repeated"
+                raise StoreError(
+                    f"lost the connection to the store at {self.address}: {_reason(exc)}"
+                    + (unsure if sent and op not in IDEMPOTENT else ""),
+                    address=self.address,
+                ) from None
+            return None
+        return status, split_fields(payload, lengths)
+
+    def _back_off(self, delay: float, deadline: float) -> float:
+        """Sleep ``delay`` before the next try and return the one after it; StoreError once
+        the request's deadline leaves no time for another try."""
+        if time.monotonic() + delay >= deadline:
+            raise StoreError(
+                f"lost the connection to the store at {self.address} and could not send the "
+                "request again in time",
+                address=self.address,
+            )
+        time.sleep(delay)
+        return min(max(delay * 2, 0.05), MAX_RETRY_DELAY_S)
+
+    def _reopen(self, deadline: float) -> socket.socket:
+        """A new connection in place of a lost one, retried with backoff until ``deadline``
+        (StoreTimeout after it); ``reconnects`` counts them."""
+        if self._closed:
+            raise StoreError(
+                f"the connection to the store at {self.address} is closed", address=self.address
+            )
+        self._sock = self._connect(max(deadline - time.monotonic(), 0.05))
+        self._reader = self._sock.makefile("rb")
+        self.reconnects += 1
+        return self._sock
 
     def _read(self, size: int) -> bytes:
         data = self._reader.read(size)

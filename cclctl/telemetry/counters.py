@@ -130,6 +130,8 @@ class MetricsView:
     links: dict[int, tuple[int, int]]  # peer -> (sent, received)
     heartbeat_ns: int
     publish_errors: int
+    store_reconnects: int = 0  # the publisher's store connection, reopened after a loss
+    store_gap_s: float = 0.0  # the last gap between two good publishes (see status.py)
 
 
 def summarize(view: MetricsView) -> dict[str, object]:
@@ -149,4 +151,6 @@ def summarize(view: MetricsView) -> dict[str, object]:
         "hangs": sum(st.hangs for st in ops),
         "last_busbw_gbps": busbw,
         "publish_errors": view.publish_errors,
+        "store_reconnects": view.store_reconnects,
+        "store_gap_s": view.store_gap_s,
     }

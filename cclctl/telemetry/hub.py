@@ -83,6 +83,8 @@ class Telemetry(Recorder):
             links=links,
             heartbeat_ns=self.heartbeat_ns,
             publish_errors=publisher.errors if publisher else 0,
+            store_reconnects=publisher.reconnects if publisher else 0,
+            store_gap_s=publisher.gap_s if publisher else 0.0,
         )
 
     def add_link_source(self, source: LinkSource) -> None:
