@@ -92,8 +92,10 @@ class StoreClient:
         host, port = parse_address(address)
         return cls(host, port, **kw)
 
-    def _connect(self, connect_timeout_s: float) -> socket.socket:
-        """Retry until the deadline: ranks routinely start before the store is up."""
+    def _connect(self, connect_timeout_s: float, refused_is_final: bool = False) -> socket.socket:
+        """Retry until the deadline: ranks routinely start before the store is up.
+        ``refused_is_final``: a refused connection raises ConnectionRefusedError at once
+        (after a loss: nothing listens any more, the store has gone)."""
         deadline = time.monotonic() + connect_timeout_s
         delay = 0.01
         while True:
@@ -103,6 +105,8 @@ class StoreClient:
                     (self.host, self.port), timeout=max(min(remaining, 5.0), 0.05)
                 )
             except OSError as exc:
+                if refused_is_final and isinstance(exc, ConnectionRefusedError):
+                    raise
                 if time.monotonic() + delay >= deadline:
                     raise StoreTimeout(
                         f"cannot reach the store at {self.address} after "
@@ -130,16 +134,17 @@ class StoreClient:
             )
         answer_within = self.timeout_s if wait_s is None else wait_s + ANSWER_SLACK_S
         deadline = time.monotonic() + answer_within
-        delay = 0.0  # the first retry at once (a reset connection), then backing off
+        delay, lost = 0.0, ""  # the first retry at once (a reset connection), then backing off
         with self._lock:
             while True:
-                sock = self._sock if self._sock is not None else self._reopen(deadline)
+                sock = self._sock if self._sock is not None else self._reopen(deadline, lost)
                 left = deadline - time.monotonic()
                 waits = None if wait_s is None else max(left - ANSWER_SLACK_S, 0.0)
                 answer = self._round_trip(sock, pack_request(op, fields, waits), left, op)
-                if answer is not None:
+                if not isinstance(answer, str):
                     status, fields_out = answer
                     break
+                lost = answer
                 delay = self._back_off(delay, deadline)
         if status == Status.ERROR:
             message = fields_out[0].decode(errors="replace") if fields_out else "unknown error"
@@ -148,9 +153,9 @@ class StoreClient:
 
     def _round_trip(
         self, sock: socket.socket, frame: bytes, within_s: float, op: Op
-    ) -> tuple[int, list[bytes]] | None:
-        """Send ``frame`` and read the reply; None when the connection was lost in a way
-        that makes sending it again on a new one safe (see :meth:`_request`)."""
+    ) -> tuple[int, list[bytes]] | str:
+        """Send ``frame`` and read the reply; why the connection was lost when that makes
+        sending it again on a new one safe (see :meth:`_request`)."""
         sent = False
         try:
             within_s = max(within_s, 0.05)
@@ -183,7 +188,7 @@ class StoreClient:
                     + (unsure if sent and op not in IDEMPOTENT else ""),
                     address=self.address,
                 ) from None
-            return None
+            return _reason(exc)
         return status, split_fields(payload, lengths)
 
     def _back_off(self, delay: float, deadline: float) -> float:
@@ -198,14 +203,23 @@ class StoreClient:
         time.sleep(delay)
         return min(max(delay * 2, 0.05), MAX_RETRY_DELAY_S)
 
-    def _reopen(self, deadline: float) -> socket.socket:
-        """A new connection in place of a lost one, retried with backoff until ``deadline``
-        (StoreTimeout after it); ``reconnects`` counts them."""
+    def _reopen(self, deadline: float, lost: str = "") -> socket.socket:
+        """A new connection in place of a lost one (``lost``: why, in this request),
+        retried with backoff until ``deadline`` (StoreTimeout after it); a refused one
+        means the store has gone, and fails at once. ``reconnects`` counts them."""
         if self._closed:
             raise StoreError(
                 f"the connection to the store at {self.address} is closed", address=self.address
             )
-        self._sock = self._connect(max(deadline - time.monotonic(), 0.05))
+        try:
+            self._sock = self._connect(max(deadline - time.monotonic(), 0.05), True)
+        except ConnectionRefusedError as exc:
+            why = f"lost the connection to the store at {self.address}: {lost}; " if lost else ""
+            raise StoreError(
+                f"{why}the store at {self.address} is closed: it refuses connections "
+                f"({_reason(exc)})",
+                address=self.address,
+            ) from None
         self._reader = self._sock.makefile("rb")
         self.reconnects += 1
         return self._sock
