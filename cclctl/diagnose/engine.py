@@ -195,7 +195,7 @@ def _healthy(views: list[CommView], states: dict[int, RankState]) -> Verdict:
     step = (
         "nothing hangs yet; if the job still looks stuck, run this again in a few seconds"
         if running
-        else "nothing to do: no rank is missing, frozen, behind or waiting"
+        else "nothing to do: no rank is missing, stopped, stale, behind or waiting"
     )
     summary = f"no fault found in {len(states)} rank{'s' if len(states) != 1 else ''}"
     return Verdict(HEALTHY, summary, evidence=evidence, next_step=step)

@@ -32,7 +32,7 @@ def test_idle_job_is_healthy():
             "seq": None,
             "op": None,
             "evidence": ["comm 0:0-3: every member seen completed seq 10"],
-            "next_step": "nothing to do: no rank is missing, frozen, behind or waiting",
+            "next_step": "nothing to do: no rank is missing, stopped, stale, behind or waiting",
             "where": [],
             "stacks": {},
         }
