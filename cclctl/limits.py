@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 
 from cclctl.errors import BadInput
 
@@ -19,6 +20,11 @@ MAX_WORLD_SIZE = 1 << 16
 #: A dump file larger than this is refused before any byte of it is read (a ring of 2,000
 #: records with every thread's stack is a few MB).
 MAX_FILE_BYTES = 256 << 20
+
+
+#: Communicator members one read (every status of a job, every dump of a folder) may
+#: expand to in all, counting each distinct list once: a folded range is a few bytes.
+MAX_MEMBERS_READ = 16 * MAX_WORLD_SIZE
 
 
 class TooLarge(BadInput):
@@ -47,6 +53,26 @@ def rank(number: int, where: str, what: str = "rank") -> int:
             where=where,
         )
     return number
+
+
+class MemberBudget:
+    """Counts the distinct member lists of one read against :data:`MAX_MEMBERS_READ`."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.total = 0
+        self._seen: set[int] = set()
+
+    def add(self, lists: Iterable[list[int]]) -> None:
+        """Count the lists not seen yet (by identity: parsed lists are shared)."""
+        for members in lists:
+            if id(members) not in self._seen:
+                self._seen.add(id(members))
+                self.total += len(members)
+        if self.total > MAX_MEMBERS_READ:
+            raise TooLarge(
+                f"{self.what} name over {MAX_MEMBERS_READ:,} communicator members in all"
+            )
 
 
 def file_size(fd: int, path: str, what: str = "a dump") -> int:

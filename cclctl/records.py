@@ -128,6 +128,10 @@ class CommInfo:
         }
 
 
+#: Members one document may name over all its communicators: the world and a few groups.
+MAX_MEMBERS = 4 * limits.MAX_WORLD_SIZE
+
+
 @functools.lru_cache(maxsize=1024)
 def _members(folded: str) -> list[int] | None:
     try:
@@ -144,6 +148,7 @@ def _comms_from_dict(data: object, where: str) -> dict[str, CommInfo]:
     if not isinstance(data, Mapping):
         raise _fail(where, "field 'comms' must be an object")
     comms: dict[str, CommInfo] = {}
+    members = 0
     for name, info in data.items():
         raw = info.get("ranks") if isinstance(info, Mapping) else None
         label = _clip(str(name))
@@ -167,6 +172,12 @@ def _comms_from_dict(data: object, where: str) -> dict[str, CommInfo]:
         completed = info.get("last_completed", 0)
         if not _is_int(started) or not _is_int(completed):
             raise _fail(where, f"communicator {name!r} has non-integer fields")
+        members += len(ranks)
+        if members > MAX_MEMBERS:  # folded ranges are short: bound what they expand to
+            raise limits.TooLarge(
+                f"{where}: its communicators name over {MAX_MEMBERS:,} members in all",
+                where=where,
+            )
         comms[str(name)] = CommInfo(ranks, started, completed)
     return comms
 

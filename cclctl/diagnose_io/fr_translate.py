@@ -295,11 +295,12 @@ def snapshots(
         for name, ranks in d.members.items():
             members.setdefault(name, sorted(set(ranks)))
     seen: dict[str, list[int]] = {}
+    everyone = list(range(size))  # one list for every default group (readers never modify)
     for d in dumps:  # in rank order, so each list is sorted
         for name, group in d.groups.items():
             seen.setdefault(name, []).append(d.rank)
             if name not in members and group.desc == "default_pg":
-                members[name] = list(range(size))
+                members[name] = everyone
     for name, ranks in seen.items():
         members.setdefault(name, sorted(set(ranks)))
     ids = {name: f"{name}:{fold_ranks(ranks)}" for name, ranks in members.items()}

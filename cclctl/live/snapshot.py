@@ -97,6 +97,7 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
     out = JobStatuses(job=job, address=address, fetched_ns=time.time_ns())
     status_head = job_prefix(job) + STATUS_KEY
     world_size_key = job_prefix(job) + WORLD_SIZE_KEY
+    budget = limits.MemberBudget("the statuses")
     for key, value in listing.items():
         if key == world_size_key:
             out.rdzv_world_size = _rendezvous_world_size(value)
@@ -108,7 +109,8 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
         number = int(rank_text) if len(rank_text) <= 9 else 10**9
         rank = limits.rank(number, f"status key {_clip(key)}")
         try:
-            out.statuses[rank] = _status(value, rank)
+            out.statuses[rank] = snap = _status(value, rank)
+            budget.add(info.ranks for info in snap.comms.values())
         except limits.TooLarge as exc:
             raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
         except BadInput as exc:

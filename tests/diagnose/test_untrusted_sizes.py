@@ -122,3 +122,20 @@ def test_a_rank_number_beyond_the_limit_in_a_flight_recorder_name(tmp_path: Path
     doc = {"version": "2.4", "pg_config": {}, "entries": []}
     (tmp_path / "nccl_trace_rank_999999999999").write_bytes(pickle.dumps(doc, protocol=2))
     refused(cclctl("diagnose", "hang", str(tmp_path)), "the rank in its name")
+
+
+def test_folded_members_cannot_expand_past_a_documents_share(tmp_path: Path) -> None:
+    """A few bytes of ``0-65535`` per communicator would otherwise be 64 Ki ranks each."""
+    comms = {f"{i}:x": {"ranks": f"0-{65535 - i}", "last_started": 0} for i in range(64)}
+    (tmp_path / "cclctl-j1-rank0.json").write_text(json.dumps(a_dump(comms=comms)))
+    refused(cclctl("diagnose", "hang", str(tmp_path)), "name over 262,144 members in all")
+
+
+def test_many_statuses_cannot_expand_past_one_reads_share() -> None:
+    with StoreServer() as srv, StoreClient(srv.host, srv.port, connect_timeout_s=5) as client:
+        for rank in range(24):  # each within its own share, all of them together beyond
+            doc = json.loads(Job(24).snapshots("status")[rank].to_json())
+            doc["comms"] = {"0:x": {"ranks": f"0-{65535 - rank}"}}
+            client.set(f"cclctl/j1/status/{rank}", json.dumps(doc).encode())
+        out = cclctl("top", "--json", "--store", srv.address)
+        refused(out, "the statuses name over 1,048,576 communicator members in all")
