@@ -20,6 +20,7 @@ from cclctl.commands.top import screen_of
 from cclctl.launch.launcher import LaunchResult, launch
 from cclctl.live import table
 from cclctl.live.classify import Thresholds, classify
+from cclctl.live.document import to_document
 from cclctl.live.snapshot import fetch
 from cclctl.live.table import COLUMNS
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
@@ -517,3 +518,16 @@ def test_a_live_four_rank_job(tmp_path: Any) -> None:
         assert rank["collectives"] == 5 and rank["current"] is None
         assert rank["last_busbw_gbps"]["all_reduce"] > 0
         assert rank["heartbeat_age_s"] < 5
+
+
+def test_a_rank_that_lost_the_store_says_so_in_the_store_column() -> None:
+    statuses = {r: status(r) for r in range(4)}
+    statuses[2] = status(2, counters={"store_reconnects": 2, "store_gap_s": 14.2})
+    statuses[3] = status(3, counters={"store_reconnects": True, "store_gap_s": "x"})  # forged
+    screen = screen_of(_parsed(statuses), None, Thresholds())
+    model = table.build_table(screen.view, screen.culprits, max_rows=10)
+    cells = {row.rank: row.cells[COLUMNS.index("store")] for row in model.rows}
+    assert cells == {0: "-", 1: "-", 2: "2 reconnects, gap 14.2s", 3: "-"}
+    ranks = {r["rank"]: r for r in to_document(screen.view, screen.culprits)["ranks"]}
+    assert (ranks[2]["store_reconnects"], ranks[2]["store_gap_s"]) == (2, 14.2)
+    assert not screen.view.wrong  # reconnecting is no fault: the status is fresh again
