@@ -3,7 +3,9 @@
 Ranks use it to find each other (rendezvous), publish status and raise aborts. The client
 is a plain blocking socket behind one lock: a round trip on loopback is a few syscalls, and
 blocking calls (``get``, ``wait``) time out on the server, so a slow key reads as a clear
-:class:`StoreTimeout` naming the key rather than a dead socket.
+:class:`StoreTimeout` naming the key rather than a dead socket. A connection lost to a reset
+is reopened within the request's deadline, and the request sent again where that is safe
+(:data:`IDEMPOTENT`); a store that refuses the new connection has gone, and says so at once.
 
 A connection belongs to the process that opened it. A process forked from a rank (a
 DataLoader worker) inherits the socket, but a request from it would interleave with the
