@@ -33,7 +33,8 @@ HELP = "Diagnose a job: find the rank or link that hangs it."
 
 HANG_HELP = (
     "Find the rank or link that hangs a job, from flight-recorder dumps or a live job.\n\n"
-    "Checks, in order: ranks that are missing, dead, SIGSTOPped or frozen; per communicator, "
+    "Checks, in order: ranks that are missing, dead, SIGSTOPped or with a stale status; "
+    "per communicator, "
     "ranks that never entered the collective the others wait in (and what they do instead); "
     "ranks whose op, dtype, count or root disagree at the same seq; and where the chains of "
     "'waiting on' end (a rank, or a link when two ranks wait on each other). Each finding "

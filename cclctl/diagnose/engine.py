@@ -5,7 +5,7 @@ values), so it is tested with record factories and stays fast at 10,000 ranks. T
 run in the order of the design, each one leaving the ranks it explained to the next, which
 then adds evidence to the existing verdict instead of naming the same rank twice:
 
-1. liveness: missing, dead, SIGSTOPped or frozen ranks;
+1. liveness: missing, dead, SIGSTOPped or stale ranks;
 2. per communicator, the stragglers behind the frontier of a hung collective;
 3. per communicator, calls that disagree at the same seq;
 4. per hung collective, the chains of ``waiting_on`` and where they end.

@@ -58,7 +58,7 @@ def check_frontier(
 
 
 def _tie(cv: CommView, known: Verdict, rank: int, bounds: tuple[int, int], waits_line: str) -> None:
-    """Tie an explained (dead, frozen) rank to the call it never entered.
+    """Tie an explained (dead, stopped, stale) rank to the call it never entered.
 
     Its last status may lag well behind its death (it publishes about once a second). Where
     every member must take part (all_reduce, all_gather, ...), another member's completing a

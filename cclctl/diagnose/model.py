@@ -53,10 +53,11 @@ MAX_STACKS = 4
 class Options:
     """Thresholds of the diagnosis, in seconds.
 
-    ``stale_after_s``: a heartbeat older than this (live mode) means the rank is frozen or
-    dead. ``skew_margin_s`` is added to it for ranks on other hosts, whose clocks may
-    disagree with the reader's by a few seconds. ``stuck_after_s``: a collective in flight
-    this long (measured on the rank's own clock) is hung, not merely running.
+    ``stale_after_s``: a heartbeat older than this (live mode) is a stale status (the
+    process table, where it can be read, tells stopped or dead apart). ``skew_margin_s`` is
+    added to it for ranks on other hosts, whose clocks may disagree with the reader's by a
+    few seconds. ``stuck_after_s``: a collective in flight this long (measured on the rank's
+    own clock) is hung, not merely running.
     """
 
     stale_after_s: float = 10.0

@@ -73,7 +73,7 @@ class RankView:
 
     @property
     def severe(self) -> bool:
-        """Dead, frozen, unreadable or failed (as opposed to slow, behind or once erred)."""
+        """Dead, stale, unreadable or failed (as opposed to slow, behind or once erred)."""
         return not SEVERE_FLAGS.isdisjoint(self.flags)
 
     @property

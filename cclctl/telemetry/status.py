@@ -1,7 +1,7 @@
 """The status publisher: a daemon thread that keeps ``status/<rank>`` fresh in the job's store.
 
 ``cclctl top`` and hang diagnosis read these records from a live job, so a rank that stops
-publishing is itself a finding (dead or frozen). The publisher must therefore never be the
+publishing is itself a finding (dead, stopped or cut off). The publisher must therefore never be the
 reason a job fails: store errors are counted, logged at debug level and retried next tick
 (the store client reopens a lost connection by itself). Once it publishes again after a gap
 (failed turns, or a reconnect), its status says so: ``gap_s`` (how long readers saw nothing
