@@ -28,12 +28,15 @@ def fold_ranks(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def parse_ranks(text: str) -> list[int]:
+def parse_ranks(text: str, limit: int = MAX_RANGE) -> list[int]:
     """``"0-3,7"`` -> ``[0, 1, 2, 3, 7]``, the inverse of :func:`fold_ranks`.
 
-    Raises UsageError naming the bad part, since this reads what users type.
+    Every rank is below ``limit`` and the parts name at most ``limit`` ranks in all, checked
+    before any is listed, so a short text never expands into a huge list. Raises UsageError
+    naming the bad part, since this reads what users type.
     """
     ranks: set[int] = set()
+    named = 0
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
@@ -45,5 +48,8 @@ def parse_ranks(text: str) -> list[int]:
             raise UsageError(f"{part!r} in {text!r} is not a rank or a range like 0-3") from None
         if low < 0 or high < low or high - low > MAX_RANGE:
             raise UsageError(f"{part!r} in {text!r} is not a valid rank range")
+        named += high - low + 1
+        if high >= limit or named > limit:
+            raise UsageError(f"{part!r} in {text!r} goes beyond {limit:,} ranks")
         ranks.update(range(low, high + 1))
     return sorted(ranks)

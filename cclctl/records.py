@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from cclctl import limits
 from cclctl.errors import BadInput, UsageError
 from cclctl.ranges import fold_ranks, parse_ranks
 from cclctl.stacks import ThreadStack, stacks_from_list
@@ -127,33 +128,56 @@ class CommInfo:
         }
 
 
+#: Members one document may name over all its communicators: the world and a few groups.
+MAX_MEMBERS = 4 * limits.MAX_WORLD_SIZE
+
+
 @functools.lru_cache(maxsize=1024)
 def _members(folded: str) -> list[int] | None:
     try:
-        return parse_ranks(folded)
+        return parse_ranks(folded, limits.MAX_WORLD_SIZE)
     except UsageError:
         return None
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _comms_from_dict(data: object, where: str) -> dict[str, CommInfo]:
     if not isinstance(data, Mapping):
         raise _fail(where, "field 'comms' must be an object")
     comms: dict[str, CommInfo] = {}
+    members = 0
     for name, info in data.items():
         raw = info.get("ranks") if isinstance(info, Mapping) else None
+        label = _clip(str(name))
         if isinstance(raw, str):
             ranks = _members(raw)
             if ranks is None:
-                raise _fail(where, f"communicator {name!r} has members {raw!r}, not like 0-3,7")
+                raise _fail(
+                    where,
+                    f"communicator {label!r} has members {_clip(raw)!r}, not like 0-3,7 "
+                    f"(below {limits.MAX_WORLD_SIZE:,})",
+                )
         elif isinstance(raw, list) and set(map(type, raw)) <= {int}:  # older writers: a list
             ranks = list(raw)
+            if ranks and not 0 <= min(ranks) <= max(ranks) < limits.MAX_WORLD_SIZE:
+                outside = f"outside 0-{limits.MAX_WORLD_SIZE - 1}"
+                raise _fail(where, f"communicator {label!r} has a member {outside}")
         else:
-            raise _fail(where, f"communicator {name!r} has no list of ranks")
+            raise _fail(where, f"communicator {label!r} has no list of ranks")
         assert isinstance(info, Mapping)
         started = info.get("last_started", 0)
         completed = info.get("last_completed", 0)
         if not _is_int(started) or not _is_int(completed):
             raise _fail(where, f"communicator {name!r} has non-integer fields")
+        members += len(ranks)
+        if members > MAX_MEMBERS:  # folded ranges are short: bound what they expand to
+            raise limits.TooLarge(
+                f"{where}: its communicators name over {MAX_MEMBERS:,} members in all",
+                where=where,
+            )
         comms[str(name)] = CommInfo(ranks, started, completed)
     return comms
 
@@ -227,7 +251,7 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
     for key in ("rank", "world_size", "pid", "time_ns"):
         if not _is_int(data.get(key)):
             raise _fail(where, f"field {key!r} must be an integer")
-    rank, world_size = int(data["rank"]), int(data["world_size"])
+    rank, world_size = int(data["rank"]), limits.world_size(int(data["world_size"]), where)
     if not 0 <= rank < max(1, world_size):
         raise _fail(where, f"rank {rank} is outside world size {world_size}")
     records_raw = data.get("records", [])

@@ -26,6 +26,7 @@ from cclctl.diagnose_io import procs, sources
 from cclctl.diagnose_io.inputs import Inputs
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, FaultFound, StoreError, UsageError
+from cclctl.limits import MAX_WORLD_SIZE
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.store.client import StoreClient, parse_address
 
@@ -33,7 +34,8 @@ HELP = "Diagnose a job: find the rank or link that hangs it."
 
 HANG_HELP = (
     "Find the rank or link that hangs a job, from flight-recorder dumps or a live job.\n\n"
-    "Checks, in order: ranks that are missing, dead, SIGSTOPped or frozen; per communicator, "
+    "Checks, in order: ranks that are missing, dead, SIGSTOPped or with a stale status; "
+    "per communicator, "
     "ranks that never entered the collective the others wait in (and what they do instead); "
     "ranks whose op, dtype, count or root disagree at the same seq; and where the chains of "
     "'waiting on' end (a rank, or a link when two ranks wait on each other). Each finding "
@@ -144,6 +146,11 @@ def _options(stale: float, skew: float, stuck_after: float, world_size: int | No
         raise ConfigError(f"--skew must be zero or more, not {skew!r}", flag="--skew")
     if world_size is not None and world_size < 1:
         raise ConfigError(f"--world-size must be at least 1, not {world_size}", flag="--world-size")
+    if world_size is not None and world_size > MAX_WORLD_SIZE:
+        raise ConfigError(
+            f"--world-size {world_size} is over the limit of {MAX_WORLD_SIZE:,} ranks",
+            flag="--world-size",
+        )
     return Options(stale_after_s=stale, skew_margin_s=skew, stuck_after_s=stuck_after)
 
 

@@ -27,6 +27,7 @@ from cclctl.config import client_token
 from cclctl.diagnose.model import Options
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, StoreError, UsageError
+from cclctl.limits import MAX_WORLD_SIZE
 from cclctl.live import table as rows_of
 from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thresholds, classify
 from cclctl.live.culprit import OK, SUSPECT, WAITING, WARN, Culprits, read_culprits
@@ -155,6 +156,12 @@ def _check(**values: float | None) -> None:
         if value is not None and not value > 0:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"{flag} must be positive, not {value!r}", flag=flag)
+    size = values.get("world_size")
+    if size is not None and size > MAX_WORLD_SIZE:
+        raise ConfigError(
+            f"--world-size {size:g} is over the limit of {MAX_WORLD_SIZE:,} ranks",
+            flag="--world-size",
+        )
 
 
 def _connect(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> StoreClient:

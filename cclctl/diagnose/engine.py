@@ -5,7 +5,7 @@ values), so it is tested with record factories and stays fast at 10,000 ranks. T
 run in the order of the design, each one leaving the ranks it explained to the next, which
 then adds evidence to the existing verdict instead of naming the same rank twice:
 
-1. liveness: missing, dead, SIGSTOPped or frozen ranks;
+1. liveness: missing, dead, SIGSTOPped or stale ranks;
 2. per communicator, the stragglers behind the frontier of a hung collective;
 3. per communicator, calls that disagree at the same seq;
 4. per hung collective, the chains of ``waiting_on`` and where they end.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from cclctl import limits
 from cclctl.diagnose import text
 from cclctl.diagnose.frontier import check_frontier
 from cclctl.diagnose.liveness import check_liveness, place_unplaced
@@ -170,6 +171,7 @@ def _world_size(
     claimed = sorted({s.world_size for s in newest.values()})
     notes: list[str] = []
     if given is not None:
+        limits.world_size(given, "the world size given")
         if given < highest:
             raise UsageError(f"world size {given} is too small: rank {highest - 1} was seen")
         return given, notes
@@ -203,7 +205,7 @@ def _healthy(views: list[CommView], states: dict[int, RankState]) -> Verdict:
     step = (
         "nothing hangs yet; if the job still looks stuck, run this again in a few seconds"
         if running
-        else "nothing to do: no rank is missing, frozen, behind or waiting"
+        else "nothing to do: no rank is missing, stopped, stale, behind or waiting"
     )
     summary = f"no fault found in {len(states)} rank{'s' if len(states) != 1 else ''}"
     return Verdict(HEALTHY, summary, evidence=evidence, next_step=step)

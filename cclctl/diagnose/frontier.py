@@ -10,7 +10,7 @@ that older call, which can see whom they wait on.
 from __future__ import annotations
 
 from cclctl.diagnose import text
-from cclctl.diagnose.model import DEAD, NOT_ENTERED, STOPPED, Verdict
+from cclctl.diagnose.model import DEAD, NOT_ENTERED, STALE, STOPPED, Verdict
 from cclctl.diagnose.view import CommView, RankState
 from cclctl.records import COMPLETED
 
@@ -45,7 +45,7 @@ def check_frontier(
     verdicts: list[Verdict] = []
     floor = max((c for c in cv.completed.values() if cv.ops.get(c) in NEEDS_ALL), default=0)
     for rank in sorted(r for r in cv.position if r in explained):
-        if explained[rank].kind in (DEAD, STOPPED):
+        if explained[rank].kind in (DEAD, STOPPED, STALE):
             _tie(cv, explained[rank], rank, (floor, frontier), waits_line if waiting else "")
     for started in sorted(behind):
         ranks = [r for r in sorted(behind[started]) if r not in explained and not cv.failed(r)]
@@ -58,7 +58,7 @@ def check_frontier(
 
 
 def _tie(cv: CommView, known: Verdict, rank: int, bounds: tuple[int, int], waits_line: str) -> None:
-    """Tie an explained (dead, frozen) rank to the call it never entered.
+    """Tie an explained (dead, stopped, stale) rank to the call it never entered.
 
     Its last status may lag well behind its death (it publishes about once a second). Where
     every member must take part (all_reduce, all_gather, ...), another member's completing a

@@ -1,11 +1,13 @@
-"""First check: ranks that cannot take part at all (dead, stopped, frozen or never heard of).
+"""First check: ranks that cannot take part at all (dead, stopped, silent or never heard of).
 
 The process state (``proc``) comes from the command, which can only look at processes on its
-own host; for those the heartbeat is compared with ``stale_after_s`` exactly. A rank on
-another host is judged on its heartbeat alone, with ``skew_margin_s`` added because that
+own host; for those the heartbeat is compared with ``stale_after_s`` exactly. Only the
+process table says "stopped" (state T) or "dead": a stale status alone is "status stale",
+never "stopped", since a rank cut off from the store runs on while its status ages. A rank
+on another host is judged on its heartbeat alone, with ``skew_margin_s`` added because that
 host's clock may disagree with the reader's. Post-mortem (no ``now_ns``) there is no
 heartbeat to judge, so only the process states and the missing documents speak. A rank
-whose last status says it closed cleanly is never dead or frozen: it finished.
+whose last status says it closed cleanly is never dead or stale: it finished.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cclctl.diagnose import text
-from cclctl.diagnose.model import DEAD, MISSING, STOPPED, Options, Suspect, Verdict
+from cclctl.diagnose.model import DEAD, MISSING, STALE, STOPPED, Options, Suspect, Verdict
 from cclctl.diagnose.view import (
     PROC_GONE,
     PROC_RUNNING,
@@ -36,15 +38,15 @@ def check_liveness(
     unreadable: Mapping[int, str],
     opts: Options,
 ) -> list[Verdict]:
-    """Verdicts for missing, dead, SIGSTOPped and frozen ranks (one per kind of trouble)."""
+    """Verdicts for missing, dead, SIGSTOPped and silent ranks (one per kind of trouble)."""
     verdicts: list[Verdict] = []
     missing = [r for r in range(world_size) if r not in states]
     if missing:
         verdicts.append(_missing(missing, source, len(states), unreadable))
     dead: list[RankState] = []
     stopped: list[RankState] = []
-    frozen: dict[int, float] = {}
-    unknown: dict[int, float] = {}
+    running: dict[int, float] = {}  # stale, but the process runs here
+    unknown: dict[int, float] = {}  # stale, and its process cannot be seen from here
     for rank in sorted(states):
         st, ps = states[rank], proc.get(rank)
         if st.closed:
@@ -57,13 +59,13 @@ def check_liveness(
             age = (now_ns - st.time_ns) / _NS
             limit = opts.stale_after_s + (0.0 if ps is not None else opts.skew_margin_s)
             if age > limit:
-                (frozen if ps == PROC_RUNNING else unknown)[rank] = age
+                (running if ps == PROC_RUNNING else unknown)[rank] = age
     if dead:
         verdicts.append(_dead(dead, proc, now_ns))
     if stopped:
         verdicts.append(_sigstopped(stopped))
-    if frozen:
-        verdicts.append(_frozen(states, frozen, opts))
+    if running:
+        verdicts.append(_stale_running(states, running, opts))
     if unknown:
         verdicts.append(_unknown(states, unknown, opts))
     return verdicts
@@ -134,31 +136,31 @@ def _sigstopped(stopped: list[RankState]) -> Verdict:
     return Verdict(STOPPED, summary, suspects, evidence=evidence, next_step=step)
 
 
-def _frozen(states: dict[int, RankState], ages: dict[int, float], opts: Options) -> Verdict:
+def _stale_running(states: dict[int, RankState], ages: dict[int, float], opts: Options) -> Verdict:
     suspects = [states[r].suspect for r in sorted(ages)]
     ranks = sorted(ages)
     summary = (
-        f"{text.ranks_word(ranks)} {text.verb(ranks, 'is', 'are')} frozen: the process runs "
-        "but publishes nothing"
+        f"status stale for {text.ranks_word(ranks)}: the process runs (not stopped) but "
+        "publishes nothing new"
     )
     evidence = [
         f"{text.who(s)}: running, but its status is {text.seconds(ages[s.rank])} old "
         f"(stale after {text.seconds(opts.stale_after_s)})"
         for s in suspects
     ]
-    shows = "where it is stuck (a held GIL or a blocking call)"
+    shows = (
+        "whether it is stuck (a held GIL or a blocking call) or only cut off from the store "
+        "(its log says `published again` once it is back)"
+    )
     step = text.look([states[s.rank] for s in suspects], shows)
-    return Verdict(STOPPED, summary, suspects, evidence=evidence, next_step=step)
+    return Verdict(STALE, summary, suspects, evidence=evidence, next_step=step)
 
 
 def _unknown(states: dict[int, RankState], ages: dict[int, float], opts: Options) -> Verdict:
     suspects = [states[r].suspect for r in sorted(ages)]
     ranks = sorted(ages)
     limit = opts.stale_after_s + opts.skew_margin_s
-    summary = (
-        f"{text.ranks_word(ranks)} {text.verb(ranks, 'is', 'are')} frozen or dead: "
-        "no status for too long"
-    )
+    summary = f"status stale for {text.ranks_word(ranks)}: no status for too long"
     evidence = [
         f"{text.who(s)}: last status {text.seconds(ages[s.rank])} ago (stale after "
         f"{text.seconds(limit)}, clock skew margin included); its process cannot be "
@@ -168,21 +170,21 @@ def _unknown(states: dict[int, RankState], ages: dict[int, float], opts: Options
     first = suspects[0]
     step = (
         f"on {first.host or 'its host'}: ps -o stat= -p {first.pid} (T: stopped, "
-        f"`kill -CONT {first.pid}`; R/S: frozen, `py-spy dump --pid {first.pid}`; "
-        "nothing: it died, read its log)"
+        f"`kill -CONT {first.pid}`; R/S: running, `py-spy dump --pid {first.pid}` shows "
+        "where; nothing: it died, read its log)"
     )
-    return Verdict(STOPPED, summary, suspects, evidence=evidence, next_step=step)
+    return Verdict(STALE, summary, suspects, evidence=evidence, next_step=step)
 
 
 def place_unplaced(verdicts: list[Verdict], states: dict[int, RankState]) -> None:
     """Verdicts that nothing placed take their suggested place (the call their rank had not
-    entered when it last reported); a dead or frozen rank no hung call is tied to yet (the
-    others' statuses may lag by a beat) is placed by its own last call.
+    entered when it last reported); a dead, stopped or stale rank no hung call is tied to
+    yet (the others' statuses may lag by a beat) is placed by its own last call.
     """
     for verdict in verdicts:
         if verdict.comm is None and verdict.fallback is not None:
             verdict.place(*verdict.fallback)
-        if verdict.kind not in (DEAD, STOPPED) or verdict.comm is not None:
+        if verdict.kind not in (DEAD, STOPPED, STALE) or verdict.comm is not None:
             continue
         st = states.get(verdict.suspects[0].rank)
         calls = [rec for recs in st.tail.values() for rec in recs.values()] if st else []
@@ -190,7 +192,8 @@ def place_unplaced(verdicts: list[Verdict], states: dict[int, RankState]) -> Non
             continue
         last = max(calls, key=lambda r: (r.start_ns, r.comm, r.seq))
         if any(last is rec for rec in st.inflight):
-            verdict.add(f"rank {st.rank} stopped inside {text.call(last)}")
+            inside = "stopped inside" if verdict.kind != STALE else "was last seen inside"
+            verdict.add(f"rank {st.rank} {inside} {text.call(last)}")
             verdict.place(last.comm, last.seq, last.op)
             continue
         ended = "completed" if last.state == COMPLETED else f"ended {last.state}"

@@ -19,19 +19,21 @@ DIAGNOSIS_VERSION = 1
 
 DEAD = "dead"
 STOPPED = "stopped"
+STALE = "stale"  # no fresh status, and nothing shows the process stopped
 MISSING = "missing"
 NOT_ENTERED = "not_entered"
 MISMATCH = "mismatch"
 LINK = "link"
 STUCK = "stuck"
 HEALTHY = "healthy"
-KINDS = (DEAD, STOPPED, MISSING, NOT_ENTERED, MISMATCH, LINK, STUCK, HEALTHY)
+KINDS = (DEAD, STOPPED, STALE, MISSING, NOT_ENTERED, MISMATCH, LINK, STUCK, HEALTHY)
 
 #: Report order: the most certain faults first. A missing rank that others wait on is as
 #: certain as a dead one; a missing rank nobody waits on is the weakest evidence of all.
 _PRIORITY = {
     DEAD: 0,
     STOPPED: 1,
+    STALE: 1,
     NOT_ENTERED: 3,
     MISMATCH: 4,
     LINK: 5,
@@ -51,10 +53,11 @@ MAX_STACKS = 4
 class Options:
     """Thresholds of the diagnosis, in seconds.
 
-    ``stale_after_s``: a heartbeat older than this (live mode) means the rank is frozen or
-    dead. ``skew_margin_s`` is added to it for ranks on other hosts, whose clocks may
-    disagree with the reader's by a few seconds. ``stuck_after_s``: a collective in flight
-    this long (measured on the rank's own clock) is hung, not merely running.
+    ``stale_after_s``: a heartbeat older than this (live mode) is a stale status (the
+    process table, where it can be read, tells stopped or dead apart). ``skew_margin_s`` is
+    added to it for ranks on other hosts, whose clocks may disagree with the reader's by a
+    few seconds. ``stuck_after_s``: a collective in flight this long (measured on the rank's
+    own clock) is hung, not merely running.
     """
 
     stale_after_s: float = 10.0

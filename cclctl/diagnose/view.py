@@ -146,7 +146,7 @@ class CommView:
     ``inside``: members in flight in a call of it. ``open``: members whose last call on it
     did not complete (in flight, or ended in failure), with that record. ``hung``: seqs some
     member has waited in past the threshold (or that timed out or failed), ascending.
-    ``doomed``: a member is dead, frozen or missing, so every open call is stuck already,
+    ``doomed``: a member is dead, stopped, stale or missing, so every open call is stuck already,
     however young: checks may tie that member to them (but name nobody new on that alone).
     """
 
@@ -192,7 +192,7 @@ def comm_views(
 ) -> list[CommView]:
     """Every communicator some rank knows of, sorted by id; members come from the lowest rank
     that lists them (plus any rank that claims the communicator), so the cost stays linear.
-    ``doomed``: ranks that cannot take part any more (dead, frozen, missing).
+    ``doomed``: ranks that cannot take part any more (dead, stopped, stale, missing).
     """
     names: set[str] = set()
     for st in states.values():

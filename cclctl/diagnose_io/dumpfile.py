@@ -14,14 +14,14 @@ so that sequence cannot occur inside a value, only where cclctl's writer starts 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
+from cclctl import limits
 from cclctl.errors import BadInput
 from cclctl.records import DUMP_SCHEMA, STATUS_SCHEMA, RankSnapshot, snapshot_from_dict
 
 #: A dump of 2,000 records per communicator is about 0.6 MB; this is far beyond any.
-MAX_BYTES = 256 << 20
+MAX_BYTES = limits.MAX_FILE_BYTES
 #: Records kept from the end of the ring (the engine keeps 8 per communicator of them).
 TAIL = 64
 
@@ -38,9 +38,7 @@ def read_bytes(path: str) -> bytes:
     """The file's bytes, or BadInput saying plainly why it cannot be a dump."""
     try:
         with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > MAX_BYTES:
-                raise fail(path, f"too large for a dump ({size} bytes)")
+            limits.file_size(fh.fileno(), path)  # too large or sparse: refused unread
             data = fh.read()  # read(n) would reserve n bytes up front
     except IsADirectoryError:
         raise fail(path, "is a directory") from None

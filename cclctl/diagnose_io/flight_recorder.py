@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from cclctl import limits
 from cclctl.diagnose_io.fr_pool import read_all
 from cclctl.diagnose_io.fr_snapshots import snapshots
 from cclctl.diagnose_io.fr_translate import RankDump, read_rank
@@ -29,7 +30,7 @@ from cclctl.errors import BadInput
 from cclctl.records import RankSnapshot
 
 #: Larger than any real dump (2,000 entries with stack traces are a few MB).
-MAX_BYTES = 1 << 30
+MAX_BYTES = limits.MAX_FILE_BYTES
 #: How much of a file is read to tell its format.
 SNIFF_BYTES = 4096
 PICKLE = "pickle"
@@ -120,7 +121,8 @@ def rank_of(path: str) -> int:
             "them <prefix><rank> (nccl_trace_rank_3)",
             path=path,
         )
-    return int(match.group(1))
+    digits = match.group(1)
+    return limits.rank(int(digits) if len(digits) <= 9 else 10**9, path, "the rank in its name")
 
 
 def find_dumps(paths: Sequence[str]) -> list[tuple[str, str]] | None:
@@ -160,9 +162,7 @@ def read_dump(path: str, fmt: str) -> RankDump:
     """One rank's dump, condensed to what a diagnosis needs (the parsed file is dropped)."""
     try:
         with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > MAX_BYTES:
-                raise BadInput(f"{path}: too large for a Flight Recorder dump ({size} bytes)")
+            limits.file_size(fh.fileno(), path, "a Flight Recorder dump")  # before reading
             data = fh.read()
             mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
     except OSError as exc:

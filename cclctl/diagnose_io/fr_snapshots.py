@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cclctl import limits
 from cclctl.diagnose_io.fr_stacks import call_site
 from cclctl.diagnose_io.fr_translate import RankDump
 from cclctl.ranges import fold_ranks
@@ -24,16 +25,18 @@ def snapshots(
     dumps = sorted(dumps, key=lambda d: (d.rank, d.path))
     highest = max((r for d in dumps for ranks in d.members.values() for r in ranks), default=-1)
     size = world_size or max(highest, max(d.rank for d in dumps)) + 1
+    limits.world_size(size, "the Flight Recorder dumps")  # members and ranks were checked
     members: dict[str, list[int]] = {}
     for d in dumps:  # pg_config first: the lowest rank that lists a group decides
         for name, ranks in d.members.items():
             members.setdefault(name, sorted(set(ranks)))
     seen: dict[str, list[int]] = {}
+    everyone = list(range(size))  # one list for every default group (readers never modify)
     for d in dumps:  # in rank order, so each list is sorted
         for name, group in d.groups.items():
             seen.setdefault(name, []).append(d.rank)
             if name not in members and group.desc == "default_pg":
-                members[name] = list(range(size))
+                members[name] = everyone
     for name, ranks in seen.items():
         members.setdefault(name, sorted(set(ranks)))
     ids = {name: f"{name}:{fold_ranks(ranks)}" for name, ranks in members.items()}

@@ -24,6 +24,7 @@ import dataclasses
 import re
 from typing import Any, TypeGuard
 
+from cclctl import limits
 from cclctl.diagnose_io.fr_stacks import Site, site_of
 from cclctl.errors import BadInput
 from cclctl.records import COMPLETED, STARTED, CollectiveRecord
@@ -121,13 +122,22 @@ def _mapping(value: object) -> dict[Any, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _ranks(value: object) -> list[int]:
-    """``pg_config`` ranks: the text ``"[0, 1, 2]"`` or a list; never evaluated as code."""
+def _ranks(value: object, path: str) -> list[int]:
+    """``pg_config`` ranks: the text ``"[0, 1, 2]"`` or a list; never evaluated as code.
+    Each is a rank below :data:`cclctl.limits.MAX_WORLD_SIZE` (TooLarge otherwise)."""
     if isinstance(value, str):
-        return [int(x) for x in _INT.findall(value)]
-    if isinstance(value, list | tuple):
-        return [int(x) for x in value if _is_int(x)]
-    return []
+        found = [int(x) if len(x) <= 9 else 10**9 for x in _INT.findall(value)]
+    elif isinstance(value, list | tuple):
+        found = [int(x) for x in value if _is_int(x)]
+    else:
+        return []
+    if found:
+        limits.rank(max(found), path, "a process group member")
+    return found
+
+
+#: No tensor has more elements; a product beyond it is a corrupt size, not a count.
+_MAX_NUMEL = 1 << 62
 
 
 def _numel(sizes: object) -> int:
@@ -138,6 +148,8 @@ def _numel(sizes: object) -> int:
                 n = 1
                 for dim in shape:
                     n *= dim if _is_int(dim) else 0
+                    if not -_MAX_NUMEL <= n <= _MAX_NUMEL:
+                        raise ValueError(f"a tensor size of more than {_MAX_NUMEL} elements")
                 total += n
     return total
 
@@ -163,12 +175,12 @@ def _last_completed(doc: dict[Any, Any]) -> dict[str, int]:
     }
 
 
-def _members(doc: dict[Any, Any]) -> dict[str, list[int]]:
+def _members(doc: dict[Any, Any], path: str) -> dict[str, list[int]]:
     """Group name -> its member ranks (``pg_config``; gloo leaves it empty)."""
     members: dict[str, list[int]] = {}
     for key, info in _mapping(doc.get("pg_config")).items():
         if isinstance(info, dict):
-            name, ranks = str(info.get("name") or key), _ranks(info.get("ranks"))
+            name, ranks = str(info.get("name") or key), _ranks(info.get("ranks"), path)
             if name and ranks:
                 members[name] = ranks
     return members
@@ -181,7 +193,7 @@ def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDu
     entries = doc.get("entries", [])
     if not isinstance(entries, list):
         raise _fail(path, "field 'entries' is not a list")
-    done_op, members = _last_completed(doc), _members(doc)
+    done_op, members = _last_completed(doc), _members(doc, path)
     groups: dict[str, Group] = {}
     open_sites: dict[str, Site] = {}  # group -> where its oldest open call was made
     newest: Site | None = None

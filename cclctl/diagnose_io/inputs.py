@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Callable, Collection, Sequence
 
+from cclctl import limits
 from cclctl.diagnose_io.dumpfile import fail, read_dump
 from cclctl.errors import BadInput
 from cclctl.live.snapshot import JobStatuses
@@ -74,10 +75,12 @@ def load_dumps(
     files = dump_paths(paths)
     by_file: list[tuple[str, RankSnapshot]] = []
     shared: dict[tuple[int, ...], list[int]] = {}
+    budget = limits.MemberBudget("the dumps")
     for done, path in enumerate(files, 1):
         snap = read_dump(path)
         for info in snap.comms.values():  # one list per distinct member list, not per rank
             info.ranks = shared.setdefault(tuple(info.ranks), info.ranks)
+        budget.add(info.ranks for info in snap.comms.values())
         by_file.append((path, snap))
         if progress is not None:
             progress(done)

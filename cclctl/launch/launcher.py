@@ -2,7 +2,9 @@
 
 Each rank runs in its own process group, so stopping a rank stops whatever it started. The
 first rank to fail stops the others (SIGTERM, then SIGKILL after a grace period); Ctrl-C is
-forwarded to the ranks before they are stopped the same way.
+forwarded to the ranks before they are stopped the same way. A launcher that is killed
+outright (``kill -9``) takes its ranks with it: each rank starts behind
+:mod:`~cclctl.launch.child_guard`, which has the kernel SIGKILL it when the launcher goes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from cclctl import auth
 from cclctl.config import inherited_environment, job_dir, store_server_from_env
 from cclctl.config_check import MAX_LOCAL_RANKS
 from cclctl.errors import EXIT_ERROR, CclError, StoreError, UsageError
-from cclctl.launch import streaming_copies
+from cclctl.launch import child_guard, streaming_copies
 from cclctl.launch.output import LineSink, OutputPump
 from cclctl.store.client import StoreServer
 from cclctl.store.limits import StoreLimits
@@ -256,10 +258,14 @@ class _Job:
         return self._result(timed_out, timeout_s)
 
     def _start_all(self, pump: OutputPump) -> None:
+        """Start every rank from this thread, which supervises them until they end (the
+        parent-death signal is tied to the thread that forks: see child_guard)."""
+        cmd = child_guard.guarded(self.cmd, os.getpid())
         for rank, env in enumerate(self.envs):
             try:
+                child_guard.check_runnable(self.cmd[0], env)
                 proc = subprocess.Popen(
-                    self.cmd,
+                    cmd,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,

@@ -64,6 +64,8 @@ class RankView:
     hangs: int = 0
     error: str = ""
     metrics_url: str = ""
+    store_reconnects: int = 0  # its publisher's store connection, reopened after a loss
+    store_gap_s: float = 0.0  # the last time its statuses stopped, once they came back
 
     @property
     def wrong(self) -> bool:
@@ -71,7 +73,7 @@ class RankView:
 
     @property
     def severe(self) -> bool:
-        """Dead, frozen, unreadable or failed (as opposed to slow, behind or once erred)."""
+        """Dead, stale, unreadable or failed (as opposed to slow, behind or once erred)."""
         return not SEVERE_FLAGS.isdisjoint(self.flags)
 
     @property
@@ -238,4 +240,17 @@ def _rank_view(
         hangs=hangs,
         error=(rec.error or f"collective {rec.state}") if rec is not None and failed else "",
         metrics_url=snap.metrics_url,
+        store_reconnects=_count(counters.get("store_reconnects")),
+        store_gap_s=_seconds(counters.get("store_gap_s")),
     )
+
+
+def _count(value: object) -> int:
+    """A counter from a status: older writers have none (0); never trusted to be valid."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return 0.0
+    return float(min(value, 1e9))

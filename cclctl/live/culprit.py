@@ -64,8 +64,9 @@ def read_culprits(diagnosis: Diagnosis | None, view: JobView) -> Culprits:
     lines: list[str] = []
     by_rank = {r.rank: r for r in view.ranks}
     for verdict in diagnosis.faults:
+        said = (verdict.kind, reason(verdict))  # once a verdict: it folds every suspect
         for suspect in verdict.suspects:
-            reasons.setdefault(suspect.rank, (verdict.kind, reason(verdict)))
+            reasons.setdefault(suspect.rank, said)
         waiters = _waiters(verdict, by_rank)
         if not waiters:
             continue

@@ -90,6 +90,8 @@ def rank_document(rank: RankView, culprits: Culprits) -> dict[str, Any]:
         "errors": rank.errors,
         "retries": rank.retries,
         "hangs": rank.hangs,
+        "store_reconnects": rank.store_reconnects,
+        "store_gap_s": rank.store_gap_s,
         "error": rank.error or None,
         "metrics_url": rank.metrics_url,
         "highlight": culprits.highlight(rank),

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from cclctl import limits
 from cclctl.errors import BadInput, UsageError
 from cclctl.records import RankSnapshot, snapshot_from_dict
 
@@ -87,10 +88,16 @@ def fetch(store: ListingStore, job: str | None = None) -> JobStatuses:
 
 
 def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
-    """Parse a listing of full store keys; keys of other jobs are ignored."""
+    """Parse a listing of full store keys; keys of other jobs are ignored.
+
+    A status the view cannot use is that rank's problem, except one stating a size beyond
+    :mod:`cclctl.limits` (a rank key, a world size): that raises TooLarge for the whole
+    job, since every reader would allocate by it.
+    """
     out = JobStatuses(job=job, address=address, fetched_ns=time.time_ns())
     status_head = job_prefix(job) + STATUS_KEY
     world_size_key = job_prefix(job) + WORLD_SIZE_KEY
+    budget = limits.MemberBudget("the statuses")
     for key, value in listing.items():
         if key == world_size_key:
             out.rdzv_world_size = _rendezvous_world_size(value)
@@ -98,12 +105,25 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
         rank_text = key[len(status_head) :] if key.startswith(status_head) else ""
         if not (rank_text.isascii() and rank_text.isdigit()):
             continue
-        rank = int(rank_text)
+        # more digits than any limit has are refused before int() (which caps at 4,300)
+        number = int(rank_text) if len(rank_text) <= 9 else 10**9
+        rank = limits.rank(number, f"status key {_clip(key)}")
         try:
-            out.statuses[rank] = _status(value, rank)
+            out.statuses[rank] = snap = _status(value, rank)
+            budget.add(info.ranks for info in snap.comms.values())
+        except limits.TooLarge as exc:
+            raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
         except BadInput as exc:
-            out.bad[rank] = f"bad status: {exc.message.removeprefix(_WHERE + ': ')}"
+            out.bad[rank] = f"bad status: {_unprefixed(exc)}"
     return out
+
+
+def _unprefixed(exc: BadInput) -> str:
+    return exc.message.removeprefix(_WHERE + ": ")
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _status(value: bytes, rank: int) -> RankSnapshot:
@@ -133,9 +153,12 @@ def _status(value: bytes, rank: int) -> RankSnapshot:
 
 
 def _rendezvous_world_size(value: bytes) -> int | None:
-    """The agreed world size, or None if the key holds something else (never an error)."""
+    """The agreed world size, or None if the key holds something else; TooLarge beyond
+    :data:`cclctl.limits.MAX_WORLD_SIZE`."""
     try:
         size = json.loads(value).get("world_size")
     except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
         return None
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        return None
+    return limits.world_size(size, "the store's rendezvous")

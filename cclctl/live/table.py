@@ -33,6 +33,7 @@ COLUMNS = (
     "busbw GB/s",
     "errors",
     "retries",
+    "store",
 )
 NUMERIC = frozenset(
     ("rank", "pid", "heartbeat", "seq", "size", "age", "busbw GB/s", "errors", "retries")
@@ -53,6 +54,7 @@ PRIORITY = (
     "errors",
     "retries",
     "busbw GB/s",
+    "store",
 )
 ALWAYS = frozenset(("rank", "state"))
 #: Short forms of collectives (as NCCL users write them), used when full names do not fit.
@@ -241,8 +243,21 @@ def _row(rank: RankView, culprits: Culprits, busbw_op: str) -> Row:
         "-" if busbw is None else f"{busbw:.2f}",
         str(rank.errors) if known else "-",
         str(rank.retries) if known else "-",
+        store_text(rank),
     )
     return Row(rank.rank, cells, severity)
+
+
+def store_text(rank: RankView) -> str:
+    """How the rank's status publisher fared with the store: "-" while it never lost it,
+    else the reconnects and the last gap it published through ("1 reconnect, gap 14s")."""
+    parts = []
+    if rank.store_reconnects:
+        plural = "s" if rank.store_reconnects != 1 else ""
+        parts.append(f"{rank.store_reconnects} reconnect{plural}")
+    if rank.store_gap_s:
+        parts.append(f"gap {human_age(rank.store_gap_s)}")
+    return ", ".join(parts) or "-"
 
 
 def human_bytes(nbytes: int) -> str:

@@ -3,7 +3,10 @@
 Ranks use it to find each other (rendezvous), publish status and raise aborts. The client
 is a plain blocking socket behind one lock: a round trip on loopback is a few syscalls, and
 blocking calls (``get``, ``wait``) time out on the server, so a slow key reads as a clear
-:class:`StoreTimeout` naming the key rather than a dead socket.
+:class:`StoreTimeout` naming the key rather than a dead socket. A connection lost to a reset
+is reopened within the request's deadline (proving the token again on it), and the request
+sent again where that is safe (:data:`IDEMPOTENT`); a store that refuses the new connection
+has gone, and says so at once.
 
 A connection belongs to the process that opened it. A process forked from a rank (a
 DataLoader worker) inherits the socket, but a request from it would interleave with the
@@ -25,6 +28,7 @@ from cclctl import auth
 from cclctl.errors import StoreError, StoreTimeout
 from cclctl.store import access
 from cclctl.store.protocol import (
+    MAX_FIELDS,
     MAX_REPLY_BYTES,
     REPLY_HEADER,
     Op,
@@ -40,6 +44,12 @@ __all__ = ["StoreClient", "StoreServer", "parse_address"]
 #: Extra time a blocking request waits for the server's own timeout reply.
 ANSWER_SLACK_S = 5.0
 MAX_RETRY_DELAY_S = 0.5
+#: Requests sent again on a new connection when the old one was lost after they left:
+#: repeating them changes nothing (a ``set`` writes the same bytes again, as a status
+#: publisher does every second; the rest only read). ``add`` would count twice,
+#: ``compare_set`` could report its own win as a loss and ``delete`` its own removal as
+#: "not found": those fail with a StoreError saying they may have been applied.
+IDEMPOTENT = frozenset({Op.SET, Op.GET, Op.TRY_GET, Op.WAIT, Op.LIST, Op.PING})
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -84,19 +94,23 @@ class StoreClient:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._closed = False
+        self.reconnects = 0  # connections reopened after one was lost (see _request)
         self._pid = os.getpid()  # the process this connection belongs to (see the module)
+        self._token = token or None
         self._sock: socket.socket | None = self._connect(connect_timeout_s)
         self._reader = self._sock.makefile("rb")
-        if token:
-            self._authenticate(token)
+        if self._token:
+            self._authenticate(self._sock, self._token, self.timeout_s)
 
     @classmethod
     def from_address(cls, address: str, **kw: Any) -> StoreClient:
         host, port = parse_address(address)
         return cls(host, port, **kw)
 
-    def _connect(self, connect_timeout_s: float) -> socket.socket:
-        """Retry until the deadline: ranks routinely start before the store is up."""
+    def _connect(self, connect_timeout_s: float, refused_is_final: bool = False) -> socket.socket:
+        """Retry until the deadline: ranks routinely start before the store is up.
+        ``refused_is_final``: a refused connection raises ConnectionRefusedError at once
+        (after a loss: nothing listens any more, the store has gone)."""
         deadline = time.monotonic() + connect_timeout_s
         delay = 0.01
         while True:
@@ -106,6 +120,8 @@ class StoreClient:
                     (self.host, self.port), timeout=max(min(remaining, 5.0), 0.05)
                 )
             except OSError as exc:
+                if refused_is_final and isinstance(exc, ConnectionRefusedError):
+                    raise
                 if time.monotonic() + delay >= deadline:
                     raise StoreTimeout(
                         f"cannot reach the store at {self.address} after "
@@ -118,20 +134,19 @@ class StoreClient:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock
 
-    def _authenticate(self, token: str) -> None:
-        """The token's handshake (see :mod:`cclctl.store.access`); the store proves first."""
+    def _authenticate(self, sock: socket.socket, token: str, within_s: float) -> None:
+        """The token's handshake on ``sock`` (see :mod:`cclctl.store.access`); the store
+        proves first. Runs where the connection is made, under the lock after a loss."""
         client_nonce = auth.nonce()
-        try:
-            _, fields = self._request(Op.HELLO, [client_nonce])
-        except StoreError as exc:
-            self._drop()
+        hello = self._handshake_step(sock, Op.HELLO, [client_nonce], within_s)
+        if hello is None:
             raise StoreError(
-                f"{exc.message}; a cclctl job's store has a token: is {self.address} "
-                "the job's store?",
+                f"the store at {self.address} does not know the token handshake; a cclctl "
+                f"job's store has a token: is {self.address} the job's store?",
                 address=self.address,
-            ) from None
-        if len(fields) != 2 or not auth.verify(
-            token, fields[1], access.SERVER_ROLE, client_nonce, fields[0]
+            )
+        if len(hello) != 2 or not auth.verify(
+            token, hello[1], access.SERVER_ROLE, client_nonce, hello[0]
         ):
             self._drop()
             raise StoreError(
@@ -140,66 +155,148 @@ class StoreClient:
                 address=self.address,
                 reason="token",
             )
-        try:
-            self._request(Op.AUTH, [access.client_proof(token, fields[0], client_nonce)])
-        except StoreError:
-            self._drop()
+        proof = access.client_proof(token, hello[0], client_nonce)
+        if self._handshake_step(sock, Op.AUTH, [proof], within_s) is None:
             raise StoreError(
                 f"the store at {self.address} refused the token (CCLCTL_TOKEN): it is "
                 "another job's",
                 address=self.address,
                 reason="token",
-            ) from None
+            )
+
+    def _handshake_step(
+        self, sock: socket.socket, op: Op, fields: list[bytes], within_s: float
+    ) -> list[bytes] | None:
+        """One handshake round trip on ``sock``: the reply's fields, or None (the connection
+        dropped) when the store refused it."""
+        try:
+            answer = self._round_trip(sock, pack_request(op, fields), within_s, op)
+        except StoreTimeout:
+            raise
+        except StoreError:
+            if op is not Op.AUTH:
+                raise
+            return None  # the store closed the connection on a wrong proof
+        if isinstance(answer, str):
+            self._drop()
+            raise StoreError(
+                f"lost the connection to the store at {self.address} in the token "
+                f"handshake: {answer}",
+                address=self.address,
+            )
+        status, out = answer
+        if status != Status.OK:
+            self._drop()
+            return None
+        return out
 
     def _request(
         self, op: Op, fields: Sequence[bytes], wait_s: float | None = None
     ) -> tuple[Status, list[bytes]]:
+        """One round trip. A connection lost to a reset is reopened (with backoff, within
+        this request's deadline) and the request sent again when that is safe: always if
+        it never fully left, else only for the ops in :data:`IDEMPOTENT`.
+        """
         if os.getpid() != self._pid:  # before the lock, which a fork may inherit held
             raise StoreError(
                 f"the connection to the store at {self.address} belongs to process "
                 f"{self._pid}; a process forked from it must open its own",
                 address=self.address,
             )
-        frame = pack_request(op, fields, wait_s)
         answer_within = self.timeout_s if wait_s is None else wait_s + ANSWER_SLACK_S
+        deadline = time.monotonic() + answer_within
+        delay, lost = 0.0, ""  # the first retry at once (a reset connection), then backing off
         with self._lock:
-            sock = self._sock
-            if sock is None:
-                raise StoreError(
-                    f"the connection to the store at {self.address} is closed",
-                    address=self.address,
-                )
-            try:
-                if sock.gettimeout() != answer_within:
-                    sock.settimeout(answer_within)
-                sock.sendall(frame)
-                status, count = REPLY_HEADER.unpack(self._read(REPLY_HEADER.size))
-                if 4 * count > MAX_REPLY_BYTES:
-                    raise ValueError(f"a reply of {count} fields is not a store's answer")
-                lengths = field_lengths(self._read(4 * count), count)
-                payload = self._read(sum(lengths)) if count else b""
-            except TimeoutError:
-                self._drop()
-                raise StoreTimeout(
-                    f"the store at {self.address} did not answer within {answer_within:g}s",
-                    address=self.address,
-                ) from None
-            except (OSError, EOFError, ValueError) as exc:
-                self._drop()
-                if self._closed:
-                    raise StoreError(
-                        f"the connection to the store at {self.address} is closed",
-                        address=self.address,
-                    ) from None
-                raise StoreError(
-                    f"lost the connection to the store at {self.address}: {_reason(exc)}",
-                    address=self.address,
-                ) from None
-        fields_out = split_fields(payload, lengths)
+            while True:
+                sock = self._sock if self._sock is not None else self._reopen(deadline, lost)
+                left = deadline - time.monotonic()
+                waits = None if wait_s is None else max(left - ANSWER_SLACK_S, 0.0)
+                answer = self._round_trip(sock, pack_request(op, fields, waits), left, op)
+                if not isinstance(answer, str):
+                    status, fields_out = answer
+                    break
+                lost = answer
+                delay = self._back_off(delay, deadline)
         if status == Status.ERROR:
             message = fields_out[0].decode(errors="replace") if fields_out else "unknown error"
             raise StoreError(f"the store at {self.address} refused: {message}")
         return Status(status), fields_out
+
+    def _round_trip(
+        self, sock: socket.socket, frame: bytes, within_s: float, op: Op
+    ) -> tuple[int, list[bytes]] | str:
+        """Send ``frame`` and read the reply; why the connection was lost when that makes
+        sending it again on a new one safe (see :meth:`_request`)."""
+        sent = False
+        try:
+            within_s = max(within_s, 0.05)
+            if sock.gettimeout() != within_s:
+                sock.settimeout(within_s)
+            sock.sendall(frame)
+            sent = True
+            status, count = REPLY_HEADER.unpack(self._read(REPLY_HEADER.size))
+            if count > MAX_FIELDS or 4 * count > MAX_REPLY_BYTES:
+                raise ValueError(f"a reply of {count} fields is not the store's")
+            lengths = field_lengths(self._read(4 * count), count)
+            payload = self._read(sum(lengths)) if count else b""
+        except TimeoutError:
+            self._drop()
+            raise StoreTimeout(
+                f"the store at {self.address} did not answer within {within_s:.3g}s",
+                address=self.address,
+            ) from None
+        except (OSError, EOFError, ValueError) as exc:
+            self._drop()
+            if self._closed:
+                raise StoreError(
+                    f"the connection to the store at {self.address} is closed",
+                    address=self.address,
+                ) from None
+            if isinstance(exc, ValueError) or (sent and op not in IDEMPOTENT):
+                unsure = f"; the {op.name.lower()} may have been applied, so it is not repeated"
+                raise StoreError(
+                    f"lost the connection to the store at {self.address}: {_reason(exc)}"
+                    + (unsure if sent and op not in IDEMPOTENT else ""),
+                    address=self.address,
+                ) from None
+            return _reason(exc)
+        return status, split_fields(payload, lengths)
+
+    def _back_off(self, delay: float, deadline: float) -> float:
+        """Sleep ``delay`` before the next try and return the one after it; StoreError once
+        the request's deadline leaves no time for another try."""
+        if time.monotonic() + delay >= deadline:
+            raise StoreError(
+                f"lost the connection to the store at {self.address} and could not send the "
+                "request again in time",
+                address=self.address,
+            )
+        time.sleep(delay)
+        return min(max(delay * 2, 0.05), MAX_RETRY_DELAY_S)
+
+    def _reopen(self, deadline: float, lost: str = "") -> socket.socket:
+        """A new connection in place of a lost one (``lost``: why, in this request),
+        retried with backoff until ``deadline`` (StoreTimeout after it); a refused one
+        means the store has gone, and fails at once. ``reconnects`` counts them."""
+        if self._closed:
+            raise StoreError(
+                f"the connection to the store at {self.address} is closed", address=self.address
+            )
+        try:
+            self._sock = self._connect(max(deadline - time.monotonic(), 0.05), True)
+        except ConnectionRefusedError as exc:
+            why = f"lost the connection to the store at {self.address}: {lost}; " if lost else ""
+            raise StoreError(
+                f"{why}the store at {self.address} is closed: it refuses connections "
+                f"({_reason(exc)})",
+                address=self.address,
+            ) from None
+        self._reader = self._sock.makefile("rb")
+        if self._token:
+            self._authenticate(self._sock, self._token, max(deadline - time.monotonic(), 0.05))
+        self.reconnects += 1
+        assert self._sock is not None  # a failed handshake raised
+        return self._sock
 
     def _read(self, size: int) -> bytes:
         data = self._reader.read(size)

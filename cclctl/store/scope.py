@@ -32,6 +32,11 @@ class ScopedStore:
     def address(self) -> str:
         return self.client.address
 
+    @property
+    def reconnects(self) -> int:
+        """Connections the shared client reopened after losing one."""
+        return self.client.reconnects
+
     def set(self, key: str, value: bytes) -> None:
         self.client.set(self.prefix + key, value)
 

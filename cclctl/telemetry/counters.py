@@ -167,6 +167,8 @@ class MetricsView:
     heartbeat_ns: int
     publish_errors: int
     link_auth_failures: int = 0  # link handshakes refused (see runtime/transport/tcp_links.py)
+    store_reconnects: int = 0  # the publisher's store connection, reopened after a loss
+    store_gap_s: float = 0.0  # the last gap between two good publishes (see status.py)
     #: On the rank that hosts the job's store: its closed connections by reason, and the
     #: requests it refused to clients without the token; None elsewhere.
     store: StoreCounts | None = None
@@ -197,4 +199,6 @@ def summarize(view: MetricsView) -> dict[str, object]:
         "hangs": sum(st.hangs for st in ops),
         "last_busbw_gbps": busbw,
         "publish_errors": view.publish_errors,
+        "store_reconnects": view.store_reconnects,
+        "store_gap_s": view.store_gap_s,
     }

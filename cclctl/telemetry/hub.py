@@ -87,6 +87,8 @@ class Telemetry(Recorder):
             publish_errors=publisher.errors if publisher else 0,
             store=self._store_source() if self._store_source is not None else None,
             link_auth_failures=sum(source() for source in self._auth_failure_sources),
+            store_reconnects=publisher.reconnects if publisher else 0,
+            store_gap_s=publisher.gap_s if publisher else 0.0,
         )
 
     def add_store_source(self, source: Callable[[], StoreCounts]) -> None:

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 #: the base: standard library only, importable by every layer
 BASE = {
     "records", "errors", "config", "config_values", "config_check", "bandwidth", "ranges",
-    "periodic", "stacks", "auth",
+    "periodic", "stacks", "auth", "limits",
 }
 
 #: what each layer may import of cclctl, besides the base and itself

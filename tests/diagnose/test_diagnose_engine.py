@@ -32,7 +32,7 @@ def test_idle_job_is_healthy():
             "seq": None,
             "op": None,
             "evidence": ["comm 0:0-3: every member seen completed seq 10"],
-            "next_step": "nothing to do: no rank is missing, frozen, behind or waiting",
+            "next_step": "nothing to do: no rank is missing, stopped, stale, behind or waiting",
             "where": [],
             "stacks": {},
         }
@@ -80,12 +80,13 @@ def test_stale_heartbeat_live():
     job = Job(8).enter(range(8), waiting_on=ring_left(8)).stale([5], age_s=60)
     statuses = job.snapshots("status")
     unknown = diagnose(statuses, now_ns=T0)
-    assert kinds(unknown.verdicts) == [("stopped", "5")]
-    assert unknown.verdicts[0].summary == "rank 5 is frozen or dead: no status for too long"
+    assert kinds(unknown.verdicts) == [("stale", "5")]
+    assert unknown.verdicts[0].summary == "status stale for rank 5: no status for too long"
     assert "ps -o stat= -p 1005" in unknown.verdicts[0].next_step
-    frozen = diagnose(statuses, now_ns=T0, proc={5: "running"})
-    assert frozen.verdicts[0].summary.startswith("rank 5 is frozen: the process runs")
-    assert frozen.verdicts[0].next_step.startswith("`py-spy dump --pid 1005` on host-1")
+    running = diagnose(statuses, now_ns=T0, proc={5: "running"})
+    assert kinds(running.verdicts) == [("stale", "5")]  # never "stopped" while it runs
+    assert running.verdicts[0].summary.startswith("status stale for rank 5: the process runs")
+    assert running.verdicts[0].next_step.startswith("`py-spy dump --pid 1005` on host-1")
     dead = diagnose(statuses, now_ns=T0, proc={5: "zombie"})
     assert kinds(dead.verdicts) == [("dead", "5")]
     assert "zombie" in dead.verdicts[0].evidence[0]

@@ -47,7 +47,7 @@ def stopped(n: int) -> Scenario:
 def stale(n: int) -> Scenario:
     k = suspect(n)
     job = Job(n).enter(range(n), waiting_on=lambda r: None if r == k else k).stale([k], 60)
-    return job.snapshots("status"), {"now_ns": T0}, [("stopped", str(k))]
+    return job.snapshots("status"), {"now_ns": T0}, [("stale", str(k))]
 
 
 def missing(n: int) -> Scenario:
@@ -170,4 +170,4 @@ def test_local_processes_are_judged_without_the_skew_margin():
     statuses = job.snapshots("status")
     assert not diagnose(statuses, now_ns=T0).fault  # on another host: within the margin
     local = diagnose(statuses, now_ns=T0, proc={r: "running" for r in range(4)})
-    assert verdicts_of(local) == [("stopped", "1")]
+    assert verdicts_of(local) == [("stale", "1")]

@@ -20,6 +20,7 @@ from cclctl.commands.top import screen_of
 from cclctl.launch.launcher import LaunchResult, launch
 from cclctl.live import table
 from cclctl.live.classify import Thresholds, classify
+from cclctl.live.document import to_document
 from cclctl.live.snapshot import fetch
 from cclctl.live.table import COLUMNS
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
@@ -218,8 +219,8 @@ def test_table_puts_stale_and_missing_ranks_first(server: StoreServer, client: S
     rows = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]
     assert [row[0] for row in rows] == ["2", "3", "1", "0"]  # rank 1 waits on the suspect
     # the suspect's state is the diagnosis' reason (rank 2 is on another host: no process
-    # state to tell frozen from dead), no longer the heartbeat word "stale"
-    assert rows[0][:7] == ["2", "node-1", "1002", rows[0][3], "frozen", "or", "dead"]
+    # state to tell stopped from running), not a guess that it stopped
+    assert rows[0][:9] == ["2", "node-1", "1002", rows[0][3], "status", "stale", "for", "rank", "2"]
     assert rows[1][:6] == ["3", "-", "-", "-", "missing", "-"]
     assert rows[2][4:11] == ["waiting", COMM, "11", "all_reduce", "4", "MiB", rows[2][10]]
     assert rows[2][11:13] == ["2", "recv"]
@@ -351,7 +352,7 @@ def test_only_the_rows_that_fit_are_built() -> None:
     assert model.footer == "... and 990 more ranks ok"
     # the stale rank is the diagnosis' suspect (red), no longer merely "bad" by its flags
     assert model.rows[0].severity == "suspect" and model.rows[1].severity == "ok"
-    assert model.rows[0].cells[COLUMNS.index("state")] == "frozen or dead"
+    assert model.rows[0].cells[COLUMNS.index("state")] == "status stale for rank 500"
     screen = screen_of(_parsed(statuses), None, Thresholds(stale_s=0.0001))
     model = table.build_table(screen.view, screen.culprits, 10)
     assert model.footer == "... and 990 more ranks (990 look wrong)"
@@ -517,3 +518,16 @@ def test_a_live_four_rank_job(tmp_path: Any) -> None:
         assert rank["collectives"] == 5 and rank["current"] is None
         assert rank["last_busbw_gbps"]["all_reduce"] > 0
         assert rank["heartbeat_age_s"] < 5
+
+
+def test_a_rank_that_lost_the_store_says_so_in_the_store_column() -> None:
+    statuses = {r: status(r) for r in range(4)}
+    statuses[2] = status(2, counters={"store_reconnects": 2, "store_gap_s": 14.2})
+    statuses[3] = status(3, counters={"store_reconnects": True, "store_gap_s": "x"})  # forged
+    screen = screen_of(_parsed(statuses), None, Thresholds())
+    model = table.build_table(screen.view, screen.culprits, max_rows=10)
+    cells = {row.rank: row.cells[COLUMNS.index("store")] for row in model.rows}
+    assert cells == {0: "-", 1: "-", 2: "2 reconnects, gap 14.2s", 3: "-"}
+    ranks = {r["rank"]: r for r in to_document(screen.view, screen.culprits)["ranks"]}
+    assert (ranks[2]["store_reconnects"], ranks[2]["store_gap_s"]) == (2, 14.2)
+    assert not screen.view.wrong  # reconnecting is no fault: the status is fresh again

@@ -17,6 +17,7 @@ from scripts import script
 
 WORKER = script("shm_worker.py")
 
+TOKEN = "shm-test-token-0123456789abcdefghijkl"  # the job's, as a launcher makes one
 pytestmark = pytest.mark.skipif(not shm_segment.available(), reason="no writable /dev/shm")
 
 
@@ -27,7 +28,7 @@ def job_files(job: str) -> list[str]:
 
 def run_job(n: int, job: str, **env: str) -> list[dict[str, Any]]:
     """Bare rank processes around a store of our own: when one dies, nobody stops the rest."""
-    with StoreServer("127.0.0.1", 0).start() as server:
+    with StoreServer("127.0.0.1", 0, token=TOKEN).start() as server:
         base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
         procs = [
             subprocess.Popen(
@@ -38,7 +39,7 @@ def run_job(n: int, job: str, **env: str) -> list[dict[str, Any]]:
                     "WORLD_SIZE": str(n),
                     "CCLCTL_STORE": server.address,
                     "CCLCTL_JOB": job,
-                    "CCLCTL_TOKEN": "shm-test-token-0123456789abcdefghijkl",  # as launchers do
+                    "CCLCTL_TOKEN": TOKEN,
                     **env,
                 },
                 stdout=subprocess.PIPE,

@@ -17,6 +17,7 @@ from pathlib import Path
 from cclctl.store.client import StoreServer
 
 WORKER = str(Path(__file__).with_name("fault_worker.py"))
+TOKEN = "fault-job-token-0123456789abcdefghijkl"  # the job's, as a launcher makes one
 
 
 class FaultJob:
@@ -39,7 +40,7 @@ class FaultJob:
         self.job = job
         self.dump_dir = tmp / "dumps"
         self.dump_dir.mkdir(exist_ok=True)
-        self.server = StoreServer("127.0.0.1", 0).start()
+        self.server = StoreServer("127.0.0.1", 0, token=TOKEN).start()
         self.store = self.server.address
         base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -53,7 +54,7 @@ class FaultJob:
                 "MASTER_ADDR": "127.0.0.1",
                 "CCLCTL_STORE": self.store,
                 "CCLCTL_JOB": job,
-                "CCLCTL_TOKEN": "fault-job-token-0123456789abcdefghijkl",  # as a launcher does
+                "CCLCTL_TOKEN": TOKEN,
                 "CCLCTL_TIMEOUT": str(timeout_s),
                 "CCLCTL_ON_HANG": "wait",
                 "CCLCTL_TRACE_DIR": str(self.dump_dir),

@@ -10,6 +10,7 @@ from telemetry_helpers import T0, DictStore, run, wait_for
 
 from cclctl.errors import UsageError
 from cclctl.records import CollectiveRecord, snapshot_from_json
+from cclctl.telemetry.status import GAP_INTERVALS, StatusPublisher
 
 
 @pytest.mark.timeout(20)
@@ -123,3 +124,31 @@ def test_status_shows_the_last_failed_call_and_says_closed_at_the_end(make_tel):
     tel.publish_to(store, interval_s=10)
     tel.close()
     assert snapshot_from_json(store.get("status/1")).reason == "closed"
+
+
+class FlakyStore:
+    """Refuses every set while ``down``; counts reconnects as a StoreClient does."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.reconnects = 0
+        self.values: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        if self.down:
+            raise ConnectionResetError("reset by peer")
+        self.values[key] = value
+
+
+def test_a_publisher_back_from_a_gap_says_how_long_it_was() -> None:
+    store = FlakyStore()
+    publisher = StatusPublisher(store, "status/0", lambda: b"{}", interval_s=0.01)
+    assert publisher.publish() and publisher.gap_s == 0.0
+    store.down = True
+    down_at = time.monotonic()
+    while time.monotonic() - down_at <= 3 * GAP_INTERVALS * 0.01:
+        assert not publisher.publish()  # failing turns, for longer than the gap threshold
+    store.down, store.reconnects = False, 1
+    assert publisher.publish()
+    assert publisher.gap_s >= 3 * GAP_INTERVALS * 0.01 and publisher.reconnects == 1
+    assert publisher.errors > 0
