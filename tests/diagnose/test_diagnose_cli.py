@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from diagnose_factory import Job, ring_left
 
@@ -204,7 +205,9 @@ def publish_live(client: StoreClient, job: Job, pids: dict[int, int]) -> None:
 
 @pytest.mark.timeout(60)
 def test_live_sigstopped_rank(store: StoreClient, sleeper: subprocess.Popen[bytes]):
-    time.sleep(0.05)  # the status must be newer than the process
+    started = psutil.Process(sleeper.pid).create_time()
+    while time.time() <= started:  # the status must be newer than the process (pid reuse)
+        time.sleep(0.005)
     job = Job(4).enter([0, 1, 3], waiting_on=ring_left(4)).enter([2], waiting_on={2: 1})
     me = os.getpid()
     publish_live(store, job, {0: me, 1: me, 2: sleeper.pid, 3: me})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 from launch_helpers import PY, RANK_PROGRAM, Lines, assert_all_gone
@@ -14,12 +13,13 @@ from cclctl.errors import UsageError
 from cclctl.launch.launcher import LaunchResult, launch
 
 
-def run(actions: dict[int, str], nprocs: int, **kw: object) -> tuple[LaunchResult, Lines, float]:
+def run(actions: dict[int, str], nprocs: int, **kw: object) -> tuple[LaunchResult, Lines]:
+    """The ranks of RANK_PROGRAM, which sleep 60 s unless ``actions`` say otherwise: the
+    120 s test timeout is what fails a launcher that waits them out instead of stopping them."""
     lines = Lines()
-    started = time.monotonic()
     args = [f"{rank}={action}" for rank, action in actions.items()]
     result = launch([PY, "-c", RANK_PROGRAM, *args], nprocs, output=lines, **kw)  # type: ignore[arg-type]
-    return result, lines, time.monotonic() - started
+    return result, lines
 
 
 @pytest.mark.timeout(30)
@@ -73,28 +73,26 @@ def test_a_given_job_id_is_kept_and_rank0_stdout_can_be_captured() -> None:
 
 @pytest.mark.timeout(30)
 def test_first_failing_rank_stops_the_others_and_is_named() -> None:
-    result, lines, elapsed = run({1: "exit3"}, 3, grace_s=2)
+    result, lines = run({1: "exit3"}, 3, grace_s=2)
     assert result.returncode == 3
     assert result.first_failure is not None and result.first_failure.rank == 1
     assert result.describe() == "rank 1 failed with exit code 3 (others stopped)"
-    assert [e.signal_name for e in result.exits] == ["SIGTERM", None, "SIGTERM"]
-    assert elapsed < 15  # not the 60 s the others would have slept
+    assert [e.signal_name for e in result.exits] == ["SIGTERM", None, "SIGTERM"]  # stopped
     assert_all_gone(lines.pids())
 
 
 @pytest.mark.timeout(30)
 def test_a_rank_that_ignores_sigterm_gets_sigkill_after_the_grace_period() -> None:
-    result, lines, elapsed = run({0: "ignore-term", 1: "exit2"}, 2, grace_s=0.5)
+    result, lines = run({0: "ignore-term", 1: "exit2"}, 2, grace_s=0.5)
     assert result.returncode == 2 and result.first_failure is not None
     assert result.first_failure.rank == 1
-    assert result.exits[0].signal_name == "SIGKILL"
-    assert 0.5 <= elapsed < 15
+    assert result.exits[0].signal_name == "SIGKILL"  # after the grace, not its 60 s sleep
     assert_all_gone(lines.pids())
 
 
 @pytest.mark.timeout(30)
 def test_a_rank_killed_by_a_signal_is_reported_with_exit_code_1() -> None:
-    result, lines, _ = run({1: "kill"}, 2, grace_s=1)
+    result, lines = run({1: "kill"}, 2, grace_s=1)
     assert result.returncode == 1
     assert result.first_failure is not None
     assert (result.first_failure.rank, result.first_failure.signal_name) == (1, "SIGKILL")
@@ -104,7 +102,7 @@ def test_a_rank_killed_by_a_signal_is_reported_with_exit_code_1() -> None:
 
 @pytest.mark.timeout(30)
 def test_children_left_behind_by_successful_ranks_are_killed() -> None:
-    result, lines, _ = run({0: "leave", 1: "leave"}, 2)
+    result, lines = run({0: "leave", 1: "leave"}, 2)
     assert result.returncode == 0
     assert len(lines.pids()) == 4
     assert_all_gone(lines.pids())
@@ -112,10 +110,10 @@ def test_children_left_behind_by_successful_ranks_are_killed() -> None:
 
 @pytest.mark.timeout(30)
 def test_timeout_stops_every_rank() -> None:
-    result, lines, elapsed = run({}, 2, timeout_s=1.0, grace_s=1)
+    result, lines = run({}, 2, timeout_s=1.0, grace_s=1)
     assert result.timed_out and result.returncode == 1 and result.first_failure is None
     assert result.describe() == "the job did not finish within 1s; all ranks stopped"
-    assert elapsed < 10
+    assert [e.signal_name for e in result.exits] == ["SIGTERM", "SIGTERM"]
     assert_all_gone(lines.pids())
 
 
@@ -129,10 +127,8 @@ def test_an_output_callback_error_stops_the_ranks_and_is_raised() -> None:
         if len(pids) == 4:  # both ranks are known: now break
             raise RuntimeError("sink broke")
 
-    started = time.monotonic()
-    with pytest.raises(RuntimeError, match="sink broke"):
-        launch([PY, "-c", RANK_PROGRAM], 2, output=broken, grace_s=1)  # ranks sleep 60 s
-    assert time.monotonic() - started < 15  # output that cannot be delivered stops the job
+    with pytest.raises(RuntimeError, match="sink broke"):  # ranks sleep 60 s: it stops them
+        launch([PY, "-c", RANK_PROGRAM], 2, output=broken, grace_s=1)
     assert len(pids) == 4
     assert_all_gone(pids)
 
