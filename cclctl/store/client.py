@@ -138,10 +138,11 @@ class StoreClient:
         """The token's handshake on ``sock`` (see :mod:`cclctl.store.access`); the store
         proves first. Runs where the connection is made, under the lock after a loss."""
         client_nonce = auth.nonce()
-        hello = self._handshake_step(sock, Op.HELLO, [client_nonce], within_s)
-        if hello is None:
+        ok, hello = self._handshake_step(sock, Op.HELLO, [client_nonce], within_s)
+        if not ok:
+            said = hello[0].decode(errors="replace") if hello else "no answer"
             raise StoreError(
-                f"the store at {self.address} does not know the token handshake; a cclctl "
+                f"the store at {self.address} refused the handshake: {said}; a cclctl "
                 f"job's store has a token: is {self.address} the job's store?",
                 address=self.address,
             )
@@ -156,7 +157,7 @@ class StoreClient:
                 reason="token",
             )
         proof = access.client_proof(token, hello[0], client_nonce)
-        if self._handshake_step(sock, Op.AUTH, [proof], within_s) is None:
+        if not self._handshake_step(sock, Op.AUTH, [proof], within_s)[0]:
             raise StoreError(
                 f"the store at {self.address} refused the token (CCLCTL_TOKEN): it is "
                 "another job's",
@@ -166,9 +167,9 @@ class StoreClient:
 
     def _handshake_step(
         self, sock: socket.socket, op: Op, fields: list[bytes], within_s: float
-    ) -> list[bytes] | None:
-        """One handshake round trip on ``sock``: the reply's fields, or None (the connection
-        dropped) when the store refused it."""
+    ) -> tuple[bool, list[bytes]]:
+        """One handshake round trip on ``sock``: (True, the reply's fields), or (False,
+        the store's words) when it refused, the connection then dropped."""
         try:
             answer = self._round_trip(sock, pack_request(op, fields), within_s, op)
         except StoreTimeout:
@@ -176,7 +177,7 @@ class StoreClient:
         except StoreError:
             if op is not Op.AUTH:
                 raise
-            return None  # the store closed the connection on a wrong proof
+            return False, []  # the store closed the connection on a wrong proof
         if isinstance(answer, str):
             self._drop()
             raise StoreError(
@@ -187,8 +188,8 @@ class StoreClient:
         status, out = answer
         if status != Status.OK:
             self._drop()
-            return None
-        return out
+            return False, out
+        return True, out
 
     def _request(
         self, op: Op, fields: Sequence[bytes], wait_s: float | None = None
