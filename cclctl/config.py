@@ -253,14 +253,16 @@ def client_token(env: Mapping[str, str] | None = None) -> str | None:
 
 def job_dir(job: str, env: Mapping[str, str] | None = None) -> str:
     """The job's folder on this host, where its token file (and dumps) live:
-    ``CCLCTL_TRACE_DIR`` when set, else ``${TMPDIR:-/tmp}/cclctl/<job>/``."""
+    ``CCLCTL_TRACE_DIR`` when set, else ``${TMPDIR:-/tmp}/cclctl-<uid>/<job>/``: one per
+    user, and never a folder named ``cclctl``, which Python run from ``/tmp`` would take for
+    the package."""
     env = os.environ if env is None else env
     trace_dir = env.get("CCLCTL_TRACE_DIR", "").strip()
     if trace_dir:
         return trace_dir
     base = env.get("TMPDIR", "").strip() or "/tmp"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job).lstrip(".") or "_"
-    return os.path.join(base, "cclctl", safe)
+    return os.path.join(base, f"cclctl-{os.getuid()}", safe)
 
 
 def bench_corrupt_from_env(env: Mapping[str, str] | None = None) -> str:

@@ -132,6 +132,7 @@ def launch(
         finally:
             with contextlib.suppress(OSError):
                 token_file.unlink()
+                token_file.parent.rmdir()  # only when the job left nothing else there
 
 
 def _write_token(job: str, token: str, env: Mapping[str, str]) -> Path:

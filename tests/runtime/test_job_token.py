@@ -136,8 +136,21 @@ def test_a_given_token_that_is_not_rank0s_is_refused_at_once(tmp_path: Path) -> 
 
 def test_job_dir_is_the_trace_dir_else_a_folder_under_tmpdir() -> None:
     assert job_dir("j", {"CCLCTL_TRACE_DIR": "/dumps", "TMPDIR": "/t"}) == "/dumps"
-    assert job_dir("j", {"TMPDIR": "/t"}) == "/t/cclctl/j"
-    assert job_dir("../x y", {}) == "/tmp/cclctl/_x_y"
+    assert job_dir("j", {"TMPDIR": "/t"}) == f"/t/cclctl-{os.getuid()}/j"
+    assert job_dir("../x y", {}) == f"/tmp/cclctl-{os.getuid()}/_x_y"
+
+
+def test_the_default_job_folder_never_shadows_the_package(tmp_path: Path) -> None:
+    """A folder named ``cclctl`` in the working directory would be imported instead of an
+    editable install's package by ``python -m cclctl...`` run there."""
+    folder = Path(job_dir("j", {"TMPDIR": str(tmp_path)}))
+    folder.mkdir(parents=True)
+    found = subprocess.run(
+        [sys.executable, "-c", "import cclctl; print(cclctl.__file__)"],
+        cwd=tmp_path, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert found.stdout.strip().endswith("__init__.py")
+    assert not folder.parent.name.isidentifier()
 
 
 def test_link_mac_is_validated() -> None:
