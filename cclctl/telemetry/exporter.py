@@ -117,6 +117,14 @@ def _histogram(view: MetricsView, base: list[str]) -> HistogramMetricFamily:
 
 
 def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    """The rank's gauges and counters besides the per-op ones: progress, links, health."""
+    yield from _collective_progress(view, base)
+    yield from _link_bytes(view, base)
+    yield from _rank_health(view, base)
+
+
+def _collective_progress(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    """Per communicator: the last seq started and completed, and the oldest in flight."""
     started = GaugeMetricFamily(
         "cclctl_collective_last_started_seq",
         "Seq of the last collective started.",
@@ -137,6 +145,10 @@ def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
         completed.add_metric([*base, c.comm], c.last_completed)
         inflight.add_metric([*base, c.comm], c.inflight_start_ns / 1e9)
     yield from (started, completed, inflight)
+
+
+def _link_bytes(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    """Bytes sent to and received from each peer rank."""
     sent = CounterMetricFamily(
         "cclctl_link_sent_bytes", "Bytes sent to a peer rank.", labels=_PEER_LABELS
     )
@@ -149,6 +161,10 @@ def _process_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
         sent.add_metric([*base, str(peer)], s)
         received.add_metric([*base, str(peer)], r)
     yield from (sent, received)
+
+
+def _rank_health(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    """This rank's heartbeat, publish errors, refused link handshakes and identity."""
     heartbeat = GaugeMetricFamily(
         "cclctl_status_heartbeat_timestamp_seconds",
         "Last status heartbeat of this rank (Unix seconds); 0 before the first.",

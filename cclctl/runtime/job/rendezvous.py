@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import secrets
-import socket
 import time
 from typing import Any
 
@@ -22,20 +21,18 @@ from cclctl.config import (
     StoreServerConfig,
     store_server_from_env,
 )
-from cclctl.errors import CclError, ConfigError, RendezvousError, StoreError, StoreTimeout
+from cclctl.errors import CclError, RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
+from cclctl.runtime.job.job_store import bind_host as _bind_host
+from cclctl.runtime.job.job_store import connect, start_store
 from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check, resolve_token
 from cclctl.store.client import StoreClient, StoreServer
-from cclctl.store.limits import StoreLimits
 from cclctl.store.scope import ScopedStore
 
 #: How often a waiting rank looks for an error another rank reported, so it fails fast.
 ERROR_POLL_S = 0.5
 ERROR_KEY = "rdzv/error"
 ERROR_LINGER_S = 2 * ERROR_POLL_S
-ANY_ADDRESSES = ("0.0.0.0", "::")
-#: How long a rank whose token the store refused waits before reading the token file again.
-TOKEN_REREAD_S = 0.2
 
 
 @dataclasses.dataclass
@@ -116,16 +113,9 @@ def join(
     cfg = cfg.replace(token=source.token)
     if hosts_store:
         hosting = store_server_from_env() if hosting is None else hosting
-        server = StoreServer(
-            _bind_host(host, hosting.bind),
-            port,
-            token=cfg.token or None,
-            limits=StoreLimits(max_frame=hosting.max_frame),
-        ).start()
-        host = "127.0.0.1" if server.host in ANY_ADDRESSES else server.host
-        port = server.port
+        server, host, port = start_store(_bind_host(host, hosting.bind), port, cfg.token, hosting)
     try:
-        client = _connect(host, port, cfg, source)
+        client = connect(host, port, cfg, source)
         cfg = cfg.replace(token=source.token)
     except BaseException:
         if server is not None:
@@ -144,26 +134,6 @@ def join(
         raise
     joined.server = server
     return joined
-
-
-def _connect(host: str, port: int, cfg: RuntimeConfig, source: TokenSource) -> StoreClient:
-    """A client that proved the job's token; a token file that still holds an earlier
-    run's token is read again until it holds this one's (or the connect timeout passes)."""
-    deadline = time.monotonic() + cfg.connect_timeout_s
-    while True:
-        try:
-            return StoreClient(
-                host,
-                port,
-                timeout_s=cfg.timeout_s,
-                connect_timeout_s=max(0.1, deadline - time.monotonic()),
-                token=source.token or None,
-            )
-        except StoreError as exc:
-            if exc.fields.get("reason") != "token" or time.monotonic() >= deadline:
-                raise
-            if not source.refresh():  # rank 0 may not have written this run's token yet
-                time.sleep(TOKEN_REREAD_S)
 
 
 def join_store(
@@ -278,35 +248,3 @@ def _job_of(scoped: ScopedStore) -> str:
 
 def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {fold_ranks(ranks)}"
-
-
-def _bind_host(host: str, bind: str = "") -> str:
-    """Where rank 0's store listens: ``bind`` (``CCLCTL_STORE_ADDR``) when given, else
-    ``host``, which must be one of this machine's addresses. Never every interface unless
-    asked: behind NAT or in a container, say which address (or ``0.0.0.0``) to listen on.
-    """
-    if bind:
-        return bind
-    if _is_local(host):
-        return host
-    raise ConfigError(
-        f"the store's address {host!r} (MASTER_ADDR) is not an address of this host, and "
-        "rank 0 hosts the job's store there: start rank 0 on that host, or set "
-        "CCLCTL_STORE_ADDR to the address to listen on (0.0.0.0 for every interface)",
-        variable="MASTER_ADDR",
-    )
-
-
-def _is_local(host: str) -> bool:
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    for family, kind, proto, _, sockaddr in infos:
-        with socket.socket(family, kind, proto) as probe:
-            try:
-                probe.bind((sockaddr[0], 0))
-            except OSError:
-                continue
-            return True
-    return False

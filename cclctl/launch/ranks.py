@@ -1,0 +1,250 @@
+"""Supervise one launch's rank processes: start them, watch them, stop them, reap them.
+
+Each rank runs in its own process group, so stopping a rank stops whatever it started. The
+first rank to fail stops the others (SIGTERM, then SIGKILL after a grace period); Ctrl-C is
+forwarded to the ranks before they are stopped the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from cclctl.errors import EXIT_ERROR, CclError, UsageError
+from cclctl.launch import child_guard
+from cclctl.launch.output import LineSink, OutputPump
+
+SIGNAL_EXIT_BASE = 128  # the shell's convention: 130 after Ctrl-C, 143 after SIGTERM
+OUTPUT_DRAIN_S = 5.0
+
+
+@dataclasses.dataclass
+class RankExit:
+    """How one rank ended. ``returncode`` is as Popen reports it: ``-N`` = killed by signal N."""
+
+    rank: int
+    returncode: int
+    signal_name: str | None
+
+    @property
+    def failed(self) -> bool:
+        return self.returncode != 0
+
+    def __str__(self) -> str:
+        if self.signal_name is not None:
+            return f"rank {self.rank} was killed by {self.signal_name}"
+        if self.returncode:
+            return f"rank {self.rank} failed with exit code {self.returncode}"
+        return f"rank {self.rank} succeeded"
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    """The job's outcome: ``returncode`` is 0, the first failed rank's code (1 for a signal),
+    128 + N after the launcher got signal N (130 for Ctrl-C), or 1 when ``timeout_s`` ran out."""
+
+    returncode: int
+    first_failure: RankExit | None
+    exits: list[RankExit]  # by rank
+    timed_out: bool = False
+    timeout_s: float | None = None
+    interrupted: bool = False
+    others_stopped: bool = False  # ranks still running were stopped by the launcher
+    job: str = ""
+    store_address: str = ""
+
+    def describe(self) -> str:
+        """One line for people: what went wrong, and that the other ranks were stopped."""
+        if self.interrupted:
+            return "interrupted; all ranks stopped"
+        if self.first_failure is not None:
+            return f"{self.first_failure}" + (" (others stopped)" if self.others_stopped else "")
+        if self.timed_out:
+            return f"the job did not finish within {self.timeout_s:g}s; all ranks stopped"
+        return f"all {len(self.exits)} ranks succeeded"
+
+
+def _signal_name(returncode: int) -> str | None:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+class RankJob:
+    """The ranks of one launch, and the escalation that stops them."""
+
+    def __init__(self, cmd: list[str], nprocs: int, envs: list[dict[str, str]]) -> None:
+        self.cmd = cmd
+        self.envs = envs
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.exits: dict[int, RankExit] = {}
+        self.first_failure: RankExit | None = None
+        self.pending: list[tuple[float, signal.Signals]] = []  # (when, signal) still to send
+        self.stopping = False  # once set, a rank that ends badly is a casualty, not the cause
+        self.others_stopped = False  # some rank was still running when stopping began
+        self.signals: list[int] = []  # received by the launcher, handled by the loop
+        self.interrupted_by: int | None = None
+        self.poll_s = 0.02 if nprocs <= 64 else 0.1
+
+    def run(
+        self,
+        sink: LineSink,
+        grace_s: float,
+        timeout_s: float | None,
+        on_start: Callable[[str, str], None] | None = None,
+    ) -> LaunchResult:
+        pump = OutputPump(sink)
+        restore = self._catch_signals()
+        timed_out = False
+        try:
+            self._start_all(pump)
+            if on_start is not None:
+                on_start(self.envs[0]["CCLCTL_STORE"], self.envs[0]["CCLCTL_JOB"])
+            pump.start()
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while len(self.exits) < len(self.procs):
+                self._reap(grace_s)
+                self._handle_signals(grace_s)
+                late = deadline is not None and time.monotonic() > deadline
+                if not self.stopping and (late or pump.error is not None):
+                    timed_out = late  # or output cannot be delivered: stop, then raise below
+                    self._stop(grace_s)
+                self._escalate()
+                time.sleep(self.poll_s)
+        finally:
+            restore()
+            self._kill_all()
+            pump.join(OUTPUT_DRAIN_S)
+        if pump.error is not None:
+            raise pump.error
+        return self._result(timed_out, timeout_s)
+
+    def _start_all(self, pump: OutputPump) -> None:
+        """Start every rank from this thread, which supervises them until they end (the
+        parent-death signal is tied to the thread that forks: see child_guard)."""
+        cmd = child_guard.guarded(self.cmd, os.getpid())
+        for rank, env in enumerate(self.envs):
+            try:
+                child_guard.check_runnable(self.cmd[0], env)
+                proc = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    process_group=0,
+                )
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+                raise UsageError(f"cannot run {self.cmd[0]!r}: {exc.strerror or exc}") from None
+            except OSError as exc:  # out of processes or file descriptors: not the user's typo
+                raise CclError(f"cannot start rank {rank}: {exc.strerror or exc}") from None
+            self.procs.append(proc)
+            assert proc.stdout is not None and proc.stderr is not None
+            pump.add(proc.stdout, rank, "stdout")
+            pump.add(proc.stderr, rank, "stderr")
+
+    def _reap(self, grace_s: float) -> None:
+        for rank, proc in enumerate(self.procs):
+            if rank in self.exits or proc.poll() is None:
+                continue
+            ended = RankExit(rank, proc.returncode, _signal_name(proc.returncode))
+            self.exits[rank] = ended
+            if ended.failed and not self.stopping:
+                self.first_failure = ended
+                self._stop(grace_s)
+
+    def _stop(self, grace_s: float) -> None:
+        """SIGTERM the ranks still running now, SIGKILL them after ``grace_s``."""
+        self._begin_stopping()
+        now = time.monotonic()
+        self.pending = [(now, signal.SIGTERM), (now + grace_s, signal.SIGKILL)]
+
+    def _begin_stopping(self) -> None:
+        self.stopping = True
+        self.others_stopped = len(self.exits) < len(self.procs)
+
+    def _handle_signals(self, grace_s: float) -> None:
+        """Ctrl-C (or SIGTERM) on the launcher: forward it, then stop; twice: kill now."""
+        if not self.signals:
+            return
+        received, self.signals = self.signals, []
+        if self.interrupted_by is None:
+            self.interrupted_by = received[0]
+        now = time.monotonic()
+        if len(received) > 1 or self.stopping:
+            self.pending = [(now, signal.SIGKILL)]
+        else:
+            self._begin_stopping()
+            forwarded = signal.Signals(received[0])
+            self.pending = [
+                (now, forwarded),
+                (now + grace_s, signal.SIGTERM),
+                (now + 2 * grace_s, signal.SIGKILL),
+            ]
+
+    def _escalate(self) -> None:
+        now = time.monotonic()
+        while self.pending and self.pending[0][0] <= now:
+            _, sig = self.pending.pop(0)
+            for rank, proc in enumerate(self.procs):
+                if rank not in self.exits:
+                    _signal_group(proc.pid, sig)
+
+    def _kill_all(self) -> None:
+        """Whatever is left in any rank's process group (the rank's own children too) dies."""
+        for proc in self.procs:
+            _signal_group(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+
+    def _catch_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None  # only the main thread may handle signals
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.signals.append(signum)
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def restore() -> None:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+        return restore
+
+    def _result(self, timed_out: bool, timeout_s: float | None) -> LaunchResult:
+        exits = [self.exits[rank] for rank in range(len(self.procs))]
+        failure = self.first_failure
+        if self.interrupted_by is not None:
+            code = SIGNAL_EXIT_BASE + self.interrupted_by
+        elif failure is not None:
+            code = failure.returncode if failure.returncode > 0 else EXIT_ERROR
+        else:
+            code = EXIT_ERROR if timed_out else 0
+        interrupted = self.interrupted_by is not None
+        return LaunchResult(
+            code,
+            None if interrupted else failure,
+            exits,
+            timed_out=timed_out,
+            timeout_s=timeout_s,
+            interrupted=interrupted,
+            others_stopped=self.others_stopped,
+            job=self.envs[0]["CCLCTL_JOB"],
+            store_address=self.envs[0]["CCLCTL_STORE"],
+        )
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
+        os.killpg(pid, sig)
