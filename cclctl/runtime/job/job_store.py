@@ -6,12 +6,11 @@ every interface unless asked, and a rank whose token file is stale reads it agai
 
 from __future__ import annotations
 
-import socket
 import time
 
 from cclctl.config import RuntimeConfig, StoreServerConfig
 from cclctl.errors import ConfigError, StoreError
-from cclctl.runtime.job.token import TokenSource
+from cclctl.runtime.job.token import TokenSource, is_this_host
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.limits import StoreLimits
 
@@ -58,7 +57,7 @@ def bind_host(host: str, bind: str = "") -> str:
     """
     if bind:
         return bind
-    if is_local(host):
+    if is_this_host(host):
         return host
     raise ConfigError(
         f"the store's address {host!r} (MASTER_ADDR) is not an address of this host, and "
@@ -67,18 +66,3 @@ def bind_host(host: str, bind: str = "") -> str:
         variable="MASTER_ADDR",
     )
 
-
-def is_local(host: str) -> bool:
-    """Whether ``host`` resolves to an address this machine can bind."""
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    for family, kind, proto, _, sockaddr in infos:
-        with socket.socket(family, kind, proto) as probe:
-            try:
-                probe.bind((sockaddr[0], 0))
-            except OSError:
-                continue
-            return True
-    return False
