@@ -10,8 +10,9 @@ the share that waits on file descriptors (TCP) last.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from cclctl.runtime.transport.base import Progress, Wait
+from cclctl.runtime.transport.base import Progress, Transfer, Wait
 
 MIXED_SLICE_S = 0.001  # with several shares stuck: how long to block on the last one
 
@@ -48,3 +49,17 @@ def _block(share: Progress, wait: Wait, slice_s: float | None) -> None:
     peer, what = share.waiting_on()
     wait.blocked_on(peer, what)
     share.block(wait, peer, what, slice_s)
+
+
+class DrivenAlone:
+    """``exchange`` for a transport that drives its own steps: start one, drive it."""
+
+    def start(
+        self, call: Any, step: int, sends: Sequence[Transfer], recvs: Sequence[Transfer], wait: Wait
+    ) -> Progress:
+        raise NotImplementedError
+
+    def exchange(
+        self, call: Any, step: int, sends: Sequence[Transfer], recvs: Sequence[Transfer], wait: Wait
+    ) -> None:
+        drive((self.start(call, step, sends, recvs, wait),), wait)

@@ -16,7 +16,7 @@ from cclctl.errors import PeerError, ProtocolError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT
-from cclctl.runtime.transport.drive import drive
+from cclctl.runtime.transport.drive import DrivenAlone
 from cclctl.runtime.transport.tcp_links import Links
 from cclctl.runtime.transport.tcp_messages import MacRecv, MacSend, Recv, Send
 
@@ -91,7 +91,7 @@ class TcpStep:
         ) from None
 
 
-class TcpTransport:
+class TcpTransport(DrivenAlone):
     """Transport over one TCP connection per pair of ranks that talk."""
 
     name = "tcp"
@@ -109,16 +109,6 @@ class TcpTransport:
 
     def set_peers(self, addresses: Sequence[str]) -> None:
         self._links.peers = list(addresses)
-
-    def exchange(
-        self,
-        call: wire.Call,
-        step: int,
-        sends: Sequence[Transfer],
-        recvs: Sequence[Transfer],
-        wait: Wait,
-    ) -> None:
-        drive((self.start(call, step, sends, recvs, wait),), wait)
 
     def start(
         self,

@@ -23,7 +23,7 @@ from cclctl.errors import CclError, PeerError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
-from cclctl.runtime.transport.drive import drive
+from cclctl.runtime.transport.drive import DrivenAlone
 from cclctl.runtime.transport.shm import segment as shm_segment
 from cclctl.runtime.transport.shm.futex import Futex
 from cclctl.runtime.transport.shm.group import ShmGroup
@@ -117,7 +117,7 @@ def _map(own: shm_segment.Segment, name: str, layout: Layout, rank: int, me: int
     return view
 
 
-class ShmTransport:
+class ShmTransport(DrivenAlone):
     """Transport over one host's shared segments (every rank of the job on this host)."""
 
     name = "shm"
@@ -140,16 +140,6 @@ class ShmTransport:
 
     def is_local(self, peer: int) -> bool:
         return peer in self._local
-
-    def exchange(
-        self,
-        call: wire.Call,
-        step: int,
-        sends: Sequence[Transfer],
-        recvs: Sequence[Transfer],
-        wait: Wait,
-    ) -> None:
-        drive((self.start(call, step, sends, recvs, wait),), wait)
 
     def start(
         self,
