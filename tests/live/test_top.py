@@ -10,14 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 import pytest
+from live_job import live_job
 
 from cclctl.commands.top import screen_of
-from cclctl.launch.launcher import LaunchResult, launch
 from cclctl.live import table
 from cclctl.live.classify import Thresholds, classify
 from cclctl.live.document import to_document
@@ -465,45 +464,16 @@ finally:
 def test_a_live_four_rank_job(tmp_path: Any) -> None:
     """A real job (cclctl.init publishes status): top lists all four ranks, each done seq 5."""
     release = tmp_path / "release"
-    ready: list[dict[str, Any]] = []
-    lines: list[str] = []
-    all_ready = threading.Event()
-
-    def output(rank: int, stream: str, line: str) -> None:
-        lines.append(f"[{rank}] {line}")
-        if stream == "stdout" and line.startswith("{"):
-            ready.append(json.loads(line))
-            if len(ready) == 4:
-                all_ready.set()
-
-    results: list[LaunchResult] = []
     env = {"CCLCTL_JOB": "top-live", "CCLCTL_STATUS_INTERVAL": "0.2"}
-    job = threading.Thread(
-        target=lambda: results.append(
-            launch(
-                [sys.executable, "-c", LIVE_WORKER, str(release)],
-                4,
-                env=env,
-                output=output,
-                timeout_s=90,
-            )
-        )
-    )
-    job.start()
-    try:
-        assert all_ready.wait(60), "\n".join(lines[-20:])
-        store = ready[0]["store"]
+    cmd = [sys.executable, "-c", LIVE_WORKER, str(release)]
+    with live_job(cmd, 4, env, release) as job:
         deadline = time.monotonic() + 20
         while True:  # the publisher runs every 0.2 s: wait for the last all_reduce to show
-            doc = top_json(store)
+            doc = top_json(job.store)
             done = [r["comms"].get(comm_of(4), {}).get("last_completed") for r in doc["ranks"]]
             if done == [5] * 4 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-    finally:
-        release.touch()
-        job.join(60)
-    assert results and results[0].returncode == 0, "\n".join(lines[-20:])
     assert (doc["job"], doc["world_size"], doc["world_size_source"]) == (
         "top-live",
         4,
@@ -511,7 +481,7 @@ def test_a_live_four_rank_job(tmp_path: Any) -> None:
     )
     assert (doc["ranks_seen"], doc["wrong"], doc["missing"]) == (4, 0, [])
     assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
-    pids = {r["rank"]: r["pid"] for r in ready}
+    pids = {r["rank"]: r["pid"] for r in job.ready}
     for rank in doc["ranks"]:
         assert rank["state"] == "ok" and rank["pid"] == pids[rank["rank"]]
         assert rank["comms"] == {comm_of(4): {"last_started": 5, "last_completed": 5}}

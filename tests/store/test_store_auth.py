@@ -13,16 +13,15 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from live_job import live_job
 from store_attacks import closed_by_peer, connect
 
 from cclctl import auth
 from cclctl.errors import StoreError
-from cclctl.launch.launcher import LaunchResult, launch
 from cclctl.store import access
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.protocol import REPLY_HEADER, Op, Status, pack_request
@@ -76,27 +75,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(120)
 def test_a_live_job_is_untouched_by_a_client_without_its_token(tmp_path: Path) -> None:
     release = tmp_path / "release"
-    ready: list[dict[str, Any]] = []
-    lines: list[str] = []
-    all_ready = threading.Event()
-
-    def output(rank: int, stream: str, line: str) -> None:
-        lines.append(f"[{rank}] {line}")
-        if stream == "stdout" and line.startswith("{"):
-            ready.append(json.loads(line))
-            if len(ready) == 2:
-                all_ready.set()
-
-    results: list[LaunchResult] = []
     env = {"CCLCTL_JOB": JOB, "CCLCTL_STATUS_INTERVAL": "0.2"}
-    cmd = [sys.executable, "-c", WORKER, str(release)]
-    job = threading.Thread(
-        target=lambda: results.append(launch(cmd, 2, env=env, output=output, timeout_s=90))
-    )
-    job.start()
-    try:
-        assert all_ready.wait(60), "\n".join(lines[-20:])
-        store = ready[0]["store"]
+    with live_job([sys.executable, "-c", WORKER, str(release)], 2, env, release) as job:
+        store = job.store
         with StoreClient.from_address(store, timeout_s=10) as stranger:
             prefix = f"cclctl/{JOB}/"
             _refused("set", lambda: stranger.set(prefix + "rdzv/error", b"aborted by me"))
@@ -120,11 +101,7 @@ def test_a_live_job_is_untouched_by_a_client_without_its_token(tmp_path: Path) -
         assert (doc["ranks_seen"], doc["missing"]) == (2, [])
         diagnosis = _cli("diagnose", "hang", "--store", store, "--job", JOB)
         assert diagnosis.returncode == 0, diagnosis.stdout + diagnosis.stderr
-    finally:
-        release.touch()
-        job.join(60)
-    assert results and results[0].returncode == 0, "\n".join(lines[-20:])
-    left = next(line for line in lines if "LEFT " in line).split("LEFT ", 1)[1]
+    left = next(line for line in job.lines if "LEFT " in line).split("LEFT ", 1)[1]
     assert json.loads(left) == {"rdzv/error": None, "signal/dump/count": None, "status1_rank": 1}
 
 
