@@ -13,9 +13,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from cclctl import limits
+from cclctl import limits, revocation
 from cclctl.errors import BadInput, UsageError
 from cclctl.ranges import fold_ranks, parse_ranks
+from cclctl.revocation import Revocation
 from cclctl.stacks import ThreadStack, stacks_from_list
 
 DUMP_SCHEMA = "cclctl.dump"
@@ -206,6 +207,10 @@ class RankSnapshot:
     counters: dict[str, Any] = dataclasses.field(default_factory=dict)
     metrics_url: str = ""
     stacks: list[ThreadStack] = dataclasses.field(default_factory=list)
+    #: the job's failure as this rank adopted it (its origin), None while all is well
+    revoke: Revocation | None = None
+    #: True in the final status of a rank that closed its communicator and exited cleanly
+    finished: bool = False
 
     @property
     def schema(self) -> str:
@@ -230,6 +235,10 @@ class RankSnapshot:
             "counters": self.counters,
             "metrics_url": self.metrics_url,
         }
+        if self.revoke is not None:
+            doc["revoke"] = self.revoke.to_dict()
+        if self.finished:
+            doc["finished"] = True
         if self.stacks or self.kind == "dump":
             doc["stacks"] = [s.to_dict() for s in self.stacks]
         return doc
@@ -278,6 +287,10 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         counters=dict(counters),
         metrics_url=str(data.get("metrics_url", "")),
         stacks=stacks_from_list(data.get("stacks"), where),
+        revoke=None
+        if data.get("revoke") is None
+        else revocation.from_dict(data["revoke"], f"{where}: revoke"),
+        finished=data.get("finished") is True,
     )
 
 
