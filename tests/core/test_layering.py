@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 
 #: the base: standard library only, importable by every layer
 BASE = {
-    "records", "errors", "config", "config_values", "config_check", "bandwidth", "ranges",
+    "records", "revocation", "errors", "config", "config_values", "config_check", "bandwidth", "ranges",
     "periodic", "stacks", "auth", "limits",
 }
 
