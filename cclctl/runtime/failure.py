@@ -180,7 +180,10 @@ class FailureState:
                 with contextlib.suppress(Exception):
                     rev = self.resolve(rev)
         how = SELF if rev.seen_by == self.rank else PEER
-        if not self.fail(rev, ABORTED if rev.kind == "aborted" else BROKEN, how):
+        if self.fail(rev, ABORTED if rev.kind == "aborted" else BROKEN, how):
+            if isinstance(exc, CclError) and exc.revocation is None:
+                exc.revocation = rev  # this error is the origin's own account
+        else:
             self._tell_again()
         return self.first
 

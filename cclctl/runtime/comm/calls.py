@@ -154,7 +154,7 @@ class Calls:
             return exc  # not ours to rename (KeyboardInterrupt, a bug): it is recorded
         exc.fields.setdefault("comm", self.id)
         exc.fields.setdefault("rank", self.rank)
-        if first is None or exc.revocation is first:
-            return exc
+        if first is None or (exc.revocation is first and first.kind != "died"):
+            return exc  # it tells the origin's failure as it is (a death gets its pid, signal)
         where = f"rank {self.rank}: {call.what()} seq {call.seq}"
-        return self.failure.error(first, where, op=call.op, seq=call.seq, comm=self.id)
+        return self.failure.error(first, where, **{**exc.fields, "op": call.op, "seq": call.seq})

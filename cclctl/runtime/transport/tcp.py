@@ -110,7 +110,7 @@ class TcpTransport(DrivenAlone):
         self._sent = [0] * links.world_size
         self._received = [0] * links.world_size
         self._step: TcpStep | None = None  # the step started last (announce reads it)
-        self._owner = threading.get_ident()  # the thread that runs the calls
+        self._owner = threading.get_ident()  # the thread that runs the calls (see start)
         self._revoked = False
 
     @property
@@ -129,6 +129,7 @@ class TcpTransport(DrivenAlone):
         wait: Wait,
     ) -> TcpStep:
         """The transfers of one step, linked but not yet moved."""
+        self._owner = threading.get_ident()
         pending: list[Send | Recv] = []
         links = self._links
         for peer, view in sends:
