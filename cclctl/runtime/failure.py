@@ -35,7 +35,7 @@ from cclctl.errors import (
 )
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
-from cclctl.runtime.peer_process import GONE, exit_reason
+from cclctl.runtime.peer_process import GONE, exit_reason, process_state
 
 #: ``FailureState.status`` values (always one of these objects: compare with ``is``).
 OK, BROKEN, ABORTED, CLOSED = "ok", "broken", "aborted", "closed"
@@ -68,11 +68,17 @@ def timeout_error(rank: int, op: str, seq: int, peer: int, what: str, elapsed: f
     )
 
 
-def revoked(where: str, rev: Revocation, **fields: Any) -> CommRevoked:
+def revoked(where: str, rev: Revocation, **fields: Any) -> CommAborted:
     """The error of a call that another rank's failure ``rev`` ended (``where``: ``rank 4:
-    all_reduce(float32, sum, count 8) seq 5``), as a transport raises it on hearing of it."""
+    all_reduce(float32, sum, count 8) seq 5``): :class:`CommRevoked`, or
+    :class:`CollectiveAborted` for an abort."""
     fields.update(origin=rev.origin, kind=rev.kind)
-    exc = CommRevoked(f"{where} revoked: {rev.describe()}", **fields)
+    exc: CommAborted
+    if rev.kind == "aborted":
+        fields["reason"] = rev.reason
+        exc = CollectiveAborted(f"{where} {rev.describe()}", **fields)
+    else:
+        exc = CommRevoked(f"{where} revoked: {rev.describe()}", **fields)
     exc.revocation = rev
     return exc
 
@@ -198,19 +204,29 @@ class FailureState:
         self, rec: CollectiveRecord, line: str, policy: str, origin: Revocation | None = None
     ) -> bool:
         """The watchdog expired ``rec`` (``line`` says whom it waits on; ``origin``: the
-        rank the hang waits on, as the job's diagnosis named it); ``policy`` is
-        ``CCLCTL_ON_HANG``: ``raise`` (the call raises :class:`CollectiveTimeout`),
+        rank the hang waits on, as the job agreed it, else :meth:`hang_record`); ``policy``
+        is ``CCLCTL_ON_HANG``: ``raise`` (the call raises :class:`CollectiveTimeout`),
         ``abort`` (:class:`CommAborted`) or ``wait`` (nothing). True if it failed the state."""
         if policy == "wait" or rec.end_ns or rec.comm != self.comm:
             return False  # the call ended meanwhile, or it is another communicator's
         if policy == "abort":
             return self.abort(f"watchdog: {line}", via="watchdog", seq=rec.seq, op=rec.op)
-        if origin is None:
-            peer = rec.waiting_on if rec.waiting_on is not None else self.rank
-            origin = self.record(
-                "hang", f"did not answer ({line})", peer, seq=rec.seq, op=rec.op, via="watchdog"
-            )
-        return self.fail(origin)
+        return self.fail(origin or self.hang_record(rec))
+
+    def hang_record(self, rec: CollectiveRecord) -> Revocation:
+        """A hang as this rank alone sees it: the peer its call waits on is the origin."""
+        peer = rec.waiting_on if rec.waiting_on is not None else self.rank
+        pid = self.peers[peer][1] if 0 <= peer < len(self.peers) else 0
+        local = 0 <= peer < len(self.peers) and self.peers[peer][0] == self.host
+        took = (time.time_ns() - rec.start_ns) / 1e9 if rec.start_ns else 0.0
+        reason = (
+            "is stopped (process state T)"
+            if local and process_state(pid) == "T"
+            else f"has not answered for {took:.1f}s"
+        )
+        return self.record(
+            "hang", reason, peer, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog"
+        )
 
     def close(self) -> bool:
         """Close: every later call is refused. False if it was closed already. A failure
@@ -359,8 +375,8 @@ class FailureState:
         kw.update(rank=self.rank, origin=first.origin, kind=first.kind)
         exc: CommError
         if first.kind == "aborted":
-            exc = CollectiveAborted(f"{where} {first.describe()}", reason=first.reason, **kw)
-        elif first.kind == "hang" and own:
+            return revoked(where, first, **kw)
+        if first.kind == "hang" and own:
             elapsed = fields.get("elapsed")
             took = f" after {elapsed:.1f}s" if isinstance(elapsed, float) else ""
             exc = CollectiveTimeout(

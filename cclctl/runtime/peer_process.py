@@ -36,6 +36,17 @@ def exit_reason(pid: int) -> str | None:
     return describe_status(status)
 
 
+def process_state(pid: int) -> str:
+    """``pid``'s state letter in ``/proc`` (``R``, ``S``, ``T``, ``Z``...), or empty."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[0].decode() if fields else ""
+
+
 def describe_status(status: int) -> str:
     """A wait status in words: ``SIGKILL`` or ``exit code 3``."""
     if os.WIFSIGNALED(status):

@@ -154,7 +154,7 @@ class Calls:
             return exc  # not ours to rename (KeyboardInterrupt, a bug): it is recorded
         exc.fields.setdefault("comm", self.id)
         exc.fields.setdefault("rank", self.rank)
-        if first is None or (exc.revocation is first and first.kind != "died"):
-            return exc  # it tells the origin's failure as it is (a death gets its pid, signal)
+        if first is None or (exc.revocation is first and first.kind in ("hang", "error")):
+            return exc  # this rank's own timeout or error: its words say it best
         where = f"rank {self.rank}: {call.what()} seq {call.seq}"
         return self.failure.error(first, where, **{**exc.fields, "op": call.op, "seq": call.seq})

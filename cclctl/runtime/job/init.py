@@ -137,7 +137,9 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
     def expired(rec: CollectiveRecord, why: str) -> None:
         """The policy decides what becomes of the call, naming the rank the hang waits
         on; every rank of the job dumps."""
-        origin = revoker.hang_origin(rec, why) if cfg.on_hang == "raise" else None
+        origin = None
+        if cfg.on_hang == "raise" and not rec.end_ns:
+            origin = revoker.hang_origin(rec, failure.hang_record(rec))
         failure.hung(rec, why, cfg.on_hang, origin)
         request_dump(signals, rdzv.rank, why)
 

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 LISTEN_SLICE_S = 30.0  # one blocking wait on the store; then it waits again
 WEAK_GRACE_S = 0.15  # how long a one-sided record waits for a better-informed one
+MISMATCH_WAIT_S = 1.0  # how long the witnesses of a mismatch wait to outvote one call
 STORE_OP_S = 2.0  # the longest one store request of the failure path may take
 _GIVE_UP_AFTER = 5  # store errors in a row before the listener stops (the store is gone)
 
@@ -114,23 +115,27 @@ class Revoker:
         if how != STORE:
             with contextlib.suppress(CclError):
                 self.agree(rev)
+        in_call = self._in_call()  # now, before the interrupted call ends
         threading.Thread(
-            target=self._spread, args=(rev,), name=f"cclctl-revoked-r{self.rank}", daemon=True
+            target=self._spread,
+            args=(rev, in_call),
+            name=f"cclctl-revoked-r{self.rank}",
+            daemon=True,
         ).start()
 
-    def _spread(self, rev: Revocation) -> None:
+    def _spread(self, rev: Revocation, in_call: str) -> None:
         with contextlib.suppress(CclError):
-            self._ack()
+            self._ack(in_call)
         if self._dump is not None:
             with contextlib.suppress(Exception):
                 self._dump(f"revoked: {rev.describe()}")
 
-    def _ack(self) -> None:
+    def _ack(self, in_call: str) -> None:
         ack = {
             "rank": self.rank,
             "pid": os.getpid(),
             "host": self.failure.host,
-            "in_call": self._in_call(),
+            "in_call": in_call,
             "time_ns": time.time_ns(),
         }
         self._scoped.set(revocation.ack_key(self.rank), json.dumps(ack).encode())
@@ -148,11 +153,11 @@ class Revoker:
     # ------------------------------------------------------------------ agreeing
     def resolve(self, rev: Revocation) -> Revocation:
         """What this rank's failing call saw, ``rev``, against the job's record: that one
-        if it is there (a one-sided ``rev``, a broken link or a mismatch, waits a short grace
-        for it), else ``rev`` agreed (a mismatch: its odd one out)."""
+        if it is there (a broken link waits a short grace for it), else ``rev`` agreed; a
+        mismatch waits until the witnesses' observations name the odd one out."""
         try:
             if rev.kind == "mismatch":
-                self._observe(rev)
+                return self._decide_mismatch(rev)
             try:
                 if rev.kind in revocation.WEAK_KINDS:
                     self._scoped.wait([revocation.KEY], timeout_s=WEAK_GRACE_S)
@@ -161,20 +166,56 @@ class Revoker:
                     return revocation.decode(raw, "the job's revoke record")
             except StoreTimeout:
                 pass
-            if rev.kind == "mismatch":
-                rev = self._odd_one_out(rev)
             return self.agree(rev)
         except (CclError, ValueError):
             return rev  # the store is gone: the rank's own view stands
+
+    def _decide_mismatch(self, rev: Revocation) -> Revocation:
+        """Two ranks alone cannot tell which of them is the odd one: leave this rank's
+        observation and wait (at most :data:`MISMATCH_WAIT_S`) for the job's record or for
+        observations that outvote one call; then agree on that, or on ``rev``."""
+        self._observe(rev)
+        deadline = time.monotonic() + MISMATCH_WAIT_S
+        while True:
+            raw = self._scoped.try_get(revocation.KEY)
+            if raw:
+                return revocation.decode(raw, "the job's revoke record")
+            decided = self._odd_one_out(rev)
+            if decided is not None:
+                return self.agree(decided)
+            if time.monotonic() >= deadline:
+                return self.agree(self._by_statuses(rev) or rev)
+            self._stopped.wait(0.02)
+
+    def _by_statuses(self, rev: Revocation) -> Revocation | None:
+        """The odd one out by every rank's published call in flight at ``rev.seq``, for
+        when the witnesses' own observations tie (two ranks, each blaming the other)."""
+        from cclctl.live.snapshot import fetch
+
+        statuses = fetch(self._scoped.client, self._job).statuses
+        calls = {
+            rank: f"{s.inflight.op}({s.inflight.dtype}, count {s.inflight.count})"
+            for rank, s in statuses.items()
+            if s.inflight is not None and s.inflight.seq == rev.seq
+        }
+        counts = Counter(calls.values()).most_common()
+        if len(counts) < 2 or counts[0][1] == counts[1][1]:
+            return None
+        common = counts[0][0]
+        odd = min(r for r, c in calls.items() if c != common)
+        other = min(r for r, c in calls.items() if c == common)
+        why = f"called {calls[odd]} where rank {other} called {common}"
+        at = {"seq": rev.seq, "op": rev.op, "call": rev.call}
+        return self.failure.record("mismatch", why, odd, peer=other, **at)
 
     def _observe(self, rev: Revocation) -> None:
         """Leave what this rank saw of a mismatch: its own call and its peer's."""
         seen = {"rank": self.rank, "peer": rev.origin, "reason": rev.reason, "call": rev.call}
         self._scoped.set(f"mismatch/{rev.seq}/{self.rank}", json.dumps(seen).encode())
 
-    def _odd_one_out(self, rev: Revocation) -> Revocation:
+    def _odd_one_out(self, rev: Revocation) -> Revocation | None:
         """Among every witness' observation of the mismatch at ``rev.seq``, the rank whose
-        call differs from the most common one; ``rev`` as it is when that is not clear."""
+        call differs from the most common one; None while that is not clear."""
         listing = self._scoped.list(f"mismatch/{rev.seq}/")
         calls: dict[int, str] = {}
         for raw in listing.values():
@@ -188,12 +229,12 @@ class Revoker:
                 calls[int(rank)] = own
         counts = Counter(calls.values())
         if len(counts) < 2:
-            return rev
+            return None
         (common, n), *rest = counts.most_common()
         if rest and rest[0][1] == n:
-            return rev  # a tie: nobody can be named the odd one
+            return None  # a tie: nobody can be named the odd one yet
         odd = sorted(r for r, c in calls.items() if c != common)
-        if not odd or odd[0] == rev.origin:
+        if odd[0] == rev.origin:
             return rev
         other = min(r for r, c in calls.items() if c == common)
         why = f"called {calls[odd[0]]} where rank {other} called {common}"
@@ -201,19 +242,19 @@ class Revoker:
             "mismatch", why, odd[0], seq=rev.seq, op=rev.op, call=rev.call, peer=other
         )
 
-    def hang_origin(self, rec: CollectiveRecord, line: str) -> Revocation | None:
-        """The watchdog expired ``rec``: the job's record if there is one, else the rank
-        the hang waits on, as the diagnosis of the live statuses names it, agreed."""
+    def hang_origin(self, rec: CollectiveRecord, fallback: Revocation) -> Revocation:
+        """The watchdog expired ``rec``: the job's record if there is one, else the rank the
+        hang waits on as the diagnosis of the live statuses names it (``fallback``: this
+        rank's own peer, where it names none), agreed with the other ranks."""
         try:
             raw = self._scoped.try_get(revocation.KEY)
             if raw:
                 return revocation.decode(raw, "the job's revoke record")
-            origin = self._diagnosed(rec, line)
-            return None if origin is None else self.agree(origin)
+            return self.agree(self._diagnosed(rec) or fallback)
         except (CclError, ValueError):
-            return None
+            return fallback
 
-    def _diagnosed(self, rec: CollectiveRecord, line: str) -> Revocation | None:
+    def _diagnosed(self, rec: CollectiveRecord) -> Revocation | None:
         from cclctl.diagnose_io.hang_origin import hang_suspect  # only when a hang expires
         from cclctl.live.snapshot import fetch
 

@@ -1,0 +1,118 @@
+"""A failure is one event: every surviving rank's error names the same origin.
+
+Real jobs started from the environment (rank 0 hosts the store), on shared memory and on
+TCP, at 4 and 8 ranks: a killed rank, a stopped one (the watchdog expires the hang), a cut
+link, a mismatched collective and an operator's abort through the store. Before the revoke
+record, most survivors blamed a neighbour ("rank 1 failed").
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from env_job import TOKEN, EnvJob
+from telemetry_helpers import wait_for
+
+from cclctl import revocation
+from cclctl.records import snapshot_from_json
+from cclctl.revocation import OPERATOR, Revocation
+from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+TRANSPORTS = ["auto", "tcp"]  # auto: one host, so shared memory
+
+
+def _survivors(job: EnvJob, culprit: int | None) -> dict[int, str]:
+    return job.errors([r for r in range(job.n) if r != culprit])
+
+
+def _assert_all_name(errors: dict[int, str], pattern: str) -> None:
+    wrong = {r: e for r, e in errors.items() if not re.search(pattern, e)}
+    assert not wrong, f"ranks not naming the origin ({pattern!r}): {wrong}"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("n", [4, 8])
+def test_a_killed_rank_is_named_dead_by_every_survivor(
+    tmp_path: Path, transport: str, n: int
+) -> None:
+    culprit = n - 2
+    job = EnvJob(tmp_path, n, fault=f"kill:rank={culprit}:seq=3", transport=transport)
+    try:
+        errors = _survivors(job, culprit)
+    finally:
+        job.finish()
+    _assert_all_name(errors, rf"seq 3 (failed|revoked): rank {culprit} \(pid \d+ on [^)]+\) died")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("n", [4, 8])
+def test_a_stopped_rank_is_named_by_every_survivor_once_the_watchdog_expires(
+    tmp_path: Path, transport: str, n: int
+) -> None:
+    culprit = n - 3
+    job = EnvJob(tmp_path, n, fault=f"stop:rank={culprit}:seq=3", transport=transport)
+    try:
+        errors = _survivors(job, culprit)
+    finally:
+        job.finish()
+    _assert_all_name(errors, rf"rank {culprit} \(pid \d+ on [^)]+\) is stopped")
+    assert any("timed out after" in e for e in errors.values())  # the watchdog's own rank
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_cut_link_is_named_by_every_rank(tmp_path: Path, transport: str) -> None:
+    job = EnvJob(tmp_path, 4, fault="link:rank=1:seq=3:peer=2", transport=transport)
+    try:
+        errors = _survivors(job, None)
+    finally:
+        job.finish()
+    _assert_all_name(errors, r"link between rank 1 and rank 2 broke")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("fault", ["op:rank=2:seq=3:to=broadcast", "count:rank=2:seq=3:to=7"])
+def test_the_odd_one_out_of_a_mismatch_is_named_by_every_rank(
+    tmp_path: Path, transport: str, fault: str
+) -> None:
+    job = EnvJob(tmp_path, 4, fault=fault, transport=transport)
+    try:
+        errors = _survivors(job, None)
+    finally:
+        job.finish()
+    _assert_all_name(errors, r"rank 2 \(pid \d+ on [^)]+\) called (broadcast|all_reduce)\(")
+
+
+def _blocked_in(scoped: ScopedStore, rank: int) -> int | None:
+    """The seq ``rank``'s status says it is blocked in, if any."""
+    raw = scoped.try_get(f"status/{rank}")
+    snap = None if raw is None else snapshot_from_json(raw)
+    return None if snap is None or snap.inflight is None else snap.inflight.seq
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_operators_abort_reaches_every_rank_even_behind_a_stopped_peer(
+    tmp_path: Path, transport: str
+) -> None:
+    """Rank 3 is frozen, so the others hang in seq 3 (a long timeout: the watchdog stays
+    quiet); the operator's record in the store ends every live rank's call."""
+    hold = {"HOLD_ON_ERROR": "1"}  # rank 0 hosts the store: the ranks stay to be read
+    job = EnvJob(
+        tmp_path, 4, fault="stop:rank=3:seq=3", transport=transport, timeout_s=60, extra=hold
+    )
+    try:
+        with StoreClient.from_address(job.store, token=TOKEN, connect_timeout_s=30) as client:
+            scoped = ScopedStore.for_job(client, job.job)
+            wait_for(lambda: _blocked_in(scoped, 0) == 3, timeout_s=30)
+            rec = Revocation("aborted", OPERATOR, "maintenance", by="sre@vm", via="operator")
+            assert scoped.compare_set(revocation.KEY, None, rec.encode()) == rec.encode()
+            acked = lambda: [r for r in range(4) if scoped.try_get(revocation.ack_key(r))]  # noqa: E731
+            wait_for(lambda: acked() == [0, 1, 2], timeout_s=10)  # the frozen rank 3 cannot
+            assert scoped.try_get(revocation.ack_key(3)) is None
+    finally:
+        job.finish()
+    _assert_all_name(_survivors(job, 3), r"seq 3 aborted by operator sre@vm: maintenance")
