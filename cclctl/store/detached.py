@@ -3,10 +3,11 @@
 Rank 0 of an env-launched job starts ``python -m cclctl.store.detached`` (see
 ``cclctl/runtime/job/store_process.py``) and writes one JSON line on its stdin: where to
 listen, the job's token (never on the command line), the limits and the grace. The process
-forks once, so it is nobody's child and never holds its starter's pipes, binds, answers one
-line on stdout (``{"host", "port", "pid"}``, or ``{"error"}`` naming the address it could
-not bind), then serves until :class:`~cclctl.store.linger.Linger`'s grace after the last
-rank has passed. Its notices go to stderr, which the starter points at the job's folder.
+forks once, so it is nobody's child, points its stdio at /dev/null (its notices: stderr,
+which the starter points at the job's folder), binds, answers one line on the pipe it got
+as stdout (``{"host", "port", "pid"}``, or ``{"error"}`` naming the address it could not
+bind) and closes it, then serves until :class:`~cclctl.store.linger.Linger`'s grace after
+the last rank has passed.
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ def build(spec: dict[str, Any]) -> StoreServer:
     )
 
 
-def _say(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+def _say(fd: int, message: dict[str, Any]) -> None:
+    """Write the one answer on the starter's pipe and close it."""
+    with os.fdopen(fd, "w") as pipe:
+        pipe.write(json.dumps(message) + "\n")
 
 
 def _to_devnull(fd: int) -> None:
@@ -66,10 +68,12 @@ def _to_devnull(fd: int) -> None:
 
 
 def main() -> int:
+    answer = os.dup(1)  # the starter's pipe; stdio itself holds no pipe from here on
+    _to_devnull(1)
     try:
         spec = read_spec(sys.stdin.buffer)
     except ValueError as exc:
-        _say({"error": f"the store process got a bad start line: {exc}"})
+        _say(answer, {"error": f"the store process got a bad start line: {exc}"})
         return 2
     _to_devnull(0)
     if os.fork() > 0:  # the starter reaps this one at once; the store is orphaned, on purpose
@@ -79,10 +83,9 @@ def main() -> int:
     try:
         server.start()
     except StoreError as exc:
-        _say({"error": exc.message, "address": exc.fields.get("address", "")})
+        _say(answer, {"error": exc.message, "address": exc.fields.get("address", "")})
         return 1
-    _say({"host": server.host, "port": server.port, "pid": os.getpid()})
-    _to_devnull(1)
+    _say(answer, {"host": server.host, "port": server.port, "pid": os.getpid()})
     log = logging.getLogger("cclctl.store")
     log.warning("cclctl store %s: serving, until %gs after the last rank leaves",
                 server.address, spec["linger_s"])  # fmt: skip
