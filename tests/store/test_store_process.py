@@ -115,3 +115,14 @@ def test_rank0_reads_what_the_store_turned_away(spawn: Callable[..., DetachedSto
         assert store.rejected["bad_proof"] == 0 and store.refused == 1
     os.kill(store.pid, signal.SIGTERM)
     until("the store gone", lambda: gone(store.pid), 30)
+
+
+def test_the_grace_is_read_from_the_environment_and_checked() -> None:
+    from cclctl.config import store_server_from_env
+    from cclctl.errors import ConfigError
+
+    assert store_server_from_env({}).linger_s == 120.0
+    assert store_server_from_env({"CCLCTL_STORE_LINGER": "2.5"}).linger_s == 2.5
+    for bad in ("0", "-1", "soon", "1e9"):
+        with pytest.raises(ConfigError, match="CCLCTL_STORE_LINGER="):
+            store_server_from_env({"CCLCTL_STORE_LINGER": bad})
