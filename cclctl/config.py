@@ -26,15 +26,18 @@ DEFAULT_STATUS_INTERVAL_S = 1.0
 TRANSPORTS = ("auto", "tcp")
 HANG_POLICIES = ("raise", "abort", "wait")
 DEFAULT_STORE_MAX_FRAME = 64 << 20
+DEFAULT_STORE_LINGER_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
 class StoreServerConfig:
     """How a store cclctl hosts listens: where (``CCLCTL_STORE_ADDR``; empty: the address
-    the ranks are given) and the largest request it takes (``CCLCTL_STORE_MAX_FRAME``)."""
+    the ranks are given), the largest request it takes (``CCLCTL_STORE_MAX_FRAME``) and, for
+    the one rank 0 starts, how long it outlives the last rank (``CCLCTL_STORE_LINGER``)."""
 
     bind: str = ""
     max_frame: int = DEFAULT_STORE_MAX_FRAME
+    linger_s: float = DEFAULT_STORE_LINGER_S
 
 
 def store_server_from_env(env: Mapping[str, str] | None = None) -> StoreServerConfig:
@@ -43,6 +46,9 @@ def store_server_from_env(env: Mapping[str, str] | None = None) -> StoreServerCo
         bind=values.parse(env, "CCLCTL_STORE_ADDR", "", values.bind_address),
         max_frame=values.parse(
             env, "CCLCTL_STORE_MAX_FRAME", DEFAULT_STORE_MAX_FRAME, values.frame_size
+        ),
+        linger_s=values.parse(
+            env, "CCLCTL_STORE_LINGER", DEFAULT_STORE_LINGER_S, values.linger_seconds
         ),
     )
 

@@ -35,6 +35,7 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_LINK_MAC": "1: a MAC on every TCP message between ranks",
     "CCLCTL_STORE_ADDR": "address the store rank 0 hosts listens on",
     "CCLCTL_STORE_MAX_FRAME": "largest store request, in bytes (64M)",
+    "CCLCTL_STORE_LINGER": "seconds rank 0's store outlives the last rank (120)",
     "CCLCTL_TIMEOUT": "seconds before a collective counts as hung",
     "CCLCTL_CONNECT_TIMEOUT": "seconds to reach the store and peers",
     "CCLCTL_TRANSPORT": "auto or tcp",

@@ -41,6 +41,18 @@ def positive_float(raw: str) -> float:
     return value
 
 
+#: The longest a store may outlive its job (``CCLCTL_STORE_LINGER``): a day.
+MAX_LINGER_S = 86400.0
+
+
+def linger_seconds(raw: str) -> float:
+    """A grace in seconds: positive (a store no rank could reach is useless), at most a day."""
+    value = positive_float(raw)
+    if value > MAX_LINGER_S:
+        raise ValueError(f"must be at most {MAX_LINGER_S:g} seconds (a day)")
+    return value
+
+
 def non_negative_float(raw: str) -> float:
     value = _number(raw, "a number of seconds, 0 or more")
     if value < 0:

@@ -35,6 +35,8 @@ class Connection(asyncio.Protocol):
         self._waiting: asyncio.Task[None] | None = None
         self._nonces: tuple[bytes, bytes] | None = None  # (client's, server's) after HELLO
         self.requests = 0
+        self.wrote = False  # made a request beyond the read-only set (a rank does at once)
+        self.only_read = False  # made read-only requests and nothing else (top, diagnose)
         self.last_active = 0.0  # loop time of the last whole request (or the connect)
         self.frame_started: float | None = None  # loop time of a partial frame's first byte
         self.accounted = 0  # bytes of partial frames the server counts against max_buffered
@@ -42,6 +44,12 @@ class Connection(asyncio.Protocol):
     @property
     def buffered(self) -> int:
         return self._reader.buffered
+
+    @property
+    def member(self) -> bool:
+        """A rank's connection: proved the token and has not shown itself a reader only
+        (``cclctl top`` or ``diagnose`` with the token); a lingering store waits for these."""
+        return self.authenticated and (self.wrote or not self.only_read)
 
     @property
     def idle(self) -> bool:
@@ -123,6 +131,10 @@ class Connection(asyncio.Protocol):
             if why is not None:
                 self._server.events.refuse(why)
                 return self._reply(Status.ERROR, [why.encode()])
+        if op in access.READ_ONLY_OPS:
+            self.only_read = not self.wrote
+        else:
+            self.wrote = True
         state = self._state
         try:
             if state.would_block(op, fields):

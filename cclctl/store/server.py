@@ -18,6 +18,7 @@ from typing import Any
 from cclctl.errors import StoreError
 from cclctl.store.connection import Connection
 from cclctl.store.limits import REASONS, EventLog, StoreLimits
+from cclctl.store.linger import Linger, watch
 from cclctl.store.state import StoreState
 
 LISTEN_BACKLOG = 4096  # ranks connect in a burst at start-up; the kernel caps it at somaxconn
@@ -38,11 +39,14 @@ class StoreServer:
         *,
         token: str | None = None,
         limits: StoreLimits | None = None,
+        linger: Linger | None = None,
     ) -> None:
         self.host = host
         self._port = port
         self.token = token or None
         self.limits = limits or StoreLimits()
+        self.linger = linger  # None: serve until closed; else stop a grace after the last rank
+        self.member_left = 0.0  # loop time a rank's connection last closed
         self.state = StoreState()
         self.events = EventLog(f"{host}:{port}")
         self._sock: socket.socket | None = None
@@ -66,6 +70,11 @@ class StoreServer:
     @property
     def connections(self) -> int:
         return len(self._connections)
+
+    @property
+    def members(self) -> int:
+        """Connections of ranks (see :attr:`Connection.member`); readers are not counted."""
+        return sum(1 for conn in list(self._connections) if conn.member)
 
     def start(self) -> StoreServer:
         """Bind now (so a taken port fails here, naming it) and serve in a daemon thread."""
@@ -100,6 +109,11 @@ class StoreServer:
     @property
     def address(self) -> str:
         return f"{self.host}:{self._port}"
+
+    def wait(self) -> None:
+        """Block until the server stops (a lingering store: its grace after the last rank)."""
+        if self._thread is not None:
+            self._thread.join()
 
     def close(self) -> None:
         """Stop serving and drop every connection; clients then see a lost connection."""
@@ -136,7 +150,14 @@ class StoreServer:
             victim.reject("evicted", "the oldest idle connection, to make room for a new one")
         self._connections[conn] = None
 
+    def stop_serving(self) -> None:
+        """On the loop: end serving (what :meth:`close` asks from another thread)."""
+        if self._stop is not None:
+            self._stop.set()
+
     def forget(self, conn: Connection) -> None:
+        if conn in self._connections and conn.member:
+            self.member_left = self.now()
         self._connections.pop(conn, None)
         self._buffered -= conn.accounted
         conn.accounted = 0
@@ -164,10 +185,13 @@ class StoreServer:
         server = await loop.create_server(
             lambda: Connection(self), sock=self._sock, backlog=LISTEN_BACKLOG
         )
-        sweeper = loop.create_task(self._sweep())
+        tasks = [loop.create_task(self._sweep())]
+        if self.linger is not None:
+            tasks.append(loop.create_task(watch(self, self.linger)))
         ready.set()
         await self._stop.wait()
-        sweeper.cancel()
+        for task in tasks:
+            task.cancel()
         server.close()
         for connection in list(self._connections):
             connection.close()

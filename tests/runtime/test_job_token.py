@@ -173,7 +173,7 @@ def test_ranks_started_like_torchrun_without_a_token_share_rank0s(tmp_path: Path
     env.update(
         WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
         CCLCTL_TRACE_DIR=str(tmp_path), CCLCTL_TRANSPORT="tcp", CCLCTL_JOB="torchrun-like",
-        CCLCTL_LINK_MAC=mac, PYTHONPATH=os.getcwd(),
+        CCLCTL_LINK_MAC=mac, PYTHONPATH=os.getcwd(), CCLCTL_STORE_LINGER="1",
     )  # fmt: skip
     procs = [
         subprocess.Popen(

@@ -70,6 +70,7 @@ def _rank(
         "CCLCTL_JOB": "multihost",
         "CCLCTL_TOKEN": "multihost-token-0123456789abcdefghijk",  # across hosts: set on each
         "CCLCTL_TIMEOUT": "60",
+        "CCLCTL_STORE_LINGER": "1",  # rank 0's store process: gone soon after the test
     }
     cmd = [
         "ip",

@@ -220,6 +220,7 @@ def run_ranks(ranks: list[int], world_size: int, timeout_s: float = 30) -> list[
         CCLCTL_JOB="procs",
         CCLCTL_CONNECT_TIMEOUT="10",
         CCLCTL_TIMEOUT="10",
+        CCLCTL_STORE_LINGER="1",  # rank 0's store process: gone soon after the test
     )
     procs = [
         subprocess.Popen(

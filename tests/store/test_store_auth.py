@@ -163,6 +163,6 @@ def test_a_store_bound_where_asked() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env=env | {"CCLCTL_STORE_ADDR": "127.0.0.1"},
+        env=env | {"CCLCTL_STORE_ADDR": "127.0.0.1", "CCLCTL_STORE_LINGER": "1"},
     )
     assert asked.returncode == 0, asked.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,12 @@ from cclctl.store.client import StoreServer
 
 WORKER = str(Path(__file__).with_name("fault_worker.py"))
 TOKEN = "fault-job-token-0123456789abcdefghijkl"  # the job's, as a launcher makes one
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 class FaultJob:
@@ -34,17 +41,29 @@ class FaultJob:
         pause_s: float = 0.3,
         buffers: str = "plain",
         hold_on_error: bool = True,
+        rank0_hosts: bool = False,
+        linger_s: float = 5.0,
+        ranks: list[int] | None = None,
     ) -> None:
-        """``buffers="shared"``: the ranks' buffers come from ``comm.empty()`` (zero-copy)."""
+        """``buffers="shared"``: the ranks' buffers come from ``comm.empty()`` (zero-copy).
+        ``rank0_hosts``: no store of ours; rank 0 hosts the job's store on a free
+        ``MASTER_PORT`` (a process of its own, lingering ``linger_s`` after the last rank).
+        ``ranks``: start only these (in order)."""
         self.n = n
         self.job = job
         self.dump_dir = tmp / "dumps"
         self.dump_dir.mkdir(exist_ok=True)
-        self.server = StoreServer("127.0.0.1", 0, token=TOKEN).start()
-        self.store = self.server.address
+        self.server = None if rank0_hosts else StoreServer("127.0.0.1", 0, token=TOKEN).start()
+        self.port = free_port() if self.server is None else self.server.port
+        self.store = f"127.0.0.1:{self.port}"
+        where = (
+            {"MASTER_PORT": str(self.port), "CCLCTL_STORE_LINGER": str(linger_s)}
+            if self.server is None
+            else {"CCLCTL_STORE": self.store}
+        )
         base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
         self.procs: list[subprocess.Popen[bytes]] = []
-        for rank in range(n):
+        for rank in range(n) if ranks is None else ranks:
             env = {
                 **base,
                 "RANK": str(rank),
@@ -52,7 +71,7 @@ class FaultJob:
                 "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(n),
                 "MASTER_ADDR": "127.0.0.1",
-                "CCLCTL_STORE": self.store,
+                **where,
                 "CCLCTL_JOB": job,
                 "CCLCTL_TOKEN": TOKEN,
                 "CCLCTL_TIMEOUT": str(timeout_s),
@@ -101,11 +120,13 @@ class FaultJob:
         for p in self.procs:
             if p.stderr is not None:
                 p.stderr.close()
-        self.server.close()
+        if self.server is not None:
+            self.server.close()
 
     def kill_now(self) -> None:
         for p in self.procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
-        self.server.close()
+        if self.server is not None:
+            self.server.close()

@@ -1,33 +1,21 @@
 """Where rank 0 hosts the job's store, and how every rank connects to it with the job's token.
 
-The store listens on an address of this host (or where ``CCLCTL_STORE_ADDR`` says), never
-every interface unless asked, and a rank whose token file is stale reads it again.
+The store (a process of its own: :mod:`cclctl.runtime.job.store_process`) listens on an
+address of this host (or where ``CCLCTL_STORE_ADDR`` says), never every interface unless
+asked, and a rank whose token file is stale reads it again.
 """
 
 from __future__ import annotations
 
 import time
 
-from cclctl.config import RuntimeConfig, StoreServerConfig
+from cclctl.config import RuntimeConfig
 from cclctl.errors import ConfigError, StoreError
 from cclctl.runtime.job.token import TokenSource, is_this_host
-from cclctl.store.client import StoreClient, StoreServer
-from cclctl.store.limits import StoreLimits
+from cclctl.store.client import StoreClient
 
-ANY_ADDRESSES = ("0.0.0.0", "::")
 #: How long a rank whose token the store refused waits before reading the token file again.
 TOKEN_REREAD_S = 0.2
-
-
-def start_store(
-    bind: str, port: int, token: str, hosting: StoreServerConfig
-) -> tuple[StoreServer, str, int]:
-    """Start the job's store on ``bind``; return it with the host and port to connect to."""
-    server = StoreServer(
-        bind, port, token=token or None, limits=StoreLimits(max_frame=hosting.max_frame)
-    ).start()
-    host = "127.0.0.1" if server.host in ANY_ADDRESSES else server.host
-    return server, host, server.port
 
 
 def connect(host: str, port: int, cfg: RuntimeConfig, source: TokenSource) -> StoreClient:

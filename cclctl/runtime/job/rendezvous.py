@@ -7,7 +7,6 @@ twice: by host-a pid 100 and host-b pid 200" does not.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -21,27 +20,27 @@ from cclctl.config import (
     StoreServerConfig,
     store_server_from_env,
 )
-from cclctl.errors import CclError, RendezvousError, StoreTimeout
+from cclctl.errors import RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.job.job_store import bind_host as _bind_host
-from cclctl.runtime.job.job_store import connect, start_store
+from cclctl.runtime.job.job_store import connect
+from cclctl.runtime.job.store_process import DetachedStore, spawn_store
 from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check, resolve_token
-from cclctl.store.client import StoreClient, StoreServer
+from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
 
 #: How often a waiting rank looks for an error another rank reported, so it fails fast.
 ERROR_POLL_S = 0.5
 ERROR_KEY = "rdzv/error"
-ERROR_LINGER_S = 2 * ERROR_POLL_S
 
 
 @dataclasses.dataclass
 class Rendezvous:
     """This rank's place in the job, and its connection to the job's store.
 
-    ``job_store`` sees only this job's keys. ``close`` closes the store client; on the rank
-    that hosts the store it first waits (up to ``close_timeout_s``) for every rank to close,
-    so that the store does not vanish under ranks still using it.
+    ``job_store`` sees only this job's keys. ``close`` closes the store client. On rank 0,
+    ``server`` is the store process it started, which outlives it (see
+    :mod:`cclctl.runtime.job.store_process`), so no rank waits for another to close.
     """
 
     rank: int
@@ -49,11 +48,10 @@ class Rendezvous:
     local_rank: int
     local_world_size: int
     store: StoreClient
-    server: StoreServer | None = None
+    server: DetachedStore | None = None
     job: str = "default"
     hosts: list[str] = dataclasses.field(default_factory=list)  # host of every rank, by rank
     pids: list[int] = dataclasses.field(default_factory=list)  # pid of every rank, by rank
-    close_timeout_s: float = 60.0
     token: str = ""  # the job's token, as every rank agreed on it (see runtime/job/token.py)
     _rounds: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
@@ -76,18 +74,13 @@ class Rendezvous:
         return _gather(scoped, prefix, self.world_size, timeout_s, f"exchange {key!r}")
 
     def close(self) -> None:
+        """Leave the store; on rank 0 the store process serves on (see ``server``)."""
         if self._closed:
             return
         self._closed = True
-        scoped = self.job_store
         try:
-            with contextlib.suppress(CclError):  # closing: the store may already be gone
-                scoped.set(f"closed/{self.rank}", b"1")
-                if self.server is not None:
-                    closed = [f"closed/{r}" for r in range(self.world_size)]
-                    scoped.wait(closed, timeout_s=self.close_timeout_s)
-        finally:
             self.store.close()
+        finally:
             if self.server is not None:
                 self.server.close()
 
@@ -98,8 +91,10 @@ def join(
     """Join the job described by the environment: rank 0 hosts the store unless one runs.
 
     The rank gets the job's token first (:func:`~cclctl.runtime.job.token.resolve_token`).
-    The store rank 0 hosts has that token and listens where ``hosting`` says (default:
-    ``CCLCTL_STORE_ADDR`` and ``CCLCTL_STORE_MAX_FRAME``).
+    The store rank 0 starts is a process of its own with that token, listening where
+    ``hosting`` says (default: ``CCLCTL_STORE_ADDR``, ``CCLCTL_STORE_MAX_FRAME``), which
+    outlives the ranks by ``CCLCTL_STORE_LINGER``; a rank that fails to join leaves it
+    serving, so the others read why.
     """
     server = None
     host, port = rdzv.store_host, rdzv.store_port
@@ -114,7 +109,9 @@ def join(
     cfg = cfg.replace(token=source.token)
     if hosts_store:
         hosting = store_server_from_env() if hosting is None else hosting
-        server, host, port = start_store(_bind_host(host, hosting.bind), port, cfg.token, hosting)
+        bind = _bind_host(host, hosting.bind)
+        server = spawn_store(bind, port, cfg.token, hosting, job=cfg.job, folder=source.folder)
+        host, port = server.host, server.port
     try:
         client = connect(host, port, cfg, source)
         cfg = cfg.replace(token=source.token)
@@ -126,11 +123,9 @@ def join(
         joined = join_store(
             client, rdzv.rank, rdzv.world_size, cfg, rdzv.local_rank, rdzv.local_world_size, source
         )
-    except BaseException as exc:
+    except BaseException:
         client.close()
         if server is not None:
-            if isinstance(exc, RendezvousError):
-                time.sleep(ERROR_LINGER_S)  # let the others read why, rather than lose the store
             server.close()
         raise
     joined.server = server
@@ -176,7 +171,6 @@ def join_store(
         job=cfg.job,
         hosts=[str(claim.get("host", "?")) for claim in parsed],
         pids=[_pid(claim) for claim in parsed],
-        close_timeout_s=cfg.timeout_s,
         token=token,
     )
 

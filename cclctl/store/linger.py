@@ -1,0 +1,69 @@
+"""How a store that outlives the rank which started it ends: a grace after the last rank.
+
+A detached job store (see :mod:`cclctl.store.detached`) serves while any rank is connected
+and for ``seconds`` after the last one left (or after it started, if none ever came), so
+``cclctl top`` and ``cclctl diagnose hang --store`` still answer once the job died; readers
+never keep it alive. It also keeps its own counts (what it turned away) under a key of the
+job, where the rank that started it reads them for its metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from typing import TYPE_CHECKING
+
+from cclctl.store.protocol import Op
+
+if TYPE_CHECKING:
+    from cclctl.store.server import StoreServer
+
+
+@dataclasses.dataclass(frozen=True)
+class Linger:
+    """Serve ``seconds`` past the last rank; publish the store's counts under ``report_key``."""
+
+    seconds: float
+    report_key: str = ""
+
+    @property
+    def tick_s(self) -> float:
+        """How often membership is looked at: a quarter of the grace, within 50 ms .. 1 s."""
+        return min(1.0, max(0.05, self.seconds / 4))
+
+
+def report(server: StoreServer, linger: Linger) -> bytes:
+    """What the store says about itself: its pid, address, grace and what it turned away."""
+    return json.dumps(
+        {
+            "pid": os.getpid(),
+            "address": server.address,
+            "linger_s": linger.seconds,
+            "members": server.members,
+            "rejected": server.rejected,
+            "refused": server.refused,
+        },
+        sort_keys=True,
+    ).encode()
+
+
+async def watch(server: StoreServer, linger: Linger) -> None:
+    """On the store's loop: stop the server ``linger.seconds`` after it last had a rank."""
+    last_member = server.now()
+    published = b""
+    while True:
+        now = server.now()
+        if server.members:
+            last_member = now
+        last_member = max(last_member, server.member_left)  # to the moment, not the tick
+        if not server.members and now - last_member >= linger.seconds:
+            server.stop_serving()
+            return
+        if linger.report_key:
+            current = report(server, linger)
+            if current != published:
+                server.state.apply(Op.SET, [linger.report_key.encode(), current])
+                published = current
+        await asyncio.sleep(linger.tick_s)

@@ -1,0 +1,147 @@
+"""The store rank 0 hosts outlives rank 0, and lingers no longer than its grace.
+
+Real env-launched jobs (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as srun or mpirun start
+ranks), real store processes; every wait polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fault_job import TOKEN, WORKER, FaultJob, free_port
+
+from cclctl.store.client import StoreClient
+
+JOB = "lingering"
+REPORT_KEY = f"cclctl/{JOB}/store/process"
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def until(what: str, check: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {timeout_s:g}s")
+        time.sleep(0.05)
+
+
+def store_report(store: str) -> dict[str, object]:
+    """What the job's store process says about itself (read with the job's token)."""
+    with StoreClient.from_address(store, timeout_s=5, connect_timeout_s=10, token=TOKEN) as c:
+        deadline = time.monotonic() + 10
+        while (raw := c.try_get(REPORT_KEY)) is None:
+            assert time.monotonic() < deadline, "the store never published its report"
+            time.sleep(0.05)
+        return dict(json.loads(raw))
+
+
+def cclctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cclctl", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.fixture
+def store_pids() -> Iterator[list[int]]:
+    """Store processes a test found; any still running at the end is a failure, then killed."""
+    pids: list[int] = []
+    yield pids
+    left = [pid for pid in pids if not gone(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"store processes outlived the test: {left}"
+
+
+@pytest.mark.timeout(120)
+def test_the_store_answers_after_rank0_is_killed_and_exits_its_grace_after_the_last_rank(
+    tmp_path: Path, store_pids: list[int]
+) -> None:
+    job = FaultJob(tmp_path, 4, fault="kill:rank=0:seq=3", job=JOB, rank0_hosts=True, linger_s=10)
+    try:
+        pid = int(str(store_report(job.store)["pid"]))
+        store_pids.append(pid)
+        assert pid not in [p.pid for p in job.procs]  # a process of its own
+        until("rank 0 killed", lambda: job.procs[0].poll() is not None, 60)
+        assert job.procs[0].returncode == -signal.SIGKILL
+
+        live = cclctl("diagnose", "hang", "--store", job.store, "--job", JOB)
+        assert live.returncode == 3, live.stdout + live.stderr  # a fault found, not "no store"
+        assert "rank 0 is dead" in live.stdout
+        assert "cannot reach" not in live.stderr
+    finally:
+        job.finish()  # the survivors leave: now no rank is left
+    assert not gone(pid)  # it lingers for the post-mortem
+    top = cclctl("top", "--once", "--store", job.store, "--job", JOB)
+    assert top.returncode == 0, top.stdout + top.stderr
+    assert f"job {JOB}" in top.stdout and "4/4 ranks" in top.stdout
+    until("the store gone", lambda: gone(pid), 10 + 30)
+    log = (job.dump_dir / "store.log").read_text()
+    assert "no rank for 10s, exiting" in log
+
+
+@pytest.mark.timeout(120)
+def test_a_clean_jobs_store_exits_after_its_grace(tmp_path: Path, store_pids: list[int]) -> None:
+    job = FaultJob(tmp_path, 4, iters=2, pause_s=0.05, job=JOB, rank0_hosts=True, linger_s=1)
+    try:
+        pid = int(str(store_report(job.store)["pid"]))
+        store_pids.append(pid)
+        assert job.wait_all_exited(60) == [0, 0, 0, 0]
+    finally:
+        job.finish()
+    until("the store gone", lambda: gone(pid), 1 + 30)
+
+
+@pytest.mark.timeout(120)
+def test_rank0_dying_before_the_others_connect_leaves_no_orphan(
+    tmp_path: Path, store_pids: list[int]
+) -> None:
+    job = FaultJob(tmp_path, 4, job=JOB, rank0_hosts=True, linger_s=1, ranks=[0])
+    try:
+        report = store_report(job.store)  # rank 0 waits in rendezvous for ranks 1-3
+        pid = int(str(report["pid"]))
+        store_pids.append(pid)
+        job.procs[0].send_signal(signal.SIGKILL)
+        job.procs[0].wait(10)
+    finally:
+        job.finish()
+    until("the store gone", lambda: gone(pid), 1 + 30)
+
+
+@pytest.mark.timeout(120)
+def test_capturing_a_jobs_output_does_not_wait_for_its_store(
+    tmp_path: Path, store_pids: list[int]
+) -> None:
+    """``subprocess.run(capture_output=True)`` of a whole job returns when its ranks do,
+    though the store lingers (600 s here): the store holds none of the job's pipes."""
+    port = str(free_port())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
+    env |= {
+        "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+        "CCLCTL_JOB": JOB, "CCLCTL_TOKEN": TOKEN, "CCLCTL_STORE_LINGER": "600",
+        "CCLCTL_TRACE_DIR": str(tmp_path), "ITERS": "1", "PAUSE": "0",
+    }  # fmt: skip
+    script = f"RANK=0 {sys.executable} {WORKER} & RANK=1 {sys.executable} {WORKER} & wait"
+    ran = subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=90)
+    assert ran.returncode == 0, ran.stderr
+    assert b"rank 0 done" in ran.stdout and b"rank 1 done" in ran.stdout
+    pid = int(str(store_report(f"127.0.0.1:{port}")["pid"]))
+    store_pids.append(pid)
+    assert not gone(pid)  # still lingering: the run above did not wait for it
+    os.kill(pid, signal.SIGTERM)
+    until("the store gone", lambda: gone(pid), 30)

@@ -1,0 +1,128 @@
+"""The job's store as a process of its own (what rank 0 starts): its grace, who keeps it
+alive, its start-up answer and the counts rank 0's metrics read. Real processes, real
+sockets; every wait polls with a deadline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cclctl.config import StoreServerConfig
+from cclctl.errors import StoreError, StoreTimeout
+from cclctl.runtime.job.store_process import DetachedStore, spawn_store
+from cclctl.store.client import StoreClient
+
+TOKEN = "store-process-token-0123456789abcdefgh"
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def until(what: str, check: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {timeout_s:g}s")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., DetachedStore]]:
+    """Start store processes; each must be gone by the end of the test (else killed, failed)."""
+    started: list[DetachedStore] = []
+
+    def start(linger_s: float, port: int = 0) -> DetachedStore:
+        hosting = StoreServerConfig(linger_s=linger_s)
+        store = spawn_store("127.0.0.1", port, TOKEN, hosting, job="j", folder=str(tmp_path))
+        started.append(store)
+        return store
+
+    yield start
+    left = [s.pid for s in started if not gone(s.pid)]
+    for store in started:
+        store.close()
+        if not gone(store.pid):
+            os.kill(store.pid, signal.SIGKILL)
+    assert not left, f"store processes outlived the test: {left}"
+
+
+def test_with_no_rank_it_exits_after_its_grace_though_readers_stay_connected(
+    spawn: Callable[..., DetachedStore],
+) -> None:
+    store = spawn(0.5)
+    with (
+        StoreClient(store.host, store.port) as stranger,
+        StoreClient(store.host, store.port, token=TOKEN) as reader,  # top with the token
+    ):
+        assert stranger.list("cclctl/j/status/") == {}
+        assert reader.list("cclctl/j/status/") == {}
+        until("the store gone", lambda: gone(store.pid), 30)
+
+
+def test_it_never_exits_while_a_rank_is_connected(spawn: Callable[..., DetachedStore]) -> None:
+    store = spawn(0.3)
+    with StoreClient(store.host, store.port, token=TOKEN, timeout_s=5) as rank:
+        rank.set("cclctl/j/x", b"1")
+        # The store answers this wait itself, 10 graces later: it was there all along.
+        with pytest.raises(StoreTimeout):
+            rank.wait(["cclctl/j/never"], timeout_s=3.0)
+        assert not gone(store.pid)
+    until("the store gone", lambda: gone(store.pid), 30)  # the last rank left
+
+
+def test_a_port_in_use_is_an_error_naming_the_address(
+    spawn: Callable[..., DetachedStore],
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(StoreError, match=f"cannot start the store on 127.0.0.1:{port}: "):
+            spawn(5.0, port)
+
+
+def test_the_token_is_not_on_its_command_line_and_it_holds_no_terminal_or_pipe(
+    spawn: Callable[..., DetachedStore],
+) -> None:
+    store = spawn(0.3)
+    cmdline = Path(f"/proc/{store.pid}/cmdline").read_bytes()
+    assert b"cclctl.store.detached" in cmdline and TOKEN.encode() not in cmdline
+    stdio = [os.readlink(f"/proc/{store.pid}/fd/{fd}") for fd in (0, 1)]
+    assert stdio == [os.devnull, os.devnull]
+    assert os.getsid(store.pid) != os.getsid(0)  # a session of its own
+    until("the store gone", lambda: gone(store.pid), 30)
+
+
+def test_rank0_reads_what_the_store_turned_away(spawn: Callable[..., DetachedStore]) -> None:
+    store = spawn(5.0)
+    with StoreClient(store.host, store.port, token=TOKEN) as rank:
+        rank.set("cclctl/j/held", b"1")  # a rank keeps it alive
+        with StoreClient(store.host, store.port) as stranger, pytest.raises(StoreError):
+            stranger.set("cclctl/j/status/0", b"forged")
+        until("the refusal counted", lambda: store.counts().refused == 1, 30)
+        assert store.rejected["bad_proof"] == 0 and store.refused == 1
+    os.kill(store.pid, signal.SIGTERM)
+    until("the store gone", lambda: gone(store.pid), 30)
+
+
+def test_the_grace_is_read_from_the_environment_and_checked() -> None:
+    from cclctl.config import store_server_from_env
+    from cclctl.errors import ConfigError
+
+    assert store_server_from_env({}).linger_s == 120.0
+    assert store_server_from_env({"CCLCTL_STORE_LINGER": "2.5"}).linger_s == 2.5
+    for bad in ("0", "-1", "soon", "1e9"):
+        with pytest.raises(ConfigError, match="CCLCTL_STORE_LINGER="):
+            store_server_from_env({"CCLCTL_STORE_LINGER": bad})
