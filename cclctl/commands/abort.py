@@ -174,10 +174,11 @@ def _connect(address: str, token: str | None, job: str | None) -> StoreClient:
             token=token,
         )
     except StoreError as exc:
-        if job is None or exc.fields.get("reason") != "token":
+        if exc.fields.get("reason") != "token":
             raise
+        whose = f"job {job!r}'s" if job is not None else "the job's"
         raise UsageError(
-            f"abort needs job {job!r}'s token and the store at {address} refused this one "
+            f"abort needs {whose} token and the store at {address} refused this one "
             f"({exc}); nothing was changed",
             variable="CCLCTL_TOKEN",
         ) from None

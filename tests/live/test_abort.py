@@ -244,6 +244,9 @@ def test_without_the_token_nothing_changes(
     assert wrong.returncode == 2, wrong.stdout + wrong.stderr
     assert len(wrong.stderr.splitlines()) == 1 and "Traceback" not in wrong.stderr
     assert wrong.stderr.startswith(f"cclctl: error: abort needs job {JOB!r}'s token and the store")
+    unnamed = cclctl_abort(server.address, token="another-jobs-token")  # no --job either
+    assert unnamed.returncode == 2, unnamed.stdout + unnamed.stderr
+    assert unnamed.stderr.startswith("cclctl: error: abort needs the job's token and the store")
     assert client.try_get(key("revoke")) is None
     assert client.list(key("revoke")) == {}
 
