@@ -57,7 +57,7 @@ HELP = (
 CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 10.0
 DEFAULT_WAIT_S = 2.0
-DEFAULT_REASON = "aborted by operator"
+DEFAULT_REASON = "no reason given"
 #: Silent ranks shown one per line; beyond this they are folded by state.
 SHOWN_SILENT = 16
 
