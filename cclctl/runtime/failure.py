@@ -276,6 +276,7 @@ class FailureState:
         peer = fields.get("peer")
         if isinstance(exc, ProtocolError) and isinstance(peer, int) and "theirs" in fields:
             why = f"called {fields['theirs']} where rank {self.rank} called {fields['mine']}"
+            why += str(fields.get("hint", ""))
             return self.record("mismatch", why, peer, peer=self.rank, **at)
         if isinstance(exc, PeerError) and isinstance(peer, int):
             return self._peer_failed(peer, str(fields.get("why") or exc), at)
@@ -379,6 +380,9 @@ class FailureState:
         if first.kind == "hang" and own:
             elapsed = fields.get("elapsed")
             took = f" after {elapsed:.1f}s" if isinstance(elapsed, float) else ""
+            what, peer = fields.get("what"), fields.get("peer")
+            if what in ("send", "recv") and isinstance(peer, int):
+                took += f" waiting to {what} {'to' if what == 'send' else 'from'} rank {peer}"
             exc = CollectiveTimeout(
                 f"{where} timed out{took}: {first.describe()}", waiting_for=fields.get("what"), **kw
             )

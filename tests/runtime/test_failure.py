@@ -174,9 +174,8 @@ def test_the_watchdog_policy_decides_what_a_hang_does() -> None:
     raised = FailureState(0, "0:0-1")
     origin = Revocation("hang", 1, "is stopped", seen_by=0, via="watchdog", seq=4)
     assert raised.hung(_rec(waiting_on=1), "stuck", "raise", origin) and raised.status is BROKEN
-    with pytest.raises(
-        CollectiveTimeout, match=r"all_reduce\(x\) seq 4 timed out after 2\.0s: rank 1 is stopped"
-    ):
+    stopped = r"seq 4 timed out after 2\.0s waiting to recv from rank 1: rank 1 is stopped"
+    with pytest.raises(CollectiveTimeout, match=stopped):
         raised.stop("all_reduce(x)", "all_reduce", 4, 1, "recv", 2.0)
 
 

@@ -218,4 +218,4 @@ def test_a_send_and_its_recv_match_and_a_mismatch_names_the_recv(kind: str) -> N
     assert run(4) == bytes(range(4)).hex()
     msg = run(8)
     assert "rank 1 called recv(uint8, count 8)" in msg
-    assert "peer 0 called send(uint8, count 4)" in msg
+    assert "rank 0 called send(uint8, count 4)" in msg

@@ -198,7 +198,7 @@ def test_injected_mismatch_is_caught_on_the_wire(fault: str) -> None:
         return str(info.value)
 
     msgs = run_ranks(2, body, cfg)
-    assert "seq 2" in msgs[0] and "peer 1 called" in msgs[0]
+    assert "seq 2" in msgs[0] and "rank 1 called" in msgs[0]
 
 
 class DictStore:

@@ -144,12 +144,14 @@ def check(got: Header, expected: Call, step: int, nbytes: int, rank: int, peer: 
     wanted = dataclasses.replace(expected, op="send") if expected.op == "recv" else expected
     if got.call == wanted and got.step == step and got.nbytes == nbytes:
         return
+    hint = ""
     if got.call == wanted:
         why = f"step {got.step} with {got.nbytes} bytes, expected step {step} with {nbytes}"
     else:
         why = f"peer {peer} called {got.call.describe()}"
         if dataclasses.replace(got.call, shared=wanted.shared) == wanted:
-            why += " (pass buffers from comm.empty() on every rank or on none)"
+            hint = " (pass buffers from comm.empty() on every rank or on none)"
+            why += hint
     raise ProtocolError(
         f"collective mismatch: rank {rank} called {expected.describe()} but {why}",
         rank=rank,
@@ -160,4 +162,5 @@ def check(got: Header, expected: Call, step: int, nbytes: int, rank: int, peer: 
         peer_seq=got.call.seq,
         mine=expected.what(),
         theirs=got.call.what() if got.call != wanted else f"step {got.step} ({got.nbytes} bytes)",
+        hint=hint,
     )
