@@ -77,7 +77,7 @@ def follow_ons(
     views: list[CommView], states: dict[int, RankState], explained: dict[int, Verdict]
 ) -> FollowOns:
     """Trace every failed rank's break to its cause; build the link verdict, if a link is
-    one, and record both its ends in ``explained``."""
+    one, and record in ``explained`` its ends and those of the links that broke after it."""
     failures = _failures(views)
     causes = {rank: _cause(rank, failures, states, explained) for rank in sorted(failures)}
     found = FollowOns(failures, causes)
@@ -85,8 +85,8 @@ def follow_ons(
     if pairs:
         first = min(pairs, key=lambda pair: _when(pair, failures))
         found.link = _link_verdict(first, pairs, failures, states)
-        for rank in first:
-            explained.setdefault(rank, found.link)
+        for rank in sorted({r for pair in pairs for r in pair}, key=lambda r: r not in first):
+            explained.setdefault(rank, found.link)  # the later breaks are its follow-ons
     return found
 
 
