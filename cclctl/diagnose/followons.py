@@ -40,6 +40,11 @@ class Failure:
     broke: bool
 
     @property
+    def revoked(self) -> bool:
+        """Its call was revoked: the error names the job's origin, not a peer it talked to."""
+        return " revoked: " in (self.rec.error or "")
+
+    @property
     def report(self) -> str:
         return f"rank {self.rank}'s call failed: {self.rec.error}"
 
@@ -56,16 +61,21 @@ class FollowOns:
         """Add each follow-on's failure to the verdict that names its cause: the ranks that
         blame the cause directly, word for word; those behind them, as one line."""
         behind: dict[int, tuple[Verdict, list[int]]] = {}  # by id(verdict)
+        revoked: dict[int, tuple[Verdict, list[int]]] = {}
         for rank in sorted(self.causes):
             kind, ends = self.causes[rank]
             verdict = self.link if kind == "link" else explained.get(ends[0])
             if verdict is None or (kind == "rank" and rank in ends):
                 continue
             failure = self.failures[rank]
-            if failure.blames in ends:
+            if failure.revoked:
+                revoked.setdefault(id(verdict), (verdict, []))[1].append(rank)
+            elif failure.blames in ends:
                 verdict.add(failure.report)
             else:
                 behind.setdefault(id(verdict), (verdict, []))[1].append(rank)
+        for verdict, ranks in revoked.values():
+            verdict.add(f"{text.ranks_word(ranks)}: the call was revoked by this failure")
         for verdict, ranks in behind.values():
             verdict.add(
                 f"{text.ranks_word(ranks)} failed after {text.verb(ranks, 'a peer', 'peers')} "

@@ -26,6 +26,7 @@ from cclctl.diagnose.view import RankState
 from cclctl.records import COMPLETED
 from cclctl.revocation import OPERATOR, WEAK_KINDS, Revocation
 
+_RECORD = "the job's revoke record: "
 _KIND = {"died": DEAD, "link": LINK, "mismatch": MISMATCH, "error": STUCK, "hang": STUCK}
 
 
@@ -158,27 +159,30 @@ def _record_lines(record: Revocation) -> list[str]:
     at = record.call or record.at()
     inside = f" in {at}" if at else " outside any call"
     comm = f" of comm {record.comm}" if record.comm else ""
-    return [f"the job's revoke record: {record.describe()}{inside}{comm}"]
+    return [f"{_RECORD}{record.describe()}{inside}{comm}"]
 
 
 def _adopters(verdict: Verdict, revoked: Revoked, states: dict[int, RankState]) -> None:
-    """Who adopted the record and where, which ranks had not, and the other records."""
+    """Who adopted the record and where, which ranks had not, and the other records: the
+    lines after the record's own, ahead of what the checks found."""
     adopted = set(revoked.adopters)
-    verdict.add(f"{text.ranks_word(revoked.adopters)} adopted this failure (the same record)")
-    verdict.evidence += text.grouped(
+    lines = [f"{text.ranks_word(revoked.adopters)} adopted this failure (the same record)"]
+    lines += text.grouped(
         [r for r in revoked.adopters if r != revoked.record.origin],
         lambda r: f"adopted it {_where(states[r])}",
     )
     later = {r for _, ranks in revoked.others for r in ranks}
     without = [r for r in sorted(states) if r not in adopted and r not in later]
     if without:
-        verdict.add(f"{text.ranks_word(without)} had adopted no failure when they last wrote")
+        lines.append(f"{text.ranks_word(without)} had adopted no failure when they last wrote")
     for record, ranks in revoked.others:
         why = _why_first(revoked.record, record)
-        verdict.add(
+        lines.append(
             f"a second failure at the same time, adopted by {text.ranks_word(ranks)}: "
             f"{record.describe()} (mentioned, not the verdict: {why})"
         )
+    first = 1 if verdict.evidence and verdict.evidence[0].startswith(_RECORD) else 0
+    verdict.evidence[first:first] = [line for line in lines if line not in verdict.evidence]
 
 
 def _why_first(first: Revocation, other: Revocation) -> str:

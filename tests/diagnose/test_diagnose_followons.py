@@ -131,3 +131,15 @@ def test_a_rank_that_finished_while_others_wait_never_entered():
     diag = diagnose(job.snapshots(), proc={3: "gone"})
     assert kinds(diag.verdicts) == [("not_entered", "3")]
     assert "rank 3 closed its communicators and finished instead" in diag.verdicts[0].evidence
+
+
+def test_a_revoked_call_blames_the_origin_its_error_names():
+    """A document without the record (written before the rank adopted it, or by a reader
+    that drops it) still names the origin in the revoked call's error."""
+    job = Job(4)
+    for rank in range(3):
+        error = f"rank {rank}: {CALL} revoked: rank 3 (pid 1003 on host-0) died (SIGKILL)"
+        job.enter([rank], state=FAILED, age_s=2, end_ns=-NS, error=error)
+    diag = diagnose(job.snapshots(without=[3]))
+    assert kinds(diag.verdicts) == [("missing", "3")]
+    assert "ranks 0-2: the call was revoked by this failure" in diag.verdicts[0].evidence
