@@ -178,6 +178,8 @@ def _link_verdict(
 ) -> Verdict:
     a, b = pair
     failure = min((failures[r] for r in pair if r in failures), key=lambda f: f.rec.seq)
+    cv = failure.view  # an end still inside an older call (it timed out there) places it
+    seq = min([failure.rec.seq] + [cv.open[r].seq for r in pair if r in cv.open])
     evidence = [failures[r].report for r in pair if r in failures and failures[r].blames in pair]
     others = [p for p in pairs if p != pair]
     if others:
@@ -187,4 +189,4 @@ def _link_verdict(
             f"links {listed}{more} broke after it (follow-ons; the first break, by seq and then "
             "by the end that failed first, is the verdict)"
         )
-    return links.link_verdict(failure.view, states, (a, b), failure.rec.seq, evidence)
+    return links.link_verdict(cv, states, (a, b), seq, evidence)

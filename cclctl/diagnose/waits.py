@@ -66,10 +66,12 @@ def _at_seq(
 
 
 def _edge(cv: CommView, rank: int) -> Edge | None:
+    """Whom ``rank`` waits on: for a failed call, the peer its error blames (what it waited
+    on before is stale), else its ``waiting_on``, else what its error says."""
     rec = cv.open[rank]
-    if rec.waiting_on is not None:
-        return cv.resolve(rec.waiting_on), rec.waiting_for or ""
     edge = errtext.waited_on(rec.error)
+    if rec.waiting_on is not None and (edge is None or in_flight(rec)):
+        return cv.resolve(rec.waiting_on), rec.waiting_for or ""
     return None if edge is None else (cv.resolve(edge[0]), edge[1])
 
 

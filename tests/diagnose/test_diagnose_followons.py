@@ -11,7 +11,7 @@ from diagnose_factory import NS, T0, Job
 
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Verdict
-from cclctl.records import FAILED
+from cclctl.records import FAILED, TIMED_OUT
 
 CALL = "all_reduce(float32, sum, count 1024) seq 11"
 
@@ -143,3 +143,22 @@ def test_a_revoked_call_blames_the_origin_its_error_names():
     diag = diagnose(job.snapshots(without=[3]))
     assert kinds(diag.verdicts) == [("missing", "3")]
     assert "ranks 0-2: the call was revoked by this failure" in diag.verdicts[0].evidence
+
+
+def test_a_link_whose_far_end_still_waits_is_placed_where_that_end_waits():
+    """A cut link 6<->7 in a broadcast pipeline: rank 7 still waits (timed out) in seq 3,
+    rank 6 failed sending to it at seq 4, then 5 and 4 failed on their links downstream
+    (rank 4 had been waiting on rank 3 before: stale, not whom its failure blames); ranks
+    0-3 finished cleanly."""
+    job = Job(8, done=2).complete([0, 1, 2, 3], 8).finish([0, 1, 2, 3])
+    job.complete([4], 7).complete([5], 5).complete([6], 3)
+    timeout = "rank 7: all_reduce seq 3 timed out after 2.1s waiting to recv from rank 6"
+    job.enter([7], 3, state=TIMED_OUT, waiting_on={7: 6}, error=timeout)
+    broke(job, 6, 7, seq=4, failed_s=9)
+    broke(job, 5, 6, seq=6, failed_s=5)
+    job.enter([4], 8, state=FAILED, waiting_on={4: 3}, end_ns=-NS, error=(
+        f"rank 4: link to rank 5 broke while sending to it in {CALL}: reset"
+    ))  # fmt: skip
+    verdicts = diagnose(job.snapshots()).verdicts
+    assert [(v.kind, v.link, v.seq) for v in verdicts] == [("link", (6, 7), 3)]
+    assert "rank 4 failed after a peer that had failed" in " ".join(verdicts[0].evidence)
