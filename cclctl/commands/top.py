@@ -38,7 +38,8 @@ from cclctl.store.client import StoreClient, parse_address
 HELP = (
     "Watch a live job: one row per rank, refreshed every --interval seconds.\n\n"
     "Reads the status every rank publishes to the job's store (about once a second) and shows "
-    "host, pid, heartbeat age, state (ok, in collective, waiting, stale, missing, error), the "
+    "host, pid, heartbeat age, state (ok, in collective, waiting, stale, missing, error, done: it "
+    "finished cleanly), the "
     "collective in flight (comm, seq, op, size, age, the peer it waits on and for send or "
     "recv), the last bus bandwidth and error and retry counts.\n\n"
     "Above the table is the verdict of `cclctl diagnose hang --store` for the same statuses. "

@@ -5,10 +5,15 @@ values), so it is tested with record factories and stays fast at 10,000 ranks. T
 run in the order of the design, each one leaving the ranks it explained to the next, which
 then adds evidence to the existing verdict instead of naming the same rank twice:
 
-1. liveness: missing, dead, SIGSTOPped or stale ranks;
-2. per communicator, the stragglers behind the frontier of a hung collective;
-3. per communicator, calls that disagree at the same seq;
-4. per hung collective, the chains of ``waiting_on`` and where they end.
+1. liveness: missing, dead, SIGSTOPped or stale ranks (a rank that finished is none);
+2. the job's revoke records: their origin is the verdict (:mod:`.revoked`);
+3. failed calls traced to their cause, so breaks a dead or failed rank explains are its
+   evidence and a cut link is named once (:mod:`.followons`);
+4. per communicator, the stragglers behind the frontier of a hung collective;
+5. per communicator, calls that disagree at the same seq;
+6. per hung collective, the chains of ``waiting_on`` and where they end.
+
+With a revoke record every other finding becomes evidence of the origin's verdict.
 
 Everything is iterated in rank, communicator and seq order, so the result never depends on
 the order the documents came in.
@@ -20,10 +25,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from cclctl import limits
 from cclctl.diagnose import text
+from cclctl.diagnose.followons import follow_ons
 from cclctl.diagnose.frontier import check_frontier
 from cclctl.diagnose.liveness import check_liveness, place_unplaced
 from cclctl.diagnose.mismatch import check_mismatch
 from cclctl.diagnose.model import HEALTHY, MAX_STACKS, CommSummary, Diagnosis, Options, Verdict
+from cclctl.diagnose.revoked import origin_verdict, read_records, settle
 from cclctl.diagnose.stacks import stack_line
 from cclctl.diagnose.view import PROC_STATES, CommView, RankState, comm_views, rank_state
 from cclctl.diagnose.waits import check_waits
@@ -98,13 +105,24 @@ def _check_comms(
 ) -> list[CommView]:
     """Add the verdicts of the per-communicator checks to liveness's ``verdicts`` (or the
     healthy one when there are none), each with its stacks and notes, in verdict order;
-    return the communicators' views."""
+    return the communicators' views. With revoke records, the origin's verdict comes first
+    and takes every other finding as its evidence."""
     explained = {s.rank: v for v in verdicts for s in v.suspects}
+    revoked = read_records(states)
+    origin = origin_verdict(revoked, states, explained) if revoked is not None else None
+    if origin is not None:
+        verdicts.append(origin)
     views = comm_views(states, opts, doomed=set(explained))
+    found = follow_ons(views, states, explained)
+    if found.link is not None:
+        verdicts.append(found.link)
     for check in (check_frontier, check_mismatch, check_waits):
         for cv in views:
             verdicts += check(cv, states, explained)
     place_unplaced(verdicts, states)
+    found.fold(explained)
+    if revoked is not None:
+        settle(revoked, verdicts, states)
     for verdict in verdicts:
         _show_stacks(verdict, states)
         for suspect in verdict.suspects:

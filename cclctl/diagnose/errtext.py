@@ -1,9 +1,11 @@
 """What the runtime's error messages say about peers, for records that say nothing else.
 
-A call that timed out or failed has its ``waiting_on`` cleared, and a live status keeps only
-a rank's last calls, so the error text is often the only word on whom a rank waited for,
-which link broke, or what a mismatched peer called. The patterns are cclctl's own messages
-(``runtime/transport/``: the interface, tcp, shm and wire); anything else matches nothing.
+A call that timed out, failed or was revoked has its ``waiting_on`` cleared, and a live
+status keeps only a rank's last calls, so the error text is often the only word on whom a
+rank waited for, which link broke, where the job's failure started (a revoked call names
+its origin), or what a mismatched peer called. The patterns are cclctl's own messages
+(``runtime/transport/``: the interface, tcp, shm and wire; the revoke error of
+``runtime/comm``); anything else matches nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ _TIMEOUT = re.compile(r"waiting to (?P<what>send|recv) (?:to|from) rank (?P<peer
 _TCP_BROKE = re.compile(r"link to rank (?P<peer>\d+) broke while (?P<what>sending|receiving)")
 _DROPPED = re.compile(r"link to rank (?P<peer>\d+) was dropped")
 _PEER_FAILED = re.compile(r"link to rank (?P<peer>\d+) broke in ")  # shm: the peer failed
+#: A call revoked by the job's failure names its origin: "... seq 11 revoked: rank 6 (...)
+#: died", or "revoked: link between rank 6 and rank 7 broke".
+_REVOKED = re.compile(r" revoked: (?:link between )?rank (?P<peer>\d+)\b")
 _MISMATCH = re.compile(
     r"collective mismatch: rank \d+ called \w+\([^)]*\) at seq (?P<seq>\d+) epoch \d+ "
     r"but peer (?P<peer>\d+) called (?P<theirs>\w+\([^)]*\)) at seq (?P<pseq>\d+)"
@@ -27,6 +32,8 @@ def waited_on(error: str | None) -> Edge | None:
     """The peer a failed call was waiting for, when its error names one."""
     if not error:
         return None
+    if m := _REVOKED.search(error):
+        return int(m["peer"]), ""
     if m := _TIMEOUT.search(error):
         return int(m["peer"]), m["what"]
     if m := _TCP_BROKE.search(error):
@@ -40,7 +47,8 @@ def broken_link(error: str | None) -> int | None:
     """The peer at the far end of a link this call saw break (not a peer that failed)."""
     if not error:
         return None
-    m = _DROPPED.search(error) or _TCP_BROKE.search(error)
+    own = error.split(" revoked: ", 1)[0]  # the origin's words after it are not this call's
+    m = _DROPPED.search(own) or _TCP_BROKE.search(own)
     return int(m["peer"]) if m else None
 
 

@@ -1,45 +1,19 @@
 """Verdicts that name a link rather than a rank: the wait check finds them, this words them.
 
 A link is suspect when a rank's call failed on it (dropped, or broken while sending or
-receiving, with the far end alive), when two ranks wait on each other, when a rank waits on
-a peer that already left the call (the message never arrived), or where a longer cycle of
-waits breaks: at a rank waiting to *send* (the far end does not drain), else at the lowest
-algorithm step (the data stopped there). When nothing tells, no link is named.
+receiving, with the far end alive: :mod:`.followons` finds those), when two ranks wait on
+each other, when a rank waits on a peer that already left the call (the message never
+arrived), or where a longer cycle of waits breaks: at a rank waiting to *send* (the far end
+does not drain), else at the lowest algorithm step (the data stopped there). When nothing
+tells, no link is named.
 """
 
 from __future__ import annotations
 
-from cclctl.diagnose import errtext, text
+from cclctl.diagnose import text
 from cclctl.diagnose.errtext import Edge
 from cclctl.diagnose.model import LINK, STUCK, Suspect, Verdict
-from cclctl.diagnose.view import CommView, RankState, in_flight
-
-
-def failed_on_link(
-    cv: CommView,
-    states: dict[int, RankState],
-    explained: dict[int, Verdict],
-    inside: list[int],
-    seq: int,
-) -> list[Verdict]:
-    """One verdict per link that a rank's failed call at ``seq`` reports broken. A link to a
-    rank already explained (say, dead) is that rank's doing: its verdict gets the report.
-    """
-    verdicts: list[Verdict] = []
-    for rank in inside:
-        rec = cv.open[rank]
-        peer = None if in_flight(rec) else errtext.broken_link(rec.error)
-        if peer is None or peer == rank:
-            continue
-        report = f"rank {rank}'s call failed: {rec.error}"
-        known = explained.get(peer) or explained.get(rank)
-        if known is not None:
-            known.add(report)
-            continue
-        verdict = link_verdict(cv, states, (rank, peer), seq, [report])
-        verdicts.append(verdict)
-        explained[rank] = explained[peer] = verdict
-    return verdicts
+from cclctl.diagnose.view import CommView, RankState
 
 
 def link_verdict(
@@ -49,17 +23,22 @@ def link_verdict(
     suspects = [_suspect(states, a), _suspect(states, b)]
     where = text.call_at(cv.ops.get(seq), seq, cv.comm)
     summary = f"link {a}<->{b} is broken or stalled: ranks {a} and {b} stop in {where}"
+    step = link_step(suspects)
+    return Verdict(LINK, summary, suspects, cv.comm, seq, cv.ops.get(seq), evidence, step, (a, b))
+
+
+def link_step(suspects: list[Suspect]) -> str:
+    """What to check for the link between two suspects: the network, or the local path."""
+    a, b = suspects[0].rank, suspects[1].rank
     if suspects[0].host != suspects[1].host:
-        step = (
+        return (
             f"check the link between {_hosts(suspects)} (ranks {a} and {b}): NIC and switch "
             "error counters, `ping`, `cclctl probe`"
         )
-    else:
-        step = (
-            f"ranks {a} and {b} share {_hosts(suspects)}: check the local path between them "
-            "(shared memory, loopback) and whether one of them is starved of CPU"
-        )
-    return Verdict(LINK, summary, suspects, cv.comm, seq, cv.ops.get(seq), evidence, step, (a, b))
+    return (
+        f"ranks {a} and {b} share {_hosts(suspects)}: check the local path between them "
+        "(shared memory, loopback) and whether one of them is starved of CPU"
+    )
 
 
 def cycle(
@@ -132,7 +111,7 @@ def left(
         verdict = link_verdict(cv, states, (direct[0], target), seq, evidence)
         verdict.summary = summary
         return verdict
-    suspects = sorted({_suspect(states, target), *(_suspect(states, r) for r in direct)})
+    suspects = [_suspect(states, target)]  # the waiting ranks are evidence, not suspects
     step = (
         f"a message from rank {target} never arrived: check its links to "
         f"{text.ranks_word(direct)}, or whether it skipped a call"

@@ -25,8 +25,9 @@ NOT_ENTERED = "not_entered"
 MISMATCH = "mismatch"
 LINK = "link"
 STUCK = "stuck"
+ABORTED = "aborted"  # an operator (or an abort policy) aborted the job: nobody is blamed
 HEALTHY = "healthy"
-KINDS = (DEAD, STOPPED, STALE, MISSING, NOT_ENTERED, MISMATCH, LINK, STUCK, HEALTHY)
+KINDS = (DEAD, STOPPED, STALE, MISSING, NOT_ENTERED, MISMATCH, LINK, STUCK, ABORTED, HEALTHY)
 
 #: Report order: the most certain faults first. A missing rank that others wait on is as
 #: certain as a dead one; a missing rank nobody waits on is the weakest evidence of all.
@@ -38,6 +39,7 @@ _PRIORITY = {
     MISMATCH: 4,
     LINK: 5,
     STUCK: 6,
+    ABORTED: 0,
     MISSING: 7,
     HEALTHY: 9,
 }
@@ -109,6 +111,7 @@ class Verdict:
     where: list[str] = dataclasses.field(default_factory=list)
     stacks: dict[int, list[ThreadStack]] = dataclasses.field(default_factory=dict)
     look_at: list[int] = dataclasses.field(default_factory=list)
+    origin: bool = False  # the origin of the job's revoke record: the verdict, ahead of all
 
     @property
     def fault(self) -> bool:
@@ -119,12 +122,12 @@ class Verdict:
         """The suspects folded: ``"2,5-7"``."""
         return fold_ranks(s.rank for s in self.suspects)
 
-    def sort_key(self) -> tuple[int, str, int, int]:
+    def sort_key(self) -> tuple[bool, int, str, int, int]:
         priority = _PRIORITY[self.kind]
         if self.kind == MISSING and self.corroborated:
             priority = _CORROBORATED_MISSING
         first = self.suspects[0].rank if self.suspects else -1
-        return (priority, self.comm or "", self.seq or 0, first)
+        return (not self.origin, priority, self.comm or "", self.seq or 0, first)
 
     def add(self, line: str) -> None:
         """Add evidence once (several checks may notice the same thing)."""
@@ -160,6 +163,7 @@ class Verdict:
             "stacks": {
                 str(rank): [s.to_dict() for s in stacks] for rank, stacks in self.stacks.items()
             },
+            "origin": self.origin,
         }
 
 

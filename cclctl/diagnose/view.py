@@ -21,6 +21,7 @@ from cclctl.records import (
     CommInfo,
     RankSnapshot,
 )
+from cclctl.revocation import Revocation
 from cclctl.stacks import ThreadStack
 
 #: Collective records kept per rank and communicator: enough to compare the last few calls.
@@ -55,8 +56,9 @@ class RankState:
     comms: dict[str, CommInfo]
     tail: dict[str, dict[int, CollectiveRecord]]  # comm -> seq -> collective record
     inflight: list[CollectiveRecord]  # collective and point-to-point, oldest first
-    closed: bool = False  # its last status says it closed cleanly (it finished, not died)
+    closed: bool = False  # its last document says it closed cleanly (it finished, not died)
     stacks: list[ThreadStack] = dataclasses.field(default_factory=list)
+    revoke: Revocation | None = None  # the job's failure as this rank adopted it
     live: bool = False
     proc: str | None = None
 
@@ -114,7 +116,7 @@ def rank_state(snap: RankSnapshot) -> RankState:
             keep = sorted(calls)[-TAIL:]
             tail[comm] = {seq: calls[seq] for seq in keep}
     inflight.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
-    closed = snap.reason == CLOSED
+    closed = snap.finished or snap.reason == CLOSED
     return RankState(
         snap.rank,
         snap.host,
@@ -125,6 +127,7 @@ def rank_state(snap: RankSnapshot) -> RankState:
         inflight,
         closed,
         snap.stacks,
+        snap.revoke,
     )
 
 

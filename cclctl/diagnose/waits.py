@@ -4,7 +4,8 @@ Inside one collective every rank waits on at most one peer, so the waits form ch
 end in one of three ways: at a rank that waits on nobody (busy inside the call, or it left
 with an error), at a rank outside the call (it finished it already, or a check before this
 one has explained it), or in a cycle (see :mod:`.links`). Calls that failed on a broken link
-are read first, since their error names the link outright. Where a call's ``waiting_on`` was
+were traced to their cause before this check (:mod:`.followons`), so a link is named once,
+as its cause, and never for every pair that saw the cascade. Where a call's ``waiting_on`` was
 cleared (it timed out or failed), the runtime's error message still names the peer.
 """
 
@@ -39,7 +40,7 @@ def _at_seq(
     hung: bool,
 ) -> list[Verdict]:
     inside = sorted(cv.waiters(seq))
-    verdicts = links.failed_on_link(cv, states, explained, inside, seq) if hung else []
+    verdicts: list[Verdict] = []
     edges = {r: e for r in inside if (e := _edge(cv, r)) is not None}
     groups: dict[Terminal, list[int]] = {}
     for rank, term in sorted(_terminals(set(inside), edges, explained).items()):
@@ -65,10 +66,12 @@ def _at_seq(
 
 
 def _edge(cv: CommView, rank: int) -> Edge | None:
+    """Whom ``rank`` waits on: for a failed call, the peer its error blames (what it waited
+    on before is stale), else its ``waiting_on``, else what its error says."""
     rec = cv.open[rank]
-    if rec.waiting_on is not None:
-        return cv.resolve(rec.waiting_on), rec.waiting_for or ""
     edge = errtext.waited_on(rec.error)
+    if rec.waiting_on is not None and (edge is None or in_flight(rec)):
+        return cv.resolve(rec.waiting_on), rec.waiting_for or ""
     return None if edge is None else (cv.resolve(edge[0]), edge[1])
 
 

@@ -1,7 +1,9 @@
 """Name each rank's state and say why it looks wrong: pure, from fetched statuses and a clock.
 
-The state is one word for the eye (ok, in_collective, waiting, stale, missing, error); the
-flags are every reason to look at a rank, so a stale rank that is also behind shows both.
+The state is one word for the eye (ok, in_collective, waiting, stale, missing, error, done:
+a rank that closed its communicators and exited cleanly, whose status then ages as it
+should); the flags are every reason to look at a rank, so a stale rank that is also behind
+shows both.
 "Behind" is judged against ranks that are stuck, not against the fastest rank: in a healthy
 job ranks publish at different instants and always differ by a few seqs, but a rank whose
 peers have waited longer than ``slow_s`` in a collective it never started is the one to see.
@@ -21,7 +23,10 @@ WAITING = "waiting"
 STALE = "stale"
 MISSING = "missing"
 ERROR = "error"
-STATES = (OK, IN_COLLECTIVE, WAITING, STALE, MISSING, ERROR)
+DONE = "done"
+STATES = (OK, IN_COLLECTIVE, WAITING, STALE, MISSING, ERROR, DONE)
+#: The reason in the last status of a rank that closed cleanly (older writers' ``finished``).
+_CLOSED = "closed"
 
 #: Flags: each is a reason a rank looks wrong. "failed": its in-flight call failed or timed out.
 FLAGS = ("missing", "bad_status", "stale", "failed", "slow", "behind", "errors", "hangs")
@@ -196,6 +201,8 @@ def _behind(
 def _rank_view(
     snap: RankSnapshot, now_ns: int, limits: Thresholds, behind: dict[str, int]
 ) -> RankView:
+    if snap.finished or snap.reason == _CLOSED:
+        return _done(snap, now_ns)
     heartbeat_age = _age_s(now_ns, snap.time_ns)
     rec = snap.inflight
     rec_age = _age_s(now_ns, rec.start_ns) if rec else None
@@ -242,6 +249,24 @@ def _rank_view(
         metrics_url=snap.metrics_url,
         store_reconnects=_count(counters.get("store_reconnects")),
         store_gap_s=_seconds(counters.get("store_gap_s")),
+    )
+
+
+def _done(snap: RankSnapshot, now_ns: int) -> RankView:
+    """A rank that finished: never stale, behind or failed, whatever its status's age."""
+    counters = snap.counters
+    return RankView(
+        rank=snap.rank,
+        state=DONE,
+        host=snap.host,
+        pid=snap.pid,
+        heartbeat_age_s=_age_s(now_ns, snap.time_ns),
+        comms=snap.comms,
+        collectives=_count(counters.get("collectives")),
+        errors=_count(counters.get("errors")),
+        retries=_count(counters.get("retries")),
+        hangs=_count(counters.get("hangs")),
+        metrics_url=snap.metrics_url,
     )
 
 

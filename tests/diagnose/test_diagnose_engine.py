@@ -35,6 +35,7 @@ def test_idle_job_is_healthy():
             "next_step": "nothing to do: no rank is missing, stopped, stale, behind or waiting",
             "where": [],
             "stacks": {},
+            "origin": False,
         }
     ]
 
@@ -171,6 +172,7 @@ def test_rank_that_never_entered_golden():
                     }
                 ]
             },
+            "origin": False,
         }
     ]
 
@@ -248,6 +250,7 @@ def test_mismatched_op_golden():
         "next_step": "",
         "where": [],
         "stacks": {},
+        "origin": False,
     }
 
 

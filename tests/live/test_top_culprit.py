@@ -23,6 +23,7 @@ from cclctl.diagnose.model import Options
 from cclctl.live import table
 from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, Thresholds
 from cclctl.live.snapshot import JobStatuses, parse
+from cclctl.revocation import Revocation
 from cclctl.store.client import StoreClient, StoreServer
 
 WIDTHS = (80, 120, 200)
@@ -258,3 +259,32 @@ def test_the_verdict_is_diagnose_s(
         )
         waiting = [f"ranks 0-1,3 wait on rank 2 in all_reduce seq {seq}"] if seq else []
         assert shown["waiting"] == waiting
+
+
+def adopted(raw: bytes, **fields: Any) -> bytes:
+    """A status document with ``fields`` added (``revoke``, ``finished``)."""
+    return json.dumps(json.loads(raw) | fields).encode()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_revoke_records_origin_is_the_culprit(width: int) -> None:
+    """Rank 2 died (no status any more); the others adopted the record naming it."""
+    record = Revocation("died", 2, "SIGKILL", "node-1", 1002, COMM, 0, 7, "all_reduce", "", 0)
+    docs = {r: adopted(raw, revoke=record.to_dict()) for r, raw in hung_job(7).items() if r != 2}
+    shown = screen(docs)
+    plain, styled, rows = check_layout(shown, width)
+    assert [(v.kind, v.ranks, v.origin) for v in shown.culprits.faults] == [("dead", "2", True)]
+    assert "DEAD: rank 2 is dead: SIGKILL (seen by rank 0)" in plain
+    assert rows[1].split()[0] == "2" and "dead" in rows[1]
+    assert "ranks 0-1,3 wait on rank 2 in all_reduce seq 7" in plain
+    assert BOLD_RED in styled_line(styled, 2) and DIM in styled_line(styled, 3)
+
+
+def test_a_finished_rank_is_done_not_stale_or_missing() -> None:
+    docs = {r: status(r, started=10, completed=10) for r in range(3)}
+    docs[3] = adopted(status(3, started=10, completed=10, age_s=120), finished=True)
+    shown = screen(docs)
+    assert shown.culprits.diagnosis is not None and not shown.culprits.diagnosis.fault
+    views = {r.rank: r for r in shown.view.ranks}
+    assert (views[3].state, views[3].flags, views[3].wrong) == ("done", (), False)
+    assert "done" in line_of(check_layout(shown, 120)[2], 3)

@@ -2,7 +2,8 @@
 
 A :class:`Job` starts with every rank having completed ``done`` calls on the world
 communicator; tests then move some ranks into a call (in flight, waiting on a peer), add
-sub-group communicators, skew hosts' clocks, and take the snapshots the engine reads.
+sub-group communicators, skew hosts' clocks, have ranks adopt a revoke record
+(:func:`revocation`) or finish cleanly, and take the snapshots the engine reads.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cclctl.records import COMPLETED, STARTED, TIMED_OUT, CollectiveRecord, CommInfo, RankSnapshot
+from cclctl.revocation import Revocation
 from cclctl.stacks import Frame, ThreadStack
 
 T0 = 1_700_000_000_000_000_000  # the reader's clock when it fetched (live mode)
@@ -37,6 +39,24 @@ class _Rank:
     records: list[CollectiveRecord] = dataclasses.field(default_factory=list)
     age_s: float = 0.2  # how old its document is, as of T0 (on its own clock)
     stacks: list[ThreadStack] = dataclasses.field(default_factory=list)
+    revoke: Revocation | None = None
+    finished: bool = False
+
+
+def revocation(kind: str, origin: int, reason: str = "", **fields: Any) -> Revocation:
+    """A revoke record as the runtime writes one: the origin's host and pid as the factory
+    names them, in all_reduce seq 11 of a 4-rank world, seen by rank 0, at ``T0``."""
+    defaults: dict[str, Any] = {
+        "host": host_of(origin) if origin >= 0 else "",
+        "pid": pid_of(origin) if origin >= 0 else 0,
+        "comm": world(4),
+        "seq": 11,
+        "op": "all_reduce",
+        "seen_by": 0,
+        "via": "link",
+        "time_ns": T0,
+    }
+    return Revocation(kind, origin, reason, **(defaults | fields))
 
 
 class Job:
@@ -107,6 +127,18 @@ class Job:
         self.ranks[rank].stacks.append(stack)
         return self
 
+    def revoke(self, ranks: Iterable[int], record: Revocation) -> Job:
+        """``ranks`` adopted ``record`` (their documents carry it)."""
+        for r in ranks:
+            self.ranks[r].revoke = record
+        return self
+
+    def finish(self, ranks: Iterable[int]) -> Job:
+        """``ranks`` closed their communicators and exited cleanly (``finished`` documents)."""
+        for r in ranks:
+            self.ranks[r].finished = True
+        return self
+
     def stale(self, ranks: Iterable[int], age_s: float) -> Job:
         """Their last document is ``age_s`` old (a rank that stopped publishing)."""
         for r in ranks:
@@ -155,6 +187,8 @@ class Job:
             inflight=inflight[0] if inflight else None,
             reason="test",
             stacks=list(info.stacks) if kind == "dump" else [],
+            revoke=info.revoke,
+            finished=info.finished,
         )
 
     def snapshots(self, kind: str = "dump", without: Iterable[int] = ()) -> list[RankSnapshot]:

@@ -1,0 +1,208 @@
+"""The job's revoke records: the origin of its failure is the verdict, the rest its evidence.
+
+A rank that adopted the job's failure carries it in its documents (``revoke``, a
+:class:`~cclctl.revocation.Revocation`). Ranks that adopted the same record hold the same
+content, so records are grouped by content. When documents disagree (two failures at once),
+the first record is the verdict and the others are mentioned: a strong kind (``died``,
+``hang``, ``error``, ``aborted``) before one seen from one side (``link``, ``mismatch``),
+then the lower epoch, then the lower seq (a failure outside any call last), and only then
+the lower ``time_ns`` (wall clocks of different hosts disagree: a tie-break, no more).
+
+The origin's verdict (``died``: the rank is dead, with the reason; ``link``: the link;
+``mismatch``: the mismatched rank; ``error``: the rank that failed; ``aborted``: the
+operator, blaming no rank) is made before the other checks, so they add their evidence to
+it. A ``hang`` names the rank the others wait on, so the checks run first and the verdict
+that names the origin becomes the origin's. Every other finding is then this failure's
+follow-on: a line of its evidence, not a verdict of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cclctl.diagnose import links, text
+from cclctl.diagnose.model import ABORTED, DEAD, LINK, MISMATCH, STUCK, Suspect, Verdict
+from cclctl.diagnose.view import RankState
+from cclctl.records import COMPLETED
+from cclctl.revocation import OPERATOR, WEAK_KINDS, Revocation
+
+_RECORD = "the job's revoke record: "
+_KIND = {"died": DEAD, "link": LINK, "mismatch": MISMATCH, "error": STUCK, "hang": STUCK}
+
+
+@dataclasses.dataclass
+class Revoked:
+    """The record that is the verdict, its adopters, the other records, and its verdict
+    (None for a hang until the checks have run)."""
+
+    record: Revocation
+    adopters: list[int]
+    others: list[tuple[Revocation, list[int]]]
+    verdict: Verdict | None = None
+
+
+def order(record: Revocation) -> tuple[bool, int, bool, int, int, int]:
+    """Which of two records came first (see the module's docstring)."""
+    seq = record.seq
+    return (
+        record.kind in WEAK_KINDS,
+        record.epoch,
+        seq is None,
+        seq or 0,
+        record.time_ns,
+        record.origin,
+    )
+
+
+def read_records(states: dict[int, RankState]) -> Revoked | None:
+    """The job's records by content, the first one chosen; None when no rank has one."""
+    groups: dict[Revocation, list[int]] = {}
+    for rank in sorted(states):
+        record = states[rank].revoke
+        if record is not None:
+            groups.setdefault(record, []).append(rank)
+    if not groups:
+        return None
+    ordered = sorted(groups.items(), key=lambda kv: order(kv[0]))
+    record, adopters = ordered[0]
+    return Revoked(record, adopters, ordered[1:])
+
+
+def origin_verdict(
+    revoked: Revoked, states: dict[int, RankState], explained: dict[int, Verdict]
+) -> Verdict | None:
+    """The origin's verdict, made before the per-communicator checks (None for a hang);
+    its ranks go into ``explained`` so that the checks add their evidence to it."""
+    record = revoked.record
+    if record.kind == "hang":
+        return None
+    verdict = _verdict(record, states)
+    revoked.verdict = verdict
+    for suspect in verdict.suspects:
+        explained[suspect.rank] = verdict
+    return verdict
+
+
+def settle(revoked: Revoked, verdicts: list[Verdict], states: dict[int, RankState]) -> None:
+    """Make the origin's verdict the one verdict: a hang takes the verdict that names its
+    origin (or one of its own), and every other finding becomes a line of its evidence."""
+    record = revoked.record
+    verdict = revoked.verdict
+    if verdict is None:
+        naming = [v for v in verdicts if record.origin in {s.rank for s in v.suspects}]
+        if naming:
+            verdict = min(naming, key=Verdict.sort_key)
+            verdict.evidence[:0] = _record_lines(record)
+        else:
+            verdict = _verdict(record, states)
+    verdict.origin = True
+    for other in verdicts:
+        if other is not verdict and other.fault:
+            verdict.add(f"also: {other.summary}")
+    verdicts[:] = [verdict]
+    _adopters(verdict, revoked, states)
+
+
+def _verdict(record: Revocation, states: dict[int, RankState]) -> Verdict:
+    """The verdict a record says, with the record's lines first in its evidence."""
+    seen = f"seen by {record.seer()}"
+    evidence = _record_lines(record)
+    if record.kind == "aborted":
+        who = f"operator {record.by or 'unknown'}" if record.origin == OPERATOR else record.seer()
+        step = (
+            f"{who} aborted the job ({record.reason or 'no reason given'}): no rank failed by "
+            "itself; ask why, then restart the job"
+        )
+        verdict = Verdict(ABORTED, record.describe(), [], evidence=evidence, next_step=step)
+    elif record.kind == "link":
+        peer = record.origin if record.peer is None else record.peer
+        a, b = sorted((record.origin, peer))
+        suspects = [_suspect(states, record, a), _suspect(states, record, b)]
+        summary = f"link {a}<->{b} broke: {record.reason} ({seen})"
+        step = links.link_step(suspects)
+        verdict = Verdict(LINK, summary, suspects, evidence=evidence, next_step=step, link=(a, b))
+    else:
+        suspect = _suspect(states, record, record.origin)
+        summary, step = _words(record, suspect, states.get(record.origin))
+        verdict = Verdict(_KIND[record.kind], summary, [suspect], evidence=evidence, next_step=step)
+    if record.comm and record.seq is not None:
+        verdict.place(record.comm, record.seq, record.op)
+    return verdict
+
+
+def _words(record: Revocation, suspect: Suspect, st: RankState | None) -> tuple[str, str]:
+    """The summary and next step of a record that blames one rank."""
+    rank, seen = record.origin, f"seen by {record.seer()}"
+    where = f"on {suspect.host}" if suspect.host else "on its host"
+    if record.kind == "died":
+        step = (
+            f"the job cannot finish without rank {rank}: read the log and exit status of "
+            f"{text.who(suspect)} (killed by the OOM killer? `dmesg -T` {where}), then "
+            "restart the job or shrink it away"
+        )
+        return f"rank {rank} is dead: {record.reason} ({seen})", step
+    if record.kind == "mismatch":
+        step = (
+            "the ranks took different code paths: check conditions on rank and data-dependent "
+            "shapes around this call"
+        )
+        step += "; " + text.look([st], "the call site") if st is not None else ""
+        return f"rank {rank} {record.reason} ({seen})", step
+    if record.kind == "error":
+        step = f"read the error and log of {text.who(suspect)}: the others stopped because of it"
+        return f"rank {rank} failed: {record.reason} ({seen})", step
+    step = text.look([st], "where it is") if st is not None else f"read the log of rank {rank}"
+    return f"rank {rank} {record.reason} ({seen})", step
+
+
+def _record_lines(record: Revocation) -> list[str]:
+    at = record.call or record.at()
+    inside = f" in {at}" if at else " outside any call"
+    comm = f" of comm {record.comm}" if record.comm else ""
+    return [f"{_RECORD}{record.describe()}{inside}{comm}"]
+
+
+def _adopters(verdict: Verdict, revoked: Revoked, states: dict[int, RankState]) -> None:
+    """Who adopted the record and where, which ranks had not, and the other records: the
+    lines after the record's own, ahead of what the checks found."""
+    adopted = set(revoked.adopters)
+    lines = [f"{text.ranks_word(revoked.adopters)} adopted this failure (the same record)"]
+    lines += text.grouped(
+        [r for r in revoked.adopters if r != revoked.record.origin],
+        lambda r: f"adopted it {_where(states[r])}",
+    )
+    later = {r for _, ranks in revoked.others for r in ranks}
+    without = [r for r in sorted(states) if r not in adopted and r not in later]
+    if without:
+        lines.append(f"{text.ranks_word(without)} had adopted no failure when they last wrote")
+    for record, ranks in revoked.others:
+        why = _why_first(revoked.record, record)
+        lines.append(
+            f"a second failure at the same time, adopted by {text.ranks_word(ranks)}: "
+            f"{record.describe()} (mentioned, not the verdict: {why})"
+        )
+    first = 1 if verdict.evidence and verdict.evidence[0].startswith(_RECORD) else 0
+    verdict.evidence[first:first] = [line for line in lines if line not in verdict.evidence]
+
+
+def _why_first(first: Revocation, other: Revocation) -> str:
+    if (first.kind in WEAK_KINDS) != (other.kind in WEAK_KINDS):
+        return f"a {first.kind} record comes before a {other.kind} one"
+    if first.epoch != other.epoch or first.seq != other.seq:
+        return "the verdict's record hit an earlier call"
+    return "the verdict's record is older by its time_ns, a tie-break only (clocks differ)"
+
+
+def _where(st: RankState) -> str:
+    """The call a rank was in (in flight, or its last one that did not complete)."""
+    calls = list(st.inflight)
+    calls += [c for comm in sorted(st.tail) if (c := st.last(comm)) and c.state != COMPLETED]
+    return f"in {text.call(calls[0])}" if calls else "between calls"
+
+
+def _suspect(states: dict[int, RankState], record: Revocation, rank: int) -> Suspect:
+    if rank in states:
+        return states[rank].suspect
+    if rank == record.origin:
+        return Suspect(rank, record.host, record.pid)
+    return Suspect(rank)
