@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from cclctl.config import job_dir
 from cclctl.store.client import StoreServer
 
 WORKER = str(Path(__file__).with_name("fault_worker.py"))
@@ -34,12 +35,20 @@ class FaultJob:
         pause_s: float = 0.3,
         buffers: str = "plain",
         hold_on_error: bool = True,
+        default_dumps: bool = False,
     ) -> None:
-        """``buffers="shared"``: the ranks' buffers come from ``comm.empty()`` (zero-copy)."""
+        """``buffers="shared"``: the ranks' buffers come from ``comm.empty()`` (zero-copy).
+        ``default_dumps``: no CCLCTL_TRACE_DIR, so the ranks dump into the job's own folder
+        (``dump_dir``) under TMPDIR, which is ``tmp``."""
         self.n = n
         self.job = job
-        self.dump_dir = tmp / "dumps"
-        self.dump_dir.mkdir(exist_ok=True)
+        self.tmpdir = tmp
+        if default_dumps:
+            self.dump_dir = Path(job_dir(job, {"TMPDIR": str(tmp)}))
+        else:
+            self.dump_dir = tmp / "dumps"
+            self.dump_dir.mkdir(exist_ok=True)
+        trace = {} if default_dumps else {"CCLCTL_TRACE_DIR": str(self.dump_dir)}
         self.server = StoreServer("127.0.0.1", 0, token=TOKEN).start()
         self.store = self.server.address
         base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
@@ -57,7 +66,6 @@ class FaultJob:
                 "CCLCTL_TOKEN": TOKEN,
                 "CCLCTL_TIMEOUT": str(timeout_s),
                 "CCLCTL_ON_HANG": "wait",
-                "CCLCTL_TRACE_DIR": str(self.dump_dir),
                 "CCLCTL_STATUS_INTERVAL": "0.2",
                 "CCLCTL_FAULT": fault,
                 "FAULT_OP": op,
@@ -65,6 +73,8 @@ class FaultJob:
                 "PAUSE": str(pause_s),
                 "HOLD_ON_ERROR": "1" if hold_on_error else "0",
                 "FAULT_BUFFERS": buffers,
+                "TMPDIR": str(tmp),
+                **trace,
             }
             self.procs.append(
                 subprocess.Popen(
