@@ -66,8 +66,8 @@ def newest_job(base: str) -> tuple[JobFolder, int]:
     folders = job_folders(base)
     if not folders:
         raise BadInput(
-            f"no job's dumps in {base}: give dump files or folders, or --store HOST:PORT for "
-            "a live job (ranks dump there on a hang, an error or SIGTERM)",
+            f"no job's dumps in {base}: give dump files or folders, or --store HOST:PORT "
+            "(or CCLCTL_STORE) for a live job",
             path=base,
         )
     return folders[0], len(folders)

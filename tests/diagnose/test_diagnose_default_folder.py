@@ -102,7 +102,7 @@ def test_no_job_at_all_is_one_line_and_exit_2(tmp_path: Path, made: bool) -> Non
     assert out.returncode == EXIT_USAGE
     assert out.stderr == (
         f"cclctl: error: no job's dumps in {base}: give dump files or folders, or --store "
-        "HOST:PORT for a live job (ranks dump there on a hang, an error or SIGTERM)\n"
+        "HOST:PORT (or CCLCTL_STORE) for a live job\n"
     )
 
 
