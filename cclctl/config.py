@@ -266,9 +266,21 @@ def job_dir(job: str, env: Mapping[str, str] | None = None) -> str:
     trace_dir = env.get("CCLCTL_TRACE_DIR", "").strip()
     if trace_dir:
         return trace_dir
-    base = env.get("TMPDIR", "").strip() or "/tmp"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job).lstrip(".") or "_"
-    return os.path.join(base, f"cclctl-{os.getuid()}", safe)
+    return os.path.join(jobs_dir(env), safe)
+
+
+def jobs_dir(env: Mapping[str, str] | None = None) -> str:
+    """``${TMPDIR:-/tmp}/cclctl-<uid>/``: the folder that holds this user's job folders
+    (``cclctl diagnose hang`` with no argument reads the newest job in it)."""
+    env = os.environ if env is None else env
+    return os.path.join(env.get("TMPDIR", "").strip() or "/tmp", f"cclctl-{os.getuid()}")
+
+
+def trace_dir_from_env(env: Mapping[str, str] | None = None) -> str:
+    """``CCLCTL_TRACE_DIR``, or empty: where the ranks of this environment dump."""
+    env = os.environ if env is None else env
+    return env.get("CCLCTL_TRACE_DIR", "").strip()
 
 
 def bench_corrupt_from_env(env: Mapping[str, str] | None = None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,19 @@ import pytest
 from cclctl.store.client import StoreClient, StoreServer
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Job folders (token files, default dumps) of every test under pytest's own temporary
+    folder, never the real ``${TMPDIR:-/tmp}/cclctl-<uid>/``: ranks inherit TMPDIR."""
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmpdir"))
+    yield
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ to the pure engine in :mod:`cclctl.diagnose`, and draws the answer: a rich repor
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated
 
 import typer
@@ -17,12 +18,12 @@ from rich.table import Table
 from rich.text import Text
 
 from cclctl import ui
-from cclctl.commands.checks import store_to_read
-from cclctl.config import client_token
+from cclctl.commands.checks import check_command
+from cclctl.config import client_token, job_dir, jobs_dir, trace_dir_from_env
 from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
-from cclctl.diagnose_io import procs, sources
+from cclctl.diagnose_io import jobs, procs, sources
 from cclctl.diagnose_io.inputs import Inputs
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, FaultFound, StoreError, UsageError
@@ -45,15 +46,22 @@ HANG_HELP = (
     "ranks' failures are its evidence; without one, the breaks a dead or failed rank caused "
     "are traced back to it. Ranks that finished cleanly are done, never missing.\n\n"
     "Examples:\n\n"
+    "  cclctl diagnose hang    (the newest job's dumps in ${TMPDIR:-/tmp}/cclctl-<uid>/)\n\n"
+    "  cclctl diagnose hang --job train7    (that job's dumps there)\n\n"
     "  cclctl diagnose hang /tmp/traces    (the cclctl-<job>-rank<r>.json in it)\n\n"
     "  cclctl diagnose hang r0.json r3.json    (just these dumps)\n\n"
     "  cclctl diagnose hang --store node0:29500    (a live job, from its store)\n\n"
     "  cclctl diagnose hang --store node0:29500 --job train7 --json\n\n"
     "  CCLCTL_STORE=node0:29500 cclctl diagnose hang    (the store from the environment)\n\n"
-    "Dumps are written by the hang watchdog, on `kill -USR1 <pid>`, or at an exit after "
-    "errors, into CCLCTL_TRACE_DIR; each holds the Python stack of every thread of its rank, "
-    "and a verdict shows where its suspect is in one line ('stack: rank 2 is in "
-    "train.py:41 load_batch -> time.sleep'; --stacks or --json for the whole stacks). "
+    "Ranks dump on a watchdog expiry (every rank of the job then), on SIGTERM, on `kill -USR1 "
+    "<pid>` and at an exit after errors, into CCLCTL_TRACE_DIR when set, else their job's "
+    "folder ${TMPDIR:-/tmp}/cclctl-<uid>/<job>/; with no DUMP and no store (--store or "
+    "CCLCTL_STORE) this reads that folder: CCLCTL_TRACE_DIR, the --job's, or the job whose "
+    "dumps are newest (stderr says which). A rank that closes its communicator after a "
+    "clean run leaves a small finished document there instead. Each dump holds the Python "
+    "stack of every thread of its rank, and a verdict shows where its suspect is in one "
+    "line ('stack: rank 2 is in train.py:41 load_batch -> time.sleep'; --stacks or --json "
+    "for the whole stacks). "
     "PyTorch Flight Recorder dumps (nccl_trace_rank_<r>, pickle or JSON) are read too, "
     "with where each collective was called. A folder holding both kinds is one job, the one "
     "cclctl's dumps name: per rank cclctl's dump gives the records and the Flight "
@@ -64,7 +72,6 @@ HANG_HELP = (
     "(the message names the file), 1 store unreachable."
 )
 
-MISSING = "give dump files or folders, or --store HOST:PORT (or CCLCTL_STORE) for a live job"
 CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 10.0
 #: Folders with more dump files than this get a progress bar while they load.
@@ -91,7 +98,10 @@ def hang(
         show_default=False,
     ),
     job: str | None = typer.Option(
-        None, "--job", help="Job to diagnose \\[default: the only one in the store or dumps]."
+        None,
+        "--job",
+        help="Job to diagnose \\[default: the only one in the store or dumps; with neither, "
+        "the job whose dumps are newest in ${TMPDIR:-/tmp}/cclctl-<uid>/].",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the cclctl.diagnosis document."),
     world_size: int | None = typer.Option(
@@ -119,8 +129,9 @@ def hang(
     opts = _options(stale, skew, stuck_after, world_size)
     if store is not None and dumps:
         raise UsageError("give dump files or --store, not both")
-    if dumps:  # uses no CCLCTL_* variable
-        inputs = _dumps(dumps, job)
+    address = None if dumps else check_command("diagnose hang", {"--store": store}).store
+    if dumps or address is None:  # given dumps use no CCLCTL_* variable
+        inputs = _dumps(dumps or [_default_folder(job)], job)
         diag = diagnose(
             inputs.snapshots,
             world_size=world_size if world_size is not None else inputs.world_size,
@@ -132,7 +143,6 @@ def hang(
             options=opts,
         )
     else:  # the same verdict as top's
-        address = store_to_read("diagnose hang", store, MISSING)
         diag = diagnose_live(_live(address, job), world_size, opts)
     if as_json:
         ui.write_result(json.dumps(diag.to_dict(), indent=2) + "\n")
@@ -163,6 +173,27 @@ def _dumps(paths: list[str], job: str | None) -> Inputs:
     count = sources.count_files(paths)
     with ui.progress_bar(count, "reading dumps", enabled=count > PROGRESS_FILES) as bar:
         return sources.load(paths, job, progress=lambda done: bar.advance())
+
+
+def _default_folder(job: str | None) -> str:
+    """Where the ranks dumped, with no path given: CCLCTL_TRACE_DIR, else the job's folder
+    (``--job``) or the newest job's under ``${TMPDIR:-/tmp}/cclctl-<uid>/``; said on stderr."""
+    trace_dir = trace_dir_from_env()
+    if trace_dir:
+        _say(f"reading the dumps in {trace_dir} (CCLCTL_TRACE_DIR)")
+        return trace_dir
+    if job is not None:
+        folder = jobs.named_job(job_dir(job), job)
+        _say(f"reading job {job!r} from {folder.path}")
+        return folder.path
+    folder, count = jobs.newest_job(jobs_dir())
+    others = f"the newest of {count} jobs; --job picks another" if count > 1 else "the only job"
+    _say(f"reading job {folder.name!r} from {folder.path} ({others})")
+    return folder.path
+
+
+def _say(line: str) -> None:
+    print(f"cclctl: {line}", file=sys.stderr)
 
 
 def _live(address: str, job: str | None) -> JobStatuses:

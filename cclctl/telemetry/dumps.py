@@ -50,10 +50,14 @@ def dump_filename(job: str, rank: int) -> str:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (never half a file)."""
+    """Write ``text`` to ``path`` through a temporary file and a rename (never half a file).
+
+    A missing folder is made readable by its owner only (0700), as the file is (0600): a
+    dump holds every thread's stack, and the job's folder its token.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cclctl-", suffix=".tmp")
     except OSError as exc:
         raise CclError(f"cannot write dump {path}: {exc.strerror or exc}", path=path) from None
@@ -64,6 +68,35 @@ def write_atomic(path: str, text: str) -> None:
     except OSError as exc:
         _remove_quietly(tmp)
         raise CclError(f"cannot write dump {path}: {exc.strerror or exc}", path=path) from None
+
+
+def remove_stale(directory: str, job: str, rank: int, world_size: int) -> list[str]:
+    """Remove what an earlier run of ``job`` left in ``directory`` that this rank answers for
+    (job names repeat: ``default``, ``bench``); returns the paths removed.
+
+    Every rank removes its own file, so a rank that dies before it dumps is not read from an
+    earlier run's document; rank 0 also removes the files of ranks ``world_size`` and
+    beyond, which no rank of this run would replace.
+    """
+    mine = os.path.join(directory, dump_filename(job, rank))
+    stale = [mine] if os.path.isfile(mine) else []
+    if rank == 0:
+        head = re.escape(dump_filename(job, 0)[: -len("0.json")])  # cclctl-<job>-rank
+        numbered = re.compile(f"^{head}([0-9]+)\\.json$")
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            names = []
+        found = (numbered.match(name) for name in names)
+        stale += [os.path.join(directory, m[0]) for m in found if m and int(m[1]) >= world_size]
+    removed = []
+    for path in sorted(stale):
+        try:
+            os.unlink(path)
+        except OSError:
+            continue  # gone already, or not this user's to remove
+        removed.append(path)
+    return removed
 
 
 def _remove_quietly(path: str) -> None:

@@ -3,20 +3,26 @@
 :class:`Telemetry` is the hot-path :class:`~.recorder.Recorder` plus the process's identity
 and the slow parts that run beside it: snapshots, dumps, the status publisher and the
 Prometheus exporter. No thread starts until asked; :meth:`Telemetry.close` stops them.
+
+Every dump goes to one folder, :attr:`Telemetry.dump_dir`: ``cfg.trace_dir`` when the
+operator named one, else the job's own folder (:func:`cclctl.config.job_dir`), so a rank
+always leaves its evidence somewhere ``cclctl diagnose hang`` finds it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from cclctl import __version__
-from cclctl.config import RuntimeConfig
-from cclctl.errors import UsageError
+from cclctl.config import RuntimeConfig, job_dir
+from cclctl.errors import CclError, UsageError
 from cclctl.records import RankSnapshot
 from cclctl.revocation import Revocation
 from cclctl.telemetry import dumps
@@ -27,6 +33,8 @@ from cclctl.telemetry.status import StatusPublisher, StatusStore
 
 if TYPE_CHECKING:
     from cclctl.telemetry.exporter import MetricsExporter
+
+log = logging.getLogger("cclctl.telemetry")
 
 SNAPSHOT_KINDS = ("status", "dump")
 
@@ -54,6 +62,8 @@ class Telemetry(Recorder):
         self.backend = backend
         self.metrics_url = ""
         self.heartbeat_ns = 0
+        #: where dumps and the final document go (see the module doc)
+        self.dump_dir = cfg.trace_dir or job_dir(cfg.job)
         self._publisher: StatusPublisher | None = None
         self._exporter: MetricsExporter | None = None
         self._hooks: list[Callable[[], None]] = []
@@ -64,6 +74,7 @@ class Telemetry(Recorder):
         self._closed = False
         #: the job's failure as this rank adopted it (the runtime's), for statuses and dumps
         self.revoke_source: Callable[[], Revocation | None] | None = None
+        self._finished = False
 
     # -- reading -------------------------------------------------------------------------
 
@@ -145,47 +156,51 @@ class Telemetry(Recorder):
             counters=summarize(self.metrics_view()),
             metrics_url=self.metrics_url,
             stacks=capture_stacks() if kind == "dump" else [],
-            revoke=self.revoke_source() if self.revoke_source is not None else None,
+            revoke=self.revoke,
+            finished=self._finished and kind == "status",
         )
+
+    @property
+    def revoke(self) -> Revocation | None:
+        """The job's revoke record once this rank adopted it; its documents carry it."""
+        return self.revoke_source() if self.revoke_source is not None else None
 
     # -- dumps ---------------------------------------------------------------------------
 
-    def dump_path(self, path: str | None = None) -> str | None:
+    def dump_path(self, path: str | None = None) -> str:
         """Where :meth:`dump` writes: ``path`` if it names a ``.json`` file, else the standard
-        file name inside ``path`` or ``cfg.trace_dir``; None when neither is given.
+        file name (``cclctl-<job>-rank<r>.json``) inside ``path`` or :attr:`dump_dir`.
         """
-        target = path or self.cfg.trace_dir
-        if not target:
-            return None
+        target = path or self.dump_dir
         if target.endswith(".json") and not os.path.isdir(target):
             return target
         return os.path.join(target, dumps.dump_filename(self.cfg.job, self.rank))
 
-    def dump(self, reason: str, path: str | None = None) -> str | None:
+    def dump(self, reason: str, path: str | None = None) -> str:
         """Write the flight recorder as one JSON document (atomically); returns the path.
 
-        Returns None when there is nowhere to write (no ``path`` and no ``cfg.trace_dir``).
         Raises :class:`~cclctl.errors.CclError` if the file cannot be written.
         """
         target = self.dump_path(path)
-        if target is None:
-            return None
         dumps.write_atomic(target, self.snapshot("dump", reason).to_json())
         return target
+
+    def remove_stale_dumps(self) -> list[str]:
+        """At a job's start: remove an earlier run's documents from :attr:`dump_dir` (this
+        rank's own; rank 0 also those of ranks beyond this world size). Returns them."""
+        return dumps.remove_stale(self.dump_dir, self.cfg.job, self.rank, self.world_size)
 
     def install_signal_dump(
         self, directory: str | None = None, signum: int = signal.SIGUSR1
     ) -> None:
-        """Dump on SIGUSR1 (or ``signum``) into ``directory``, ``cfg.trace_dir`` or the
-        current directory. Main thread only; a previous handler keeps being called.
+        """Dump on SIGUSR1 (or ``signum``) into ``directory`` or :attr:`dump_dir`. Main
+        thread only; a previous handler keeps being called.
         """
-        where = directory or self.cfg.trace_dir or "."
-        self._hooks.append(dumps.install_signal_dump(self, where, signum))
+        self._hooks.append(dumps.install_signal_dump(self, directory, signum))
 
     def install_termination_dump(self, directory: str | None = None) -> None:
         """Dump on SIGTERM (as a launcher stops ranks), then terminate. Main thread only."""
-        where = directory or self.cfg.trace_dir or "."
-        self._hooks.append(dumps.install_termination_dump(self, where))
+        self._hooks.append(dumps.install_termination_dump(self, directory))
 
     def install_exit_dump(self, directory: str | None = None) -> None:
         """Dump if the process dies of an uncaught exception or exits after errors/hangs.
@@ -193,8 +208,7 @@ class Telemetry(Recorder):
         The hooks outlive :meth:`close` on purpose: a ``finally`` that closes telemetry runs
         before the exception reaches ``sys.excepthook``.
         """
-        where = directory or self.cfg.trace_dir or "."
-        self._hooks.append(dumps.install_exit_dump(self, where))
+        self._hooks.append(dumps.install_exit_dump(self, directory))
 
     def remove_hooks(self) -> None:
         """Undo :meth:`install_signal_dump` and :meth:`install_exit_dump`."""
@@ -254,6 +268,29 @@ class Telemetry(Recorder):
         if addr in ("", "0.0.0.0", "::"):
             return self.cfg.hostname  # listening everywhere: name the host others can reach
         return f"[{addr}]" if ":" in addr else addr
+
+    def finish(self) -> str | None:
+        """Close as a rank that is done, so readers see it finished, not missing.
+
+        After a clean run (no failed or hung call, no revoke record, no exception on its way
+        out) the last status and a final document in :attr:`dump_dir` (counters and last
+        records, no stacks) carry ``finished=True``; returns that document's path. Otherwise
+        this is :meth:`close`, and the failure's own dump stays the evidence.
+        """
+        if self._closed:
+            return None
+        clean = self.failures() == 0 and self.revoke is None and sys.exc_info()[1] is None
+        self._finished = clean  # before close: the publisher's last status carries it
+        self.close()
+        if not clean:
+            return None
+        path = self.dump_path()
+        try:
+            dumps.write_atomic(path, self.snapshot("status", "finished").to_json())
+        except CclError as exc:  # a clean exit must stay clean
+            log.warning("cclctl: final status not written: %s", exc)
+            return None
+        return path
 
     def close(self) -> None:
         """Publish a last status and stop the publisher and exporter. Safe to call twice;

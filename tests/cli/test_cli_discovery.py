@@ -153,8 +153,10 @@ def test_run_prints_where_to_watch_when_it_knows_the_store(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("command", [["top", "--once"], ["diagnose", "hang"]])
-def test_no_store_anywhere_is_a_usage_error_that_says_what_to_give(command: list[str]) -> None:
-    done = cclctl(*command)
+def test_no_store_anywhere_is_a_usage_error_that_says_what_to_give(
+    command: list[str], tmp_path: Path
+) -> None:
+    done = cclctl(*command, env=clean_env(TMPDIR=str(tmp_path)))  # and no job's dumps here
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1
     assert "--store HOST:PORT" in done.stderr and "CCLCTL_STORE" in done.stderr

@@ -163,7 +163,6 @@ def test_mixed_jobs_exit_2(tmp_path: Path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((), "give dump files or folders, or --store HOST:PORT (or CCLCTL_STORE) for a live job"),
         (("x.json", "--store", "h:1"), "give dump files or --store, not both"),
         (("--store", "nohost"), "--store 'nohost' is not valid: expected HOST:PORT"),
         (("x.json", "--stuck-after", "0"), "--stuck-after must be positive, not 0.0"),

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from cclctl.config import job_dir
 from cclctl.store.client import StoreServer
 
 WORKER = str(Path(__file__).with_name("fault_worker.py"))
@@ -44,15 +45,23 @@ class FaultJob:
         rank0_hosts: bool = False,
         linger_s: float = 5.0,
         ranks: list[int] | None = None,
+        default_dumps: bool = False,
     ) -> None:
         """``buffers="shared"``: the ranks' buffers come from ``comm.empty()`` (zero-copy).
         ``rank0_hosts``: no store of ours; rank 0 hosts the job's store on a free
         ``MASTER_PORT`` (a process of its own, lingering ``linger_s`` after the last rank).
-        ``ranks``: start only these (in order)."""
+        ``ranks``: start only these (in order). ``default_dumps``: no CCLCTL_TRACE_DIR, so
+        the ranks dump into the job's own folder (``dump_dir``) under TMPDIR, which is
+        ``tmp``."""
         self.n = n
         self.job = job
-        self.dump_dir = tmp / "dumps"
-        self.dump_dir.mkdir(exist_ok=True)
+        self.tmpdir = tmp
+        if default_dumps:
+            self.dump_dir = Path(job_dir(job, {"TMPDIR": str(tmp)}))
+        else:
+            self.dump_dir = tmp / "dumps"
+            self.dump_dir.mkdir(exist_ok=True)
+        trace = {} if default_dumps else {"CCLCTL_TRACE_DIR": str(self.dump_dir)}
         self.server = None if rank0_hosts else StoreServer("127.0.0.1", 0, token=TOKEN).start()
         self.port = free_port() if self.server is None else self.server.port
         self.store = f"127.0.0.1:{self.port}"
@@ -76,7 +85,6 @@ class FaultJob:
                 "CCLCTL_TOKEN": TOKEN,
                 "CCLCTL_TIMEOUT": str(timeout_s),
                 "CCLCTL_ON_HANG": "wait",
-                "CCLCTL_TRACE_DIR": str(self.dump_dir),
                 "CCLCTL_STATUS_INTERVAL": "0.2",
                 "CCLCTL_FAULT": fault,
                 "FAULT_OP": op,
@@ -84,6 +92,8 @@ class FaultJob:
                 "PAUSE": str(pause_s),
                 "HOLD_ON_ERROR": "1" if hold_on_error else "0",
                 "FAULT_BUFFERS": buffers,
+                "TMPDIR": str(tmp),
+                **trace,
             }
             self.procs.append(
                 subprocess.Popen(

@@ -44,14 +44,29 @@ def test_dump_round_trips_through_snapshot_from_json(make_tel, tmp_path):
     assert snap.counters["collectives"] == 3 and snap.counters["errors"] == 1
 
 
-def test_dump_needs_somewhere_to_write(make_tel, tmp_path):
+def test_without_a_trace_dir_dumps_go_to_the_jobs_private_folder(make_tel, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     tel = make_tel()
-    assert tel.dump("no trace dir") is None
+    folder = tmp_path / f"cclctl-{os.getuid()}" / "job1"
+    assert tel.dump_dir == str(folder)
+    assert tel.dump("no trace dir") == str(folder / "cclctl-job1-rank0.json")
+    assert os.stat(folder).st_mode & 0o777 == 0o700  # stacks and the token live here
+    assert os.stat(folder / "cclctl-job1-rank0.json").st_mode & 0o777 == 0o600
+    assert snapshot_from_json((folder / "cclctl-job1-rank0.json").read_text()).reason == (
+        "no trace dir"
+    )
     explicit = tel.dump("asked", str(tmp_path / "mine.json"))
     assert explicit == str(tmp_path / "mine.json") and Path(explicit).exists()
     into_dir = tel.dump("asked", str(tmp_path / "new" / "dir"))
     assert into_dir == str(tmp_path / "new" / "dir" / "cclctl-job1-rank0.json")
     assert snapshot_from_json(Path(into_dir).read_text()).reason == "asked"
+
+
+def test_the_trace_dir_wins_over_the_jobs_folder(make_tel, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    tel = make_tel(trace_dir=str(tmp_path / "traces"))
+    assert tel.dump("x") == str(tmp_path / "traces" / "cclctl-job1-rank0.json")
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_dump_replaces_atomically_and_leaves_no_temporary_files(make_tel, tmp_path):

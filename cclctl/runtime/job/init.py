@@ -105,7 +105,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
             if revoker is not None:
                 revoker.close()
             dump_requests.stop()
-            telemetry.close()
+            telemetry.finish()  # the last status and final document say "finished"
         finally:
             status_client.close()
             rdzv.close()
@@ -158,11 +158,13 @@ def _start_telemetry(
 ) -> tuple[Telemetry, StoreClient]:
     """Counters and flight recorder always; the exporter when a port is configured; the
     status publisher on a store connection of its own, so a rank blocked on the store in
-    its main thread still shows a fresh heartbeat.
+    its main thread still shows a fresh heartbeat. Dumps on every way out, into the job's
+    folder unless CCLCTL_TRACE_DIR names another, with an earlier run's documents removed.
     """
     telemetry = Telemetry(
         cfg, rank=rdzv.rank, world_size=rdzv.world_size, local_rank=rdzv.local_rank
     )
+    telemetry.remove_stale_dumps()
     telemetry.register_comm(comm_id, list(range(rdzv.world_size)))
     telemetry.add_link_source(transport.link_bytes)
     server = rdzv.server
@@ -170,9 +172,8 @@ def _start_telemetry(
         telemetry.add_store_source(lambda: StoreCounts(server.rejected, server.refused))
     if threading.current_thread() is threading.main_thread():
         telemetry.install_signal_dump()  # kill -USR1 <pid>: dump now, keep running
-        if cfg.trace_dir:  # evidence on every way out, where the operator asked for it
-            telemetry.install_termination_dump()
-            telemetry.install_exit_dump()
+        telemetry.install_termination_dump()
+        telemetry.install_exit_dump()
     status_client = StoreClient(
         rdzv.store.host,
         rdzv.store.port,
