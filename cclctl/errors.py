@@ -24,6 +24,9 @@ class CclError(Exception):
     """
 
     exit_code = EXIT_ERROR
+    #: the job's failure this error stands for (a :class:`cclctl.revocation.Revocation`),
+    #: set on communicator errors once the failure state knows its origin
+    revocation: Any = None
 
     def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
@@ -82,6 +85,14 @@ class CollectiveTimeout(CommError):
 
 class CommAborted(CommError):
     """The communicator was aborted (by a peer, the watchdog or an operator)."""
+
+
+class CommRevoked(CommAborted):
+    """Another rank's failure revoked the communicator; ``revocation`` names its origin."""
+
+
+class CollectiveAborted(CommAborted):
+    """An operator (``cclctl abort``) or an abort policy aborted the communicator."""
 
 
 class CheckFailed(CclError):

@@ -1,70 +1,56 @@
-"""One communicator's failure state: whether its calls may run, and why not.
+"""One communicator's failure state: whether its calls may run, and which failure stopped them.
 
 Every way a communicator stops working goes through one :class:`FailureState`: a call that
-failed (its links may hold half a message), an abort (an operator, the watchdog's ``abort``
-policy), a hang the watchdog expired under the ``raise`` policy, and ``close()``. The first
-failure wins and keeps its :class:`Origin`; later ones are only counted. Every call checks
-``status`` when it opens and every blocked wait checks it on each turn (one attribute read
-while all is well), so nothing runs on a communicator that has failed, whatever its size.
+failed (its links may hold half a message), another rank's failure arriving (from a local
+peer's shared memory, a link or the job's store), an abort (an operator, the watchdog's
+``abort`` policy), a hang the watchdog expired, and ``close()``. The first failure wins and
+is kept as a :class:`~cclctl.revocation.Revocation` naming its origin; later ones are only
+counted, so every rank's error names the origin, never a neighbour that failed after it.
+Every call checks ``status`` when it opens and every blocked wait checks it on each turn
+(one attribute read while all is well).
 
-A failure of a link also reaches this rank's peers on the same host: the state calls its
-``announce`` hook (the transport's; shared memory sets this rank's state word, which peers'
-waits read), so theirs ends at once instead of at their timeout.
+The first failure spreads at once: the transport's ``announce`` hook tells the peers it
+can reach (shared memory: this rank's revoke area and state word; TCP: a revoke frame on
+every link), and the ``on_first`` listeners (the job's store) tell the rest.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import os
 import threading
-from collections.abc import Callable
-from typing import NoReturn
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from cclctl.errors import (
+    CclError,
+    CollectiveAborted,
     CollectiveTimeout,
     CommAborted,
     CommError,
+    CommRevoked,
     PeerError,
     ProtocolError,
 )
 from cclctl.records import CollectiveRecord
+from cclctl.revocation import Revocation
+from cclctl.runtime.peer_process import GONE, exit_reason
 
 #: ``FailureState.status`` values (always one of these objects: compare with ``is``).
 OK, BROKEN, ABORTED, CLOSED = "ok", "broken", "aborted", "closed"
 
-#: Kinds of failure that break a link: they are announced to the peers on this host.
-LINK_KINDS = frozenset({"peer", "mismatch"})
+#: How a failure reached this rank, as ``on_first`` listeners are told: this rank saw it,
+#: a peer told it (shared memory, a link), or the job's store did.
+SELF, PEER, STORE = "self", "peer", "store"
 
+#: A dying process closes its sockets before it turns zombie: how long a rank whose link
+#: to a peer on this host broke watches for that peer's exit before calling it a link fault.
+PEER_EXIT_GRACE_S = 0.1
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Origin:
-    """Where a failure started: its ``kind`` (``aborted``, ``timeout``, ``peer``,
-    ``mismatch``, ``error``), why, the ``rank`` it started at (the peer, for a link that
-    broke), the call it hit (``seq``, ``op``; None when no call was in flight) and who saw it
-    (``call``: the call's own error; ``abort``: an explicit abort; ``watchdog``)."""
-
-    kind: str
-    reason: str
-    rank: int
-    seq: int | None = None
-    op: str | None = None
-    seen_by: str = "call"
-
-    def describe(self) -> str:
-        """``all_reduce seq 3: <reason>``, or the reason alone outside any call."""
-        return self.reason if self.op is None else f"{self.op} seq {self.seq}: {self.reason}"
-
-
-def kind_of(exc: BaseException) -> str:
-    """The failure kind a call's exception stands for."""
-    if isinstance(exc, CollectiveTimeout):
-        return "timeout"
-    if isinstance(exc, CommAborted):
-        return "aborted"
-    if isinstance(exc, PeerError):
-        return "peer"
-    if isinstance(exc, ProtocolError):
-        return "mismatch"
-    return "error"
+Announce = Callable[[str, Revocation | None], None]
+Listener = Callable[[Revocation, str], None]
+Resolver = Callable[[Revocation], Revocation]
 
 
 def timeout_error(rank: int, op: str, seq: int, peer: int, what: str, elapsed: float) -> NoReturn:
@@ -82,68 +68,146 @@ def timeout_error(rank: int, op: str, seq: int, peer: int, what: str, elapsed: f
     )
 
 
+def revoked(where: str, rev: Revocation, **fields: Any) -> CommRevoked:
+    """The error of a call that another rank's failure ``rev`` ended (``where``: ``rank 4:
+    all_reduce(float32, sum, count 8) seq 5``), as a transport raises it on hearing of it."""
+    fields.update(origin=rev.origin, kind=rev.kind)
+    exc = CommRevoked(f"{where} revoked: {rev.describe()}", **fields)
+    exc.revocation = rev
+    return exc
+
+
+def gone_within(pid: int, grace_s: float) -> str | None:
+    """How ``pid`` ended if it is gone or goes within ``grace_s``; None if it lives on."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        gone = exit_reason(pid)
+        if gone is not None or time.monotonic() >= deadline:
+            return gone
+        time.sleep(0.005)
+
+
 class FailureState:
     """The failure state of communicator ``comm`` at ``rank``.
 
-    ``status`` is :data:`OK` until the first failure; ``first`` is that failure's origin and
+    ``status`` is :data:`OK` until the first failure; ``first`` is that failure's record and
     ``later`` counts the failures after it. ``epoch`` numbers the communicator's lives: calls
-    carry it on the wire and in their records.
+    carry it on the wire and in their records. ``peers`` holds every rank's (host, pid) once
+    the job is joined, so a record names its origin's process.
     """
 
-    __slots__ = ("_announce", "_lock", "comm", "epoch", "first", "later", "rank", "status")
+    __slots__ = (
+        "_announce",
+        "_listeners",
+        "_lock",
+        "_wake",
+        "comm",
+        "epoch",
+        "first",
+        "host",
+        "later",
+        "peers",
+        "rank",
+        "resolve",
+        "status",
+    )
 
-    def __init__(
-        self, rank: int = -1, comm: str = "", announce: Callable[[str], None] | None = None
-    ) -> None:
-        """``announce(status)``: tells this rank's local peers it is ``broken`` or ``closed``."""
+    def __init__(self, rank: int = -1, comm: str = "", announce: Announce | None = None) -> None:
+        """``announce(status, record)``: tells this rank's peers it is ``broken`` (why:
+        ``record``) or ``closed``, by the transport's own means."""
         self.rank = rank
         self.comm = comm
         self.epoch = 0
         self.status = OK
-        self.first: Origin | None = None
+        self.first: Revocation | None = None
         self.later = 0
+        self.host = ""
+        self.peers: Sequence[tuple[str, int]] = ()
+        #: agrees a one-sided record (a broken link, a mismatch) with the other ranks
+        #: before it is final (the job's store); None: the record stands as seen
+        self.resolve: Resolver | None = None
         self._announce = announce
-        self._lock = threading.Lock()  # the watchdog and an operator fail from other threads
+        self._listeners: list[Listener] = []
+        self._wake: int | None = None
+        self._lock = threading.Lock()  # the watchdog, the store and an operator fail it too
 
     # ------------------------------------------------------------------ setting it
-    def fail(self, origin: Origin, status: str = BROKEN) -> bool:
-        """Record a failure; True if it is the first (it sets ``status`` and ``first``),
-        False if one came before (it is counted in ``later``). A link failure is announced
-        to local peers either way, as its link is unusable either way."""
+    def on_first(self, listener: Listener) -> None:
+        """Call ``listener(record, how)`` once, at the first failure (``how``: :data:`SELF`,
+        :data:`PEER` or :data:`STORE`)."""
+        self._listeners.append(listener)
+
+    def fail(self, rev: Revocation, status: str = BROKEN, how: str = SELF) -> bool:
+        """Record a failure; True if it is the first (it sets ``status`` and ``first`` and
+        spreads), False if one came before (it is counted in ``later``)."""
         with self._lock:
-            first = self.first is None
-            if first:
-                self.first = origin  # before status: a reader that sees the status sees why
-                self.status = status
-            else:
+            if self.first is not None or self.status is CLOSED:
                 self.later += 1
-        if origin.kind in LINK_KINDS:
-            self._tell(BROKEN)
-        return first
+                return False
+            self.first = rev  # before status: a reader that sees the status sees why
+            self.status = status
+        self._poke()
+        if self._announce is not None:
+            with contextlib.suppress(Exception):  # telling peers must never hide the failure
+                self._announce(BROKEN, rev)
+        for listener in list(self._listeners):
+            with contextlib.suppress(Exception):
+                listener(rev, how)
+        return True
+
+    def adopt(self, rev: Revocation, how: str = PEER) -> bool:
+        """Another rank's failure reached this one: fail with its record, as it is."""
+        return self.fail(rev, ABORTED if rev.kind == "aborted" else BROKEN, how)
 
     def abort(
-        self, reason: str, *, seen_by: str = "abort", seq: int | None = None, op: str | None = None
+        self, reason: str, *, via: str = "abort", seq: int | None = None, op: str | None = None
     ) -> bool:
         """Abort: every blocked or future call fails with ``reason`` (:class:`CommAborted`)."""
-        return self.fail(Origin("aborted", reason, self.rank, seq, op, seen_by), ABORTED)
+        return self.fail(
+            self.record("aborted", reason, self.rank, seq=seq, op=op, via=via), ABORTED
+        )
 
-    def call_failed(self, exc: BaseException, rec: CollectiveRecord) -> bool:
-        """A call ended with ``exc`` (``rec`` is its closed record): no later call can trust
-        the links, which may hold half a message."""
-        peer = exc.fields.get("peer") if isinstance(exc, PeerError) else None
-        rank = peer if isinstance(peer, int) else self.rank
-        reason = rec.error or type(exc).__name__
-        return self.fail(Origin(kind_of(exc), reason, rank, rec.seq, rec.op))
+    def call_failed(
+        self, exc: BaseException, rec: CollectiveRecord, call: str = ""
+    ) -> Revocation | None:
+        """A call ended with ``exc`` (``rec`` is its record, ``call`` the call in words): no
+        later call can trust the links, which may hold half a message. Returns the state's
+        first failure."""
+        rev = getattr(exc, "revocation", None)
+        if not isinstance(rev, Revocation):
+            rev = self.witnessed(exc, rec, call or rec.op)
+            if self.resolve is not None and self.first is None:
+                with contextlib.suppress(Exception):
+                    rev = self.resolve(rev)
+        how = SELF if rev.seen_by == self.rank else PEER
+        if not self.fail(rev, ABORTED if rev.kind == "aborted" else BROKEN, how):
+            self._tell_again()
+        return self.first
 
-    def hung(self, rec: CollectiveRecord, line: str, policy: str) -> bool:
-        """The watchdog expired ``rec`` (``line`` says whom it waits on); ``policy`` is
+    def _tell_again(self) -> None:
+        """The failure came from another thread (the watchdog, the store): tell the peers
+        again from the thread whose call it ended, which may write to the links."""
+        if self._announce is not None and self.first is not None:
+            with contextlib.suppress(Exception):
+                self._announce(BROKEN, self.first)
+
+    def hung(
+        self, rec: CollectiveRecord, line: str, policy: str, origin: Revocation | None = None
+    ) -> bool:
+        """The watchdog expired ``rec`` (``line`` says whom it waits on; ``origin``: the
+        rank the hang waits on, as the job's diagnosis named it); ``policy`` is
         ``CCLCTL_ON_HANG``: ``raise`` (the call raises :class:`CollectiveTimeout`),
         ``abort`` (:class:`CommAborted`) or ``wait`` (nothing). True if it failed the state."""
         if policy == "wait" or rec.end_ns or rec.comm != self.comm:
             return False  # the call ended meanwhile, or it is another communicator's
         if policy == "abort":
-            return self.abort(f"watchdog: {line}", seen_by="watchdog", seq=rec.seq, op=rec.op)
-        return self.fail(Origin("timeout", line, self.rank, rec.seq, rec.op, "watchdog"))
+            return self.abort(f"watchdog: {line}", via="watchdog", seq=rec.seq, op=rec.op)
+        if origin is None:
+            peer = rec.waiting_on if rec.waiting_on is not None else self.rank
+            origin = self.record(
+                "hang", f"did not answer ({line})", peer, seq=rec.seq, op=rec.op, via="watchdog"
+            )
+        return self.fail(origin)
 
     def close(self) -> bool:
         """Close: every later call is refused. False if it was closed already. A failure
@@ -152,7 +216,9 @@ class FailureState:
             if self.status is CLOSED:
                 return False
             self.status = CLOSED
-        self._tell(CLOSED)
+        self._poke()
+        if self._announce is not None:
+            self._announce(CLOSED, None)
         return True
 
     def bump_epoch(self) -> int:
@@ -168,9 +234,69 @@ class FailureState:
             self.status = OK
             return self.epoch
 
-    def _tell(self, status: str) -> None:
-        if self._announce is not None:
-            self._announce(status)
+    # ------------------------------------------------------------------ records
+    def record(self, kind: str, reason: str, origin: int, **fields: Any) -> Revocation:
+        """A record of a failure seen here, its origin's host and pid filled in."""
+        host, pid = self.peers[origin] if 0 <= origin < len(self.peers) else ("", 0)
+        return Revocation(
+            kind,
+            origin,
+            reason,
+            host=host,
+            pid=pid,
+            comm=self.comm,
+            epoch=self.epoch,
+            seen_by=self.rank,
+            **fields,
+        )
+
+    def witnessed(self, exc: BaseException, rec: CollectiveRecord, call: str) -> Revocation:
+        """What this rank saw when its call failed with ``exc``: whose failure it was."""
+        at = {"seq": rec.seq, "op": rec.op, "call": call}
+        fields = exc.fields if isinstance(exc, CclError) else {}
+        peer = fields.get("peer")
+        if isinstance(exc, ProtocolError) and isinstance(peer, int) and "theirs" in fields:
+            why = f"called {fields['theirs']} where rank {self.rank} called {fields['mine']}"
+            return self.record("mismatch", why, peer, peer=self.rank, **at)
+        if isinstance(exc, PeerError) and isinstance(peer, int):
+            return self._peer_failed(peer, str(fields.get("why") or exc), at)
+        if isinstance(exc, CollectiveTimeout) and isinstance(peer, int):
+            return self.record(
+                "hang", f"did not answer for {fields.get('elapsed', 0)}s", peer, via="call", **at
+            )
+        if isinstance(exc, CommAborted):
+            return self.record("aborted", str(exc), self.rank, **at)
+        return self.record("error", f"{type(exc).__name__}: {exc}", self.rank, **at)
+
+    def _peer_failed(self, peer: int, why: str, at: dict[str, Any]) -> Revocation:
+        """A link to ``peer`` broke: it died (its process is gone from this host), or the
+        link broke under two live ranks (as far as this rank can tell)."""
+        local = 0 <= peer < len(self.peers) and self.peers[peer][0] == self.host and self.host
+        gone = gone_within(self.peers[peer][1], PEER_EXIT_GRACE_S) if local else None
+        if gone is None and why == GONE:
+            gone = GONE
+        if gone is not None:
+            return self.record("died", gone, peer, via="pidfd" if local else "link", **at)
+        low, high = sorted((peer, self.rank))
+        return self.record("link", why, low, peer=high, via="link", **at)
+
+    # ------------------------------------------------------------------ waking waits
+    @property
+    def wake_fd(self) -> int:
+        """A descriptor that turns readable at the first failure or the close, so a wait
+        that blocks in ``poll`` ends at once (created on first use)."""
+        if self._wake is None:
+            with self._lock:
+                if self._wake is None:
+                    self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                    if self.status is not OK:
+                        os.eventfd_write(self._wake, 1)
+        return self._wake
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._wake, 1)
 
     # ------------------------------------------------------------------ reading it
     def refuse(self, op: str) -> NoReturn:
@@ -178,25 +304,31 @@ class FailureState:
         rank, first = self.rank, self.first
         if self.status is CLOSED or first is None:
             raise CommError(f"rank {rank}: {op} on a closed communicator", op=op)
-        if self.status is ABORTED:
-            raise CommAborted(
-                f"rank {rank}: {op} on communicator {self.comm} aborted ({first.reason})",
+        where = f"rank {rank}: {op} on communicator {self.comm}"
+        if first.kind == "aborted":
+            exc: CommError = CollectiveAborted(
+                f"{where} refused: {first.describe()}",
                 rank=rank,
                 comm=self.comm,
                 op=op,
                 reason=first.reason,
             )
-        raise CommAborted(
-            f"rank {rank}: communicator {self.comm} is unusable after an earlier failure "
-            f"({first.describe()}); create a new one",
-            rank=rank,
-            comm=self.comm,
-            op=op,
-        )
+        else:
+            at = f" in {first.at()}" if first.op else ""
+            exc = CommRevoked(
+                f"{where} refused: the communicator was revoked{at}: {first.describe()}; "
+                "create a new one",
+                rank=rank,
+                comm=self.comm,
+                op=op,
+                origin=first.origin,
+            )
+        exc.revocation = first
+        raise exc
 
-    def stop(self, op: str, seq: int, peer: int, what: str, elapsed: float) -> NoReturn:
-        """Raise for call ``op`` ``seq``, blocked ``elapsed`` seconds on ``peer`` when the
-        state failed: an abort, the watchdog's timeout, a close or another failure."""
+    def stop(self, call: str, op: str, seq: int, peer: int, what: str, elapsed: float) -> NoReturn:
+        """Raise for call ``op`` ``seq`` (``call``: in words), blocked ``elapsed`` seconds on
+        ``peer`` when the state failed: a timeout, an abort, another rank's failure, a close."""
         rank, first = self.rank, self.first
         if self.status is CLOSED or first is None:
             raise CommError(
@@ -206,17 +338,41 @@ class FailureState:
                 seq=seq,
                 op=op,
             )
-        if first.kind == "timeout":
-            timeout_error(rank, op, seq, peer, what, elapsed)
-        why = first.reason if self.status is ABORTED else f"after {first.describe()}"
-        raise CommAborted(
-            f"rank {rank}: {op} seq {seq} aborted ({why})",
-            rank=rank,
-            peer=peer,
-            seq=seq,
+        raise self.error(
+            first,
+            f"rank {rank}: {call} seq {seq}",
             op=op,
-            reason=why,
+            seq=seq,
+            peer=peer,
+            elapsed=elapsed,
+            what=what,
         )
+
+    def error(self, first: Revocation, where: str, **fields: Any) -> CommError:
+        """The exception a call raises for failure ``first`` (``where``: ``rank 4:
+        all_reduce(...) seq 5``): its own kind where this rank saw it, else revoked."""
+        own = first.seen_by == self.rank
+        kw = {k: v for k, v in fields.items() if k not in ("elapsed", "what")}
+        kw.update(rank=self.rank, origin=first.origin, kind=first.kind)
+        exc: CommError
+        if first.kind == "aborted":
+            exc = CollectiveAborted(f"{where} {first.describe()}", reason=first.reason, **kw)
+        elif first.kind == "hang" and own:
+            elapsed = fields.get("elapsed")
+            took = f" after {elapsed:.1f}s" if isinstance(elapsed, float) else ""
+            exc = CollectiveTimeout(
+                f"{where} timed out{took}: {first.describe()}", waiting_for=fields.get("what"), **kw
+            )
+        elif own and first.kind in ("died", "link"):
+            exc = PeerError(f"{where} failed: {first.describe()}", **kw)
+        elif own and first.kind == "mismatch":
+            exc = ProtocolError(f"{where} failed: {first.describe()}", **kw)
+        elif own:
+            exc = CommAborted(f"{where} failed: {first.describe()}", **kw)
+        else:
+            return revoked(where, first, **kw)
+        exc.revocation = first
+        return exc
 
     def __repr__(self) -> str:
         why = "" if self.first is None else f" first={self.first.describe()!r} later={self.later}"

@@ -18,6 +18,7 @@ from cclctl import __version__
 from cclctl.config import RuntimeConfig
 from cclctl.errors import UsageError
 from cclctl.records import RankSnapshot
+from cclctl.revocation import Revocation
 from cclctl.telemetry import dumps
 from cclctl.telemetry.counters import MetricsView, StoreCounts, summarize
 from cclctl.telemetry.recorder import Recorder
@@ -61,6 +62,8 @@ class Telemetry(Recorder):
         self._auth_failure_sources: list[Callable[[], int]] = []
         self._close_lock = threading.Lock()
         self._closed = False
+        #: the job's failure as this rank adopted it (the runtime's), for statuses and dumps
+        self.revoke_source: Callable[[], Revocation | None] | None = None
 
     # -- reading -------------------------------------------------------------------------
 
@@ -142,6 +145,7 @@ class Telemetry(Recorder):
             counters=summarize(self.metrics_view()),
             metrics_url=self.metrics_url,
             stacks=capture_stacks() if kind == "dump" else [],
+            revoke=self.revoke_source() if self.revoke_source is not None else None,
         )
 
     # -- dumps ---------------------------------------------------------------------------

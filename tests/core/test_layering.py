@@ -16,8 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 
 #: the base: standard library only, importable by every layer
 BASE = {
-    "records", "revocation", "errors", "config", "config_values", "config_check", "bandwidth", "ranges",
-    "periodic", "stacks", "auth", "limits",
+    "records", "revocation", "errors", "config", "config_values", "config_check", "bandwidth",
+    "ranges", "periodic", "stacks", "auth", "limits",
 }
 
 #: what each layer may import of cclctl, besides the base and itself
@@ -27,7 +27,8 @@ ALLOWED: dict[str, set[str]] = {
     "store": set(),
     "diagnose": set(),
     "live": {"diagnose"},  # the live view reads verdicts onto its rows
-    "runtime": {"telemetry", "store"},
+    # a watchdog that expires a call asks the diagnosis which rank the hang waits on
+    "runtime": {"telemetry", "store", "diagnose_io", "live", "diagnose"},
     "launch": {"runtime", "store"},
     "diagnose_io": {"diagnose", "live"},
     "integrations": {"runtime", "telemetry", "store"},

@@ -59,6 +59,7 @@ class Calls:
         self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s
         self._faults = faults.parse(cfg.fault)
         self._seq = 0
+        self._call = Call(self._tag, 0, 0, "")  # the call open now, or the last one
         self._tracer: Tracer | None = None
         self._trace: Callable[[CollectiveRecord], None] | None = None
 
@@ -120,6 +121,7 @@ class Calls:
             start_ns=time.time_ns(),
         )
         call = Call(self._tag, epoch, seq, op, dtype, redop, root, count, shared)
+        self._call = call
         now = time.monotonic()
         wait = Wait(self.rank, rec, now + self._timeout_s, now, failure)
         step = Step(self.transport, self.rank, self.world_size, call, wait, self.scratch)
@@ -134,13 +136,25 @@ class Calls:
         return count, nbytes, buffers.dtype_name(arr.dtype)
 
     def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
-        close_record(rec, exc)
-        if exc is not None:
-            if isinstance(exc, CclError):
-                exc.fields.setdefault("comm", self.id)
-                exc.fields.setdefault("rank", self.rank)
-            self.failure.call_failed(exc, rec)
+        final = exc if exc is None else self._failed(rec, exc)
+        close_record(rec, final)
         if not rec.seq % FOLD_BATCH:  # seqs count calls, per communicator or pair
             tracer = self._tracer
             if tracer is not None:
                 tracer.fold()
+        if final is not None and final is not exc:
+            raise final from exc
+
+    def _failed(self, rec: CollectiveRecord, exc: BaseException) -> BaseException:
+        """Fail the communicator with the call's error; the error the call raises then
+        names the failure's origin (this rank's own error only if it is the origin's)."""
+        call = self._call
+        first = self.failure.call_failed(exc, rec, call.what())
+        if not isinstance(exc, CclError):
+            return exc  # not ours to rename (KeyboardInterrupt, a bug): it is recorded
+        exc.fields.setdefault("comm", self.id)
+        exc.fields.setdefault("rank", self.rank)
+        if first is None or exc.revocation is first:
+            return exc
+        where = f"rank {self.rank}: {call.what()} seq {call.seq}"
+        return self.failure.error(first, where, op=call.op, seq=call.seq, comm=self.id)

@@ -10,6 +10,7 @@ from cclctl.errors import UsageError
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
+from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.signals import DumpRequests, request_dump
 from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.base import Transport
@@ -95,11 +96,14 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
     signals = ScopedStore.for_job(status_client, rdzv.job)
     dump_requests = DumpRequests(signals, telemetry, rdzv.rank).start()
     watchdog: Watchdog | None = None
+    revoker: Revoker | None = None
 
     def close() -> None:
         try:
             if watchdog is not None:
                 watchdog.stop()
+            if revoker is not None:
+                revoker.close()
             dump_requests.stop()
             telemetry.close()
         finally:
@@ -117,13 +121,34 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         watchdog=True,
     )
 
+    failure = comm.failure
+    failure.host = cfg.hostname
+    failure.peers = list(zip(rdzv.hosts, rdzv.pids, strict=False))
+    revoker = Revoker(
+        (rdzv.store.host, rdzv.store.port),
+        rdzv.token,
+        rdzv.job,
+        failure,
+        in_call=lambda: _in_call(telemetry),
+        dump=telemetry.dump,
+    )
+    telemetry.revoke_source = lambda: failure.first
+
     def expired(rec: CollectiveRecord, why: str) -> None:
-        """The policy decides what becomes of the call; every rank of the job dumps."""
-        comm.failure.hung(rec, why, cfg.on_hang)
+        """The policy decides what becomes of the call, naming the rank the hang waits
+        on; every rank of the job dumps."""
+        origin = revoker.hang_origin(rec, why) if cfg.on_hang == "raise" else None
+        failure.hung(rec, why, cfg.on_hang, origin)
         request_dump(signals, rdzv.rank, why)
 
     watchdog = Watchdog(telemetry, cfg.timeout_s, cfg.on_hang, on_expire=expired).start()
     return comm
+
+
+def _in_call(telemetry: Telemetry) -> str:
+    """The call this rank is in, as an acknowledgement of a revoke says it."""
+    inflight = telemetry.inflight()
+    return f"{inflight[0].op} seq {inflight[0].seq}" if inflight else ""
 
 
 def _start_telemetry(

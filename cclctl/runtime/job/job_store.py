@@ -65,4 +65,3 @@ def bind_host(host: str, bind: str = "") -> str:
         "CCLCTL_STORE_ADDR to the address to listen on (0.0.0.0 for every interface)",
         variable="MASTER_ADDR",
     )
-

@@ -52,6 +52,7 @@ class Rendezvous:
     server: StoreServer | None = None
     job: str = "default"
     hosts: list[str] = dataclasses.field(default_factory=list)  # host of every rank, by rank
+    pids: list[int] = dataclasses.field(default_factory=list)  # pid of every rank, by rank
     close_timeout_s: float = 60.0
     token: str = ""  # the job's token, as every rank agreed on it (see runtime/job/token.py)
     _rounds: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
@@ -161,6 +162,7 @@ def join_store(
         publish_check(scoped, cfg.token, cfg.job)
     _claim_rank(scoped, rank, dict(me, nonce=secrets.token_hex(8)))
     claims = _gather(scoped, "rdzv/rank/", world_size, cfg.connect_timeout_s, "rendezvous")
+    parsed = [_claim(raw) for raw in claims]
     token = cfg.token
     if rank != 0 and token:
         source = token_source or TokenSource(token, GIVEN, "")
@@ -172,10 +174,24 @@ def join_store(
         local_world_size=local_world_size,
         store=store,
         job=cfg.job,
-        hosts=[str(json.loads(claim).get("host", "?")) for claim in claims],
+        hosts=[str(claim.get("host", "?")) for claim in parsed],
+        pids=[_pid(claim) for claim in parsed],
         close_timeout_s=cfg.timeout_s,
         token=token,
     )
+
+
+def _claim(raw: bytes) -> dict[str, Any]:
+    try:
+        claim = json.loads(raw)
+    except ValueError:
+        return {}
+    return claim if isinstance(claim, dict) else {}
+
+
+def _pid(claim: dict[str, Any]) -> int:
+    pid = claim.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else 0
 
 
 def _who(claim: dict[str, Any]) -> str:

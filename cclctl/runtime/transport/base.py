@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from cclctl.records import CollectiveRecord
+from cclctl.revocation import Revocation
 from cclctl.runtime.failure import OK, FailureState, timeout_error
 from cclctl.runtime.transport.capabilities import Capabilities
 from cclctl.runtime.transport.wire import Call
@@ -54,7 +55,8 @@ class Wait:
         """Raise if the step must stop waiting; otherwise return the seconds left."""
         failure = self.failure
         if failure.status is not OK:
-            failure.stop(call.op, call.seq, peer, what, time.monotonic() - self.started)
+            elapsed = time.monotonic() - self.started
+            failure.stop(call.what(), call.op, call.seq, peer, what, elapsed)
         now = time.monotonic()
         if now >= self.deadline:
             timeout_error(self.rank, call.op, call.seq, peer, what, now - self.started)
@@ -116,9 +118,10 @@ class Transport(Protocol):
         """Bytes sent to and received from each peer so far (indexed by rank)."""
         ...
 
-    def announce(self, status: str) -> None:
-        """Tell this rank's peers it is ``broken`` or ``closed`` by the transport's own means
-        (the failure state's hook; shared memory: this rank's state word)."""
+    def announce(self, status: str, revocation: Revocation | None) -> None:
+        """Tell this rank's peers it is ``broken`` (why: ``revocation``) or ``closed`` by
+        the transport's own means (the failure state's hook; shared memory: this rank's
+        revoke area and state word; TCP: a revoke frame on every link, then the close)."""
         ...
 
     def close(self) -> None: ...

@@ -16,6 +16,7 @@ import dataclasses
 import json
 from collections.abc import Collection, Sequence
 
+from cclctl.revocation import Revocation
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Progress, SteppedTransport, Transfer, Transport, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
@@ -149,9 +150,12 @@ class HybridTransport:
             received = [a + b for a, b in zip(received, r2, strict=True)]
         return sent, received
 
-    def announce(self, status: str) -> None:
-        if self.shm is not None:
-            self.shm.announce(status)
+    def announce(self, status: str, revocation: Revocation | None) -> None:
+        try:
+            self.tcp.announce(status, revocation)
+        finally:
+            if self.shm is not None:
+                self.shm.announce(status, revocation)
 
     def close(self) -> None:
         try:

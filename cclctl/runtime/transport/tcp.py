@@ -9,10 +9,13 @@ message is followed by its tag, checked before the payload counts as received.
 
 from __future__ import annotations
 
+import contextlib
 import select
+import threading
 from collections.abc import Sequence
 
 from cclctl.errors import PeerError, ProtocolError
+from cclctl.revocation import Revocation
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT
@@ -47,9 +50,9 @@ class TcpStep:
             except OSError as exc:
                 self._broken(item, exc)
             except ProtocolError:
-                # Half a foreign message is on the wire: close the link so the peer
-                # fails at once instead of waiting for a reply that will not come.
-                self.links.drop(item.peer)
+                # Half a foreign message is on the wire: the failure's announce closes
+                # every link, so the peer fails at once instead of waiting for a reply.
+                pending.remove(item)
                 raise
             progressed = True
             if moved < 0:
@@ -73,21 +76,25 @@ class TcpStep:
         for item in self.pending:
             flag = select.POLLIN if isinstance(item, Recv) else select.POLLOUT
             events[item.sock.fileno()] = events.get(item.sock.fileno(), 0) | flag
+        events[wait.failure.wake_fd] = select.POLLIN  # the failure state wakes it at once
         for fd, mask in events.items():
             poller.register(fd, mask)
         poller.poll(int(min(left, slice_s) * 1000) + (1 if slice_s >= 0.001 else 0))
 
     def _broken(self, item: Send | Recv, exc: OSError) -> None:
         self.links.drop(item.peer)
+        self.pending.remove(item)
         what = "receiving from" if isinstance(item, Recv) else "sending to"
         call = self.call
+        why = exc.strerror or str(exc)
         raise PeerError(
             f"rank {self.rank}: link to rank {item.peer} broke while {what} it in "
-            f"{call.describe()}: {exc.strerror or exc}",
+            f"{call.describe()}: {why}",
             rank=self.rank,
             peer=item.peer,
             seq=call.seq,
             op=call.op,
+            why=why,
         ) from None
 
 
@@ -102,6 +109,9 @@ class TcpTransport(DrivenAlone):
         self.rank = links.rank
         self._sent = [0] * links.world_size
         self._received = [0] * links.world_size
+        self._step: TcpStep | None = None  # the step started last (announce reads it)
+        self._owner = threading.get_ident()  # the thread that runs the calls
+        self._revoked = False
 
     @property
     def address(self) -> str:
@@ -140,7 +150,8 @@ class TcpTransport(DrivenAlone):
                 else MacRecv(sock, peer, view, call, step, self.rank, session)
             )
             self._received[peer] += len(view)
-        return TcpStep(self._links, call, pending)
+        self._step = step_ = TcpStep(self._links, call, pending)
+        return step_
 
     def drop_link(self, peer: int) -> None:
         self._links.drop(peer)
@@ -148,8 +159,35 @@ class TcpTransport(DrivenAlone):
     def link_bytes(self) -> tuple[list[int], list[int]]:
         return list(self._sent), list(self._received)
 
-    def announce(self, status: str) -> None:
-        """Nothing to do: a TCP peer learns of a failure from the link itself."""
+    def announce(self, status: str, revocation: Revocation | None) -> None:
+        """Send ``revocation`` on every link whose outgoing stream is between messages (a
+        peer reading it then raises naming the origin), then close the links, so a peer
+        waiting on this rank learns at once. Only the thread that runs the calls writes to
+        the sockets: from another thread (the watchdog, the store's listener) this waits
+        until the call it interrupts fails there and announces again. Links with a MAC get
+        no frame (it would carry none): their peers hear of it through the store."""
+        if self._revoked or threading.get_ident() != self._owner:
+            return
+        self._revoked = True
+        links = self._links
+        busy = self._mid_message()
+        frame = b""
+        if revocation is not None and status == "broken":
+            frame = wire.pack_revoke(
+                wire.comm_tag(revocation.comm), revocation.epoch, revocation.encode()
+            )
+        for peer, sock in links.open_links():
+            if frame and peer not in busy and links.session(peer) is None:
+                with contextlib.suppress(OSError):
+                    sock.send(frame)  # small: it fits the socket's buffer, or is dropped
+        links.drop_all()
+
+    def _mid_message(self) -> set[int]:
+        """Peers whose outgoing message the last step left half sent."""
+        step = self._step
+        if step is None:
+            return set()
+        return {p.peer for p in step.pending if isinstance(p, Send) and p.begun}
 
     def close(self) -> None:
         self._links.close()

@@ -236,6 +236,20 @@ class Links:
         if sock is not None:
             sock.close()
 
+    def open_links(self) -> list[tuple[int, socket.socket]]:
+        with self._linked:
+            return list(self.socks.items())
+
+    def drop_all(self) -> None:
+        """Close every link (a failure: what is on them can no longer be trusted); the
+        listener stays, so a later close is the same as ever."""
+        with self._linked:
+            socks = list(self.socks.values())
+            self.socks.clear()
+            self.sessions.clear()
+        for sock in socks:
+            sock.close()
+
     def close(self) -> None:
         self._closed.set()
         with self._linked:

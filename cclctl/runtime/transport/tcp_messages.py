@@ -8,18 +8,26 @@ each piece to the link's MAC as it goes, and send or check the tag after the pay
 
 from __future__ import annotations
 
+import select
 import socket
+import time
 
+from cclctl import revocation
+from cclctl.errors import BadInput, CclError, ProtocolError
+from cclctl.runtime.failure import revoked
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.link_auth import TAG_BYTES, Session, tag_of
 
+_REVOKE_READ_S = 0.2  # a revoke frame is sent whole: the longest its rest may take to arrive
+
 
 class Send:
-    __slots__ = ("bufs", "peer", "sock")
+    __slots__ = ("begun", "bufs", "peer", "sock")
 
     def __init__(self, sock: socket.socket, peer: int, header: bytes, view: memoryview) -> None:
         self.sock = sock
         self.peer = peer
+        self.begun = False  # some of it is on the wire: the link is mid-message until done
         self.bufs: list[memoryview] = (
             [memoryview(header), view] if len(view) else [memoryview(header)]
         )
@@ -27,6 +35,7 @@ class Send:
     def advance(self) -> int:
         """Send what the socket takes now; return bytes sent (-1 once finished)."""
         sent = self.sock.sendmsg(self.bufs)
+        self.begun = True
         while sent:
             head = self.bufs[0]
             if sent >= len(head):
@@ -83,6 +92,8 @@ class Recv:
                 return n
             if self.header != self.expected:
                 got = wire.unpack(self.header, self.peer)
+                if got.call.op == wire.REVOKE:
+                    raise self._revoked(got.nbytes)
                 wire.check(got, self.call, self.step, self.nbytes, self.rank, self.peer)
             if self.nbytes == 0:
                 return -1
@@ -91,6 +102,33 @@ class Recv:
             raise ConnectionResetError("peer closed the connection")
         self.got += n
         return -1 if self.got - hs == self.nbytes else n
+
+    def _revoked(self, nbytes: int) -> CclError:
+        """The peer sent the record of the job's failure instead of the message: read it
+        (it is small and sent whole) and raise it as this call's end."""
+        where = f"rank {self.rank}: {self.call.what()} seq {self.call.seq}"
+        if nbytes > revocation.MAX_BYTES:
+            return ProtocolError(
+                f"{where}: rank {self.peer} sent a {nbytes}-byte revoke frame", peer=self.peer
+            )
+        record = bytearray()
+        deadline = time.monotonic() + _REVOKE_READ_S
+        while len(record) < nbytes and time.monotonic() < deadline:
+            select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
+            try:
+                chunk = self.sock.recv(nbytes - len(record))
+            except (BlockingIOError, InterruptedError):
+                continue
+            if not chunk:
+                break
+            record += chunk
+        try:
+            rev = revocation.decode(bytes(record), f"rank {self.peer}'s revoke frame")
+        except BadInput as exc:
+            return ProtocolError(f"{where}: {exc}", peer=self.peer)
+        return revoked(
+            where, rev, rank=self.rank, peer=self.peer, seq=self.call.seq, op=self.call.op
+        )
 
 
 class MacSend(Send):

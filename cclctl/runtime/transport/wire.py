@@ -43,6 +43,10 @@ _OP_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _OP_CODES["recv"] = _OP_CODES["send"]
 _REDOP_CODES = {name: code for code, name in enumerate(REDOPS)}
 SHARED_BIT = 0x80  # set in the op byte when the call runs on shared buffers
+#: The op of a revoke frame: a header whose payload is the record of the job's failure
+#: (:mod:`cclctl.revocation`), sent on a link instead of the next message.
+REVOKE = "revoke"
+REVOKE_OP = 0x7E
 
 
 def comm_tag(comm_id: str) -> int:
@@ -65,13 +69,17 @@ class Call:
     shared: bool = False  # on buffers from cclctl.runtime.transport.shm.shared_buffers (zero-copy)
 
     def describe(self) -> str:
+        return f"{self.what()} at seq {self.seq} epoch {self.epoch}"
+
+    def what(self) -> str:
+        """The call without its place: ``all_reduce(float32, sum, count 4096)``."""
         parts = [p for p in (self.dtype, self.redop) if p]
         if self.root >= 0:
             parts.append(f"root {self.root}")
         parts.append(f"count {self.count}")
         if self.shared:
             parts.append("shared buffers")
-        return f"{self.op}({', '.join(parts)}) at seq {self.seq} epoch {self.epoch}"
+        return f"{self.op}({', '.join(parts)})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,6 +87,12 @@ class Header:
     call: Call
     step: int
     nbytes: int
+
+
+def pack_revoke(comm: int, epoch: int, record: bytes) -> bytes:
+    """A revoke frame: its header (op :data:`REVOKE_OP`) and the record."""
+    header = _HEADER.pack(MAGIC, VERSION, REVOKE_OP, 0, 0, -1, comm, epoch, 0, 0, 0, len(record))
+    return header + record
 
 
 def pack(call: Call, step: int, nbytes: int) -> bytes:
@@ -114,7 +128,7 @@ def unpack(data: bytes | bytearray | memoryview, peer: int) -> Header:
         comm=comm,
         epoch=epoch,
         seq=seq,
-        op=COLLECTIVES[op] if op < len(COLLECTIVES) else f"op#{op}",
+        op=COLLECTIVES[op] if op < len(COLLECTIVES) else REVOKE if op == REVOKE_OP else f"op#{op}",
         dtype=DTYPE_NAMES[dtype] if dtype < len(DTYPE_NAMES) else f"dtype#{dtype}",
         redop=REDOPS[redop] if redop < len(REDOPS) else f"redop#{redop}",
         root=root,
@@ -144,4 +158,6 @@ def check(got: Header, expected: Call, step: int, nbytes: int, rank: int, peer: 
         op=expected.op,
         peer_op=got.call.op,
         peer_seq=got.call.seq,
+        mine=expected.what(),
+        theirs=got.call.what() if got.call != wanted else f"step {got.step} ({got.nbytes} bytes)",
     )

@@ -9,6 +9,7 @@ viewed as any dtype without copies.
 Layout (L local ranks, K collective slots of C bytes, KP point-to-point slots of CP bytes)::
 
     control     magic, pid, state | wake | sleeping | collective counters | per peer: sent, received
+                | revoke: length, then the record of this rank's first failure
     coll[K]     header + C bytes: this rank's published chunk of a collective (read by all)
     res[K]      header + C bytes: this rank's reduced sub-chunk (reduce-scatter + all-gather)
     p2p[L][KP]  header + CP bytes: point-to-point messages to local rank j
@@ -41,6 +42,7 @@ Q_RES_USED = Q_COLL_PUB + 3  # rounds whose every reduced sub-chunk this rank ha
 
 STATE_OK, STATE_CLOSED, STATE_BROKEN = 0, 1, 2
 _P2P_BASE = 4 * LINE
+REVOKE_BYTES = 2048  # the revoke area: a u32 length, then the record (cclctl.revocation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +62,14 @@ class Layout:
         return (_P2P_BASE + (2 * j + 1) * LINE) // 8
 
     @property
+    def revoke_area(self) -> int:
+        """Byte offset of the revoke area: written once by the owner before it sets its
+        state to broken, read by peers once they see that state."""
+        return _P2P_BASE + 2 * self.local_size * LINE
+
+    @property
     def control_bytes(self) -> int:
-        raw = _P2P_BASE + 2 * self.local_size * LINE
+        raw = self.revoke_area + REVOKE_BYTES
         return -(-raw // 4096) * 4096
 
     def coll_slot(self, k: int) -> int:
@@ -82,7 +90,7 @@ class Layout:
 class View:
     """One mapped segment as counters (u64), words (u32), bytes and a numpy byte array."""
 
-    __slots__ = ("i", "mv", "pidfd", "q", "rank", "segment", "u8", "wake_addr")
+    __slots__ = ("i", "mv", "pidfd", "q", "rank", "revoke", "segment", "u8", "wake_addr")
 
     def __init__(self, segment: Segment, layout: Layout, rank: int) -> None:
         self.segment = segment
@@ -92,6 +100,7 @@ class View:
         self.q = control.cast("Q")
         self.i = control.cast("I")
         self.u8 = np.frombuffer(segment.mm, np.uint8)
+        self.revoke = self.mv[layout.revoke_area : layout.revoke_area + REVOKE_BYTES]
         self.wake_addr = address_of(self.mv, W_WAKE * 4)
         self.pidfd: int | None = None
 
@@ -103,12 +112,24 @@ class View:
     def valid(self) -> bool:
         return self.i[W_MAGIC] == MAGIC
 
+    def write_revoke(self, record: bytes) -> None:
+        """The owner: leave the record of its first failure for its peers (before it sets
+        its state word, which is what they look at)."""
+        record = record[: REVOKE_BYTES - 4]
+        self.revoke[4 : 4 + len(record)] = record
+        self.revoke[:4] = len(record).to_bytes(4, "little")
+
+    def read_revoke(self) -> bytes:
+        """A peer: the owner's record, or empty when it left none."""
+        n = min(int.from_bytes(self.revoke[:4], "little"), REVOKE_BYTES - 4)
+        return bytes(self.revoke[4 : 4 + n])
+
     def release(self) -> None:
         """Drop every view of the mapping so the segment can be unmapped."""
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
-        for view in (self.q, self.i, self.mv):
+        for view in (self.q, self.i, self.revoke, self.mv):
             view.release()
         self.u8 = np.empty(0, np.uint8)
         self.segment.close()

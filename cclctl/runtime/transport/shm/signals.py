@@ -17,7 +17,11 @@ import select
 import time
 from collections.abc import Callable, Sequence
 
-from cclctl.errors import PeerError
+from cclctl import revocation
+from cclctl.errors import BadInput, PeerError
+from cclctl.revocation import Revocation
+from cclctl.runtime.failure import revoked
+from cclctl.runtime.peer_process import GONE
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.shm.futex import Futex
@@ -128,12 +132,12 @@ class Signals:
             me[W_SLEEPING] = 0
 
     def check_peers(self, call: wire.Call, peer: int) -> None:
-        """Raise if the awaited peer, or any peer, failed, closed or died."""
+        """Raise if the awaited peer, or any peer, failed, closed or died: with the record
+        of the job's failure where the peer left one, so the error names its origin."""
         for view in self.others:
             state = view.i[W_STATE]
             if state != STATE_OK:
-                why = "closed its communicator" if state == STATE_CLOSED else "failed"
-                self._peer_error(call, view.rank, f"rank {view.rank} {why}")
+                self._peer_failed(call, view, state)
         now = time.monotonic()
         if now - self._pids_checked < SLEEP_SLICE_S:
             return
@@ -143,22 +147,46 @@ class Signals:
             readable, _, _ = select.select(fds, [], [], 0)
             for view in self.others:
                 if view.pidfd in readable:
-                    self._peer_error(call, view.rank, f"rank {view.rank}'s process exited")
+                    self._peer_error(call, view.rank, f"rank {view.rank}'s process exited", GONE)
 
-    def _peer_error(self, call: wire.Call, peer: int, why: str) -> None:
+    def _peer_failed(self, call: wire.Call, view: View, state: int) -> None:
+        if state == STATE_BROKEN:
+            raw = view.read_revoke()
+            try:
+                rev = revocation.decode(raw) if raw else None
+            except BadInput:
+                rev = None
+            if rev is not None:
+                raise revoked(
+                    f"rank {self.rank}: {call.what()} seq {call.seq}",
+                    rev,
+                    rank=self.rank,
+                    peer=view.rank,
+                    seq=call.seq,
+                    op=call.op,
+                )
+        why = "closed its communicator" if state == STATE_CLOSED else "failed"
+        self._peer_error(call, view.rank, f"rank {view.rank} {why}", why)
+
+    def _peer_error(self, call: wire.Call, peer: int, text: str, why: str) -> None:
         raise PeerError(
             f"rank {self.rank}: shared-memory link to rank {peer} broke in "
-            f"{call.describe()}: {why}",
+            f"{call.describe()}: {text}",
             rank=self.rank,
             peer=peer,
             seq=call.seq,
             op=call.op,
+            why=why,
         )
 
-    def announce(self, status: str) -> None:
-        """Set this rank's state word to ``status`` (``broken`` or ``closed``), once: the
-        failure state's hook, so every peer's wait on this rank ends now."""
-        me = self.me.i
-        if me[W_STATE] == STATE_OK:
-            me[W_STATE] = STATE_CLOSED if status == "closed" else STATE_BROKEN
+    def announce(self, status: str, record: Revocation | None = None) -> None:
+        """Set this rank's state word to ``status`` (``broken`` or ``closed``), once, after
+        leaving ``record`` in the revoke area: the failure state's hook, so every peer's
+        wait on this rank ends now and names the failure's origin."""
+        me = self.me
+        if me.i[W_STATE] == STATE_OK:
+            if record is not None and status != "closed":
+                me.write_revoke(record.encode())
+                self.futex.fence()
+            me.i[W_STATE] = STATE_CLOSED if status == "closed" else STATE_BROKEN
             self.notify()

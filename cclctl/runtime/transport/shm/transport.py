@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from cclctl.errors import CclError, PeerError
+from cclctl.revocation import Revocation
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
@@ -158,6 +159,7 @@ class ShmTransport(DrivenAlone):
                 peer=peer,
                 seq=call.seq,
                 op=call.op,
+                why="the link was dropped",
             )
         rings, local = self._rings, self._local
         items: list[Outgoing | Incoming] = []
@@ -177,9 +179,9 @@ class ShmTransport(DrivenAlone):
     def link_bytes(self) -> tuple[list[int], list[int]]:
         return list(self._sent), list(self._received)
 
-    def announce(self, status: str) -> None:
+    def announce(self, status: str, revocation: Revocation | None) -> None:
         if not self._closed:  # once closed, the segments are unmapped
-            self.group.announce(status)
+            self.group.announce(status, revocation)
 
     def close(self) -> None:
         if not self._closed:

@@ -1,0 +1,46 @@
+"""The rank a live hang waits on, as a watchdog that just expired a call asks for it.
+
+A rank's watchdog sees only its own neighbour (in a ring every rank waits on the one
+before it), so when it expires a call it asks the diagnosis of the job's statuses which
+rank the hang comes from, the same verdict ``cclctl top`` shows, and names that rank in
+the job's revoke record.
+"""
+
+from __future__ import annotations
+
+from cclctl.diagnose import model
+from cclctl.diagnose_io.live import diagnose_live
+from cclctl.errors import CclError
+from cclctl.live.snapshot import JobStatuses
+
+#: The diagnosis' verdict kinds as revoke-record kinds and what the reason says of the rank.
+_WORDS = {
+    model.DEAD: ("died", "process exited"),
+    model.STOPPED: ("hang", "is stopped (process state T)"),
+    model.STALE: ("hang", "stopped publishing its status"),
+    model.MISSING: ("hang", "never published a status"),
+    model.NOT_ENTERED: ("hang", "has not entered {call}"),
+    model.STUCK: ("hang", "is stuck in {call}"),
+    model.MISMATCH: ("mismatch", "called another collective at {call}"),
+    model.LINK: ("link", "does not answer on its link"),
+}
+
+
+def hang_suspect(statuses: JobStatuses) -> tuple[int, str, str, int | None] | None:
+    """(rank, kind, reason, peer) of the first suspect of the live diagnosis, or None when
+    it names none (the statuses show no fault yet, or cannot be read)."""
+    try:
+        diagnosis = diagnose_live(statuses)
+    except CclError:
+        return None
+    for verdict in diagnosis.faults:
+        if not verdict.suspects or verdict.kind not in _WORDS:
+            continue
+        kind, words = _WORDS[verdict.kind]
+        call = f"{verdict.op} seq {verdict.seq}" if verdict.op else "the collective"
+        peer = None
+        if verdict.link is not None:
+            a, b = verdict.link
+            peer = b if a == verdict.suspects[0].rank else a
+        return verdict.suspects[0].rank, kind, words.format(call=call), peer
+    return None

@@ -1,0 +1,235 @@
+"""Every rank's end of the job's one revoke record in the store: the path a failure takes to
+the ranks that shared memory and the links do not reach.
+
+A rank's first failure is written to the job's ``revoke`` key (first writer wins, so the
+job agrees on one origin) and every rank waits on that key with a blocking ``wait`` on a
+connection of its own: a rank frozen behind a stopped peer or a blackholed link, or busy
+between calls, adopts the record within a store round trip and acknowledges it under
+``revoke_ack/<rank>`` (what ``cclctl abort`` reads). A one-sided record (a broken link, a
+mismatch) first waits briefly for a better-informed one, and a mismatch is decided by
+every witness' observation, so the odd one out is named, not whoever saw it first. A hang
+the watchdog expires is named by the diagnosis of the job's live statuses: the rank the
+others wait on, not this rank's neighbour.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from cclctl import revocation
+from cclctl.errors import BadInput, CclError, StoreTimeout
+from cclctl.records import CollectiveRecord
+from cclctl.revocation import Revocation
+from cclctl.runtime.failure import STORE, FailureState
+from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
+
+log = logging.getLogger(__name__)
+
+LISTEN_SLICE_S = 30.0  # one blocking wait on the store; then it waits again
+WEAK_GRACE_S = 0.15  # how long a one-sided record waits for a better-informed one
+STORE_OP_S = 2.0  # the longest one store request of the failure path may take
+_GIVE_UP_AFTER = 5  # store errors in a row before the listener stops (the store is gone)
+
+
+def _client(address: tuple[str, int], token: str, timeout_s: float) -> StoreClient:
+    return StoreClient(
+        address[0],
+        address[1],
+        timeout_s=timeout_s,
+        connect_timeout_s=timeout_s,
+        token=token or None,
+    )
+
+
+class Revoker:
+    """Rank ``failure.rank``'s link between its failure state and the job's store at
+    ``address`` (job ``job``); ``in_call()`` says which call runs now (for the ack),
+    ``dump(reason)`` leaves the evidence."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        token: str,
+        job: str,
+        failure: FailureState,
+        *,
+        in_call: Callable[[], str] = lambda: "",
+        dump: Callable[[str], object] | None = None,
+    ) -> None:
+        self.failure = failure
+        self.rank = failure.rank
+        self._in_call = in_call
+        self._dump = dump
+        self._address, self._token, self._job = address, token, job
+        self._scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
+        self._listener = _client(address, token, LISTEN_SLICE_S + STORE_OP_S)
+        self._stopped = threading.Event()
+        failure.on_first(self._first)
+        failure.resolve = self.resolve
+        self._thread = threading.Thread(
+            target=self._listen, name=f"cclctl-revoke-r{self.rank}", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------ listening
+    def _listen(self) -> None:
+        scoped = ScopedStore.for_job(self._listener, self._job)
+        errors = 0
+        while not self._stopped.is_set():
+            try:
+                scoped.wait([revocation.KEY], timeout_s=LISTEN_SLICE_S)
+                raw = scoped.try_get(revocation.KEY)
+            except StoreTimeout:
+                continue
+            except CclError:
+                errors += 1
+                if self._stopped.is_set() or errors >= _GIVE_UP_AFTER:
+                    return
+                self._stopped.wait(0.2 * errors)
+                continue
+            if raw is None:
+                continue
+            try:
+                rev = revocation.decode(raw, "the job's revoke record")
+            except BadInput as exc:
+                log.warning("rank %d: ignored the store's revoke record: %s", self.rank, exc)
+                return
+            if rev.epoch >= self.failure.epoch and rev.comm in ("", self.failure.comm):
+                self.failure.adopt(rev, STORE)
+            return
+
+    # ------------------------------------------------------------------ telling
+    def _first(self, rev: Revocation, how: str) -> None:
+        """The state's first failure: publish it now (unless it came from the store: a
+        rank that exits right after must not take it along), then ack and dump on a thread
+        of its own, so the failing call raises at once."""
+        if how != STORE:
+            with contextlib.suppress(CclError):
+                self.agree(rev)
+        threading.Thread(
+            target=self._spread, args=(rev,), name=f"cclctl-revoked-r{self.rank}", daemon=True
+        ).start()
+
+    def _spread(self, rev: Revocation) -> None:
+        with contextlib.suppress(CclError):
+            self._ack()
+        if self._dump is not None:
+            with contextlib.suppress(Exception):
+                self._dump(f"revoked: {rev.describe()}")
+
+    def _ack(self) -> None:
+        ack = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "host": self.failure.host,
+            "in_call": self._in_call(),
+            "time_ns": time.time_ns(),
+        }
+        self._scoped.set(revocation.ack_key(self.rank), json.dumps(ack).encode())
+
+    def agree(self, rev: Revocation) -> Revocation:
+        """Write ``rev`` as the job's record unless one is there; return the one that is."""
+        now = self._scoped.compare_set(revocation.KEY, None, rev.encode())
+        if not now or now == rev.encode():
+            return rev
+        try:
+            return revocation.decode(now, "the job's revoke record")
+        except BadInput:
+            return rev
+
+    # ------------------------------------------------------------------ agreeing
+    def resolve(self, rev: Revocation) -> Revocation:
+        """What this rank's failing call saw, ``rev``, against the job's record: that one
+        if it is there (a one-sided ``rev``, a broken link or a mismatch, waits a short grace
+        for it), else ``rev`` agreed (a mismatch: its odd one out)."""
+        try:
+            if rev.kind == "mismatch":
+                self._observe(rev)
+            try:
+                if rev.kind in revocation.WEAK_KINDS:
+                    self._scoped.wait([revocation.KEY], timeout_s=WEAK_GRACE_S)
+                raw = self._scoped.try_get(revocation.KEY)
+                if raw:
+                    return revocation.decode(raw, "the job's revoke record")
+            except StoreTimeout:
+                pass
+            if rev.kind == "mismatch":
+                rev = self._odd_one_out(rev)
+            return self.agree(rev)
+        except (CclError, ValueError):
+            return rev  # the store is gone: the rank's own view stands
+
+    def _observe(self, rev: Revocation) -> None:
+        """Leave what this rank saw of a mismatch: its own call and its peer's."""
+        seen = {"rank": self.rank, "peer": rev.origin, "reason": rev.reason, "call": rev.call}
+        self._scoped.set(f"mismatch/{rev.seq}/{self.rank}", json.dumps(seen).encode())
+
+    def _odd_one_out(self, rev: Revocation) -> Revocation:
+        """Among every witness' observation of the mismatch at ``rev.seq``, the rank whose
+        call differs from the most common one; ``rev`` as it is when that is not clear."""
+        listing = self._scoped.list(f"mismatch/{rev.seq}/")
+        calls: dict[int, str] = {}
+        for raw in listing.values():
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                seen = json.loads(raw)
+                mine, _, theirs = (
+                    str(seen["reason"]).removeprefix("called ").partition(" where rank ")
+                )
+                calls[int(seen["peer"])] = mine
+                rank, _, own = theirs.partition(" called ")
+                calls[int(rank)] = own
+        counts = Counter(calls.values())
+        if len(counts) < 2:
+            return rev
+        (common, n), *rest = counts.most_common()
+        if rest and rest[0][1] == n:
+            return rev  # a tie: nobody can be named the odd one
+        odd = sorted(r for r, c in calls.items() if c != common)
+        if not odd or odd[0] == rev.origin:
+            return rev
+        other = min(r for r, c in calls.items() if c == common)
+        why = f"called {calls[odd[0]]} where rank {other} called {common}"
+        return self.failure.record(
+            "mismatch", why, odd[0], seq=rev.seq, op=rev.op, call=rev.call, peer=other
+        )
+
+    def hang_origin(self, rec: CollectiveRecord, line: str) -> Revocation | None:
+        """The watchdog expired ``rec``: the job's record if there is one, else the rank
+        the hang waits on, as the diagnosis of the live statuses names it, agreed."""
+        try:
+            raw = self._scoped.try_get(revocation.KEY)
+            if raw:
+                return revocation.decode(raw, "the job's revoke record")
+            origin = self._diagnosed(rec, line)
+            return None if origin is None else self.agree(origin)
+        except (CclError, ValueError):
+            return None
+
+    def _diagnosed(self, rec: CollectiveRecord, line: str) -> Revocation | None:
+        from cclctl.diagnose_io.hang_origin import hang_suspect  # only when a hang expires
+        from cclctl.live.snapshot import fetch
+
+        statuses = fetch(self._scoped.client, self._job)
+        found = hang_suspect(statuses)
+        if found is None:
+            return None
+        rank, kind, reason, peer = found
+        return self.failure.record(
+            kind, reason, rank, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog", peer=peer
+        )
+
+    # ------------------------------------------------------------------ closing
+    def close(self) -> None:
+        """Stop listening; the store may already be gone."""
+        self._stopped.set()
+        self._listener.close()  # ends a blocking wait at once
+        self._thread.join(2.0)
+        self._scoped.client.close()

@@ -1,0 +1,52 @@
+"""Whether a peer's process on this host is gone, and how it ended: a dead rank named with
+its signal (``SIGKILL``) instead of "the link broke".
+
+Only a parent can wait for a child's status, but a zombie's ``/proc/<pid>/stat`` still
+holds its exit code until the parent reaps it, so a peer that died a moment ago often
+shows its signal; once reaped, all that is left to say is that its process exited.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+GONE = "process exited"
+
+
+def exit_reason(pid: int) -> str | None:
+    """None while ``pid`` runs (or is stopped); else how it ended: ``SIGKILL``, ``exit code
+    1`` or :data:`GONE`. Raises nothing: an unreadable table reads as alive."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return GONE
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if not fields or fields[0] not in (b"Z", b"X"):
+        return None
+    try:
+        status = int(fields[-1])  # exit_code (field 52, Linux 3.5+): the wait status
+    except ValueError:
+        return GONE
+    return describe_status(status)
+
+
+def describe_status(status: int) -> str:
+    """A wait status in words: ``SIGKILL`` or ``exit code 3``."""
+    if os.WIFSIGNALED(status):
+        return signal_name(os.WTERMSIG(status))
+    if os.WIFEXITED(status):
+        return f"exit code {os.WEXITSTATUS(status)}"
+    return GONE
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
