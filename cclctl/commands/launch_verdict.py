@@ -80,7 +80,7 @@ class Origin:
     ranks: tuple[int, ...] = ()
 
     def words(self) -> str:
-        call = f" {self.call}" if self.call else ""
+        call = f" {self.call}" if self.call and self.call not in self.how else ""
         joiner = "" if not call or self.how.endswith((" at", " in", " entered")) else " in"
         return " ".join(w for w in (self.subject, self.how) if w) + joiner + call
 
