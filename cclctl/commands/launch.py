@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cclctl.commands.checks import check_command
+from cclctl.commands.launch_verdict import FailureWatch, verdict_line
 from cclctl.launch import streaming_copies
 from cclctl.launch.launcher import MAX_PROCS, launch, print_prefixed
 from cclctl.launch.output import where_to_watch
@@ -22,8 +23,12 @@ HELP = (
     "cache (GLIBC_TUNABLES sets glibc's "
     "non-temporal threshold, which virtual machines often leave at hundreds of MB); "
     "CCLCTL_STREAMING_COPY=SIZE moves it, CCLCTL_STREAMING_COPY=0 leaves glibc's own.\n\n"
-    "When a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after "
+    "When a rank exits non-zero or is killed, the launcher records it in the job's store "
+    "(the ranks then name it in their errors), the others get SIGTERM, then SIGKILL after "
     "--grace seconds, and cclctl exits with that rank's code (1 if it died by a signal). "
+    "The last line names the failure's origin, not the first rank to exit: the rank, its "
+    "signal or exit code, the collective, what became of the others and where the dumps "
+    "are (CCLCTL_TRACE_DIR, else the job's folder); for a hang, the rank the others wait on. "
     "At start it prints the store's address and the `cclctl top` and `cclctl diagnose hang` "
     "commands that watch this job, on stderr. "
     f"Ctrl-C is forwarded to every rank before they are stopped the same way. -n is 1 to "
@@ -74,6 +79,7 @@ def launch_command(
     ),
 ) -> None:
     check_command("launch", {"-n": nprocs, "--port": port, "--timeout": timeout, "--grace": grace})
+    watch = FailureWatch()
     result = launch(
         cmd or [],
         nprocs,
@@ -82,9 +88,10 @@ def launch_command(
         grace_s=grace,
         timeout_s=timeout,
         on_start=_announce,
+        on_failure=watch,
     )
     if result.returncode != 0:
-        print(f"cclctl: {result.describe()}", file=sys.stderr)
+        print(verdict_line(result, watch.live), file=sys.stderr)
         raise typer.Exit(result.returncode)
 
 

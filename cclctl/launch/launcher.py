@@ -21,11 +21,20 @@ from cclctl.config_check import MAX_LOCAL_RANKS
 from cclctl.errors import StoreError, UsageError
 from cclctl.launch import streaming_copies
 from cclctl.launch.output import LineSink
-from cclctl.launch.ranks import LaunchResult, RankExit, RankJob
+from cclctl.launch.ranks import FailureHook, LaunchResult, RankExit, RankJob
+from cclctl.launch.witness import StoreSeen, Witness
 from cclctl.store.client import StoreServer
 from cclctl.store.limits import StoreLimits
 
-__all__ = ["MAX_PROCS", "LaunchResult", "RankExit", "launch", "print_prefixed"]
+__all__ = [
+    "MAX_PROCS",
+    "FailureHook",
+    "LaunchResult",
+    "RankExit",
+    "StoreSeen",
+    "launch",
+    "print_prefixed",
+]
 
 MAX_PROCS = MAX_LOCAL_RANKS
 
@@ -48,6 +57,7 @@ def launch(
     grace_s: float = 5.0,
     timeout_s: float | None = None,
     on_start: Callable[[str, str], None] | None = None,
+    on_failure: FailureHook | None = None,
 ) -> LaunchResult:
     """Run ``cmd`` as ``nprocs`` ranks on this host and wait for all of them.
 
@@ -60,6 +70,12 @@ def launch(
     ``output`` (default: ``[rank k] line``).
     ``on_start(store_address, job)`` is called once every rank started, before any rank's
     output is passed on (so its lines come first).
+
+    The launcher is the first witness of a rank's death: when a rank dies of a signal or
+    exits non-zero while the job runs, it writes the job's revoke record (``died``, the
+    signal or exit code; unless a rank wrote one first), calls ``on_failure`` with that
+    rank and what the store holds (also when ``timeout_s`` runs out, with None), and then
+    stops the others. The result carries the order of the exits and the store's last word.
     """
     _check_arguments(cmd, nprocs, port, grace_s, timeout_s)
     base = streaming_copies.rank_environment({**inherited_environment(), **(env or {})})
@@ -72,11 +88,13 @@ def launch(
     with server:
         envs = _rank_environments(base, nprocs, server.address, token)
         token_file = _write_token(envs[0]["CCLCTL_JOB"], token, base)
+        witness = Witness(server.address, token, envs[0]["CCLCTL_JOB"])
         try:
-            job = RankJob(list(cmd), nprocs, envs)
+            job = RankJob(list(cmd), nprocs, envs, witness, on_failure)
             sink = _route(output or print_prefixed, capture_rank0_stdout)
             return job.run(sink, grace_s, timeout_s, on_start)
         finally:
+            witness.close()
             with contextlib.suppress(OSError):
                 token_file.unlink()
                 token_file.parent.rmdir()  # only when the job left nothing else there

@@ -20,9 +20,16 @@ from types import FrameType
 from cclctl.errors import EXIT_ERROR, CclError, UsageError
 from cclctl.launch import child_guard
 from cclctl.launch.output import LineSink, OutputPump
+from cclctl.launch.pidfds import ExitWaiter
+from cclctl.launch.witness import StoreSeen, Witness, death_record
 
 SIGNAL_EXIT_BASE = 128  # the shell's convention: 130 after Ctrl-C, 143 after SIGTERM
 OUTPUT_DRAIN_S = 5.0
+
+#: Called once when the job first fails (the failed rank, or None when ``timeout_s`` ran
+#: out), with what the store holds then, before the launcher stops the other ranks: the
+#: moment a diagnosis still sees the job as it failed.
+FailureHook = Callable[["RankExit | None", "StoreSeen | None"], None]
 
 
 @dataclasses.dataclass
@@ -32,10 +39,17 @@ class RankExit:
     rank: int
     returncode: int
     signal_name: str | None
+    pid: int = 0
+    stopped: bool = False  # it ended after the launcher began stopping the ranks
 
     @property
     def failed(self) -> bool:
         return self.returncode != 0
+
+    @property
+    def own_signal(self) -> bool:
+        """Killed by a signal the launcher did not send (SIGKILL from the OOM killer, ...)."""
+        return self.signal_name is not None and not self.stopped
 
     def __str__(self) -> str:
         if self.signal_name is not None:
@@ -59,6 +73,9 @@ class LaunchResult:
     others_stopped: bool = False  # ranks still running were stopped by the launcher
     job: str = ""
     store_address: str = ""
+    order: list[int] = dataclasses.field(default_factory=list)  # ranks in the order they ended
+    launcher_revoked: bool = False  # the launcher wrote the job's revoke record
+    store: StoreSeen | None = None  # what the store held once every rank had ended
 
     def describe(self) -> str:
         """One line for people: what went wrong, and that the other ranks were stopped."""
@@ -83,11 +100,23 @@ def _signal_name(returncode: int) -> str | None:
 class RankJob:
     """The ranks of one launch, and the escalation that stops them."""
 
-    def __init__(self, cmd: list[str], nprocs: int, envs: list[dict[str, str]]) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        nprocs: int,
+        envs: list[dict[str, str]],
+        witness: Witness | None = None,
+        on_failure: FailureHook | None = None,
+    ) -> None:
         self.cmd = cmd
         self.envs = envs
+        self.witness = witness
+        self.on_failure = on_failure
+        self.launcher_revoked = False
         self.procs: list[subprocess.Popen[bytes]] = []
         self.exits: dict[int, RankExit] = {}
+        self.order: list[int] = []
+        self.waiter = ExitWaiter()
         self.first_failure: RankExit | None = None
         self.pending: list[tuple[float, signal.Signals]] = []  # (when, signal) still to send
         self.stopping = False  # once set, a rank that ends badly is a casualty, not the cause
@@ -118,12 +147,15 @@ class RankJob:
                 late = deadline is not None and time.monotonic() > deadline
                 if not self.stopping and (late or pump.error is not None):
                     timed_out = late  # or output cannot be delivered: stop, then raise below
+                    if late:
+                        self._witness(None)
                     self._stop(grace_s)
                 self._escalate()
-                time.sleep(self.poll_s)
+                self.waiter.wait(self.poll_s)
         finally:
             restore()
             self._kill_all()
+            self.waiter.close()
             pump.join(OUTPUT_DRAIN_S)
         if pump.error is not None:
             raise pump.error
@@ -149,19 +181,37 @@ class RankJob:
             except OSError as exc:  # out of processes or file descriptors: not the user's typo
                 raise CclError(f"cannot start rank {rank}: {exc.strerror or exc}") from None
             self.procs.append(proc)
+            self.waiter.watch(rank, proc.pid)
             assert proc.stdout is not None and proc.stderr is not None
             pump.add(proc.stdout, rank, "stdout")
             pump.add(proc.stderr, rank, "stderr")
 
     def _reap(self, grace_s: float) -> None:
-        for rank, proc in enumerate(self.procs):
-            if rank in self.exits or proc.poll() is None:
-                continue
-            ended = RankExit(rank, proc.returncode, _signal_name(proc.returncode))
-            self.exits[rank] = ended
-            if ended.failed and not self.stopping:
-                self.first_failure = ended
+        ended = [
+            RankExit(rank, proc.returncode, _signal_name(proc.returncode), proc.pid, self.stopping)
+            for rank, proc in enumerate(self.procs)
+            if rank not in self.exits and proc.poll() is not None
+        ]
+        # ranks seen ending together: a death by signal comes before the errors it caused
+        for one in sorted(ended, key=lambda e: (not e.own_signal, not e.failed, e.rank)):
+            self.exits[one.rank] = one
+            self.order.append(one.rank)
+            self.waiter.forget(one.rank)
+            if one.failed and not self.stopping:
+                self.first_failure = one
+                self._witness(one)
                 self._stop(grace_s)
+
+    def _witness(self, first: RankExit | None) -> None:
+        """Record the first failure in the store (unless a rank already did), then hand
+        it to ``on_failure`` with what the store holds, before the others are stopped."""
+        if self.witness is None:
+            return
+        if first is not None:
+            record = death_record(first.rank, first.pid, first.returncode, first.signal_name)
+            self.launcher_revoked = self.witness.record(record)
+        if self.on_failure is not None:
+            self.on_failure(first, self.witness.look())
 
     def _stop(self, grace_s: float) -> None:
         """SIGTERM the ranks still running now, SIGKILL them after ``grace_s``."""
@@ -242,6 +292,9 @@ class RankJob:
             others_stopped=self.others_stopped,
             job=self.envs[0]["CCLCTL_JOB"],
             store_address=self.envs[0]["CCLCTL_STORE"],
+            order=list(self.order),
+            launcher_revoked=self.launcher_revoked,
+            store=None if self.witness is None else self.witness.look(),
         )
 
 

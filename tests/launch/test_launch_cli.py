@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -36,7 +37,11 @@ def test_cli_prefixes_lines_and_exits_with_the_failing_ranks_code() -> None:
     assert done.returncode == 3
     assert sorted(done.stdout.splitlines()) == [f"[rank {r}] hello from {r}" for r in range(3)]
     assert "[rank 2] oops 2" in done.stderr.splitlines()
-    assert done.stderr.splitlines()[-1] == "cclctl: rank 2 failed with exit code 3 (others stopped)"
+    assert re.fullmatch(
+        r"cclctl launch: rank 2 \(pid \d+\) exited with code 3; "
+        r"the other 2 ranks were stopped; no rank left a dump",
+        done.stderr.splitlines()[-1],
+    )
 
 
 @pytest.mark.timeout(40)
@@ -44,7 +49,10 @@ def test_cli_reports_a_rank_killed_by_a_signal_with_exit_code_1() -> None:
     program = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     done = cclctl("launch", "-n", "1", "--", PY, "-c", program)
     assert done.returncode == 1
-    assert done.stderr.splitlines()[-1] == "cclctl: rank 0 was killed by SIGKILL"
+    assert re.fullmatch(
+        r"cclctl launch: rank 0 \(pid \d+\) died of SIGKILL; no rank left a dump",
+        done.stderr.splitlines()[-1],
+    )
 
 
 @pytest.mark.timeout(40)
@@ -129,7 +137,7 @@ def test_ctrl_c_is_forwarded_to_every_rank_then_they_are_stopped() -> None:
     assert proc.returncode == 130
     assert "[rank 0] got SIGINT" in out.splitlines()
     assert "[rank 1] got SIGINT" not in out  # it ignored SIGINT and was stopped by SIGTERM
-    assert err.splitlines()[-1] == "cclctl: interrupted; all ranks stopped"
+    assert err.splitlines()[-1] == "cclctl launch: interrupted; all ranks stopped"
     assert_all_gone(rank_pids)
 
 

@@ -1,0 +1,122 @@
+"""`cclctl launch` names a failure's origin: the launcher's revoke record and its last line.
+
+Real processes: 4 ranks of tests/support/fault_worker.py under `python -m cclctl launch`,
+with CCLCTL_FAULT striking rank 2 at seq 4; the last line must name rank 2 (or its link),
+not whichever rank exited first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from launch_helpers import PY, RANK_PROGRAM, Lines, assert_all_gone
+
+from cclctl import revocation
+from cclctl.launch.launcher import launch
+
+pytestmark = pytest.mark.slow
+
+WORKER = str(Path(__file__).parents[1] / "support" / "fault_worker.py")
+
+
+def launch_faulty(
+    tmp: Path, fault: str, transport: str, timeout_s: float = 5.0
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
+    env.update(
+        CCLCTL_FAULT=fault,
+        CCLCTL_TIMEOUT=str(timeout_s),
+        CCLCTL_TRACE_DIR=str(tmp),
+        CCLCTL_STATUS_INTERVAL="0.2",
+        CCLCTL_TRANSPORT=transport,
+        ITERS="8",
+        PAUSE="0.1",
+        HOLD_ON_ERROR="0",
+    )
+    cmd = [PY, "-m", "cclctl", "launch", "-n", "4", "--grace", "2", "--", PY, WORKER]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
+
+
+# Each origin in the words of the launcher's diagnosis or of the ranks' revoke record.
+CASES = [
+    ("kill:rank=2:seq=4", r"rank 2 \(pid \d+\) died of SIGKILL in all_reduce seq 4", 2),
+    (
+        "stop:rank=2:seq=4",
+        r"rank 2 \(pid \d+\) (was|is) stopped \((SIGSTOP|process state T)\) (at|in) "
+        r"all_reduce seq 4",
+        2,
+    ),
+    ("skip:rank=2:seq=4", r"rank 2 \(pid \d+\) (never|has not) entered all_reduce seq 4", 2),
+    ("op:rank=2:seq=4:to=broadcast", r"rank 2 \(pid \d+\) called broadcast\(float32", 5),
+    (
+        "count:rank=2:seq=4:to=7",
+        r"rank 2 \(pid \d+\) called all_reduce\(float32(, sum, count| x) 7\)",
+        5,
+    ),
+]
+
+
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("transport", ["auto", "tcp"])  # auto: shared memory
+@pytest.mark.parametrize(("fault", "origin", "timeout_s"), CASES, ids=[c[0] for c in CASES])
+def test_the_last_line_names_the_origin(
+    tmp_path: Path, transport: str, fault: str, origin: str, timeout_s: float
+) -> None:
+    done = launch_faulty(tmp_path, fault, transport, timeout_s)
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.splitlines()[-1]
+    assert re.fullmatch(
+        rf"cclctl launch: {origin}[^;]*; (of )?the other 3 ranks[ ,].*; dumps in .*", last
+    )
+    assert last.endswith(f"; dumps in {tmp_path}/")
+
+
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_cut_link_is_named_by_its_two_ends(tmp_path: Path, transport: str) -> None:
+    done = launch_faulty(tmp_path, "link:rank=2:seq=4:peer=3", transport)
+    last = done.stderr.splitlines()[-1]
+    assert re.match(
+        r"cclctl launch: the link between (rank 2 and rank 3|rank 3 and rank 2) broke"
+        r"( \([^)]*\))? in all_reduce seq 4; ",
+        last,
+    ), last
+
+
+@pytest.mark.timeout(30)
+def test_the_launcher_records_a_death_by_signal_in_the_store() -> None:
+    lines = Lines()
+    result = launch([PY, "-c", RANK_PROGRAM, "1=kill"], 3, output=lines, grace_s=1)
+    assert result.store is not None and result.store.revoke is not None
+    record = result.store.revoke
+    assert (record.kind, record.origin, record.reason) == ("died", 1, "SIGKILL")
+    assert (record.via, record.seen_by, record.pid) == ("launcher", -1, result.exits[1].pid)
+    assert result.launcher_revoked and result.order[0] == 1
+    assert record.describe().endswith("died (SIGKILL, seen by the launcher)")
+    assert_all_gone(lines.pids())
+
+
+FIRST_WRITER = r"""
+import os, sys
+from cclctl import revocation
+from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
+client = StoreClient.from_address(os.environ["CCLCTL_STORE"], token=os.environ["CCLCTL_TOKEN"])
+store = ScopedStore.for_job(client, os.environ["CCLCTL_JOB"])
+mine = revocation.Revocation(kind="error", origin=0, reason="it broke", seen_by=0)
+store.compare_set(revocation.KEY, None, mine.encode())
+sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_record_already_in_the_store_is_kept() -> None:
+    result = launch([PY, "-c", FIRST_WRITER], 1, output=Lines(), grace_s=1)
+    assert result.returncode == 3 and not result.launcher_revoked
+    assert result.store is not None and result.store.revoke is not None
+    assert (result.store.revoke.kind, result.store.revoke.reason) == ("error", "it broke")
+    assert revocation.KEY == "revoke"
