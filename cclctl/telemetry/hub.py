@@ -165,6 +165,10 @@ class Telemetry(Recorder):
         """The job's revoke record once this rank adopted it; its documents carry it."""
         return self.revoke_source() if self.revoke_source is not None else None
 
+    @revoke.setter
+    def revoke(self, record: Revocation | None) -> None:
+        self.revoke_source = lambda: record
+
     # -- dumps ---------------------------------------------------------------------------
 
     def dump_path(self, path: str | None = None) -> str:
