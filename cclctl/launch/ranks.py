@@ -88,6 +88,21 @@ class LaunchResult:
         return f"all {len(self.exits)} ranks succeeded"
 
 
+def _ended(proc: subprocess.Popen[bytes]) -> int | None:
+    """``proc``'s return code as Popen gives it once it ended, without reaping it yet."""
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped elsewhere: Popen knows
+        return proc.poll()
+    if info is None:
+        return None
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return -info.si_status
+    return info.si_status
+
+
 def _signal_name(returncode: int) -> str | None:
     if returncode >= 0:
         return None
@@ -188,9 +203,9 @@ class RankJob:
 
     def _reap(self, grace_s: float) -> None:
         ended = [
-            RankExit(rank, proc.returncode, _signal_name(proc.returncode), proc.pid, self.stopping)
+            RankExit(rank, code, _signal_name(code), proc.pid, self.stopping)
             for rank, proc in enumerate(self.procs)
-            if rank not in self.exits and proc.poll() is not None
+            if rank not in self.exits and (code := _ended(proc)) is not None
         ]
         # ranks seen ending together: a death by signal comes before the errors it caused
         for one in sorted(ended, key=lambda e: (not e.own_signal, not e.failed, e.rank)):
@@ -201,6 +216,8 @@ class RankJob:
                 self.first_failure = one
                 self._witness(one)
                 self._stop(grace_s)
+        for one in ended:  # reaped only now: until then its peers read its exit status
+            self.procs[one.rank].poll()  # from /proc (a zombie's), and name its signal
 
     def _witness(self, first: RankExit | None) -> None:
         """Record the first failure in the store (unless a rank already did), then hand

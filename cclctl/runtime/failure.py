@@ -109,6 +109,7 @@ class FailureState:
         "_wake",
         "comm",
         "epoch",
+        "evidence",
         "first",
         "host",
         "later",
@@ -128,6 +129,8 @@ class FailureState:
         self.first: Revocation | None = None
         self.later = 0
         self.host = ""
+        #: where this rank's dump goes when it fails (its error says so); empty: nowhere
+        self.evidence = ""
         self.peers: Sequence[tuple[str, int]] = ()
         #: agrees a one-sided record (a broken link, a mismatch) with the other ranks
         #: before it is final (the job's store); None: the record stands as seen

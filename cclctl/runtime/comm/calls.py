@@ -154,7 +154,14 @@ class Calls:
             return exc  # not ours to rename (KeyboardInterrupt, a bug): it is recorded
         exc.fields.setdefault("comm", self.id)
         exc.fields.setdefault("rank", self.rank)
-        if first is None or (exc.revocation is first and first.kind in ("hang", "error")):
-            return exc  # this rank's own timeout or error: its words say it best
-        where = f"rank {self.rank}: {call.what()} seq {call.seq}"
-        return self.failure.error(first, where, **{**exc.fields, "op": call.op, "seq": call.seq})
+        final: CclError = exc
+        if first is not None and not (exc.revocation is first and first.kind in ("hang", "error")):
+            where = f"rank {self.rank}: {call.what()} seq {call.seq}"  # else: its own words
+            final = self.failure.error(
+                first, where, **{**exc.fields, "op": call.op, "seq": call.seq}
+            )
+        evidence = self.failure.evidence
+        if evidence and first is not None and "; dumps in " not in final.message:
+            final.message += f"; dumps in {evidence}"
+            final.args = (final.message,)
+        return final

@@ -123,6 +123,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
 
     failure = comm.failure
     failure.host = cfg.hostname
+    failure.evidence = telemetry.dump_dir.rstrip("/") + "/"
     failure.peers = list(zip(rdzv.hosts, rdzv.pids, strict=False))
     revoker = Revoker(
         (rdzv.store.host, rdzv.store.port),
