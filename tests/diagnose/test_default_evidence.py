@@ -120,5 +120,5 @@ def test_an_earlier_runs_files_do_not_speak_for_this_run(tmp_path: Path) -> None
     assert left == [f"cclctl-faults-rank{r}.json" for r in (0, 2, 3)]
     code, doc, err = diagnose(tmp_path)
     assert code == 3, err
-    verdict = doc["verdicts"][0]
-    assert (verdict["kind"], verdict["suspects"], verdict["seq"]) == ("missing", "1", 3), verdict
+    verdict = doc["verdicts"][0]  # dead, not missing: the survivors' revoke records say so
+    assert (verdict["kind"], verdict["suspects"], verdict["seq"]) == ("dead", "1", 3), verdict
