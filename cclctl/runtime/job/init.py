@@ -132,6 +132,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         failure,
         in_call=lambda: _in_call(telemetry),
         dump=telemetry.dump,
+        publish=telemetry.publish_now,
     )
     telemetry.revoke_source = lambda: failure.first
 

@@ -53,7 +53,7 @@ def _client(address: tuple[str, int], token: str, timeout_s: float) -> StoreClie
 class Revoker:
     """Rank ``failure.rank``'s link between its failure state and the job's store at
     ``address`` (job ``job``); ``in_call()`` says which call runs now (for the ack),
-    ``dump(reason)`` leaves the evidence."""
+    ``publish()`` sends this rank's status, ``dump(reason)`` leaves the evidence."""
 
     def __init__(
         self,
@@ -64,11 +64,13 @@ class Revoker:
         *,
         in_call: Callable[[], str] = lambda: "",
         dump: Callable[[str], object] | None = None,
+        publish: Callable[[], object] = lambda: None,
     ) -> None:
         self.failure = failure
         self.rank = failure.rank
         self._in_call = in_call
         self._dump = dump
+        self._publish = publish
         self._address, self._token, self._job = address, token, job
         self._scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
         self._listener = _client(address, token, LISTEN_SLICE_S + STORE_OP_S)
@@ -109,23 +111,22 @@ class Revoker:
 
     # ------------------------------------------------------------------ telling
     def _first(self, rev: Revocation, how: str) -> None:
-        """The state's first failure: publish it now (unless it came from the store: a
-        rank that exits right after must not take it along), then ack and dump on a thread
-        of its own, so the failing call raises at once."""
-        if how != STORE:
-            with contextlib.suppress(CclError):
+        """The state's first failure (the peers this rank's transport reaches know by now):
+        write it to the store unless it came from there, acknowledge it and publish this
+        rank's status with it, all before the call raises, since a rank often exits at once
+        and must not take them along (three store round trips); the dump follows on a
+        thread of its own."""
+        with contextlib.suppress(CclError):
+            if how != STORE:
                 self.agree(rev)
-        in_call = self._in_call()  # now, before the interrupted call ends
+            self._ack(self._in_call())
+        with contextlib.suppress(Exception):
+            self._publish()
         threading.Thread(
-            target=self._spread,
-            args=(rev, in_call),
-            name=f"cclctl-revoked-r{self.rank}",
-            daemon=True,
+            target=self._dump_now, args=(rev,), name=f"cclctl-revoked-r{self.rank}", daemon=True
         ).start()
 
-    def _spread(self, rev: Revocation, in_call: str) -> None:
-        with contextlib.suppress(CclError):
-            self._ack(in_call)
+    def _dump_now(self, rev: Revocation) -> None:
         if self._dump is not None:
             with contextlib.suppress(Exception):
                 self._dump(f"revoked: {rev.describe()}")
