@@ -13,6 +13,7 @@ import contextlib
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from cclctl.errors import StoreError
@@ -87,6 +88,7 @@ class StoreServer:
             raise StoreError(
                 f"cannot start the store on {self.host}:{self._port}: {reason}",
                 address=f"{self.host}:{self._port}",
+                errno=exc.errno or 0,
             ) from None
         self._port = int(self._sock.getsockname()[1])
         self.events.address = self.address
@@ -149,6 +151,18 @@ class StoreServer:
                 return
             victim.reject("evicted", "the oldest idle connection, to make room for a new one")
         self._connections[conn] = None
+
+    def call_soon(self, callback: Callable[[], None]) -> bool:
+        """Run ``callback`` on the store's loop (from any thread, a signal handler too);
+        False if the loop is not running."""
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop already ended
+            return False
+        return True
 
     def stop_serving(self) -> None:
         """On the loop: end serving (what :meth:`close` asks from another thread)."""
