@@ -266,9 +266,15 @@ def job_dir(job: str, env: Mapping[str, str] | None = None) -> str:
     trace_dir = env.get("CCLCTL_TRACE_DIR", "").strip()
     if trace_dir:
         return trace_dir
-    base = env.get("TMPDIR", "").strip() or "/tmp"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job).lstrip(".") or "_"
-    return os.path.join(base, f"cclctl-{os.getuid()}", safe)
+    return os.path.join(jobs_dir(env), safe)
+
+
+def jobs_dir(env: Mapping[str, str] | None = None) -> str:
+    """The folder that holds this user's job folders: ``${TMPDIR:-/tmp}/cclctl-<uid>/``."""
+    env = os.environ if env is None else env
+    base = env.get("TMPDIR", "").strip() or "/tmp"
+    return os.path.join(base, f"cclctl-{os.getuid()}")
 
 
 def bench_corrupt_from_env(env: Mapping[str, str] | None = None) -> str:

@@ -122,8 +122,9 @@ def main() -> int:
 def _answer_leave_requests(
     server: StoreServer, folder: str, record: dict[str, Any]
 ) -> threading.Event:
-    """On SIGUSR1, leave now if no rank uses the store; else stay and record the refusal.
-    The event is set once the store agreed to leave."""
+    """On SIGUSR1, leave now if no rank of its job uses the store (none connected, or all
+    left once: later arrivals are a rerun's); else stay and record the refusal. The event
+    is set once the store agreed to leave."""
     asked = threading.Event()
     started = time.monotonic()
     log = logging.getLogger("cclctl.store")
@@ -131,9 +132,9 @@ def _answer_leave_requests(
     def on_loop() -> None:
         members = server.members
         fresh = server.member_left == 0 and time.monotonic() - started < FRESH_S
-        if members == 0 and not fresh:
-            log.warning("cclctl store %s: asked to leave, no rank connected: exiting",
-                        server.address)  # fmt: skip
+        if server.ended or (members == 0 and not fresh):
+            log.warning("cclctl store %s: asked to leave, no rank of its job connected: "
+                        "exiting", server.address)  # fmt: skip
             asked.set()
             server.stop_serving()
             return

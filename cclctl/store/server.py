@@ -19,7 +19,7 @@ from typing import Any
 from cclctl.errors import StoreError
 from cclctl.store.connection import Connection
 from cclctl.store.limits import REASONS, EventLog, StoreLimits
-from cclctl.store.linger import Linger, watch
+from cclctl.store.linger import Linger, mark_ended, watch
 from cclctl.store.state import StoreState
 
 LISTEN_BACKLOG = 4096  # ranks connect in a burst at start-up; the kernel caps it at somaxconn
@@ -48,6 +48,7 @@ class StoreServer:
         self.limits = limits or StoreLimits()
         self.linger = linger  # None: serve until closed; else stop a grace after the last rank
         self.member_left = 0.0  # loop time a rank's connection last closed
+        self.ended = False  # a lingering store's ranks all left: its job is over
         self.state = StoreState()
         self.events = EventLog(f"{host}:{port}")
         self._sock: socket.socket | None = None
@@ -170,11 +171,14 @@ class StoreServer:
             self._stop.set()
 
     def forget(self, conn: Connection) -> None:
-        if conn in self._connections and conn.member:
+        was_member = conn in self._connections and conn.member
+        if was_member:
             self.member_left = self.now()
         self._connections.pop(conn, None)
         self._buffered -= conn.accounted
         conn.accounted = 0
+        if was_member and self.linger is not None and not self.members and not self.ended:
+            mark_ended(self)
 
     def account(self, conn: Connection) -> None:
         """Count a connection's partial frames against max_buffered; over it, close it."""
