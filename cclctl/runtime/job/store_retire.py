@@ -131,9 +131,9 @@ def _candidates(port: int, folders: list[str]) -> list[str]:
     for folder in folders:
         below = sorted(glob.glob(os.path.join(glob.escape(folder), "*", name)))
         for file in [os.path.join(folder, name), *below]:
-            real = os.path.realpath(file)
-            if real not in found and os.path.isfile(real):
-                found.append(real)
+            file = os.path.abspath(file)  # symlinks stay: pidfile.read never follows one
+            if file not in found and os.path.isfile(file):
+                found.append(file)
     return found
 
 
