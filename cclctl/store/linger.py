@@ -4,7 +4,9 @@ A detached job store (see :mod:`cclctl.store.detached`) serves while any rank is
 and for ``seconds`` after the last one left (or after it started, if none ever came), so
 ``cclctl top`` and ``cclctl diagnose hang --store`` still answer once the job died; readers
 never keep it alive. It also keeps its own counts (what it turned away) under a key of the
-job, where the rank that started it reads them for its metrics.
+job, where the rank that started it reads them for its metrics. Once its last rank left it
+marks itself ended (``ENDED_KEY``): a rerun's ranks that reach it then wait for the store
+their own rank 0 starts once this one has left (see ``runtime/job/store_retire.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from cclctl.store.protocol import Op
 
 if TYPE_CHECKING:
     from cclctl.store.server import StoreServer
+
+
+#: Set (outside every job's scope) once a lingering store's last rank left.
+ENDED_KEY = "cclctl/store/ended"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,3 +73,9 @@ async def watch(server: StoreServer, linger: Linger) -> None:
                 server.state.apply(Op.SET, [linger.report_key.encode(), current])
                 published = current
         await asyncio.sleep(linger.tick_s)
+
+
+def mark_ended(server: StoreServer) -> None:
+    """On the loop: the store's last rank left; ranks that come now belong to a later run."""
+    server.ended = True
+    server.state.apply(Op.SET, [ENDED_KEY.encode(), b"1"])

@@ -13,12 +13,13 @@ import contextlib
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from cclctl.errors import StoreError
 from cclctl.store.connection import Connection
 from cclctl.store.limits import REASONS, EventLog, StoreLimits
-from cclctl.store.linger import Linger, watch
+from cclctl.store.linger import Linger, mark_ended, watch
 from cclctl.store.state import StoreState
 
 LISTEN_BACKLOG = 4096  # ranks connect in a burst at start-up; the kernel caps it at somaxconn
@@ -47,6 +48,7 @@ class StoreServer:
         self.limits = limits or StoreLimits()
         self.linger = linger  # None: serve until closed; else stop a grace after the last rank
         self.member_left = 0.0  # loop time a rank's connection last closed
+        self.ended = False  # a lingering store's ranks all left: its job is over
         self.state = StoreState()
         self.events = EventLog(f"{host}:{port}")
         self._sock: socket.socket | None = None
@@ -87,6 +89,7 @@ class StoreServer:
             raise StoreError(
                 f"cannot start the store on {self.host}:{self._port}: {reason}",
                 address=f"{self.host}:{self._port}",
+                errno=exc.errno or 0,
             ) from None
         self._port = int(self._sock.getsockname()[1])
         self.events.address = self.address
@@ -150,17 +153,32 @@ class StoreServer:
             victim.reject("evicted", "the oldest idle connection, to make room for a new one")
         self._connections[conn] = None
 
+    def call_soon(self, callback: Callable[[], None]) -> bool:
+        """Run ``callback`` on the store's loop (from any thread, a signal handler too);
+        False if the loop is not running."""
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop already ended
+            return False
+        return True
+
     def stop_serving(self) -> None:
         """On the loop: end serving (what :meth:`close` asks from another thread)."""
         if self._stop is not None:
             self._stop.set()
 
     def forget(self, conn: Connection) -> None:
-        if conn in self._connections and conn.member:
+        was_member = conn in self._connections and conn.member
+        if was_member:
             self.member_left = self.now()
         self._connections.pop(conn, None)
         self._buffered -= conn.accounted
         conn.accounted = 0
+        if was_member and self.linger is not None and not self.members and not self.ended:
+            mark_ended(self)
 
     def account(self, conn: Connection) -> None:
         """Count a connection's partial frames against max_buffered; over it, close it."""

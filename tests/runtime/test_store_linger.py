@@ -145,3 +145,102 @@ def test_capturing_a_jobs_output_does_not_wait_for_its_store(
     assert not gone(pid)  # still lingering: the run above did not wait for it
     os.kill(pid, signal.SIGTERM)
     until("the store gone", lambda: gone(pid), 30)
+
+
+def rank0_error(job: FaultJob) -> str:
+    """The stderr of the job's first process, once it exited (it failed to start)."""
+    proc = job.procs[0]
+    proc.wait(60)
+    assert proc.returncode != 0 and proc.stderr is not None
+    return proc.stderr.read().decode(errors="replace")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("name", "folder"), [(JOB, "first"), (f"{JOB}-rerun", "rerun")])
+def test_a_rerun_on_the_fixed_port_of_a_lingering_store_starts(
+    tmp_path: Path, store_pids: list[int], name: str, folder: str
+) -> None:
+    """A job, then a rerun (the same job, or another name in a folder beside it) on its
+    MASTER_PORT while its store lingers (600 s): the old store leaves (no rank of its job
+    uses it; the rerun's rank 1 waits past it), the rerun's rank 0 binds, the rerun runs."""
+    first = FaultJob(tmp_path, 2, iters=2, pause_s=0.05, job=JOB, rank0_hosts=True,
+                     linger_s=600, dump_dir=tmp_path / "first")  # fmt: skip
+    try:
+        old = int(str(store_report(first.store)["pid"]))
+        store_pids.append(old)
+        assert first.wait_all_exited(60) == [0, 0]
+    finally:
+        first.finish()
+    assert not gone(old)  # lingering, on the port
+    rerun = FaultJob(tmp_path, 2, iters=2, pause_s=0.05, job=name, rank0_hosts=True,
+                     linger_s=600, port=first.port, dump_dir=tmp_path / folder)  # fmt: skip
+    try:
+        assert rerun.wait_all_exited(60)[0] == 0, rank0_error(rerun)
+        assert rerun.wait_all_exited(60) == [0, 0]
+    finally:
+        rerun.finish()
+    until("the old store gone", lambda: gone(old), 30)
+    log = (first.dump_dir / "store.log").read_text()
+    assert "asked to leave, no rank of its job connected" in log
+    new = json.loads((rerun.dump_dir / f"store-{first.port}.pid").read_text())
+    assert new["job"] == name and new["pid"] != old
+    store_pids.append(int(new["pid"]))
+    os.kill(int(new["pid"]), signal.SIGUSR1)  # the rerun's store leaves the same way
+    until("the rerun's store gone", lambda: gone(int(new["pid"])), 30)
+
+
+@pytest.mark.timeout(120)
+def test_a_second_job_on_the_port_of_a_running_job_fails_naming_it(
+    tmp_path: Path, store_pids: list[int]
+) -> None:
+    running = FaultJob(tmp_path, 2, job=JOB, rank0_hosts=True, linger_s=1, ranks=[0])
+    try:
+        pid = int(str(store_report(running.store)["pid"]))  # rank 0 waits for rank 1
+        store_pids.append(pid)
+        second = FaultJob(tmp_path, 2, job="intruder", rank0_hosts=True, port=running.port,
+                          ranks=[0], dump_dir=tmp_path / "intruder")  # fmt: skip
+        try:
+            error = rank0_error(second)
+        finally:
+            second.finish()
+        assert f"the port is held by the store of job {JOB!r} (pid {pid})" in error
+        assert "1 of its ranks are still connected" in error
+        assert "never taken away" in error
+        assert not gone(pid) and running.procs[0].poll() is None  # the running job is intact
+        store_report(running.store)  # and its store answers
+    finally:
+        running.finish()
+    until("the store gone", lambda: gone(pid), 1 + 30)
+
+
+LISTENER = """
+import socket, sys
+with socket.create_server(("127.0.0.1", int(sys.argv[1]))):
+    print("listening", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_port_held_by_a_process_that_is_no_store_is_left_alone(tmp_path: Path) -> None:
+    """A pid file naming the process that listens on the port is not enough: it does not
+    run the store, so it is never signalled, and the rerun fails as the bind did."""
+    port = free_port()
+    holder = subprocess.Popen([sys.executable, "-c", LISTENER, str(port)], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "listening\n"
+        folder = tmp_path / "dumps"
+        folder.mkdir()
+        (folder / f"store-{port}.pid").write_text(json.dumps({"pid": holder.pid, "port": port}))
+        job = FaultJob(tmp_path, 2, job=JOB, rank0_hosts=True, port=port, ranks=[0])
+        try:
+            error = rank0_error(job)
+        finally:
+            job.finish()
+        assert "Address already in use" in error
+        assert "no lingering cclctl store of yours was found on it" in error
+        assert holder.poll() is None  # never signalled
+    finally:
+        holder.kill()
+        holder.wait(10)

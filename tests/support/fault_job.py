@@ -46,24 +46,27 @@ class FaultJob:
         linger_s: float = 5.0,
         ranks: list[int] | None = None,
         default_dumps: bool = False,
+        port: int | None = None,
+        dump_dir: Path | None = None,
     ) -> None:
         """``buffers="shared"``: the ranks' buffers come from ``comm.empty()`` (zero-copy).
         ``rank0_hosts``: no store of ours; rank 0 hosts the job's store on a free
         ``MASTER_PORT`` (a process of its own, lingering ``linger_s`` after the last rank).
         ``ranks``: start only these (in order). ``default_dumps``: no CCLCTL_TRACE_DIR, so
         the ranks dump into the job's own folder (``dump_dir``) under TMPDIR, which is
-        ``tmp``."""
+        ``tmp``. ``port``: rank 0's ``MASTER_PORT`` (default a free one). ``dump_dir``: the
+        job's folder (default ``tmp/dumps``)."""
         self.n = n
         self.job = job
         self.tmpdir = tmp
         if default_dumps:
             self.dump_dir = Path(job_dir(job, {"TMPDIR": str(tmp)}))
         else:
-            self.dump_dir = tmp / "dumps"
+            self.dump_dir = tmp / "dumps" if dump_dir is None else dump_dir
             self.dump_dir.mkdir(exist_ok=True)
         trace = {} if default_dumps else {"CCLCTL_TRACE_DIR": str(self.dump_dir)}
         self.server = None if rank0_hosts else StoreServer("127.0.0.1", 0, token=TOKEN).start()
-        self.port = free_port() if self.server is None else self.server.port
+        self.port = port or (free_port() if self.server is None else self.server.port)
         self.store = f"127.0.0.1:{self.port}"
         where = (
             {"MASTER_PORT": str(self.port), "CCLCTL_STORE_LINGER": str(linger_s)}

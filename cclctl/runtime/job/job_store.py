@@ -13,9 +13,14 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import ConfigError, StoreError
 from cclctl.runtime.job.token import TokenSource, is_this_host
 from cclctl.store.client import StoreClient
+from cclctl.store.linger import ENDED_KEY
 
 #: How long a rank whose token the store refused waits before reading the token file again.
 TOKEN_REREAD_S = 0.2
+#: How long a rank waits for a store that is not an ended run's (a rerun's rank 0 needs up
+#: to ``store_retire.RETIRE_TIMEOUT_S`` to retire that one), and how often it looks.
+ENDED_WAIT_S = 15.0
+ENDED_POLL_S = 0.1
 
 
 def connect(host: str, port: int, cfg: RuntimeConfig, source: TokenSource) -> StoreClient:
@@ -36,6 +41,24 @@ def connect(host: str, port: int, cfg: RuntimeConfig, source: TokenSource) -> St
                 raise
             if not source.refresh():  # rank 0 may not have written this run's token yet
                 time.sleep(TOKEN_REREAD_S)
+
+
+def connect_live(host: str, port: int, cfg: RuntimeConfig, source: TokenSource) -> StoreClient:
+    """:func:`connect`, past a store whose job ended: a rank of a rerun that reaches the
+    previous run's lingering store waits (up to ``ENDED_WAIT_S``) for the store this run's
+    rank 0 starts once that one left; after that it joins the store it reaches."""
+    deadline = time.monotonic() + ENDED_WAIT_S
+    client = connect(host, port, cfg, source)
+    while time.monotonic() < deadline:
+        try:
+            if client.try_get(ENDED_KEY) is None:
+                return client
+        except StoreError:
+            pass  # the ended store left under us: connect again
+        client.close()
+        time.sleep(ENDED_POLL_S)
+        client = connect(host, port, cfg, source)
+    return client
 
 
 def bind_host(host: str, bind: str = "") -> str:

@@ -23,7 +23,7 @@ from cclctl.config import (
 from cclctl.errors import RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.job.job_store import bind_host as _bind_host
-from cclctl.runtime.job.job_store import connect
+from cclctl.runtime.job.job_store import connect, connect_live
 from cclctl.runtime.job.store_process import DetachedStore, spawn_store
 from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check, resolve_token
 from cclctl.store.client import StoreClient
@@ -113,7 +113,7 @@ def join(
         server = spawn_store(bind, port, cfg.token, hosting, job=cfg.job, folder=source.folder)
         host, port = server.host, server.port
     try:
-        client = connect(host, port, cfg, source)
+        client = (connect if hosts_store else connect_live)(host, port, cfg, source)
         cfg = cfg.replace(token=source.token)
     except BaseException:
         if server is not None:

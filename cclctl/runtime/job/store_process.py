@@ -11,7 +11,9 @@ so ``cclctl top`` and ``cclctl diagnose hang --store`` still answer after rank 0
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import select
 import subprocess
@@ -21,8 +23,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from cclctl.config import StoreServerConfig, inherited_environment
+from cclctl.config import StoreServerConfig, inherited_environment, jobs_dir
 from cclctl.errors import CclError, StoreError
+from cclctl.runtime.job import store_retire
 from cclctl.store.client import StoreClient
 from cclctl.store.scope import job_prefix
 from cclctl.telemetry.counters import StoreCounts
@@ -38,6 +41,8 @@ REPORT_KEY = "store/process"
 COUNTS_EVERY_S = 1.0
 #: A read of the counts waits no longer than this: a scrape must not hang on the store.
 COUNTS_TIMEOUT_S = 2.0
+
+_log = logging.getLogger(__name__)
 
 
 class DetachedStore:
@@ -109,8 +114,35 @@ def spawn_store(
 ) -> DetachedStore:
     """Start the job's store process on ``bind:port``; return it once it is bound.
 
-    A port it cannot bind is a StoreError naming the address, as for a store in-process.
+    A port it cannot bind is a StoreError naming the address, as for a store in-process,
+    unless a lingering store of this user holds it with no rank connected: that store is
+    asked to leave (:mod:`cclctl.runtime.job.store_retire`) and the bind is retried.
     """
+    deadline = time.monotonic() + store_retire.RETIRE_TIMEOUT_S
+    while True:
+        try:
+            return _spawn(bind, port, token, hosting, job=job, folder=folder)
+        except StoreError as exc:
+            if port == 0 or exc.fields.get("errno") != errno.EADDRINUSE:
+                raise
+            folders = [folder, os.path.dirname(folder.rstrip(os.sep)), jobs_dir()]
+            holder = store_retire.find_holder(port, folders)
+            if holder is None or time.monotonic() > deadline:
+                raise StoreError(
+                    f"{exc.message} (no lingering cclctl store of yours was found on it)",
+                    **exc.fields,
+                ) from None
+            store_retire.ask_to_leave(holder, f"{bind}:{port}", deadline)
+            _log.info("the lingering store of job %r (pid %d) left port %d for this job",
+                     holder.job, holder.pid, port)  # fmt: skip
+
+
+def _spawn(
+    bind: str, port: int, token: str, hosting: StoreServerConfig, *, job: str, folder: str
+) -> DetachedStore:
+    """One start of the store process; a StoreError (with the bind's ``errno``) if it
+    could not bind."""
+    log = _open_log(folder)  # creates the job's folder, where the pid file goes
     spec = {
         "bind": bind,
         "port": port,
@@ -118,8 +150,9 @@ def spawn_store(
         "max_frame": hosting.max_frame,
         "linger_s": hosting.linger_s,
         "report_key": job_prefix(job) + REPORT_KEY,
+        "job": job,
+        "folder": folder if log != subprocess.DEVNULL else "",
     }
-    log = _open_log(folder)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cclctl.store.detached"],
@@ -143,7 +176,11 @@ def spawn_store(
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(START_TIMEOUT_S)  # the first process exits as the store forks off
     if "error" in answer:
-        raise StoreError(str(answer["error"]), address=str(answer.get("address", "")))
+        raise StoreError(
+            str(answer["error"]),
+            address=str(answer.get("address", "")),
+            errno=int(answer.get("errno", 0) or 0),
+        )
     host = str(answer["host"])
     host = "127.0.0.1" if host in ANY_ADDRESSES else host  # where rank 0 connects
     return DetachedStore(host, int(answer["port"]), int(answer["pid"]), job, token)
