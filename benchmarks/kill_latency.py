@@ -3,11 +3,13 @@
 Each trial starts an 8-rank job from the environment, as srun or mpirun start one, rank 0
 hosting the store (benchmarks/kill_job.py; the benchmark is the ranks' parent, so no
 launcher stands between the kill and the ranks). Every rank runs all_reduce after all_reduce
-with no pause (benchmarks/kill_worker.py), so each is inside a collective when the kill
-lands. Once every rank has run ``READY_AFTER`` calls, the benchmark waits a random 0-20 ms
-(so the kill lands anywhere in a call), reads ``time.time_ns()`` and SIGKILLs one rank
-other than 0 (rank 1 to 7 in turn). Each survivor reads ``time.time_ns()`` as its
-collective raises: one host, one clock. A trial's latency is the slowest survivor's.
+with no pause (benchmarks/kill_worker.py), so the job is inside a collective when the kill
+lands (a survivor may still be finishing a call that needs nothing more from the killed
+rank; it fails in the next, and the count of those is printed). Once every rank has run
+``READY_AFTER`` calls, the benchmark waits a random 0-20 ms (so the kill lands anywhere in
+a call), reads ``time.time_ns()`` and SIGKILLs one rank other than 0 (rank 1 to 7 in
+turn). Each survivor reads ``time.time_ns()`` as its collective raises: one host, one
+clock. A trial's latency is the slowest survivor's.
 
 Printed per transport: p50, p99 and max over trials with 95% bootstrap intervals (trials
 resampled), how many survivors' errors named the killed rank as dead, and where the time
@@ -106,7 +108,7 @@ def show_trial(no: int, s: dict[str, Any]) -> None:
     print(
         f"trial {no:2d}: kill rank {s['victim']}: last survivor {s['latency_ms']:.1f} ms, "
         f"first {s['first_ms']:.1f} ms, {record}, {s['named']}/{s['survivors']} named it, "
-        f"{s['in_call']} were in the failing call at the kill",
+        f"{s['in_call']} had entered their failing call before it",
         flush=True,
     )
     for error in s["wrong"]:
@@ -130,7 +132,8 @@ def report(transport: str, rows: list[dict[str, Any]]) -> None:
     inside = sum(r["in_call"] for r in rows)
     print(
         f"survivors naming the killed rank dead: {named}/{total}; "
-        f"inside their failing call when the kill landed: {inside}/{total}"
+        f"had entered their failing call before the kill: {inside}/{total} (the others "
+        "were still finishing a call that needed nothing more from the killed rank)"
     )
     if recorded:
         print(

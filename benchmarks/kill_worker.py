@@ -2,7 +2,7 @@
 collective raises.
 
 After ``READY_AFTER`` calls it prints ``RUNNING`` on stdout (the benchmark kills a rank once
-every rank has), and keeps calling, so every rank is inside a collective when the kill
+every rank has), and keeps calling, so the job is inside a collective when the kill
 lands. When a call raises, it prints one JSON line on stderr, ``RAISED {...}``: the wall
 clock as it caught the error (``raised_ns``), when the failing call was entered
 (``entered_ns``), how many calls it had finished, and the error with the revoke record it
