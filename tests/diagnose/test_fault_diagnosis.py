@@ -66,8 +66,8 @@ CASES = [
     ("skip:rank=5:seq=2", "broadcast", 8, "not_entered", "not_entered", "5", 2),
     ("skip:rank=0:seq=4", "all_gather", 4, "not_entered", "not_entered", "0", 4),
     ("sleep:rank=1:seq=3:secs=30", "all_gather", 4, "not_entered", "not_entered", "1", 3),
-    ("kill:rank=1:seq=3", "all_reduce", 4, "dead", "missing", "1", 3),
-    ("kill:rank=6:seq=2", "all_gather", 8, "dead", "missing", "6", 2),
+    ("kill:rank=1:seq=3", "all_reduce", 4, "dead", "dead", "1", 3),  # dead by the revoke records
+    ("kill:rank=6:seq=2", "all_gather", 8, "dead", "dead", "6", 2),
     ("stop:rank=3:seq=2", "all_reduce", 4, "stopped", "not_entered", "3", 2),
     ("stop:rank=4:seq=3", "all_gather", 8, "stopped", "not_entered", "4", 3),
     ("op:rank=1:seq=3:to=broadcast", "all_reduce", 4, "mismatch", "mismatch", "1", 3),
