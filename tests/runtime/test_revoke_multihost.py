@@ -50,6 +50,7 @@ class Case:
     survivors: tuple[int, ...] = (0, 1, 2, 3)
     timeout_s: float = 3.0
     iters: int = 8
+    status_interval_s: float = 0.2
     act: Callable[[NetJob], Callable[[], None]] | None = None  # during the job: returns undo
     origin: str = ""  # what every survivor's error says, {pid} the culprit's
     culprit: int | None = None
@@ -100,12 +101,17 @@ def _abort(job: NetJob) -> Callable[[], None]:
     return lambda: None
 
 
+# Statuses only at start in the cases whose live diagnosis the runtime gets wrong: whether a
+# periodic status lands between a survivor's failure and its exit is luck, and the verdict
+# must not rest on it (the runtime publishes no status of its own at that moment).
+QUIET = 120.0
 _DEAD = "seq 3 (failed|revoked): rank {c} \\(pid {pid} on h2\\) died \\(SIGKILL"
 CASES = {
     "kill-rank2": Case(
         "kill:rank=2:seq=3",
         (0, 1, 3),
         culprit=2,
+        status_interval_s=QUIET,
         origin=_DEAD.format(c=2, pid="{pid}"),
         live=r"rank 2 is dead",
         post=r"DEAD\s+rank 2 is dead: SIGKILL",
@@ -114,6 +120,7 @@ CASES = {
         "kill:rank=3:seq=3",
         (0, 1, 2),
         culprit=3,
+        status_interval_s=QUIET,
         origin=_DEAD.format(c=3, pid="{pid}"),
         live=r"rank 3 is dead",
         post=r"DEAD\s+rank 3 is dead: SIGKILL",
@@ -124,7 +131,7 @@ CASES = {
         "stop:rank=3:seq=3",
         (0, 1, 2),
         culprit=3,
-        origin=r"seq 3 (revoked|timed out after [\d.]+s waiting to recv from rank 3): "
+        origin=r"seq 3 (revoked|timed out after [\d.]+s waiting to recv from rank \d): "
         r"rank 3 \(pid {pid} on h2\) (is stopped|has not entered all_reduce seq 3)",
         live=r"rank 3 never entered all_reduce seq 3",
         post=r"rank 3 left no dump",
@@ -147,6 +154,7 @@ CASES = {
         "stop:rank=3:seq=3",
         (0, 1, 2),
         timeout_s=60,  # the watchdog stays quiet: only the operator ends the calls
+        status_interval_s=QUIET,
         act=_abort,
         origin=r"seq 3 aborted by operator \S+@\S+: maint$",
         live=r"ABORTED\s+aborted by operator \S+@\S+: maint",
@@ -154,9 +162,11 @@ CASES = {
     ),
 }
 _LIVE_MISSES = (
-    "the survivors exit right after their error without closing, so their last published "
-    "status predates the revoke record; the live diagnosis reads no record (not the store's "
-    "revoke key) and cannot see a process on another host: it says HEALTHY"
+    "runtime: a survivor that exits right after its error (without close) publishes no "
+    "status carrying the revoke record, and the live diagnosis reads no record but the "
+    "statuses' (not the store's revoke key) and sees no process on another host: it says "
+    "HEALTHY (with 0.2 s statuses it is right only when a periodic one happens to land "
+    "between the failure and the exit)"
 )
 LIVE_XFAIL = {
     "kill-rank2": _LIVE_MISSES,
@@ -188,7 +198,13 @@ def _run(case: Case, hosts: TwoHosts, tmp: Path) -> Outcome:
     """The job once: its survivors' error lines, then both diagnoses; afterwards nothing of
     it is left (ranks, lingering store, iptables rules)."""
     job = NetJob(
-        hosts, tmp, _free_port(), fault=case.fault, timeout_s=case.timeout_s, iters=case.iters
+        hosts,
+        tmp,
+        _free_port(),
+        fault=case.fault,
+        timeout_s=case.timeout_s,
+        iters=case.iters,
+        status_interval_s=case.status_interval_s,
     )
     undo: Callable[[], None] = lambda: None  # noqa: E731
     try:

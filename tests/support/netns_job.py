@@ -93,6 +93,7 @@ class NetJob:
         timeout_s: float = 3.0,
         iters: int = 8,
         linger_s: float = 60.0,
+        status_interval_s: float = 0.2,
     ) -> None:
         self.hosts, self.port, self.n = hosts, port, 4
         self.tmp = {h: tmp / h for h in ADDRS}
@@ -114,7 +115,7 @@ class NetJob:
                 "CCLCTL_JOB": JOB,
                 "CCLCTL_TOKEN": TOKEN,
                 "CCLCTL_TIMEOUT": str(timeout_s),
-                "CCLCTL_STATUS_INTERVAL": "0.2",
+                "CCLCTL_STATUS_INTERVAL": str(status_interval_s),
                 "CCLCTL_STORE_LINGER": str(linger_s),
                 "CCLCTL_FAULT": fault,
                 "ITERS": str(iters),
