@@ -1,0 +1,274 @@
+"""A failure is one event across hosts: two network-namespace "hosts", 2 ranks each.
+
+Ranks 0-1 share memory on h1, ranks 2-3 on h2, and the hosts talk TCP over a veth pair (the
+hybrid transport); rank 0 hosts the store (env-launched) and it lingers after rank 0 exits.
+For a killed rank, a stopped one (the watchdog expires the hang), a link cut with iptables,
+a mismatched collective and an operator's ``cclctl abort``, every surviving rank's error
+names the true origin, and so do ``cclctl diagnose hang --store`` (live, against the
+lingering store, once the survivors have exited) and ``cclctl diagnose hang`` on both
+hosts' default dump folders (post-mortem). Each case runs its job once; the three tests
+read its outcome. Needs root, iproute2, unshare and iptables; skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from netns_job import ADDRS, JOB, NetJob, TwoHosts, sh
+from telemetry_helpers import wait_for
+
+pytestmark = [
+    pytest.mark.slow,  # real jobs across network namespaces
+    pytest.mark.netns,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "iptables")),
+        reason="needs root, iproute2, unshare and iptables for network namespaces",
+    ),
+]
+
+
+@dataclasses.dataclass
+class Outcome:
+    errors: dict[int, str]  # each survivor's error line
+    live: str  # diagnose hang --store, exit code first
+    post: str  # diagnose hang on both hosts' dump folders, exit code first
+    pids: dict[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    fault: str = ""
+    survivors: tuple[int, ...] = (0, 1, 2, 3)
+    timeout_s: float = 3.0
+    iters: int = 8
+    status_interval_s: float = 0.2
+    act: Callable[[NetJob], Callable[[], None]] | None = None  # during the job: returns undo
+    origin: str = ""  # what every survivor's error says, {pid} the culprit's
+    culprit: int | None = None
+    live: str = ""  # the live diagnosis' first finding
+    post: str = ""  # the post-mortem's first finding
+
+
+def _stopped(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0] == "T"
+
+
+def _data_link_up(job: NetJob) -> bool:
+    """Rank 2 holds a TCP connection to h1 that is not the store's (its link to rank 0)."""
+    out = sh(*job.hosts.exec("h2", "ss", "-tnpH", "state", "established")).stdout
+    store = f"{ADDRS['h1']}:{job.port}"
+    return any(
+        f"pid={job.rank_pid(2)}," in ln and f"{ADDRS['h1']}:" in ln and store not in ln
+        for ln in out.splitlines()
+    )
+
+
+def _blackhole(job: NetJob) -> Callable[[], None]:
+    """On h2, drop every TCP segment to and from h1 but the store's, once rank 2's link to
+    rank 0 is up: the ranks' link between the hosts goes silent, the store still answers.
+    Returns the undo (the rules' removal)."""
+    wait_for(lambda: _data_link_up(job), timeout_s=30)
+    rules = [
+        [chain, "-p", "tcp", addr, ADDRS["h1"], "!", port, str(job.port), "-j", "DROP"]
+        for chain, addr, port in (("OUTPUT", "-d", "--dport"), ("INPUT", "-s", "--sport"))
+    ]
+    for rule in rules:
+        sh(*job.hosts.exec("h2", "iptables", "-I", *rule))
+
+    def undo() -> None:
+        for rule in rules:
+            sh(*job.hosts.exec("h2", "iptables", "-D", *rule), check=False)
+
+    return undo
+
+
+def _abort(job: NetJob) -> Callable[[], None]:
+    """``cclctl abort`` on h1 once rank 3 froze; the frozen rank cannot acknowledge (3)."""
+    wait_for(lambda: _stopped(job.rank_pid(3)), timeout_s=30)
+    out = job.cclctl("h1", "abort", "--store", job.store, "--job", JOB, "--reason", "maint")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "rank 3" in out.stdout + out.stderr, out.stdout + out.stderr
+    return lambda: None
+
+
+# Statuses only at start in the cases whose live diagnosis the runtime gets wrong: whether a
+# periodic status lands between a survivor's failure and its exit is luck, and the verdict
+# must not rest on it (the runtime publishes no status of its own at that moment).
+QUIET = 120.0
+_DEAD = "seq 3 (failed|revoked): rank {c} \\(pid {pid} on h2\\) died \\(SIGKILL"
+CASES = {
+    "kill-rank2": Case(
+        "kill:rank=2:seq=3",
+        (0, 1, 3),
+        culprit=2,
+        status_interval_s=QUIET,
+        origin=_DEAD.format(c=2, pid="{pid}"),
+        live=r"rank 2 is dead",
+        post=r"DEAD\s+rank 2 is dead: SIGKILL",
+    ),
+    "kill-rank3": Case(
+        "kill:rank=3:seq=3",
+        (0, 1, 2),
+        culprit=3,
+        status_interval_s=QUIET,
+        origin=_DEAD.format(c=3, pid="{pid}"),
+        live=r"rank 3 is dead",
+        post=r"DEAD\s+rank 3 is dead: SIGKILL",
+    ),
+    # The first watchdog to expire names rank 3: rank 2's (its host) sees the process
+    # stopped, rank 0's or 1's (the other host) cannot, and says it has not entered seq 3.
+    "stop-rank3": Case(
+        "stop:rank=3:seq=3",
+        (0, 1, 2),
+        culprit=3,
+        origin=r"seq 3 (revoked|timed out after [\d.]+s waiting to recv from rank \d): "
+        r"rank 3 \(pid {pid} on h2\) (is stopped|has not entered all_reduce seq 3)",
+        live=r"rank 3 never entered all_reduce seq 3",
+        post=r"rank 3 left no dump",
+    ),
+    "link-0-2": Case(
+        iters=200,
+        act=_blackhole,
+        origin=r"(failed|revoked): link between rank (0 and rank 2|2 and rank 0) broke",
+        live=r"LINK\s+link (0<->2|2<->0) is broken or stalled",
+        post=r"LINK\s+link (0<->2|2<->0) broke",
+    ),
+    "mismatch-rank2": Case(
+        "op:rank=2:seq=3:to=broadcast",
+        culprit=2,
+        origin=r"seq 3 (failed|revoked): rank 2 \(pid {pid} on h2\) called broadcast\(",
+        live=r"MISMATCH\s+rank 2 called broadcast\(",
+        post=r"MISMATCH\s+rank 2 called broadcast\(",
+    ),
+    "abort": Case(
+        "stop:rank=3:seq=3",
+        (0, 1, 2),
+        timeout_s=60,  # the watchdog stays quiet: only the operator ends the calls
+        status_interval_s=QUIET,
+        act=_abort,
+        origin=r"seq 3 aborted by operator \S+@\S+: maint$",
+        live=r"ABORTED\s+aborted by operator \S+@\S+: maint",
+        post=r"ABORTED\s+aborted by operator \S+@\S+: maint",
+    ),
+}
+_LIVE_MISSES = (
+    "runtime: a survivor that exits right after its error (without close) publishes no "
+    "status carrying the revoke record, and the live diagnosis reads no record but the "
+    "statuses' (not the store's revoke key) and sees no process on another host: it says "
+    "HEALTHY (with 0.2 s statuses it is right only when a periodic one happens to land "
+    "between the failure and the exit)"
+)
+LIVE_XFAIL = {
+    "kill-rank2": _LIVE_MISSES,
+    "kill-rank3": _LIVE_MISSES,
+    "abort": _LIVE_MISSES,
+}
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[TwoHosts]:
+    two = TwoHosts()
+    try:
+        yield two
+    finally:
+        two.close()
+
+
+def _said(out: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {out.returncode}\n{out.stdout}{out.stderr}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:  # free here is as good as any in a fresh namespace
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(case: Case, hosts: TwoHosts, tmp: Path) -> Outcome:
+    """The job once: its survivors' error lines, then both diagnoses; afterwards nothing of
+    it is left (ranks, lingering store, iptables rules)."""
+    job = NetJob(
+        hosts,
+        tmp,
+        _free_port(),
+        fault=case.fault,
+        timeout_s=case.timeout_s,
+        iters=case.iters,
+        status_interval_s=case.status_interval_s,
+    )
+    undo: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        pids = {r: job.rank_pid(r) for r in range(4)}
+        if case.act is not None:
+            undo = case.act(job)
+        errors = job.errors(list(case.survivors))
+        live = job.cclctl("h1", "diagnose", "hang", "--store", job.store, "--job", JOB)
+        post = job.cclctl("h1", "diagnose", "hang", *job.dump_dirs())
+    finally:
+        undo()
+        job.kill_ranks()
+        hosts.kill_all()
+    return Outcome(errors, _said(live), _said(post), pids)
+
+
+_outcomes: dict[str, Outcome] = {}
+
+
+@pytest.fixture
+def outcome(
+    request: pytest.FixtureRequest, hosts: TwoHosts, tmp_path_factory: pytest.TempPathFactory
+) -> Outcome:
+    name = request.node.callspec.params["case"]
+    if name not in _outcomes:
+        _outcomes[name] = _run(CASES[name], hosts, tmp_path_factory.mktemp(name))
+    return _outcomes[name]
+
+
+def _first_finding(said: str) -> str:
+    """The diagnosis' one finding (it must be one: the origin, the rest its evidence)."""
+    found = [ln for ln in said.splitlines() if re.match(r"\d+\. ", ln)]
+    assert said.startswith("exit 3\n") and len(found) == 1, said
+    return found[0]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_survivor_names_the_origin(case: str, outcome: Outcome) -> None:
+    spec = CASES[case]
+    pid = outcome.pids[spec.culprit] if spec.culprit is not None else 0
+    pattern = spec.origin.replace("{pid}", str(pid))
+    wrong = {r: e for r, e in outcome.errors.items() if not re.search(pattern, e)}
+    assert not wrong, f"ranks not naming the origin ({pattern!r}): {outcome.errors}"
+    if case == "stop-rank3":  # the watchdog's own rank says it timed out, the rest adopt it
+        assert any("timed out after" in e for e in outcome.errors.values()), outcome.errors
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=LIVE_XFAIL[c]))
+        if c in LIVE_XFAIL
+        else c
+        for c in CASES
+    ],
+)
+def test_the_live_diagnosis_against_the_lingering_store_names_the_origin(
+    case: str, outcome: Outcome
+) -> None:
+    assert re.search(CASES[case].live, _first_finding(outcome.live)), outcome.live
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_post_mortem_diagnosis_of_both_hosts_dumps_names_the_origin(
+    case: str, outcome: Outcome
+) -> None:
+    assert re.search(CASES[case].post, _first_finding(outcome.post)), outcome.post
