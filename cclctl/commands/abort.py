@@ -10,6 +10,7 @@ token (and then nothing is written).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pwd
@@ -219,7 +220,12 @@ def _diagnosis(statuses: JobStatuses, stale_s: float) -> Diagnosis | None:
     """The live diagnosis whose liveness verdicts name the silent ranks (None: no status)."""
     if not statuses.statuses and not statuses.bad:
         return None
-    return diagnose_live(statuses, None, Options(stale_after_s=stale_s))
+    # Without the records the ranks adopted: the job's record (this abort, or the failure
+    # before it) would be the one verdict, and the silent ranks are named by their liveness.
+    plain = {r: dataclasses.replace(s, revoke=None) for r, s in statuses.statuses.items()}
+    return diagnose_live(
+        dataclasses.replace(statuses, statuses=plain), None, Options(stale_after_s=stale_s)
+    )
 
 
 def _print(report: AbortReport) -> None:
