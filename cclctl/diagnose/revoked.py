@@ -13,7 +13,9 @@ The origin's verdict (``died``: the rank is dead, with the reason; ``link``: the
 operator, blaming no rank) is made before the other checks, so they add their evidence to
 it. A ``hang`` names the rank the others wait on, so the checks run first and the verdict
 that names the origin becomes the origin's. Every other finding is then this failure's
-follow-on: a line of its evidence, not a verdict of its own.
+follow-on: a line of its evidence, not a verdict of its own. A death by SIGTERM, SIGINT or
+SIGHUP is a job being stopped: the checks run first, and what they find (the hang it was
+stopped for) is the verdict, with the death as its evidence.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from cclctl.records import COMPLETED
 from cclctl.revocation import OPERATOR, WEAK_KINDS, Revocation
 
 _RECORD = "the job's revoke record: "
+#: A death by one of these is a job being stopped (by a launcher, a scheduler, an operator
+#: after a hang), not a fault of its own: what the other checks find comes first.
+TEARDOWN = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
 _KIND = {"died": DEAD, "link": LINK, "mismatch": MISMATCH, "error": STUCK, "hang": STUCK}
 
 
@@ -74,7 +79,7 @@ def origin_verdict(
     """The origin's verdict, made before the per-communicator checks (None for a hang);
     its ranks go into ``explained`` so that the checks add their evidence to it."""
     record = revoked.record
-    if record.kind == "hang":
+    if record.kind == "hang" or _teardown(record):
         return None
     verdict = _verdict(record, states)
     revoked.verdict = verdict
@@ -88,8 +93,19 @@ def settle(revoked: Revoked, verdicts: list[Verdict], states: dict[int, RankStat
     origin (or one of its own), and every other finding becomes a line of its evidence."""
     record = revoked.record
     verdict = revoked.verdict
+    if verdict is None and _teardown(record):
+        before = [v for v in verdicts if v.fault and record.origin not in _ranks(v)]
+        if before:  # the job was being stopped: what it was stopped for is the verdict
+            first = min(before, key=Verdict.sort_key)
+            first.add(f"then the job was stopped: {record.describe()}")
+            for other in verdicts:
+                if other is not first and other.fault:
+                    first.add(f"also: {other.summary}")
+            verdicts[:] = [first]
+            return
+        verdict = _verdict(record, states)
     if verdict is None:
-        naming = [v for v in verdicts if record.origin in {s.rank for s in v.suspects}]
+        naming = [v for v in verdicts if record.origin in _ranks(v)]
         if naming:
             verdict = min(naming, key=Verdict.sort_key)
             verdict.evidence[:0] = _record_lines(record)
@@ -101,6 +117,14 @@ def settle(revoked: Revoked, verdicts: list[Verdict], states: dict[int, RankStat
             verdict.add(f"also: {other.summary}")
     verdicts[:] = [verdict]
     _adopters(verdict, revoked, states)
+
+
+def _teardown(record: Revocation) -> bool:
+    return record.kind == "died" and record.reason in TEARDOWN
+
+
+def _ranks(verdict: Verdict) -> set[int]:
+    return {s.rank for s in verdict.suspects}
 
 
 def _verdict(record: Revocation, states: dict[int, RankState]) -> Verdict:

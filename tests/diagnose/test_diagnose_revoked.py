@@ -125,6 +125,28 @@ def test_a_hang_record_whose_origin_no_check_names_is_its_own_verdict():
     )
 
 
+def test_a_death_by_sigterm_after_a_hang_is_the_teardown_not_the_verdict():
+    """A job hung on rank 3, which never entered seq 11; whoever stopped it SIGTERMed the
+    ranks, and rank 1 died first: its peers' record says so, but the hang is the verdict."""
+    record = revocation("died", 1, "SIGTERM", seen_by=2, via="pidfd")
+    job = Job(4).enter([0, 1, 2], waiting_on={0: 3, 1: 0, 2: 1}).revoke([0, 2], record)
+    diag = diagnose(job.snapshots())
+    assert kinds(diag.verdicts) == [("not_entered", "3")]
+    assert not diag.verdicts[0].origin
+    assert (
+        "then the job was stopped: rank 1 (pid 1001 on host-0) died (SIGTERM, seen by rank 2)"
+        in diag.verdicts[0].evidence
+    )
+
+
+def test_a_death_by_sigterm_with_nothing_before_it_is_the_verdict():
+    record = revocation("died", 1, "SIGTERM", seen_by=2, via="pidfd")
+    job = Job(4).revoke([0, 2, 3], record)
+    diag = diagnose(job.snapshots(without=[1]))
+    assert kinds(diag.verdicts) == [("dead", "1")]
+    assert diag.verdicts[0].summary == "rank 1 is dead: SIGTERM (seen by rank 2)"
+
+
 def test_an_operator_abort_blames_no_rank():
     record = revocation(
         "aborted", OPERATOR, "stuck since noon", comm="", seq=None, op=None,

@@ -189,15 +189,17 @@ class Revoker:
             self._stopped.wait(0.02)
 
     def _by_statuses(self, rev: Revocation) -> Revocation | None:
-        """The odd one out by every rank's published call in flight at ``rev.seq``, for
-        when the witnesses' own observations tie (two ranks, each blaming the other)."""
+        """The odd one out by every rank's published call at ``rev.seq`` (in flight, or
+        its last one of that communicator), for when the witnesses' own observations tie
+        (two ranks, each blaming the other)."""
         from cclctl.live.snapshot import fetch
 
         statuses = fetch(self._scoped.client, self._job).statuses
         calls = {
-            rank: f"{s.inflight.op}({s.inflight.dtype}, count {s.inflight.count})"
+            rank: f"{r.op}({r.dtype}, count {r.count})"
             for rank, s in statuses.items()
-            if s.inflight is not None and s.inflight.seq == rev.seq
+            for r in s.records
+            if r.seq == rev.seq and r.comm == rev.comm and r.peer is None
         }
         counts = Counter(calls.values()).most_common()
         if len(counts) < 2 or counts[0][1] == counts[1][1]:
