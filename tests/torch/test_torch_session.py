@@ -257,5 +257,3 @@ def test_the_folder_folds_only_what_is_queued_outlives_a_failed_fold_and_stops()
     finally:
         folder.stop()
     assert not any(t.name == "cclctl-torch-fold" for t in threading.enumerate())
-
-
