@@ -85,9 +85,9 @@ def python_wrappers(
     """The general and the quick wrapper of all_reduce around ``target``, read
     by the signature of ``like`` (torch's all_reduce), reporting to the live session."""
     import torch
+    from cclctl.integrations.torch.wrappers import wrap_general, wrap_quick
 
     from cclctl.integrations.torch import wrap as cclctl_torch
-    from cclctl.integrations.torch.wrappers import wrap_general, wrap_quick
 
     state, layout = cclctl_torch._state, quick_layout("all_reduce", like)
     assert state is not None and layout is not None

@@ -62,6 +62,8 @@ class CollectiveRecord:
     waiting_on: int | None = None
     waiting_for: str | None = None  # "send" or "recv"
     error: str | None = None
+    pg_name: str = ""  # a torch job's process group name, as PyTorch's Flight Recorder has it
+    torch_seq: int | None = None  # the backend's own seq (Flight Recorder's collective_seq_id)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -73,7 +75,8 @@ class CollectiveRecord:
 
 _RECORD_FIELDS = {f.name: f for f in dataclasses.fields(CollectiveRecord)}
 _INT_FIELDS = ("seq", "count", "nbytes", "epoch", "start_ns", "end_ns", "step", "steps")
-_OPTIONAL_INT_FIELDS = ("root", "peer", "waiting_on")
+_OPTIONAL_INT_FIELDS = ("root", "peer", "waiting_on", "torch_seq")
+_STR_FIELDS = ("comm", "op", "dtype", "algo", "state", "pg_name")
 
 
 def _fail(where: str, why: str) -> BadInput:
@@ -100,7 +103,7 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
             raise _fail(where, f"field {name!r} must be an integer, got {value!r}")
         if name in _OPTIONAL_INT_FIELDS and value is not None and not _is_int(value):
             raise _fail(where, f"field {name!r} must be an integer or null, got {value!r}")
-        if name in ("comm", "op", "dtype", "algo", "state") and not isinstance(value, str):
+        if name in _STR_FIELDS and not isinstance(value, str):
             raise _fail(where, f"field {name!r} must be a string, got {value!r}")
         kwargs[name] = value
     if kwargs.get("state", STARTED) not in STATES:

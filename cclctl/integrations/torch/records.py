@@ -44,10 +44,11 @@ class TorchComm:
     """A process group as cclctl counts it: id ``<group name>:<folded member ranks>``, its
     collective seq and, per peer, the seq of point-to-point calls each way."""
 
-    __slots__ = ("group", "id", "ranks", "received", "sent", "seq", "size")
+    __slots__ = ("group", "id", "name", "ranks", "received", "sent", "seq", "size")
 
     def __init__(self, group: Any, name: str, ranks: list[int]) -> None:
         self.group = group
+        self.name = name  # torch's group name (``pg_name``)
         self.ranks = ranks
         self.size = len(ranks)
         self.id = f"{name}:{fold_ranks(ranks)}"

@@ -10,19 +10,14 @@ Every process group is a communicator: id ``<group name>:<folded member ranks>``
 names groups by creation order, the same on every rank, so ``0:0-7`` is the world of 8 as in
 the runtime), its own collective seq from 1 and a per-pair seq for point-to-point calls.
 
-The wrapper's quick path (a synchronous one-tensor call on a known group) hands over a
-*quick call*, a list of what the record needs (indices ``QUICK_*``): the call's group and
-tensor themselves, its op and start, and marks its end in it. The session numbers the call
-and builds its record later, in whichever thread folds telemetry (:meth:`Session.hand_over`,
-run before every fold), so the calling thread does not touch the tensor's metadata or the
-session's state, which are cold in its caches between two gloo calls. The price: the tensor
-lives until the next fold, a tensor resized in place before then is recorded at its new
-size, and seq numbers are given by two threads, so under ``_quick_lock``.
+Calls arrive from the wrapper process groups (:mod:`~cclctl.integrations.torch.traced`),
+on whichever thread issued them (the caller's, DDP's autograd threads); a record's seq is
+given under ``_seq_lock``. Records are counted by the session's fold thread
+(:mod:`~cclctl.integrations.torch.folding`) and by every reader.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
@@ -41,10 +36,6 @@ from cclctl.telemetry.hub import Telemetry
 from cclctl.telemetry.watchdog import Watchdog
 
 log = logging.getLogger("cclctl.torch")
-
-#: Where a quick call keeps each field: the call's group and tensor (both None once the
-#: record is built), its op, when it started and ended (0: not yet), why it failed.
-QUICK_GROUP, QUICK_TENSOR, QUICK_OP, QUICK_START, QUICK_END, QUICK_ERROR = 0, 1, 2, 3, 4, 5
 
 
 def quietly(fn: Callable[..., None], *args: Any) -> None:
@@ -68,14 +59,9 @@ class Session:
             cfg, rank=self.rank, world_size=self.world_size, backend=str(dist.get_backend())
         )
         self.completions = Completions(self.close_record)
-        #: known process groups: the wrapper's quick path takes calls on these only
+        #: known process groups, by group object
         self.comms: dict[Any, TorchComm] = {}
-        self._world_comm: TorchComm | None = None  # the default group's, set by start()
-        #: quick calls not yet handed over (see hand_over); the wrapper appends to it
-        self.quick: collections.deque[list[Any]] = collections.deque()
-        self._open: dict[int, tuple[list[Any], CollectiveRecord]] = {}  # in flight when built
-        self._quick_lock = threading.Lock()
-        self.telemetry.add_source(self.hand_over)
+        self._seq_lock = threading.Lock()
         self._lock = threading.Lock()
         self.store: StoreAttachment | None = None
         self.watchdog: Watchdog | None = None
@@ -86,7 +72,7 @@ class Session:
     def start(self) -> Session:
         """Start the background parts; a failure here is logged, never raised to the job."""
         tel = self.telemetry
-        self._world_comm = self.comm(self.world)
+        self.comm(self.world)
         if threading.current_thread() is threading.main_thread():
             tel.install_signal_dump()
             if self.cfg.trace_dir:
@@ -135,9 +121,7 @@ class Session:
         return comm
 
     def forget(self, group: Any) -> None:
-        """``destroy_process_group(group)``: its counters stay, the group object goes
-        (once its quick calls have been numbered: they are looked up by group).
-        """
+        """``destroy_process_group(group)``: its counters stay, the group object goes."""
         self.telemetry.fold()
         with self._lock:
             self.comms.pop(group, None)
@@ -145,17 +129,13 @@ class Session:
     # -- records --------------------------------------------------------------------------
 
     def open_record(self, comm: TorchComm, call: Call) -> CollectiveRecord:
-        """Number the call, start its record and put it in flight: after the quick calls
-        made before it, and under the lock the folding thread numbers those under.
-        """
+        """Number the call, start its record and put it in flight."""
         tensor = call.tensor
         dtype = "" if tensor is None else dtype_info(tensor.dtype)[0]
-        with self._quick_lock:
-            if self.quick:
-                self._hand_over()
+        with self._seq_lock:
             peer = root = None
             if call.direction is not None:
-                peer = comm.global_rank(call.peer, call.group_peer)
+                peer = comm.global_rank(None, call.group_peer)
                 counts = comm.sent if call.direction == "send" else comm.received
                 key = -1 if peer is None else peer  # recv from any source: its own sequence
                 seq = counts[key] = counts.get(key, 0) + 1
@@ -163,72 +143,25 @@ class Session:
             else:
                 comm.seq += 1
                 seq = comm.seq
-                if call.root is not None or call.group_root is not None:
-                    root = comm.global_rank(call.root, call.group_root)
+                if call.group_root is not None:
+                    root = comm.global_rank(None, call.group_root)
             # positional: cheaper than keywords, and this runs on the calling thread
             rec = CollectiveRecord(
                 comm.id, seq, call.op, dtype, call.count, call.nbytes, root, peer, 0, "",
                 STARTED, time.time_ns(),
             )  # fmt: skip
+            rec.pg_name = comm.name
             if peer is not None and peer >= 0:
                 rec.waiting_on, rec.waiting_for = peer, call.direction
             self.telemetry.start(rec)
         return rec
 
-    def fail_quick(self, call: list[Any], error: BaseException) -> None:
-        """A quick call raised ``error`` (torch's own exception)."""
-        call[QUICK_ERROR] = error_text(error)
-        call[QUICK_END] = time.time_ns()  # last: the call has now ended
-
-    def hand_over(self) -> None:
-        """Number and build the records of the quick calls handed over since the last
-        time, start them in telemetry and end those whose calls have ended; end the records
-        of earlier ones, built in flight, whose calls have ended since.
-
-        Telemetry runs this before every fold, in whichever thread folds (the session's
-        folder, mostly, while the caller waits in the backend). ``QUICK_END`` is read once
-        per look, as telemetry reads ``end_ns``: a call that ends just after is ended by
-        the next look. A call on a group forgotten since is dropped (see :meth:`forget`).
-        """
-        with self._quick_lock:
-            self._hand_over()
-
-    def _hand_over(self) -> None:
-        opened = self._open
-        if opened:
-            for key, (call, rec) in list(opened.items()):
-                if call[QUICK_END]:
-                    del opened[key]
-                    finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
-        quick, comms, world = self.quick, self.comms, self._world_comm
-        for _ in range(len(quick)):
-            call = quick.popleft()
-            group, tensor = call[QUICK_GROUP], call[QUICK_TENSOR]
-            call[QUICK_GROUP] = call[QUICK_TENSOR] = None  # no longer ours to keep
-            comm = world if group is None else comms.get(group)
-            if comm is None:
-                continue
-            comm.seq += 1
-            count = tensor.numel()  # not ``nbytes``: sparse tensors raise there
-            name, itemsize = dtype_info(tensor.dtype)
-            rec = CollectiveRecord(  # positional, as in open_record: once per quick call
-                comm.id, comm.seq, call[QUICK_OP], name, count, count * itemsize, None, None,
-                0, "", STARTED, call[QUICK_START],
-            )  # fmt: skip
-            self.telemetry.start(rec)
-            if call[QUICK_END]:
-                finish_record(rec, call[QUICK_ERROR], call[QUICK_END])
-            else:
-                opened[id(call)] = (call, rec)
-
     def queued(self) -> int:
-        """Calls not yet counted: quick calls not yet built, or built in flight, and
-        records queued in telemetry (the session's folder folds while there are any).
-        """
-        return len(self.quick) + len(self._open) + self.telemetry.queued()
+        """Records queued in telemetry, not yet counted (the folder folds while any are)."""
+        return self.telemetry.queued()
 
     def fold(self) -> None:
-        """Count every call made so far (quick calls are built first: see hand_over)."""
+        """Count every call made so far."""
         self.telemetry.fold()
 
     def close_record(self, rec: CollectiveRecord, error: BaseException | None, end_ns: int) -> None:

@@ -1,16 +1,11 @@
 """cclctl's counters, flight recorder, status, exporter and watchdog for torch.distributed.
 
-``instrument()`` wraps torch.distributed's collectives (and ``init_process_group`` /
-``destroy_process_group``, which start and end the session); ``uninstrument()`` puts the
-originals back. A wrapped call passes its arguments through untouched and returns or raises
-exactly what torch does: the wrapper only opens a record before and closes it when the work
-has ended (see :mod:`~cclctl.integrations.torch.timing`).
-
-Calls made from inside a wrapped call (``all_gather_into_tensor`` calls
-``all_gather_single``; ``all_gather_object`` calls ``all_gather``) are counted once, by the
-outermost wrapper. Collectives issued from C++ (DDP's reducer, functional collectives) never
-pass through torch.distributed's Python functions and are not seen; PyTorch's Flight
-Recorder sees those (``cclctl diagnose hang`` reads its dumps).
+``instrument()`` makes every process group torch creates from then on a cclctl wrapper
+around the real one (:mod:`~cclctl.integrations.torch.groups`), so every collective that
+reaches a group is recorded, whoever issued it: torch.distributed's Python API, DDP's
+reducer, FSDP, functional collectives. ``init_process_group`` / ``destroy_process_group``
+are wrapped to start and end the session, and ``Work.wait`` to close the records of works
+without a future (gloo's point-to-point). ``uninstrument()`` puts torch's functions back.
 """
 
 from __future__ import annotations
@@ -24,11 +19,27 @@ from typing import Any
 
 from cclctl.config import RuntimeConfig, runtime_from_env
 from cclctl.errors import UsageError
-from cclctl.integrations.torch.calls import OPS, describer, quick_layout
+from cclctl.integrations.torch.groups import Groups
 from cclctl.integrations.torch.session import Session
-from cclctl.integrations.torch.wrappers import State, wrap_general, wrap_quick
 
 log = logging.getLogger("cclctl.torch")
+
+
+class State:
+    """What one instrumented process keeps: torch's originals and the live session."""
+
+    def __init__(self, dist: Any, cfg: RuntimeConfig | None, flags: dict[str, Any]) -> None:
+        self.dist = dist
+        self.cfg = cfg
+        self.flags = flags
+        self.originals: dict[str, Callable[..., Any]] = {}
+        self.work_wait: Callable[..., Any] | None = None
+        self.session: Session | None = None
+        self.groups = Groups(dist, lambda: self.session)
+
+    def set_session(self, sess: Session | None) -> None:
+        """Make ``sess`` (or no session) the one every wrapper group reports to."""
+        self.session = sess
 
 
 _state: State | None = None
@@ -36,15 +47,15 @@ _lock = threading.Lock()
 
 
 def instrument(config: RuntimeConfig | None = None, **flags: Any) -> None:
-    """Wrap torch.distributed's collectives with cclctl's telemetry. Idempotent.
+    """Make every process group torch creates from now on a traced one. Idempotent.
 
-    Call it before or after ``init_process_group``. ``config`` or ``flags`` (fields of
+    Call it before ``init_process_group`` (``cclctl run`` does, at ``import torch``):
+    groups that exist already are not seen. ``config`` or ``flags`` (fields of
     :class:`~cclctl.config.RuntimeConfig`: ``timeout_s=30``, ``trace_dir="/tmp/x"``, ...)
     override the ``CCLCTL_*`` environment, which is read when the session starts.
     Raises UsageError when torch.distributed is not available.
     """
     global _state
-    import torch
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -54,15 +65,7 @@ def instrument(config: RuntimeConfig | None = None, **flags: Any) -> None:
             return
         state = State(dist, config, flags)
         c10d = dist.distributed_c10d
-        for name in OPS:
-            original = getattr(c10d, name, None)
-            if original is None:
-                continue  # an older torch without this function
-            wrapper = wrap_general(state, original, describer(name, original, torch.Tensor))
-            quick = quick_layout(name, original)
-            if quick is not None:
-                wrapper = wrap_quick(state, original, OPS[name], quick, torch.Tensor, wrapper)
-            _patch(state, name, wrapper)
+        state.groups.install()
         _patch(state, "init_process_group", _wrap_init(state, c10d.init_process_group))
         _patch(state, "destroy_process_group", _wrap_destroy(state, c10d.destroy_process_group))
         state.work_wait = c10d.Work.wait
@@ -70,6 +73,10 @@ def instrument(config: RuntimeConfig | None = None, **flags: Any) -> None:
         _state = state
     atexit.register(_close_session)
     if dist.is_initialized():
+        log.warning(
+            "cclctl: instrument() after init_process_group: the groups that exist already "
+            "are not traced; call it first (cclctl run does)"
+        )
         _open_session(state)
 
 
@@ -81,6 +88,7 @@ def uninstrument() -> None:
     if state is None:
         return
     _close_session(state)
+    state.groups.uninstall()
     c10d = state.dist.distributed_c10d
     for name, original in state.originals.items():
         for module in (c10d, state.dist):
