@@ -31,6 +31,11 @@ OUTPUT_DRAIN_S = 5.0
 #: moment a diagnosis still sees the job as it failed.
 FailureHook = Callable[["RankExit | None", "StoreSeen | None"], None]
 
+#: After a rank's failure the others are revoked (the job's revoke record reaches them in
+#: milliseconds) and end by themselves, each printing its own error naming the origin:
+#: they get this long to do so before the launcher stops them.
+REPORT_S = 1.0
+
 
 @dataclasses.dataclass
 class RankExit:
@@ -215,7 +220,7 @@ class RankJob:
             if one.failed and not self.stopping:
                 self.first_failure = one
                 self._witness(one)
-                self._stop(grace_s)
+                self._stop(grace_s, after_s=REPORT_S)
         for one in ended:  # reaped only now: until then its peers read its exit status
             self.procs[one.rank].poll()  # from /proc (a zombie's), and name its signal
 
@@ -230,11 +235,11 @@ class RankJob:
         if self.on_failure is not None:
             self.on_failure(first, self.witness.look())
 
-    def _stop(self, grace_s: float) -> None:
-        """SIGTERM the ranks still running now, SIGKILL them after ``grace_s``."""
+    def _stop(self, grace_s: float, after_s: float = 0.0) -> None:
+        """SIGTERM the ranks still running in ``after_s``, SIGKILL them ``grace_s`` later."""
         self._begin_stopping()
-        now = time.monotonic()
-        self.pending = [(now, signal.SIGTERM), (now + grace_s, signal.SIGKILL)]
+        at = time.monotonic() + after_s
+        self.pending = [(at, signal.SIGTERM), (at + grace_s, signal.SIGKILL)]
 
     def _begin_stopping(self) -> None:
         self.stopping = True
