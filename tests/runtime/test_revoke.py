@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from env_job import TOKEN, EnvJob
+from fault_job import TOKEN, FaultJob
 from telemetry_helpers import wait_for
 
 from cclctl import revocation
@@ -26,7 +26,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 TRANSPORTS = ["auto", "tcp"]  # auto: one host, so shared memory
 
 
-def _survivors(job: EnvJob, culprit: int | None) -> dict[int, str]:
+def env_job(
+    tmp: Path, n: int, fault: str, transport: str, timeout_s: float = 2.0, **extra: str
+) -> FaultJob:
+    """Ranks started from the environment, rank 0 hosting the store, each exiting after
+    its first error: the job's watchdog raises (the default policy), dumps go to the
+    job's folder under ``tmp``."""
+    env = {"CCLCTL_ON_HANG": "raise", "CCLCTL_TRANSPORT": transport, **extra}
+    return FaultJob(
+        tmp, n, fault=fault, timeout_s=timeout_s, job="envjob", pause_s=0.2,
+        hold_on_error=extra.get("HOLD_ON_ERROR") == "1", rank0_hosts=True,
+        default_dumps=True, extra=env,
+    )  # fmt: skip
+
+
+def _survivors(job: FaultJob, culprit: int | None) -> dict[int, str]:
     return job.errors([r for r in range(job.n) if r != culprit])
 
 
@@ -41,7 +55,7 @@ def test_a_killed_rank_is_named_dead_by_every_survivor(
     tmp_path: Path, transport: str, n: int
 ) -> None:
     culprit = n - 2
-    job = EnvJob(tmp_path, n, fault=f"kill:rank={culprit}:seq=3", transport=transport)
+    job = env_job(tmp_path, n, f"kill:rank={culprit}:seq=3", transport)
     try:
         errors = _survivors(job, culprit)
     finally:
@@ -56,7 +70,7 @@ def test_a_stopped_rank_is_named_by_every_survivor_once_the_watchdog_expires(
     tmp_path: Path, transport: str, n: int
 ) -> None:
     culprit = n - 3
-    job = EnvJob(tmp_path, n, fault=f"stop:rank={culprit}:seq=3", transport=transport)
+    job = env_job(tmp_path, n, f"stop:rank={culprit}:seq=3", transport)
     try:
         errors = _survivors(job, culprit)
     finally:
@@ -66,7 +80,7 @@ def test_a_stopped_rank_is_named_by_every_survivor_once_the_watchdog_expires(
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_cut_link_is_named_by_every_rank(tmp_path: Path, transport: str) -> None:
-    job = EnvJob(tmp_path, 4, fault="link:rank=1:seq=3:peer=2", transport=transport)
+    job = env_job(tmp_path, 4, "link:rank=1:seq=3:peer=2", transport)
     try:
         errors = _survivors(job, None)
     finally:
@@ -79,7 +93,7 @@ def test_a_cut_link_is_named_by_every_rank(tmp_path: Path, transport: str) -> No
 def test_the_odd_one_out_of_a_mismatch_is_named_by_every_rank(
     tmp_path: Path, transport: str, fault: str
 ) -> None:
-    job = EnvJob(tmp_path, 4, fault=fault, transport=transport)
+    job = env_job(tmp_path, 4, fault, transport)
     try:
         errors = _survivors(job, None)
     finally:
@@ -100,11 +114,8 @@ def test_an_operators_abort_reaches_every_rank_even_behind_a_stopped_peer(
 ) -> None:
     """Rank 3 is frozen, so the others hang in seq 3 (a long timeout: the watchdog stays
     quiet); the operator's record in the store ends every live rank's call."""
-    hold = {"HOLD_ON_ERROR": "1"}  # rank 0 hosts the store: the ranks stay to be read
-    job = EnvJob(
-        tmp_path, 4, fault="stop:rank=3:seq=3", transport=transport, timeout_s=60, extra=hold
-    )
-    try:
+    job = env_job(tmp_path, 4, "stop:rank=3:seq=3", transport, timeout_s=60)
+    try:  # the store outlives rank 0, which exits after its error like the others
         with StoreClient.from_address(job.store, token=TOKEN, connect_timeout_s=30) as client:
             scoped = ScopedStore.for_job(client, job.job)
             wait_for(lambda: _blocked_in(scoped, 0) == 3, timeout_s=30)
@@ -112,7 +123,8 @@ def test_an_operators_abort_reaches_every_rank_even_behind_a_stopped_peer(
             assert scoped.compare_set(revocation.KEY, None, rec.encode()) == rec.encode()
             acked = lambda: [r for r in range(4) if scoped.try_get(revocation.ack_key(r))]  # noqa: E731
             wait_for(lambda: acked() == [0, 1, 2], timeout_s=10)  # the frozen rank 3 cannot
+            errors = _survivors(job, 3)
             assert scoped.try_get(revocation.ack_key(3)) is None
     finally:
         job.finish()
-    _assert_all_name(_survivors(job, 3), r"seq 3 aborted by operator sre@vm: maintenance")
+    _assert_all_name(errors, r"seq 3 aborted by operator sre@vm: maintenance")

@@ -28,6 +28,25 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def error_lines(
+    procs: dict[int, subprocess.Popen[bytes]], ranks: list[int], timeout_s: float = 60.0
+) -> dict[int, str]:
+    """Each of ``ranks``' error line (``rank r failed: ...``, else its stderr's last line)
+    once it has exited; ``<still running>`` for one that did not within ``timeout_s``."""
+    out: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    for rank in ranks:
+        try:
+            _, err = procs[rank].communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            out[rank] = "<still running>"
+            continue
+        lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+        failed = [ln for ln in lines if ln.startswith(f"rank {rank} failed: ")]
+        out[rank] = failed[-1] if failed else (lines[-1] if lines else "")
+    return out
+
+
 class FaultJob:
     def __init__(
         self,
@@ -48,6 +67,7 @@ class FaultJob:
         default_dumps: bool = False,
         port: int | None = None,
         dump_dir: Path | None = None,
+        extra: dict[str, str] | None = None,
     ) -> None:
         """``buffers="shared"``: the ranks' buffers come from ``comm.empty()`` (zero-copy).
         ``rank0_hosts``: no store of ours; rank 0 hosts the job's store on a free
@@ -55,7 +75,8 @@ class FaultJob:
         ``ranks``: start only these (in order). ``default_dumps``: no CCLCTL_TRACE_DIR, so
         the ranks dump into the job's own folder (``dump_dir``) under TMPDIR, which is
         ``tmp``. ``port``: rank 0's ``MASTER_PORT`` (default a free one). ``dump_dir``: the
-        job's folder (default ``tmp/dumps``)."""
+        job's folder (default ``tmp/dumps``). ``extra``: more of the ranks' environment, last
+        (``CCLCTL_ON_HANG`` is ``wait`` unless it says otherwise)."""
         self.n = n
         self.job = job
         self.tmpdir = tmp
@@ -97,6 +118,7 @@ class FaultJob:
                 "FAULT_BUFFERS": buffers,
                 "TMPDIR": str(tmp),
                 **trace,
+                **(extra or {}),
             }
             self.procs.append(
                 subprocess.Popen(
@@ -110,6 +132,10 @@ class FaultJob:
 
     def pid(self, rank: int) -> int:
         return self.procs[rank].pid
+
+    def errors(self, ranks: list[int], timeout_s: float = 60.0) -> dict[int, str]:
+        """Each of ``ranks``' error line once it has exited (before ``finish``)."""
+        return error_lines(dict(enumerate(self.procs)), ranks, timeout_s)
 
     def wait_all_exited(self, timeout_s: float) -> list[int | None]:
         deadline = time.monotonic() + timeout_s

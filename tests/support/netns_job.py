@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from fault_job import error_lines
+
 from cclctl.config import job_dir
 
 WORKER = str(Path(__file__).with_name("fault_worker.py"))
@@ -144,20 +146,8 @@ class NetJob:
         return [job_dir(JOB, {"TMPDIR": str(t)}) for t in self.tmp.values()]
 
     def errors(self, ranks: list[int], timeout_s: float = 60.0) -> dict[int, str]:
-        """Each of ``ranks``' error line, once it has exited (its stderr's last line)."""
-        out: dict[int, str] = {}
-        deadline = time.monotonic() + timeout_s
-        for rank in ranks:
-            proc = self.procs[rank]
-            try:
-                _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                out[rank] = "<still running>"
-                continue
-            lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
-            failed = [ln for ln in lines if ln.startswith(f"rank {rank} failed: ")]
-            out[rank] = failed[-1] if failed else (lines[-1] if lines else "")
-        return out
+        """Each of ``ranks``' error line, once it has exited."""
+        return error_lines(dict(enumerate(self.procs)), ranks, timeout_s)
 
     def cclctl(self, host: str, *args: str) -> subprocess.CompletedProcess[str]:
         """The CLI run on ``host`` as its user runs it there (the job's token set)."""
