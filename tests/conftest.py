@@ -17,14 +17,18 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 @pytest.fixture(autouse=True, scope="session")
 def _private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Job folders (token files, default dumps) of every test under pytest's own temporary
-    folder, never the real ``${TMPDIR:-/tmp}/cclctl-<uid>/``: ranks inherit TMPDIR."""
-    old = os.environ.get("TMPDIR")
+    folder, never the real ``${TMPDIR:-/tmp}/cclctl-<uid>/``: ranks inherit TMPDIR; and
+    short-lived lingering stores."""
+    old = {name: os.environ.get(name) for name in ("TMPDIR", "CCLCTL_STORE_LINGER")}
     os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmpdir"))
+    # the stores that launched jobs leave behind serve a reader briefly, then go
+    os.environ.setdefault("CCLCTL_STORE_LINGER", "3")
     yield
-    if old is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = old
+    for name, value in old.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Start N local ranks around an in-process store, follow them, and leave no process behind.
+"""Start N local ranks around the job's store, follow them, and leave no rank behind.
 
 This module sets the job up (its store, token and every rank's environment);
 :mod:`~cclctl.launch.ranks` starts, watches and stops the rank processes. A launcher that is
@@ -23,8 +23,7 @@ from cclctl.launch import streaming_copies
 from cclctl.launch.output import LineSink
 from cclctl.launch.ranks import FailureHook, LaunchResult, RankExit, RankJob
 from cclctl.launch.witness import StoreSeen, Witness
-from cclctl.store.client import StoreServer
-from cclctl.store.limits import StoreLimits
+from cclctl.runtime.job.store_process import spawn_store
 
 __all__ = [
     "MAX_PROCS",
@@ -80,24 +79,28 @@ def launch(
     _check_arguments(cmd, nprocs, port, grace_s, timeout_s)
     base = streaming_copies.rank_environment({**inherited_environment(), **(env or {})})
     token = auth.new_token()  # the job's: only its ranks may write to its store
-    limits = StoreLimits(max_frame=store_server_from_env().max_frame)
+    job_name = base.get("CCLCTL_JOB") or f"launch-{secrets.token_hex(4)}"
+    token_file = _write_token(job_name, token, base)
     try:
-        server = StoreServer("127.0.0.1", port, token=token, limits=limits).start()
+        store = spawn_store(
+            "127.0.0.1", port, token, store_server_from_env(), job=job_name,
+            folder=str(token_file.parent),
+        )  # fmt: skip
     except StoreError as exc:
-        raise UsageError(f"{exc} (pick another --port, or 0 for a free one)") from None
-    with server:
-        envs = _rank_environments(base, nprocs, server.address, token)
-        token_file = _write_token(envs[0]["CCLCTL_JOB"], token, base)
-        witness = Witness(server.address, token, envs[0]["CCLCTL_JOB"])
-        try:
-            job = RankJob(list(cmd), nprocs, envs, witness, on_failure)
-            sink = _route(output or print_prefixed, capture_rank0_stdout)
-            return job.run(sink, grace_s, timeout_s, on_start)
-        finally:
-            witness.close()
-            with contextlib.suppress(OSError):
-                token_file.unlink()
-                token_file.parent.rmdir()  # only when the job left nothing else there
+        token_file.unlink()
+        raise UsageError(f"{exc}; pick another --port, or 0 for a free one") from None
+    envs = _rank_environments(base, nprocs, store.address, token, job_name)
+    witness = Witness(store.address, token, job_name)
+    try:
+        job = RankJob(list(cmd), nprocs, envs, witness, on_failure)
+        sink = _route(output or print_prefixed, capture_rank0_stdout)
+        return job.run(sink, grace_s, timeout_s, on_start)
+    finally:
+        witness.close()  # the store lingers for top and diagnose, then leaves by itself
+        store.close()
+        with contextlib.suppress(OSError):
+            token_file.unlink()
+            token_file.parent.rmdir()  # only when the job left nothing else there
 
 
 def _write_token(job: str, token: str, env: Mapping[str, str]) -> Path:
@@ -130,7 +133,7 @@ def _check_arguments(
 
 
 def _rank_environments(
-    base: dict[str, str], nprocs: int, store: str, token: str
+    base: dict[str, str], nprocs: int, store: str, token: str, job: str
 ) -> list[dict[str, str]]:
     common = {
         **base,
@@ -139,7 +142,7 @@ def _rank_environments(
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
         "CCLCTL_STORE": store,
-        "CCLCTL_JOB": base.get("CCLCTL_JOB") or f"launch-{secrets.token_hex(4)}",
+        "CCLCTL_JOB": job,
         "CCLCTL_TOKEN": token,
         "PYTHONUNBUFFERED": base.get("PYTHONUNBUFFERED", "1"),  # lines as they are printed
     }

@@ -92,7 +92,8 @@ def test_cli_unusable_port_exits_2_naming_it() -> None:
     assert done.returncode == 2
     assert done.stderr == (
         f"cclctl: error: cannot start the store on 127.0.0.1:{port}: Address already in use "
-        "(pick another --port, or 0 for a free one)\n"
+        "(no lingering cclctl store of yours was found on it); pick another --port, or 0 "
+        "for a free one\n"
     )
 
 

@@ -7,6 +7,7 @@ not whichever rank exited first.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -120,3 +121,33 @@ def test_a_record_already_in_the_store_is_kept() -> None:
     assert result.store is not None and result.store.revoke is not None
     assert (result.store.revoke.kind, result.store.revoke.reason) == ("error", "it broke")
     assert revocation.KEY == "revoke"
+
+
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_after_a_launched_job_died_every_way_of_asking_names_the_origin(
+    tmp_path: Path, transport: str
+) -> None:
+    """Rank 2 killed: each survivor's error, the launcher's last line, the live diagnosis
+    against the job's store (which outlives the launcher) and the post-mortem name it."""
+    done = launch_faulty(tmp_path, "kill:rank=2:seq=4", transport)
+    store, job = re.search(r"job (\S+) store (\S+);", done.stderr).group(2, 1)  # type: ignore[union-attr]
+    failed = [
+        ln for ln in done.stderr.splitlines() if re.match(r"\[rank \d\] rank \d failed: ", ln)
+    ]
+    assert len(failed) == 3, done.stderr
+    assert all(
+        re.search(r"seq 4 (failed|revoked): rank 2 \(pid \d+ on \S+\) died \(SIGKILL", ln)
+        for ln in failed
+    ), failed
+    assert re.search(
+        r"cclctl launch: rank 2 \(pid \d+\) died of SIGKILL", done.stderr.splitlines()[-1]
+    )
+    for ask in (["--store", store, "--job", job], [str(tmp_path)]):
+        said = subprocess.run(
+            [PY, "-m", "cclctl", "diagnose", "hang", *ask, "--json"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert said.returncode == 3, said.stderr
+        first = json.loads(said.stdout)["verdicts"][0]
+        assert (first["kind"], first["suspects"]) == ("dead", "2"), first
