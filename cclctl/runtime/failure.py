@@ -11,7 +11,9 @@ Every call checks ``status`` when it opens and every blocked wait checks it on e
 
 The first failure spreads at once: the transport's ``announce`` hook tells the peers it
 can reach (shared memory: this rank's revoke area and state word; TCP: a revoke frame on
-every link), and the ``on_first`` listeners (the job's store) tell the rest.
+every link), and the ``on_first`` listeners (the job's store) tell the rest. What a rank
+saw is made into the origin in :mod:`~cclctl.runtime.witness`; the errors calls raise are
+in :mod:`~cclctl.runtime.failure_errors`.
 """
 
 from __future__ import annotations
@@ -19,23 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from cclctl.errors import (
-    CclError,
-    CollectiveAborted,
-    CollectiveTimeout,
-    CommAborted,
-    CommError,
-    CommRevoked,
-    PeerError,
-    ProtocolError,
-)
+from cclctl.errors import CclError, CommError
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
-from cclctl.runtime.peer_process import GONE, exit_reason, process_state
+from cclctl.runtime import failure_errors, witness
 
 #: ``FailureState.status`` values (always one of these objects: compare with ``is``).
 OK, BROKEN, ABORTED, CLOSED = "ok", "broken", "aborted", "closed"
@@ -44,53 +36,9 @@ OK, BROKEN, ABORTED, CLOSED = "ok", "broken", "aborted", "closed"
 #: a peer told it (shared memory, a link), or the job's store did.
 SELF, PEER, STORE = "self", "peer", "store"
 
-#: A dying process closes its sockets before it turns zombie: how long a rank whose link
-#: to a peer on this host broke watches for that peer's exit before calling it a link fault.
-PEER_EXIT_GRACE_S = 0.1
-
 Announce = Callable[[str, Revocation | None], None]
 Listener = Callable[[Revocation, str], None]
 Resolver = Callable[[Revocation], Revocation]
-
-
-def timeout_error(rank: int, op: str, seq: int, peer: int, what: str, elapsed: float) -> NoReturn:
-    """Raise the :class:`CollectiveTimeout` of a call that waited ``elapsed`` seconds on
-    ``peer`` (``what``: ``send`` or ``recv``)."""
-    raise CollectiveTimeout(
-        f"rank {rank}: {op} seq {seq} timed out after {elapsed:.1f}s "
-        f"waiting to {what} {'to' if what == 'send' else 'from'} rank {peer}",
-        rank=rank,
-        peer=peer,
-        seq=seq,
-        op=op,
-        elapsed=round(elapsed, 3),
-        waiting_for=what,
-    )
-
-
-def revoked(where: str, rev: Revocation, **fields: Any) -> CommAborted:
-    """The error of a call that another rank's failure ``rev`` ended (``where``: ``rank 4:
-    all_reduce(float32, sum, count 8) seq 5``): :class:`CommRevoked`, or
-    :class:`CollectiveAborted` for an abort."""
-    fields.update(origin=rev.origin, kind=rev.kind)
-    exc: CommAborted
-    if rev.kind == "aborted":
-        fields["reason"] = rev.reason
-        exc = CollectiveAborted(f"{where} {rev.describe()}", **fields)
-    else:
-        exc = CommRevoked(f"{where} revoked: {rev.describe()}", **fields)
-    exc.revocation = rev
-    return exc
-
-
-def gone_within(pid: int, grace_s: float) -> str | None:
-    """How ``pid`` ended if it is gone or goes within ``grace_s``; None if it lives on."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        gone = exit_reason(pid)
-        if gone is not None or time.monotonic() >= deadline:
-            return gone
-        time.sleep(0.005)
 
 
 class FailureState:
@@ -218,18 +166,7 @@ class FailureState:
 
     def hang_record(self, rec: CollectiveRecord) -> Revocation:
         """A hang as this rank alone sees it: the peer its call waits on is the origin."""
-        peer = rec.waiting_on if rec.waiting_on is not None else self.rank
-        pid = self.peers[peer][1] if 0 <= peer < len(self.peers) else 0
-        local = 0 <= peer < len(self.peers) and self.peers[peer][0] == self.host
-        took = (time.time_ns() - rec.start_ns) / 1e9 if rec.start_ns else 0.0
-        reason = (
-            "is stopped (process state T)"
-            if local and process_state(pid) == "T"
-            else f"has not answered for {took:.1f}s"
-        )
-        return self.record(
-            "hang", reason, peer, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog"
-        )
+        return witness.hang(self, rec)
 
     def close(self) -> bool:
         """Close: every later call is refused. False if it was closed already. A failure
@@ -256,6 +193,10 @@ class FailureState:
             self.status = OK
             return self.epoch
 
+    @property
+    def closed(self) -> bool:
+        return self.status is CLOSED
+
     # ------------------------------------------------------------------ records
     def record(self, kind: str, reason: str, origin: int, **fields: Any) -> Revocation:
         """A record of a failure seen here, its origin's host and pid filled in."""
@@ -274,34 +215,7 @@ class FailureState:
 
     def witnessed(self, exc: BaseException, rec: CollectiveRecord, call: str) -> Revocation:
         """What this rank saw when its call failed with ``exc``: whose failure it was."""
-        at = {"seq": rec.seq, "op": rec.op, "call": call}
-        fields = exc.fields if isinstance(exc, CclError) else {}
-        peer = fields.get("peer")
-        if isinstance(exc, ProtocolError) and isinstance(peer, int) and "theirs" in fields:
-            why = f"called {fields['theirs']} where rank {self.rank} called {fields['mine']}"
-            why += str(fields.get("hint", ""))
-            return self.record("mismatch", why, peer, peer=self.rank, **at)
-        if isinstance(exc, PeerError) and isinstance(peer, int):
-            return self._peer_failed(peer, str(fields.get("why") or exc), at)
-        if isinstance(exc, CollectiveTimeout) and isinstance(peer, int):
-            return self.record(
-                "hang", f"did not answer for {fields.get('elapsed', 0)}s", peer, via="call", **at
-            )
-        if isinstance(exc, CommAborted):
-            return self.record("aborted", str(exc), self.rank, **at)
-        return self.record("error", f"{type(exc).__name__}: {exc}", self.rank, **at)
-
-    def _peer_failed(self, peer: int, why: str, at: dict[str, Any]) -> Revocation:
-        """A link to ``peer`` broke: it died (its process is gone from this host), or the
-        link broke under two live ranks (as far as this rank can tell)."""
-        local = 0 <= peer < len(self.peers) and self.peers[peer][0] == self.host and self.host
-        gone = gone_within(self.peers[peer][1], PEER_EXIT_GRACE_S) if local else None
-        if gone is None and why == GONE:
-            gone = GONE
-        if gone is not None:
-            return self.record("died", gone, peer, via="pidfd" if local else "link", **at)
-        low, high = sorted((peer, self.rank))
-        return self.record("link", why, low, peer=high, via="link", **at)
+        return witness.witnessed(self, exc, rec, call)
 
     # ------------------------------------------------------------------ waking waits
     @property
@@ -324,81 +238,17 @@ class FailureState:
     # ------------------------------------------------------------------ reading it
     def refuse(self, op: str) -> NoReturn:
         """Raise for ``op``, a call opening on this failed or closed communicator."""
-        rank, first = self.rank, self.first
-        if self.status is CLOSED or first is None:
-            raise CommError(f"rank {rank}: {op} on a closed communicator", op=op)
-        where = f"rank {rank}: {op} on communicator {self.comm}"
-        if first.kind == "aborted":
-            exc: CommError = CollectiveAborted(
-                f"{where} refused: {first.describe()}",
-                rank=rank,
-                comm=self.comm,
-                op=op,
-                reason=first.reason,
-            )
-        else:
-            at = f" in {first.at()}" if first.op else ""
-            exc = CommRevoked(
-                f"{where} refused: the communicator was revoked{at}: {first.describe()}; "
-                "create a new one",
-                rank=rank,
-                comm=self.comm,
-                op=op,
-                origin=first.origin,
-            )
-        exc.revocation = first
-        raise exc
+        raise failure_errors.refusal(self, op)
 
     def stop(self, call: str, op: str, seq: int, peer: int, what: str, elapsed: float) -> NoReturn:
         """Raise for call ``op`` ``seq`` (``call``: in words), blocked ``elapsed`` seconds on
         ``peer`` when the state failed: a timeout, an abort, another rank's failure, a close."""
-        rank, first = self.rank, self.first
-        if self.status is CLOSED or first is None:
-            raise CommError(
-                f"rank {rank}: {op} seq {seq}: communicator {self.comm} closed while it waited",
-                rank=rank,
-                peer=peer,
-                seq=seq,
-                op=op,
-            )
-        raise self.error(
-            first,
-            f"rank {rank}: {call} seq {seq}",
-            op=op,
-            seq=seq,
-            peer=peer,
-            elapsed=elapsed,
-            what=what,
-        )
+        raise failure_errors.stopped(self, call, op, seq, peer, what, elapsed)
 
     def error(self, first: Revocation, where: str, **fields: Any) -> CommError:
         """The exception a call raises for failure ``first`` (``where``: ``rank 4:
         all_reduce(...) seq 5``): its own kind where this rank saw it, else revoked."""
-        own = first.seen_by == self.rank
-        kw = {k: v for k, v in fields.items() if k not in ("elapsed", "what")}
-        kw.update(rank=self.rank, origin=first.origin, kind=first.kind)
-        exc: CommError
-        if first.kind == "aborted":
-            return revoked(where, first, **kw)
-        if first.kind == "hang" and own:
-            elapsed = fields.get("elapsed")
-            took = f" after {elapsed:.1f}s" if isinstance(elapsed, float) else ""
-            what, peer = fields.get("what"), fields.get("peer")
-            if what in ("send", "recv") and isinstance(peer, int):
-                took += f" waiting to {what} {'to' if what == 'send' else 'from'} rank {peer}"
-            exc = CollectiveTimeout(
-                f"{where} timed out{took}: {first.describe()}", waiting_for=fields.get("what"), **kw
-            )
-        elif own and first.kind in ("died", "link"):
-            exc = PeerError(f"{where} failed: {first.describe()}", **kw)
-        elif own and first.kind == "mismatch":
-            exc = ProtocolError(f"{where} failed: {first.describe()}", **kw)
-        elif own:
-            exc = CommAborted(f"{where} failed: {first.describe()}", **kw)
-        else:
-            return revoked(where, first, **kw)
-        exc.revocation = first
-        return exc
+        return failure_errors.error_for(self, first, where, **fields)
 
     def __repr__(self) -> str:
         why = "" if self.first is None else f" first={self.first.describe()!r} later={self.later}"

@@ -21,7 +21,8 @@ from typing import Protocol
 
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
-from cclctl.runtime.failure import OK, FailureState, timeout_error
+from cclctl.runtime.failure import OK, FailureState
+from cclctl.runtime.failure_errors import timeout_error
 from cclctl.runtime.transport.capabilities import Capabilities
 from cclctl.runtime.transport.wire import Call
 

@@ -14,7 +14,7 @@ import time
 
 from cclctl import revocation
 from cclctl.errors import BadInput, CclError, ProtocolError
-from cclctl.runtime.failure import revoked
+from cclctl.runtime.failure_errors import revoked
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.link_auth import TAG_BYTES, Session, tag_of
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from cclctl import revocation
 from cclctl.errors import BadInput, PeerError
 from cclctl.revocation import Revocation
-from cclctl.runtime.failure import revoked
+from cclctl.runtime.failure_errors import revoked
 from cclctl.runtime.peer_process import GONE
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait

@@ -1,0 +1,85 @@
+"""What a rank saw when a call failed, made into the failure's origin: whose failure it was.
+
+A rank sees one side: a broken link, a peer's header that differs, a wait that outlived its
+deadline. A link to a peer on this host whose process is gone (or goes within
+:data:`PEER_EXIT_GRACE_S`: a dying process closes its sockets before it turns zombie) is
+that peer's death, with its signal where the zombie still shows it; a mismatch names the
+peer and both calls; a hang names the peer the call waits on (stopped, where ``/proc``
+says so).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from cclctl.errors import CclError, CollectiveTimeout, CommAborted, PeerError, ProtocolError
+from cclctl.records import CollectiveRecord
+from cclctl.revocation import Revocation
+from cclctl.runtime.peer_process import GONE, exit_reason, process_state
+
+if TYPE_CHECKING:
+    from cclctl.runtime.failure import FailureState
+
+#: A dying process closes its sockets before it turns zombie: how long a rank whose link
+#: to a peer on this host broke watches for that peer's exit before calling it a link fault.
+PEER_EXIT_GRACE_S = 0.1
+
+
+def gone_within(pid: int, grace_s: float) -> str | None:
+    """How ``pid`` ended if it is gone or goes within ``grace_s``; None if it lives on."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        gone = exit_reason(pid)
+        if gone is not None or time.monotonic() >= deadline:
+            return gone
+        time.sleep(0.005)
+
+
+def witnessed(
+    state: FailureState, exc: BaseException, rec: CollectiveRecord, call: str
+) -> Revocation:
+    """What this rank saw when its call failed with ``exc``: whose failure it was."""
+    at = {"seq": rec.seq, "op": rec.op, "call": call}
+    fields = exc.fields if isinstance(exc, CclError) else {}
+    peer = fields.get("peer")
+    if isinstance(exc, ProtocolError) and isinstance(peer, int) and "theirs" in fields:
+        why = f"called {fields['theirs']} where rank {state.rank} called {fields['mine']}"
+        why += str(fields.get("hint", ""))
+        return state.record("mismatch", why, peer, peer=state.rank, **at)
+    if isinstance(exc, PeerError) and isinstance(peer, int):
+        return _peer_failed(state, peer, str(fields.get("why") or exc), at)
+    if isinstance(exc, CollectiveTimeout) and isinstance(peer, int):
+        return state.record(
+            "hang", f"did not answer for {fields.get('elapsed', 0)}s", peer, via="call", **at
+        )
+    if isinstance(exc, CommAborted):
+        return state.record("aborted", str(exc), state.rank, **at)
+    return state.record("error", f"{type(exc).__name__}: {exc}", state.rank, **at)
+
+
+def _peer_failed(state: FailureState, peer: int, why: str, at: dict[str, Any]) -> Revocation:
+    """A link to ``peer`` broke: it died (its process is gone from this host), or the
+    link broke under two live ranks (as far as this rank can tell)."""
+    local = 0 <= peer < len(state.peers) and state.peers[peer][0] == state.host and state.host
+    gone = gone_within(state.peers[peer][1], PEER_EXIT_GRACE_S) if local else None
+    if gone is None and why == GONE:
+        gone = GONE
+    if gone is not None:
+        return state.record("died", gone, peer, via="pidfd" if local else "link", **at)
+    low, high = sorted((peer, state.rank))
+    return state.record("link", why, low, peer=high, via="link", **at)
+
+
+def hang(state: FailureState, rec: CollectiveRecord) -> Revocation:
+    """A hang as this rank alone sees it: the peer its call waits on is the origin."""
+    peer = rec.waiting_on if rec.waiting_on is not None else state.rank
+    pid = state.peers[peer][1] if 0 <= peer < len(state.peers) else 0
+    local = 0 <= peer < len(state.peers) and state.peers[peer][0] == state.host
+    took = (time.time_ns() - rec.start_ns) / 1e9 if rec.start_ns else 0.0
+    reason = (
+        "is stopped (process state T)"
+        if local and process_state(pid) == "T"
+        else f"has not answered for {took:.1f}s"
+    )
+    return state.record("hang", reason, peer, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog")
