@@ -9,6 +9,7 @@ the job's revoke record.
 from __future__ import annotations
 
 from cclctl.diagnose import model
+from cclctl.diagnose.model import Options
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import CclError
 from cclctl.live.snapshot import JobStatuses
@@ -26,11 +27,16 @@ _WORDS = {
 }
 
 
-def hang_suspect(statuses: JobStatuses) -> tuple[int, str, str, int | None] | None:
+def hang_suspect(
+    statuses: JobStatuses, stuck_after_s: float, stale_after_s: float
+) -> tuple[int, str, str, int | None] | None:
     """(rank, kind, reason, peer) of the first suspect of the live diagnosis, or None when
-    it names none (the statuses show no fault yet, or cannot be read)."""
+    it names none (the statuses show no fault yet, or cannot be read). The watchdog knows
+    the call is hung: ``stuck_after_s`` (half its timeout) is when a call in flight counts
+    as hung, ``stale_after_s`` when a heartbeat counts as stale."""
+    options = Options(stale_after_s=stale_after_s, stuck_after_s=stuck_after_s)
     try:
-        diagnosis = diagnose_live(statuses)
+        diagnosis = diagnose_live(statuses, options=options)
     except CclError:
         return None
     for verdict in diagnosis.faults:

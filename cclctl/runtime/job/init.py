@@ -133,6 +133,8 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         in_call=lambda: _in_call(telemetry),
         dump=telemetry.dump,
         publish=telemetry.publish_now,
+        hang_after_s=cfg.timeout_s / 2,  # the watchdog expires a call after cfg.timeout_s
+        stale_after_s=max(cfg.timeout_s, 3 * cfg.status_interval_s),
     )
     telemetry.revoke_source = lambda: failure.first
 

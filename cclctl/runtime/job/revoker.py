@@ -65,12 +65,16 @@ class Revoker:
         in_call: Callable[[], str] = lambda: "",
         dump: Callable[[str], object] | None = None,
         publish: Callable[[], object] = lambda: None,
+        hang_after_s: float = 5.0,
+        stale_after_s: float = 10.0,
     ) -> None:
         self.failure = failure
         self.rank = failure.rank
         self._in_call = in_call
         self._dump = dump
         self._publish = publish
+        #: what the diagnosis of a hang the watchdog expired counts as hung and stale
+        self._hang_after_s, self._stale_after_s = hang_after_s, stale_after_s
         self._address, self._token, self._job = address, token, job
         self._scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
         self._listener = _client(address, token, LISTEN_SLICE_S + STORE_OP_S)
@@ -262,7 +266,7 @@ class Revoker:
         from cclctl.live.snapshot import fetch
 
         statuses = fetch(self._scoped.client, self._job)
-        found = hang_suspect(statuses)
+        found = hang_suspect(statuses, self._hang_after_s, self._stale_after_s)
         if found is None:
             return None
         rank, kind, reason, peer = found
