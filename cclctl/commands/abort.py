@@ -21,6 +21,7 @@ from rich.text import Text
 
 from cclctl import auth, ui
 from cclctl.commands.checks import store_to_read
+from cclctl.commands.store_access import connect, store_option
 from cclctl.config import client_token, job_dir
 from cclctl.diagnose.model import Diagnosis, Options
 from cclctl.diagnose.text import ranks_word
@@ -31,7 +32,7 @@ from cclctl.live.classify import DEFAULT_STALE_S, Thresholds, classify
 from cclctl.live.culprit import read_culprits
 from cclctl.live.snapshot import JobStatuses, fetch, job_prefix, parse
 from cclctl.revocation import KEY, OPERATOR, Revocation, ack_key, decode
-from cclctl.store.client import StoreClient, parse_address
+from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
 
 HELP = (
@@ -55,8 +56,6 @@ HELP = (
     "some did not, 2 no token or bad input, 1 store unreachable."
 )
 
-CONNECT_TIMEOUT_S = 2.0
-REQUEST_TIMEOUT_S = 10.0
 DEFAULT_WAIT_S = 2.0
 DEFAULT_REASON = "no reason given"
 #: Silent ranks shown one per line; beyond this they are folded by state.
@@ -68,12 +67,7 @@ def register(app: typer.Typer) -> None:
 
 
 def abort(
-    store: str | None = typer.Option(
-        None,
-        "--store",
-        help="The job's store, HOST:PORT, as `cclctl launch` prints it \\[default: CCLCTL_STORE].",
-        show_default=False,
-    ),
+    store: str | None = store_option(),
     job: str | None = typer.Option(
         None, "--job", help="Job to abort \\[default: the only one in the store]."
     ),
@@ -163,17 +157,7 @@ def _token(job: str) -> str:
 
 def _connect(address: str, token: str | None, job: str | None) -> StoreClient:
     try:
-        host, port = parse_address(address)
-    except StoreError as exc:
-        raise ConfigError(f"--store: {exc}", flag="--store") from None
-    try:
-        return StoreClient(
-            host,
-            port,
-            timeout_s=REQUEST_TIMEOUT_S,
-            connect_timeout_s=CONNECT_TIMEOUT_S,
-            token=token,
-        )
+        return connect(address, token=token or "")
     except StoreError as exc:
         if exc.fields.get("reason") != "token":
             raise

@@ -19,17 +19,17 @@ from rich.text import Text
 
 from cclctl import ui
 from cclctl.commands.checks import check_command
-from cclctl.config import client_token, job_dir, jobs_dir, trace_dir_from_env
+from cclctl.commands.store_access import connect
+from cclctl.config import job_dir, jobs_dir, trace_dir_from_env
 from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
 from cclctl.diagnose_io import jobs, procs, sources
 from cclctl.diagnose_io.inputs import Inputs
 from cclctl.diagnose_io.live import diagnose_live
-from cclctl.errors import ConfigError, FaultFound, StoreError, UsageError
+from cclctl.errors import ConfigError, FaultFound, UsageError
 from cclctl.limits import MAX_WORLD_SIZE
 from cclctl.live.snapshot import JobStatuses, fetch
-from cclctl.store.client import StoreClient, parse_address
 
 HELP = "Diagnose a job: find the rank or link that hangs it."
 
@@ -72,8 +72,6 @@ HANG_HELP = (
     "(the message names the file), 1 store unreachable."
 )
 
-CONNECT_TIMEOUT_S = 2.0
-REQUEST_TIMEOUT_S = 10.0
 #: Folders with more dump files than this get a progress bar while they load.
 PROGRESS_FILES = 64
 PIPE_WIDTH = 160
@@ -197,17 +195,7 @@ def _say(line: str) -> None:
 
 
 def _live(address: str, job: str | None) -> JobStatuses:
-    try:
-        host, port = parse_address(address)
-    except StoreError as exc:
-        raise ConfigError(f"--store: {exc}", flag="--store") from None
-    client = StoreClient(
-        host,
-        port,
-        timeout_s=REQUEST_TIMEOUT_S,
-        connect_timeout_s=CONNECT_TIMEOUT_S,
-        token=client_token(),
-    )
+    client = connect(address)
     try:
         statuses = fetch(client, job)
     finally:

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cclctl.commands.checks import store_to_read
-from cclctl.config import client_token
+from cclctl.commands.store_access import connect, store_option
 from cclctl.diagnose.model import Options
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, StoreError, UsageError
@@ -33,7 +33,7 @@ from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thres
 from cclctl.live.culprit import OK, SUSPECT, WAITING, WARN, Culprits, read_culprits
 from cclctl.live.document import to_document
 from cclctl.live.snapshot import JobStatuses, fetch
-from cclctl.store.client import StoreClient, parse_address
+from cclctl.store.client import StoreClient
 
 HELP = (
     "Watch a live job: one row per rank, refreshed every --interval seconds.\n\n"
@@ -57,8 +57,6 @@ HELP = (
 )
 
 #: A store that does not answer this fast is reported unreachable (exit 1), not waited for.
-CONNECT_TIMEOUT_S = 2.0
-REQUEST_TIMEOUT_S = 10.0
 #: Lines around the rows: header, the table's borders and column titles, the footer.
 CHROME_LINES = 7
 PIPE_WIDTH = 200
@@ -70,12 +68,7 @@ def register(app: typer.Typer) -> None:
 
 
 def top(
-    store: str | None = typer.Option(
-        None,
-        "--store",
-        help="The job's store, HOST:PORT, as `cclctl launch` prints it \\[default: CCLCTL_STORE].",
-        show_default=False,
-    ),
+    store: str | None = store_option(),
     job: str | None = typer.Option(
         None, "--job", help="Job name \\[default: the only one in the store]."
     ),
@@ -100,7 +93,7 @@ def top(
     address = store_to_read("top", store)
     _check(interval=interval, stale=stale, slow=slow, world_size=world_size, rows=rows)
     limits = Thresholds(stale_s=stale, slow_s=slow)
-    client = _connect(address)
+    client = connect(address)
     try:
         screen = read_screen(client, job, world_size, limits)
     except BaseException:
@@ -163,20 +156,6 @@ def _check(**values: float | None) -> None:
             f"--world-size {size:g} is over the limit of {MAX_WORLD_SIZE:,} ranks",
             flag="--world-size",
         )
-
-
-def _connect(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> StoreClient:
-    try:
-        host, port = parse_address(address)
-    except StoreError as exc:
-        raise ConfigError(f"--store: {exc}", flag="--store") from None
-    return StoreClient(
-        host,
-        port,
-        timeout_s=REQUEST_TIMEOUT_S,
-        connect_timeout_s=connect_timeout_s,
-        token=client_token(),
-    )
 
 
 def _console() -> Console:
@@ -256,7 +235,7 @@ class _Watch:
         """Fetch a new screen; on a store error keep the last one and say why in ``note``."""
         try:
             if self.client is None:
-                self.client = _connect(self.address, connect_timeout_s=1.0)
+                self.client = connect(self.address, connect_timeout_s=1.0)
             job = self.screen.view.job
             self.screen = read_screen(self.client, job, self.world_size, self.limits)
             self.note = ""
