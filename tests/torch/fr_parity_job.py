@@ -1,10 +1,12 @@
 """An instrumented gloo job whose last rank never enters an all_reduce, seen two ways at
 once: cclctl's live statuses and PyTorch's own Flight Recorder dumps.
 
-``python fr_parity_job.py FLAGS`` under ``cclctl run -- torchrun``: every rank runs two
-all_reduces, a sub-group all_reduce (ranks 0 and 1) and a barrier; then every rank but the
-last issues the world group's next all_reduce (async, so it can still dump) and the last
-one stays in its own code. The test steers the rest through files in FLAGS:
+``python fr_parity_job.py FLAGS [gather]`` under ``cclctl run -- torchrun``: every rank
+runs two all_reduces, a sub-group all_reduce (ranks 0 and 1), with ``gather`` a gather to
+rank 0 (which cclctl does not trace, so its seqs and torch's part from there), and a
+barrier; then every rank but the last issues the world group's next all_reduce (async, so
+it can still dump) and the last one stays in its own code. The test steers the rest
+through files in FLAGS:
 
 - ``FLAGS/dump`` (made by the test once it has diagnosed the live job): each rank writes
   ``FLAGS/fr/pickle/nccl_trace_rank_<r>`` (``_dump_fr_trace``) and
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
 
-flags = sys.argv[1]
+flags, gather = sys.argv[1], sys.argv[2:] == ["gather"]
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
@@ -48,6 +50,8 @@ for _ in range(2):
 sub = dist.new_group([0, 1])
 if rank in (0, 1):
     dist.all_reduce(t, group=sub)
+if gather:
+    dist.gather(t, [torch.zeros(8) for _ in range(world)] if rank == 0 else None, dst=0)
 dist.barrier()
 last = rank == world - 1
 work = None if last else dist.all_reduce(t, async_op=True)  # the last rank: busy elsewhere
