@@ -125,6 +125,7 @@ def _check_comms(
         settle(revoked, verdicts, states)
     for verdict in verdicts:
         _show_stacks(verdict, states)
+        _join_torch(verdict, states)
         for suspect in verdict.suspects:
             if suspect.rank in notes:
                 verdict.add(f"rank {suspect.rank}: {notes[suspect.rank]}")
@@ -143,6 +144,27 @@ def _show_stacks(verdict: Verdict, states: dict[int, RankState]) -> None:
         if st is not None and line:
             verdict.where.append(line)
             verdict.stacks[rank] = st.stacks
+
+
+def _join_torch(verdict: Verdict, states: dict[int, RankState]) -> None:
+    """Name torch's own process group and seq of the verdict's call (what PyTorch's Flight
+    Recorder shows), from any rank's record of it; a line says so where cclctl's seq differs
+    (cclctl numbers only the calls it traces)."""
+    if verdict.comm is None or verdict.seq is None or verdict.op in ("send", "recv"):
+        return  # point-to-point calls have seqs of their own, per pair
+    comm, seq = verdict.comm, verdict.seq
+    for rank in sorted(states):
+        st = states[rank]
+        open_call = (r for r in st.inflight if r.peer is None and (r.comm, r.seq) == (comm, seq))
+        rec = next(open_call, None) or st.tail.get(comm, {}).get(seq)
+        if rec is not None and rec.pg_name and rec.torch_seq is not None:
+            verdict.pg_name, verdict.torch_seq = rec.pg_name, rec.torch_seq
+            if rec.torch_seq != seq:
+                verdict.add(
+                    f"torch numbers this call seq {rec.torch_seq} of process group "
+                    f"{rec.pg_name} (Flight Recorder's collective_seq_id)"
+                )
+            return
 
 
 def _newest(snapshots: Iterable[RankSnapshot]) -> tuple[dict[int, RankSnapshot], dict[int, str]]:

@@ -112,6 +112,8 @@ class Verdict:
     stacks: dict[int, list[ThreadStack]] = dataclasses.field(default_factory=dict)
     look_at: list[int] = dataclasses.field(default_factory=list)
     origin: bool = False  # the origin of the job's revoke record: the verdict, ahead of all
+    pg_name: str | None = None  # a torch job's process group and its own seq for the call
+    torch_seq: int | None = None  # (Flight Recorder's process_group name, collective_seq_id)
 
     @property
     def fault(self) -> bool:
@@ -148,7 +150,7 @@ class Verdict:
         evidence = self.evidence[:MAX_EVIDENCE]
         if len(self.evidence) > MAX_EVIDENCE:
             evidence.append(f"... and {len(self.evidence) - MAX_EVIDENCE} more")
-        return {
+        doc = {
             "kind": self.kind,
             "summary": self.summary,
             "suspects": self.ranks,
@@ -165,6 +167,9 @@ class Verdict:
             },
             "origin": self.origin,
         }
+        if self.torch_seq is not None:  # a torch job's call: the join with Flight Recorder
+            doc.update(pg_name=self.pg_name, torch_seq=self.torch_seq)
+        return doc
 
 
 @dataclasses.dataclass(frozen=True)

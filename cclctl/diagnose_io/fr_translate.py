@@ -281,6 +281,8 @@ def _record(e: dict[str, Any], group: str, seq: int, done: bool, p2p: bool) -> C
         start_ns=start,
         end_ns=end,
     )
+    if not p2p:  # the join with cclctl's own records of a torch job
+        rec.pg_name, rec.torch_seq = group, seq
     if p2p and not done and op in ("send", "recv"):
         rec.waiting_on, rec.waiting_for = rec.peer, op
     return rec
