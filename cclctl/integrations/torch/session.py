@@ -39,7 +39,7 @@ from cclctl.telemetry.watchdog import Watchdog
 log = logging.getLogger("cclctl.torch")
 
 
-def quietly(fn: Callable[..., None], *args: Any) -> None:
+def quietly(fn: Callable[..., object], *args: Any) -> None:
     """``fn(*args)``, logging what it raises: telemetry must never change what the job sees."""
     try:
         fn(*args)
