@@ -1,43 +1,35 @@
-"""Instrumented vs plain gloo all_reduce, in the same processes (asserts nothing).
+"""cclctl's process-group wrapper against plain gloo, in the same processes (asserts nothing).
 
-Each rank keeps torch's own ``all_reduce`` and, after ``cclctl.integrations.torch.wrap
-.instrument()``, the wrapped one; both drive the same process group. Blocks of calls are
-paired round by round with an A/A control (see ``paired.py``), so machine noise hits both
-alike and its size is printed. Goals from the PyTorch integration issue: at most 2% slower
-from 1 MiB up, at most 10 us more per call at 8 B.
+Every rank instruments torch, so the world group is a cclctl wrapper around gloo, and then
+makes a second, plain gloo group over the same ranks with torch's own group helper: both
+groups drive the same kind of backend, side by side. Blocks of work on each are paired
+round by round with an A/A control (plain against plain; see ``paired.py``), so machine
+noise hits both alike and its size is printed. Measured in one run, interleaved:
 
-With ``--ranks 1`` gloo's all_reduce does no communication, which isolates the wrapper's
-own cost per call from the noise of the network path.
+- ``ddp``: one DDP training step (forward, backward with DDP's gradient all_reduces,
+  gradients dropped) of a model with ``--ddp-mib`` MiB of float32 gradients, one DDP
+  instance per group (same weights);
+- each of ``--sizes``: a synchronous all_reduce of that many bytes.
 
-``--wrapper`` measures the wrappers alone, in this process: the wrapped all_reduce around a
-function that does nothing, against that function, in CPU time, for the quick path (a
-synchronous call on a CPU tensor) and the general one (everything else). That is the cost
-cclctl adds to every call, free of gloo's noise.
+Goals from the PyTorch integration issue: a DDP step at most 2% slower for a model with at
+least 4 MiB of gradients, and at most 10 us more per all_reduce at 8 B. Every block ends
+with the session's fold inside its timing, so the work the wrapper defers to its fold
+thread is charged to the block that caused it. Besides the wall clock, CPU time per call is
+paired the same way, of the main thread and of the whole process (gloo's threads, the fold
+thread). ``--pin`` pins rank i to core i.
 
-``--paths`` compares the two paths of the wrapper in the same processes: the general one,
-which every call took before the quick path existed, is the baseline ("off"), the quick
-one is measured ("on").
+``--wrapper`` measures the traced call alone, in this process: the wrapper's ``allreduce``
+around a process group that does nothing (its work's future already completed), against
+that group called directly, in CPU time: what cclctl adds to every call, free of gloo.
 
-Every block ends with the session's fold, inside its timing. The wrapper defers building
-and counting records to the session's fold thread, which wakes every 100 ms, so without it
-an "on" block's records were mostly counted during the next block, whichever side that
-was: the fold's cost went uncharged, or charged to "off" (measured: the A/A control read
-+2.8 us of process CPU at 8 B without it, +0.2 us with it).
-
-Besides the wall clock, CPU time per call is paired the same way, of the main thread and
-of the whole process (gloo's threads and the fold thread too). At 8 B a gloo call mostly
-waits, and its wall time swings by more than the goal; the CPU cclctl adds there, in the
-real run with cold caches, is the steadier figure (several times the ``--wrapper`` one,
-which runs warm). ``--pin`` pins rank i to core i (all its threads, gloo's and cclctl's
-too), which takes the scheduler's migrations out of the noise, and makes the fold thread
-share the rank's core: its work then adds to the wall time.
-
-    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--pin] [--wrapper] [--paths]
+    python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--sizes 8,1M] [--ddp-mib 8]
+        [--ddp-steps 4] [--pin] [--wrapper]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -49,90 +41,133 @@ from typing import TYPE_CHECKING, Any
 from paired import pin_rank, render, run_rounds, summarize
 
 from cclctl.benchmark.sizes import parse_size
-from cclctl.integrations.torch.calls import describer, quick_layout
 
 if TYPE_CHECKING:
     from cclctl.integrations.torch.session import Session
 
-PATHS_HELP = "compare the wrapper's quick path (on) with its general path (off)"
 SIZES = {8: 400, 1 << 20: 40, 4 << 20: 12, 16 << 20: 4}  # bytes -> calls per block
+DDP = "ddp"
+
+
+def plain_group(dist: Any) -> Any:
+    """A gloo group over every rank, made with torch's own group helper: not wrapped."""
+    from cclctl.integrations.torch import wrap as cclctl_torch
+
+    state = cclctl_torch._state
+    assert state is not None and state.groups.original is not None
+    c10d = dist.distributed_c10d
+    wrapped, c10d._new_process_group_helper = c10d._new_process_group_helper, state.groups.original
+    try:
+        return dist.new_group(backend="gloo")
+    finally:
+        c10d._new_process_group_helper = wrapped
 
 
 def start_instrumented_gloo(
     pin: bool,
 ) -> tuple[Any, Callable[..., Any], Callable[..., Any], Session]:
-    """Join the launcher's job on gloo (this rank pinned first, with ``pin``) and instrument
-    it: torch.distributed, its plain all_reduce and the wrapped one (both usable), and the
-    cclctl session that records the wrapped calls."""
+    """Join the launcher's job on gloo (this rank pinned first, with ``pin``), instrumented:
+    torch.distributed, a plain all_reduce (on a plain gloo group of every rank) and a
+    traced one (on a wrapped group of every rank: both sides call a group that is not the
+    default one, the same Python path), and the session that records the traced calls."""
     import torch.distributed as dist
 
     from cclctl.integrations.torch import wrap as cclctl_torch
 
     if pin:  # before gloo starts its threads, which inherit the mask
         pin_rank()
-    dist.init_process_group("gloo")
-    plain = dist.all_reduce
     cclctl_torch.instrument()
-    traced = dist.all_reduce
+    dist.init_process_group("gloo")
     sess = cclctl_torch.session()
-    assert traced is not plain and sess is not None
+    assert sess is not None
+    plain = functools.partial(dist.all_reduce, group=plain_group(dist))
+    traced = functools.partial(dist.all_reduce, group=dist.new_group(backend="gloo"))
     return dist, plain, traced, sess
 
 
-def python_wrappers(
-    target: Callable[..., Any], like: Callable[..., Any]
-) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The general and the quick wrapper of all_reduce around ``target``, read
-    by the signature of ``like`` (torch's all_reduce), reporting to the live session."""
+def ddp_steps(plain: Any, traced: Any, mib: int, steps: int) -> tuple[Any, Any, int]:
+    """Step functions of two DDP instances of one model (``mib`` MiB of float32 gradients
+    in two square layers), on the plain group and on the wrapped one; the bytes."""
     import torch
-    from cclctl.integrations.torch.wrappers import wrap_general, wrap_quick
+    from torch.nn.parallel import DistributedDataParallel
 
-    from cclctl.integrations.torch import wrap as cclctl_torch
+    width = int((mib * (1 << 20) / 4 / 2) ** 0.5)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, width))
+    batch = torch.randn(16, width)
 
-    state, layout = cclctl_torch._state, quick_layout("all_reduce", like)
-    assert state is not None and layout is not None
-    general = wrap_general(state, target, describer("all_reduce", like, torch.Tensor))
-    quick = wrap_quick(state, target, "all_reduce", layout, torch.Tensor, general)
-    return general, quick
+    def stepper(group: Any) -> Any:
+        net = DistributedDataParallel(
+            torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(2))),
+            process_group=group,
+        )
+        net.module.load_state_dict(model.state_dict())
+
+        def step() -> None:
+            for _ in range(steps):
+                net(batch).sum().backward()
+                net.zero_grad(set_to_none=True)
+
+        return step
+
+    grads = sum(p.numel() * 4 for p in model.parameters())
+    return stepper(plain.keywords["group"]), stepper(traced.keywords["group"]), grads
 
 
-def _rank_main(rounds: int, sizes: list[int], paths: bool, pin: bool) -> None:
+def _rank_main(rounds: int, sizes: list[int], pin: bool, mib: int, steps: int) -> None:
     import torch
 
     dist, plain, traced, sess = start_instrumented_gloo(pin)
-    if paths:  # the general wrapper is the baseline, the quick one what is measured
-        plain = python_wrappers(plain, plain)[0]
-    wanted = {size: SIZES.get(size, max(4, (16 << 20) // size)) for size in sizes}
-    calls_of = wanted if dist.get_world_size() > 1 else dict.fromkeys(wanted, 4000)
     Times = dict[str, list[float]]  # side -> seconds per call of each round's block
-    results: dict[int, Times] = {}
-    cpu_times: dict[int, Times] = {}
-    process_times: dict[int, Times] = {}
-    for nbytes, calls in calls_of.items():
+    results: dict[str, Times] = {}
+    cpu_times: dict[str, Times] = {}
+    process_times: dict[str, Times] = {}
+    work: dict[str, tuple[Callable[[], object], Callable[[], object], int]] = {}
+    if mib:
+        off, on, grads = ddp_steps(plain, traced, mib, steps)
+        work[f"{DDP} {grads}"] = (off, on, 1)
+    for nbytes in sizes:
         t = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
+        calls = SIZES.get(nbytes, max(4, (16 << 20) // nbytes))
+        work[str(nbytes)] = (functools.partial(plain, t), functools.partial(traced, t), calls)
+    for name, (off, on, calls) in work.items():
         for _ in range(3):
-            plain(t)
+            off()
+            on()
 
-        def call_of(side: str, t: torch.Tensor = t) -> Callable[[], object]:
-            fn = traced if side == "on" else plain
-            return lambda: fn(t)
+        def call_of(side: str, off: Any = off, on: Any = on) -> Callable[[], object]:
+            return on if side == "on" else off
 
         cpu: Times = {}
         process: Times = {}
-        cpu_times[nbytes], process_times[nbytes] = cpu, process
-        results[nbytes] = run_rounds(
+        cpu_times[name], process_times[name] = cpu, process
+        results[name] = run_rounds(
             rounds, calls, call_of, dist.barrier, cpu, settle=sess.fold, process_cpu=process
         )
-    recorded = sess.telemetry.metrics_view().ops
-    counted = sum(st.collectives for st in recorded.values())
+    counted = sum(st.collectives for st in sess.telemetry.metrics_view().ops.values())
     rank = dist.get_rank()
     dist.destroy_process_group()
     if rank == 0:
-        print(
-            json.dumps(
-                {"sizes": results, "cpu": cpu_times, "process": process_times, "counted": counted}
-            )
-        )
+        doc = {"sizes": results, "cpu": cpu_times, "process": process_times, "counted": counted}
+        print(json.dumps(doc))
+
+
+class _Nothing:
+    """A process group that does nothing: its works are done before they are returned."""
+
+    def __init__(self) -> None:
+        import torch
+
+        future = torch.futures.Future()
+        future.set_result(None)
+        self._work = self
+        self._future = future
+
+    def allreduce(self, *args: object) -> _Nothing:
+        return self
+
+    def get_future(self) -> Any:
+        return self._future
 
 
 def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
@@ -142,88 +177,98 @@ def _wrapper_cost(rounds: int, calls: int = 20000) -> None:
     import torch.distributed as dist
 
     from cclctl.integrations.torch import wrap as cclctl_torch
+    from cclctl.integrations.torch.traced import Tracer
 
     store = tempfile.NamedTemporaryFile(delete=False).name  # noqa: SIM115 (gloo opens it)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    real = dist.all_reduce
     cclctl_torch.instrument()
-    state = cclctl_torch._state
-    assert state is not None
-
-    def nothing(*args: object, **kwargs: object) -> None:
-        return None
-
-    general, quick = python_wrappers(nothing, real)
-    t = torch.zeros(2)
-    sides = {"bare": nothing, "general": general, "quick": quick}
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    sess = cclctl_torch.session()
+    assert sess is not None
+    world = dist.distributed_c10d._get_default_group()
+    nothing = _Nothing()
+    tracer = Tracer(lambda: sess, nothing, torch.Tensor)
+    args = ([torch.zeros(2)], dist.AllreduceOptions())
+    sides = {
+        "bare": lambda: nothing.allreduce(*args),
+        "traced": lambda: tracer.call("allreduce", world, args, {}),
+    }
     best = dict.fromkeys(sides, float("inf"))
     for _ in range(rounds):
         for side, fn in sides.items():
             c0 = time.thread_time()
             for _ in range(calls):
-                fn(t)
+                fn()
+            sess.fold()
             best[side] = min(best[side], (time.thread_time() - c0) / calls)
     dist.destroy_process_group()
     os.unlink(store)
-    for side in [s for s in sides if s != "bare"]:
-        cost = (best[side] - best["bare"]) * 1e6
-        print(
-            f"{side} wrapper alone: {cost:.2f} us CPU per call (best of {rounds} x {calls} calls)"
-        )
+    cost = (best["traced"] - best["bare"]) * 1e6
+    print(f"traced allreduce alone: {cost:.2f} us CPU per call, fold included")
+    print(f"(best of {rounds} x {calls} calls, this thread)")
+
+
+def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    summary = {size: summarize(times) for size, times in data["sizes"].items()}
+    cpu = {size: summarize(times) for size, times in data["cpu"].items()}
+    process = {size: summarize(times) for size, times in data["process"].items()}
+    pinned = ", pinned" if args.pin else ""
+    print(f"gloo, {args.ranks} ranks{pinned}, {args.rounds} rounds; medians over rounds")
+    print(f"rows: '{DDP} <gradient bytes>' is one DDP step, a number an all_reduce of it")
+    for title, table in (
+        ("wall time per call", summary),
+        ("main thread's CPU time per call, same blocks", cpu),
+        ("the process's CPU time per call (every thread), same blocks", process),
+    ):
+        print(title)
+        print(_render(table))
+    if args.json:
+        doc = {"ranks": args.ranks, "pinned": args.pin, "sizes": summary, "cpu": cpu}
+        args.json.write_text(json.dumps({**doc, "process_cpu": process}, indent=2) + "\n")
+    print(f"collectives cclctl counted on rank 0: {data['counted']}")
+
+
+def _render(table: dict[str, dict[str, float]]) -> str:
+    """paired.render's table, with the DDP row's name in place of a size."""
+    names = list(table)
+    text = render({str(i): table[n] for i, n in enumerate(names)}, "plain", "cclctl")
+    lines = text.splitlines()
+    for i, name in enumerate(names):
+        lines[i + 1] = f"{name:>16}" + lines[i + 1][10:]
+    return "\n".join([" " * 6 + lines[0], *lines[1:]])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--wrapper", action="store_true", help="the wrapper alone, here")
+    parser.add_argument("--wrapper", action="store_true", help="the traced call alone, here")
     parser.add_argument("--json", type=Path, help="also write the summary here")
-    parser.add_argument("--sizes", default="8,1M,4M,16M", help="message sizes, e.g. 8,1M")
-    parser.add_argument("--paths", action="store_true", help=PATHS_HELP)
+    parser.add_argument("--sizes", default="8,1M", help="all_reduce sizes, e.g. 8,1M")
+    parser.add_argument("--ddp-mib", type=int, default=8, help="DDP model gradients (0: none)")
+    parser.add_argument("--ddp-steps", type=int, default=4, help="DDP steps per block")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i")
     args = parser.parse_args()
     if args.wrapper:
         _wrapper_cost(args.rounds)
         return
     if "RANK" in os.environ:
-        sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
-        _rank_main(args.rounds, sizes, args.paths, args.pin)
+        sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",") if s]
+        _rank_main(args.rounds, sizes, args.pin, args.ddp_mib, args.ddp_steps)
         return
     from cclctl.launch.launcher import launch
 
     out: list[str] = []
+    flags = ["--rounds", str(args.rounds), "--sizes", args.sizes, "--ddp-mib", str(args.ddp_mib)]
+    flags += ["--ddp-steps", str(args.ddp_steps)] + (["--pin"] if args.pin else [])
     result = launch(
-        [sys.executable, __file__, "--rounds", str(args.rounds), "--sizes", args.sizes]
-        + (["--paths"] if args.paths else [])
-        + (["--pin"] if args.pin else []),
+        [sys.executable, __file__, *flags],
         args.ranks,
-        env={"PYTHONWARNINGS": "ignore"},
+        env={"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
         capture_rank0_stdout=out.append,
     )
     if result.returncode != 0 or not out:
         sys.exit(f"benchmark ranks failed (exit {result.returncode})")
-    data = json.loads(out[-1])
-    summary = {size: summarize(times) for size, times in data["sizes"].items()}
-    cpu = {size: summarize(times) for size, times in data["cpu"].items()}
-    process = {size: summarize(times) for size, times in data["process"].items()}
-    sides = ("general", "quick") if args.paths else ("plain", "cclctl")
-    pinned = ", pinned" if args.pin else ""
-    print(f"gloo all_reduce, {args.ranks} ranks{pinned}, {args.rounds} rounds; medians over rounds")
-    print(render(summary, *sides))
-    print("main thread's CPU time per call, same blocks")
-    print(render(cpu, *sides))
-    print("the process's CPU time per call (every thread), same blocks")
-    print(render(process, *sides))
-    if args.json:
-        doc = {
-            "ranks": args.ranks,
-            "pinned": args.pin,
-            "sizes": summary,
-            "cpu": cpu,
-            "process_cpu": process,
-        }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"collectives cclctl counted on rank 0: {data['counted']}")
+    _report(args, json.loads(out[-1]))
 
 
 if __name__ == "__main__":

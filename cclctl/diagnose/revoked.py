@@ -23,7 +23,19 @@ from __future__ import annotations
 import dataclasses
 
 from cclctl.diagnose import links, text
-from cclctl.diagnose.model import ABORTED, DEAD, LINK, MISMATCH, STUCK, Suspect, Verdict
+from cclctl.diagnose.model import (
+    ABORTED,
+    DEAD,
+    LINK,
+    MISMATCH,
+    MISSING,
+    NOT_ENTERED,
+    STALE,
+    STOPPED,
+    STUCK,
+    Suspect,
+    Verdict,
+)
 from cclctl.diagnose.view import RankState
 from cclctl.records import COMPLETED
 from cclctl.revocation import OPERATOR, WEAK_KINDS, Revocation
@@ -33,6 +45,15 @@ _RECORD = "the job's revoke record: "
 #: after a hang), not a fault of its own: what the other checks find comes first.
 TEARDOWN = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
 _KIND = {"died": DEAD, "link": LINK, "mismatch": MISMATCH, "error": STUCK, "hang": STUCK}
+#: What a ``hang`` record's reason says of its origin, by the verdict it was named from
+#: (a watchdog writes these, :mod:`cclctl.diagnose_io.hang_origin`); ``{call}``: the call.
+HANG_REASONS = {
+    STOPPED: "is stopped (process state T)",
+    STALE: "stopped publishing its status",
+    MISSING: "never published a status",
+    NOT_ENTERED: "has not entered {call}",
+    STUCK: "is stuck in {call}",
+}
 
 
 @dataclasses.dataclass
@@ -105,7 +126,8 @@ def settle(revoked: Revoked, verdicts: list[Verdict], states: dict[int, RankStat
             return
         verdict = _verdict(record, states)
     if verdict is None:
-        naming = [v for v in verdicts if record.origin in _ranks(v)]
+        # a rank that left no dump says less than the record its peers' watchdogs wrote
+        naming = [v for v in verdicts if record.origin in _ranks(v) and v.kind != MISSING]
         if naming:
             verdict = min(naming, key=Verdict.sort_key)
             verdict.evidence[:0] = _record_lines(record)
@@ -148,10 +170,19 @@ def _verdict(record: Revocation, states: dict[int, RankState]) -> Verdict:
     else:
         suspect = _suspect(states, record, record.origin)
         summary, step = _words(record, suspect, states.get(record.origin))
-        verdict = Verdict(_KIND[record.kind], summary, [suspect], evidence=evidence, next_step=step)
+        kind = _hang_kind(record) if record.kind == "hang" else _KIND[record.kind]
+        verdict = Verdict(kind, summary, [suspect], evidence=evidence, next_step=step)
     if record.comm and record.seq is not None:
         verdict.place(record.comm, record.seq, record.op)
     return verdict
+
+
+def _hang_kind(record: Revocation) -> str:
+    """The verdict a hang record was named from, by its reason (stuck when unknown)."""
+    for kind, words in HANG_REASONS.items():
+        if record.reason.startswith(words.split("{")[0]):
+            return kind
+    return STUCK
 
 
 def _words(record: Revocation, suspect: Suspect, st: RankState | None) -> tuple[str, str]:
@@ -175,7 +206,12 @@ def _words(record: Revocation, suspect: Suspect, st: RankState | None) -> tuple[
     if record.kind == "error":
         step = f"read the error and log of {text.who(suspect)}: the others stopped because of it"
         return f"rank {rank} failed: {record.reason} ({seen})", step
-    step = text.look([st], "where it is") if st is not None else f"read the log of rank {rank}"
+    if _hang_kind(record) == STOPPED and suspect.pid:
+        step = f"kill -CONT {suspect.pid} {where} lets it run again; then find out who stopped it"
+    elif st is not None:
+        step = text.look([st], "where it is")
+    else:
+        step = f"read the log of {text.who(suspect)}: where it was when the others waited on it"
     return f"rank {rank} {record.reason} ({seen})", step
 
 
@@ -191,6 +227,8 @@ def _adopters(verdict: Verdict, revoked: Revoked, states: dict[int, RankState]) 
     lines after the record's own, ahead of what the checks found."""
     adopted = set(revoked.adopters)
     lines = [f"{text.ranks_word(revoked.adopters)} adopted this failure (the same record)"]
+    if revoked.record.kind == "hang":
+        lines += _waiting(revoked.record, states)
     lines += text.grouped(
         [r for r in revoked.adopters if r != revoked.record.origin],
         lambda r: f"adopted it {_where(states[r])}",
@@ -207,6 +245,21 @@ def _adopters(verdict: Verdict, revoked: Revoked, states: dict[int, RankState]) 
         )
     first = 1 if verdict.evidence and verdict.evidence[0].startswith(_RECORD) else 0
     verdict.evidence[first:first] = [line for line in lines if line not in verdict.evidence]
+
+
+def _waiting(record: Revocation, states: dict[int, RankState]) -> list[str]:
+    """Who waits inside the call a hang record names (on its origin)."""
+    ranks = [
+        r
+        for r in sorted(states)
+        if r != record.origin
+        and any(c.comm == record.comm and c.seq == record.seq for c in states[r].inflight)
+    ]
+    if not ranks:
+        return []
+    verb = text.verb(ranks, "waits", "wait")
+    where = f"{record.at()} of comm {record.comm}"
+    return [f"{text.ranks_word(ranks)} {verb} on rank {record.origin} in {where}"]
 
 
 def _why_first(first: Revocation, other: Revocation) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from cclctl.diagnose import model
 from cclctl.diagnose.model import Options
+from cclctl.diagnose.revoked import HANG_REASONS
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import CclError
 from cclctl.live.snapshot import JobStatuses
@@ -17,11 +18,7 @@ from cclctl.live.snapshot import JobStatuses
 #: The diagnosis' verdict kinds as revoke-record kinds and what the reason says of the rank.
 _WORDS = {
     model.DEAD: ("died", "process exited"),
-    model.STOPPED: ("hang", "is stopped (process state T)"),
-    model.STALE: ("hang", "stopped publishing its status"),
-    model.MISSING: ("hang", "never published a status"),
-    model.NOT_ENTERED: ("hang", "has not entered {call}"),
-    model.STUCK: ("hang", "is stuck in {call}"),
+    **{kind: ("hang", words) for kind, words in HANG_REASONS.items()},
     model.MISMATCH: ("mismatch", "called another collective at {call}"),
     model.LINK: ("link", "does not answer on its link"),
 }

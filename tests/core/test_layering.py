@@ -31,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"telemetry", "store", "diagnose_io", "live", "diagnose"},
     "launch": {"runtime", "store"},
     "diagnose_io": {"diagnose", "live"},
-    "integrations": {"runtime", "telemetry", "store"},
+    # a torch rank whose watchdog expires a call asks the diagnosis whom the hang waits on
+    "integrations": {"runtime", "telemetry", "store", "diagnose_io", "live", "diagnose"},
     "benchmark": {"runtime", "telemetry", "store", "launch", "integrations", "package"},
     "package": {"runtime"},  # cclctl/__init__.py: cclctl.init() and friends
     "commands": {

@@ -5,8 +5,7 @@ transport waits by spinning in that thread and leaves no idle time to fold in. A
 torch.distributed call waits in the backend with the GIL released instead, so a thread that
 folds now and then (every ``FOLD_PERIOD_S``) mostly runs while the caller waits, and the
 caller keeps the time. Calls still fold themselves, so the queue stays bounded should this
-thread starve: a quick call when ``FOLD_BACKSTOP`` of them wait, any other every
-``FOLD_BACKSTOP`` calls of its group.
+thread starve: a record that closes folds every ``FOLD_BACKSTOP`` calls of its group.
 
 The period is long (100 ms): readers fold for themselves, so a longer period costs nothing
 in freshness, and each wake-up takes the rank's core and the GIL from the backend.

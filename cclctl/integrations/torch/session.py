@@ -29,6 +29,7 @@ from cclctl.config import RuntimeConfig
 from cclctl.integrations.torch.calls import Call
 from cclctl.integrations.torch.folding import FOLD_BACKSTOP, Folder
 from cclctl.integrations.torch.records import TorchComm, dtype_info, error_text, finish_record
+from cclctl.integrations.torch.revoke import TorchRevoke
 from cclctl.integrations.torch.store import StoreAttachment, attach
 from cclctl.integrations.torch.timing import Completions
 from cclctl.records import STARTED, CollectiveRecord
@@ -38,7 +39,7 @@ from cclctl.telemetry.watchdog import Watchdog
 log = logging.getLogger("cclctl.torch")
 
 
-def quietly(fn: Callable[..., None], *args: Any) -> None:
+def quietly(fn: Callable[..., object], *args: Any) -> None:
     """``fn(*args)``, logging what it raises: telemetry must never change what the job sees."""
     try:
         fn(*args)
@@ -66,6 +67,7 @@ class Session:
         self.store: StoreAttachment | None = None
         self.watchdog: Watchdog | None = None
         self.folder: Folder | None = None
+        self.revoke: TorchRevoke | None = None
         self._closed = False
         self._pid = os.getpid()
 
@@ -84,6 +86,7 @@ class Session:
             log.warning("cclctl: no live status for this job: %s", exc)
         if self.store is not None:
             tel.local_rank = self.store.local_rank
+            self.revoke = self._revoker(self.store)
         try:
             tel.serve_metrics()
         except Exception as exc:
@@ -97,6 +100,15 @@ class Session:
         ).start()
         self.folder = Folder(self).start()
         return self
+
+    def _revoker(self, store: StoreAttachment) -> TorchRevoke | None:
+        rdzv = store.rdzv
+        try:
+            address = (rdzv.store.host, rdzv.store.port)
+            return TorchRevoke(address, rdzv.token, rdzv.job, self.telemetry)
+        except Exception as exc:
+            log.warning("cclctl: this rank does not share the job's revoke record: %s", exc)
+            return None
 
     # -- process groups -------------------------------------------------------------------
 
@@ -169,13 +181,25 @@ class Session:
         (torch's own exception).
         """
         end_ns = end_ns or time.time_ns()
-        finish_record(rec, None if error is None else error_text(error), end_ns)
+        text = None if error is None else error_text(error)
+        finish_record(rec, text, end_ns)
         if not rec.seq % FOLD_BACKSTOP:  # seqs count calls, per group or pair
             self.telemetry.fold()
+        revoke = self.revoke
+        if revoke is None or (text is None and revoke.record is None):
+            return
+        if text is None:
+            revoke.completed(rec)
+        elif revoke.on_failed(rec, text) is not None:
+            quietly(self.telemetry.dump, "revoked")
 
     # -- watchdog -------------------------------------------------------------------------
 
     def _expired(self, rec: CollectiveRecord, why: str) -> None:
+        """The watchdog expired ``rec`` (and dumped): name the hang's origin in the job's
+        revoke record, dump again to carry it, and ask every rank to dump."""
+        if self.revoke is not None and self.revoke.on_hang(rec) is not None:
+            quietly(self.telemetry.dump, "hang")
         if self.store is not None:
             self.store.request_dump(why)
 
@@ -210,5 +234,7 @@ class Session:
         try:
             self.telemetry.close()
         finally:
+            if self.revoke is not None:
+                quietly(self.revoke.close)
             if self.store is not None:
                 self.store.close()

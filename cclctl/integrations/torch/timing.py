@@ -1,7 +1,7 @@
 """When a torch call that returned early has really ended, so its record can be closed.
 
-A synchronous call on CPU tensors has ended when it returns: the wrapper closes its record at
-once. The rest ends later and is closed here:
+A synchronous call on CPU tensors ends at the ``wait()`` torch's API makes right after it
+(``Work.wait`` is wrapped while instrumented). The rest ends later and is closed here:
 
 - ``async_op=True`` on gloo: the work's future calls back on completion (gloo's own thread);
 - works without a future (gloo's isend/irecv): at the work's ``wait()`` (``Work.wait`` is
@@ -77,6 +77,12 @@ class Completions:
         future.add_done_callback(done)
         return True
 
+    def on_wait(self, rec: CollectiveRecord, work: Any) -> None:
+        """Close ``rec`` at ``work.wait()``, which the caller makes next (a synchronous
+        call); the poller is not woken for it, but finds it should the wait never come.
+        No lock: one dict store is atomic under the GIL, and :meth:`poll` copies first."""
+        self._pending[id(work)] = _Pending(rec, work.is_completed, None, work)
+
     def on_wait_or_poll(self, rec: CollectiveRecord, work: Any) -> None:
         """Close ``rec`` at ``work.wait()`` or when a poll finds the work completed."""
         self._add(id(work), _Pending(rec, work.is_completed, None, work))
@@ -94,16 +100,14 @@ class Completions:
 
         self._add(id(rec), _Pending(rec, end.query, elapsed, None))
 
-    def waited(self, work: Any) -> None:
-        """``work.wait()`` returned: its record ends now (called by the wrapped wait, also
-        inside every synchronous torch call, so the common case returns at once).
-        """
+    def waited(self, work: Any, error: BaseException | None = None) -> None:
+        """``work.wait()`` returned (or raised ``error``): its record ends now (called by
+        the wrapped wait, also inside every synchronous torch call)."""
         if not self._pending:
             return
-        with self._lock:
-            pending = self._pending.pop(id(work), None)
+        pending = self._pending.pop(id(work), None)  # atomic under the GIL, as poll's pop
         if pending is not None:
-            self._safe_close(pending.rec, None, 0)
+            self._safe_close(pending.rec, error, 0)
 
     def poll(self) -> int:
         """Close every pending record whose work has completed; returns how many."""

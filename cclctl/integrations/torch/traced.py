@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cclctl.integrations.torch.calls import METHODS, Call, describer
+from cclctl.integrations.torch.calls import METHODS, describer
 from cclctl.integrations.torch.session import Session, quietly
 
 log = logging.getLogger("cclctl.torch")
@@ -31,14 +31,19 @@ class Tracer:
         self.inner = inner  # the real c10d ProcessGroup, whose backends do the work
         self.readers = {name: describer(name, tensor) for name in METHODS}
         self.backends: dict[str, Any] = {}  # device type -> backend, for torch's own seq
+        self._runs: dict[str, Callable[..., Any]] = {}  # method -> the real group's, bound
+        self._seqs: dict[bool, Callable[[], int] | None] = {}  # is_cuda -> its seq getter
 
     def call(self, method: str, group: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """``inner.<method>(*args, **kwargs)``, recorded when a session is live."""
-        run = getattr(self.inner, method)
+        run = self._runs.get(method)
+        if run is None:
+            run = self._runs[method] = getattr(self.inner, method)
         sess = self.session()
         if sess is None:
             return run(*args, **kwargs)
         rec = call = events = None
+        cuda = False
         try:
             call = self.readers[method](args)
             comm = None if call is None else sess.comm(group)
@@ -57,29 +62,48 @@ class Tracer:
             raise
         try:
             if call.direction is None:
-                rec.torch_seq = self._torch_seq(call)
-            _follow(sess, rec, events, work)
+                rec.torch_seq = self._torch_seq(cuda)
+            _follow(sess, rec, events, work, _waited_at_once(args))
         except Exception:  # telemetry must never change what the job sees
             log.exception("cclctl: torch telemetry failed")
         return work
 
-    def _torch_seq(self, call: Call) -> int | None:
+    def _torch_seq(self, cuda: bool) -> int | None:
         """The backend's own sequence number of the collective just issued (what PyTorch's
-        Flight Recorder calls ``collective_seq_id``), or None if it has none."""
-        device = "cpu" if call.tensor is None else call.tensor.device.type
-        backend = self.backends.get(device) or next(iter(self.backends.values()), None)
-        seq = getattr(backend, "_get_sequence_number_for_group", None)
+        Flight Recorder calls ``collective_seq_id``), or None if it has none: the CUDA
+        backend's for CUDA tensors, else the CPU one's (the getter is looked up once)."""
+        try:
+            seq = self._seqs[cuda]
+        except KeyError:
+            device = "cuda" if cuda else "cpu"
+            backend = self.backends.get(device) or next(iter(self.backends.values()), None)
+            seq = self._seqs[cuda] = getattr(backend, "_get_sequence_number_for_group", None)
         return None if seq is None else int(seq())
 
 
-def _follow(sess: Session, rec: Any, events: tuple[Any, Any] | None, work: Any) -> None:
-    """Arrange for the record to close when the work ends."""
+def _waited_at_once(args: Sequence[Any]) -> bool:
+    """True when the caller waits on the work in Python at once: torch's synchronous API
+    passes options with ``asyncOp`` False (torch 2.7 and later) and calls ``wait()`` next.
+    Everything else (``async_op=True``, DDP's reducer, FSDP, functional collectives, which
+    wait in C++) says True or has no such field."""
+    return bool(args) and getattr(args[-1], "asyncOp", True) is False
+
+
+def _follow(
+    sess: Session, rec: Any, events: tuple[Any, Any] | None, work: Any, at_wait: bool
+) -> None:
+    """Arrange for the record to close when the work ends: at the ``wait()`` that follows
+    a synchronous call (a future's callback would run on gloo's thread and contend for
+    the GIL with the caller, which costs more than the call itself at small sizes), else
+    at the future's completion, else at ``wait()`` or a poll."""
     if work is None:
         sess.close_record(rec, None, 0)
     elif events is not None:
         start, end = events
         end.record()
         sess.completions.on_events(rec, start, end, work)
+    elif at_wait:
+        sess.completions.on_wait(rec, work)
     elif not sess.completions.on_future(rec, work):
         sess.completions.on_wait_or_poll(rec, work)
 

@@ -141,7 +141,13 @@ def _wrap_destroy(state: State, original: Callable[..., Any]) -> Callable[..., A
 def _wrap_work_wait(state: State, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
+        try:
+            result = original(self, *args, **kwargs)
+        except BaseException as exc:
+            sess = state.session
+            if sess is not None:
+                sess.completions.waited(self, exc)
+            raise
         sess = state.session
         if sess is not None:
             sess.completions.waited(self)

@@ -1,0 +1,225 @@
+"""The job's revoke record from a torch rank's side: one origin for a hang or a death.
+
+cclctl's runtime raises a revoked call itself; under torch it cannot (gloo and NCCL raise
+their own errors), so here the record annotates: a rank whose watchdog expires a call names
+the rank the hang waits on (the live diagnosis of the job's statuses, as the runtime's
+watchdog does), a rank whose call fails because a peer's connection closed names the peer
+whose process is gone on this host, and either writes the job's ``revoke`` key (first
+writer wins, :mod:`cclctl.revocation`). Every rank listens on that key with a connection of
+its own and carries the record it adopted in its statuses and dumps, so ``cclctl diagnose
+hang`` names one origin, live and post-mortem. A torch job can outlive a hang (the rank it
+waited on comes back): a ``hang`` record is withdrawn once its call completes here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+
+from cclctl import revocation
+from cclctl.errors import BadInput, CclError, StoreTimeout
+from cclctl.live.snapshot import JobStatuses
+from cclctl.records import CollectiveRecord
+from cclctl.revocation import Revocation
+from cclctl.runtime.peer_process import exit_reason
+from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
+from cclctl.telemetry.hub import Telemetry
+
+log = logging.getLogger("cclctl.torch")
+
+LISTEN_SLICE_S = 30.0  # one blocking wait on the store; then it waits again
+STORE_OP_S = 2.0  # the longest one store request of the failure path may take
+_GIVE_UP_AFTER = 5  # store errors in a row before the listener stops (the store is gone)
+
+#: What gloo (and NCCL's socket layer) says when a peer's end of a connection went away.
+PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def peer_gone(error: str) -> bool:
+    """True if torch's error text says a peer's connection closed or was reset."""
+    text = error.lower()
+    return any(words in text for words in PEER_GONE)
+
+
+class TorchRevoke:
+    """Rank ``telemetry.rank``'s end of its job's revoke record in the store at ``address``."""
+
+    def __init__(
+        self, address: tuple[str, int], token: str, job: str, telemetry: Telemetry
+    ) -> None:
+        self.telemetry = telemetry
+        self.rank = telemetry.rank
+        self.job = job
+        self.record: Revocation | None = None  # the record this rank adopted
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._withdrawn = threading.Event()
+        self._scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
+        self._listener = _client(address, token, LISTEN_SLICE_S + STORE_OP_S)
+        self._thread = threading.Thread(
+            target=self._listen, name="cclctl-torch-revoke", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------ naming
+    def on_hang(self, rec: CollectiveRecord) -> Revocation | None:
+        """The watchdog expired ``rec``: adopt the job's record, or the one the live
+        diagnosis names (None: it names nobody yet, or the store does not answer)."""
+        try:
+            found = self._stored() or self._diagnosed(rec)
+            return None if found is None else self.adopt(self._agree(found))
+        except (CclError, ValueError) as exc:
+            log.warning("cclctl: no origin for the hang: %s", exc)
+            return None
+
+    def on_failed(self, rec: CollectiveRecord, error: str) -> Revocation | None:
+        """``rec`` failed with torch's ``error``: when it says a peer's connection went
+        away and a rank's process on this host is gone, that rank died: adopt the job's
+        record, or write that death as it."""
+        if self.record is not None or not peer_gone(error):
+            return self.record
+        try:
+            found = self._stored() or self._dead_peer(rec)
+            return None if found is None else self.adopt(self._agree(found))
+        except (CclError, ValueError) as exc:
+            log.warning("cclctl: no origin for the failure: %s", exc)
+            return None
+
+    def completed(self, rec: CollectiveRecord) -> None:
+        """``rec`` completed: a hang record of its call (or an earlier one) is over."""
+        record = self.record
+        if record is None or record.kind != "hang" or record.comm != rec.comm:
+            return
+        if record.seq is None or rec.peer is not None or rec.seq < record.seq:
+            return
+        with self._lock:
+            if self.record is not record:
+                return
+            self.record = None
+            self.telemetry.revoke = None
+        with contextlib.suppress(CclError):
+            if self._scoped.try_get(revocation.KEY) == record.encode():
+                self._scoped.delete(revocation.KEY)
+        self._withdrawn.set()
+        log.warning("cclctl: the hang at %s of comm %s is over", record.at(), record.comm)
+
+    def adopt(self, record: Revocation) -> Revocation:
+        """Carry ``record`` in this rank's documents from now on, and publish at once."""
+        with self._lock:
+            if self.record == record:
+                return record
+            self.record = record
+            self.telemetry.revoke = record
+        self.telemetry.publish_now()
+        log.error("cclctl: the job's failure: %s", record.describe())
+        return record
+
+    # ------------------------------------------------------------------ the store
+    def _stored(self) -> Revocation | None:
+        raw = self._scoped.try_get(revocation.KEY)
+        return revocation.decode(raw, "the job's revoke record") if raw else None
+
+    def _agree(self, record: Revocation) -> Revocation:
+        """Write ``record`` as the job's record unless one is there; return the one that is."""
+        now = self._scoped.compare_set(revocation.KEY, None, record.encode())
+        if not now or now == record.encode():
+            return record
+        try:
+            return revocation.decode(now, "the job's revoke record")
+        except BadInput:
+            return record
+
+    def _statuses(self) -> JobStatuses:
+        from cclctl.live.snapshot import fetch
+
+        return fetch(self._scoped.client, self.job)
+
+    def _diagnosed(self, rec: CollectiveRecord) -> Revocation | None:
+        from cclctl.diagnose_io.hang_origin import hang_suspect
+
+        statuses = self._statuses()
+        cfg = self.telemetry.cfg  # the watchdog expired the call after cfg.timeout_s
+        found = hang_suspect(
+            statuses, cfg.timeout_s / 2, max(cfg.timeout_s, 3 * cfg.status_interval_s)
+        )
+        if found is None:
+            return None
+        origin, kind, reason, peer = found
+        record = self._record(kind, reason, origin, rec, "watchdog", peer=peer)
+        snap = statuses.statuses.get(origin)
+        return record if snap is None else record.replace(host=snap.host, pid=snap.pid)
+
+    def _dead_peer(self, rec: CollectiveRecord) -> Revocation | None:
+        """The lowest rank of ``rec``'s communicator whose process on this host is gone."""
+        host = self.telemetry.cfg.hostname
+        statuses = self._statuses().statuses
+        for rank in sorted(statuses):
+            snap = statuses[rank]
+            if rank == self.rank or snap.host != host or snap.finished:
+                continue
+            reason = exit_reason(snap.pid)
+            if reason is not None:
+                record = self._record("died", reason, rank, rec, "call")
+                return record.replace(host=snap.host, pid=snap.pid)
+        return None
+
+    def _record(
+        self, kind: str, reason: str, origin: int, rec: CollectiveRecord, via: str, **more: object
+    ) -> Revocation:
+        return Revocation(
+            kind=kind,
+            origin=origin,
+            reason=reason,
+            comm=rec.comm,
+            seq=rec.seq,
+            op=rec.op,
+            seen_by=self.rank,
+            via=via,
+            **more,  # type: ignore[arg-type]
+        )
+
+    # ------------------------------------------------------------------ listening
+    def _listen(self) -> None:
+        """Adopt the record another rank writes; after a withdrawn hang, listen again."""
+        scoped = ScopedStore.for_job(self._listener, self.job)
+        errors = 0
+        while not self._stopped.is_set():
+            if self.record is not None:
+                self._withdrawn.wait(LISTEN_SLICE_S)
+                self._withdrawn.clear()
+                continue
+            try:
+                scoped.wait([revocation.KEY], timeout_s=LISTEN_SLICE_S)
+                raw = scoped.try_get(revocation.KEY)
+            except StoreTimeout:
+                continue
+            except CclError:
+                errors += 1
+                if self._stopped.is_set() or errors >= _GIVE_UP_AFTER:
+                    return
+                self._stopped.wait(0.2 * errors)
+                continue
+            if raw is None:
+                continue  # withdrawn between the wait and the read
+            try:
+                self.adopt(revocation.decode(raw, "the job's revoke record"))
+            except BadInput as exc:
+                log.warning("cclctl: ignored the store's revoke record: %s", exc)
+                return
+
+    def close(self) -> None:
+        """Stop listening; the store may already be gone."""
+        self._stopped.set()
+        self._withdrawn.set()
+        self._listener.close()  # ends a blocking wait at once
+        self._thread.join(2.0)
+        self._scoped.client.close()
+
+
+def _client(address: tuple[str, int], token: str, timeout_s: float) -> StoreClient:
+    return StoreClient(
+        address[0], address[1], timeout_s=timeout_s, connect_timeout_s=timeout_s,
+        token=token or None,
+    )  # fmt: skip
