@@ -17,21 +17,15 @@ import contextlib
 import logging
 import threading
 
-from cclctl import revocation
-from cclctl.errors import BadInput, CclError, StoreTimeout
-from cclctl.live.snapshot import JobStatuses
+from cclctl.errors import CclError
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
+from cclctl.runtime.job.revoke_key import LISTEN_SLICE_S, RevokeKey
 from cclctl.runtime.peer_process import exit_reason
-from cclctl.store.client import StoreClient
-from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.hub import Telemetry
 
 log = logging.getLogger("cclctl.torch")
 
-LISTEN_SLICE_S = 30.0  # one blocking wait on the store; then it waits again
-STORE_OP_S = 2.0  # the longest one store request of the failure path may take
-_GIVE_UP_AFTER = 5  # store errors in a row before the listener stops (the store is gone)
 
 #: What gloo (and NCCL's socket layer) says when a peer's end of a connection went away.
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe")
@@ -56,8 +50,7 @@ class TorchRevoke:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._withdrawn = threading.Event()
-        self._scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
-        self._listener = _client(address, token, LISTEN_SLICE_S + STORE_OP_S)
+        self._key = RevokeKey(address, token, job, self.rank)
         self._thread = threading.Thread(
             target=self._listen, name="cclctl-torch-revoke", daemon=True
         )
@@ -68,8 +61,8 @@ class TorchRevoke:
         """The watchdog expired ``rec``: adopt the job's record, or the one the live
         diagnosis names (None: it names nobody yet, or the store does not answer)."""
         try:
-            found = self._stored() or self._diagnosed(rec)
-            return None if found is None else self.adopt(self._agree(found))
+            found = self._key.stored() or self._diagnosed(rec)
+            return None if found is None else self.adopt(self._key.agree(found))
         except (CclError, ValueError) as exc:
             log.warning("cclctl: no origin for the hang: %s", exc)
             return None
@@ -81,8 +74,8 @@ class TorchRevoke:
         if self.record is not None or not peer_gone(error):
             return self.record
         try:
-            found = self._stored() or self._dead_peer(rec)
-            return None if found is None else self.adopt(self._agree(found))
+            found = self._key.stored() or self._dead_peer(rec)
+            return None if found is None else self.adopt(self._key.agree(found))
         except (CclError, ValueError) as exc:
             log.warning("cclctl: no origin for the failure: %s", exc)
             return None
@@ -100,8 +93,7 @@ class TorchRevoke:
             self.record = None
             self.telemetry.revoke = None
         with contextlib.suppress(CclError):
-            if self._scoped.try_get(revocation.KEY) == record.encode():
-                self._scoped.delete(revocation.KEY)
+            self._key.withdraw(record)
         self._withdrawn.set()
         log.warning("cclctl: the hang at %s of comm %s is over", record.at(), record.comm)
 
@@ -116,30 +108,11 @@ class TorchRevoke:
         log.error("cclctl: the job's failure: %s", record.describe())
         return record
 
-    # ------------------------------------------------------------------ the store
-    def _stored(self) -> Revocation | None:
-        raw = self._scoped.try_get(revocation.KEY)
-        return revocation.decode(raw, "the job's revoke record") if raw else None
-
-    def _agree(self, record: Revocation) -> Revocation:
-        """Write ``record`` as the job's record unless one is there; return the one that is."""
-        now = self._scoped.compare_set(revocation.KEY, None, record.encode())
-        if not now or now == record.encode():
-            return record
-        try:
-            return revocation.decode(now, "the job's revoke record")
-        except BadInput:
-            return record
-
-    def _statuses(self) -> JobStatuses:
-        from cclctl.live.snapshot import fetch
-
-        return fetch(self._scoped.client, self.job)
-
+    # ------------------------------------------------------------------ naming it
     def _diagnosed(self, rec: CollectiveRecord) -> Revocation | None:
         from cclctl.diagnose_io.hang_origin import hang_suspect
 
-        statuses = self._statuses()
+        statuses = self._key.statuses()
         cfg = self.telemetry.cfg  # the watchdog expired the call after cfg.timeout_s
         found = hang_suspect(
             statuses, cfg.timeout_s / 2, max(cfg.timeout_s, 3 * cfg.status_interval_s)
@@ -154,7 +127,7 @@ class TorchRevoke:
     def _dead_peer(self, rec: CollectiveRecord) -> Revocation | None:
         """The lowest rank of ``rec``'s communicator whose process on this host is gone."""
         host = self.telemetry.cfg.hostname
-        statuses = self._statuses().statuses
+        statuses = self._key.statuses().statuses
         for rank in sorted(statuses):
             snap = statuses[rank]
             if rank == self.rank or snap.host != host or snap.finished:
@@ -183,43 +156,20 @@ class TorchRevoke:
     # ------------------------------------------------------------------ listening
     def _listen(self) -> None:
         """Adopt the record another rank writes; after a withdrawn hang, listen again."""
-        scoped = ScopedStore.for_job(self._listener, self.job)
-        errors = 0
         while not self._stopped.is_set():
             if self.record is not None:
                 self._withdrawn.wait(LISTEN_SLICE_S)
                 self._withdrawn.clear()
                 continue
-            try:
-                scoped.wait([revocation.KEY], timeout_s=LISTEN_SLICE_S)
-                raw = scoped.try_get(revocation.KEY)
-            except StoreTimeout:
-                continue
-            except CclError:
-                errors += 1
-                if self._stopped.is_set() or errors >= _GIVE_UP_AFTER:
-                    return
-                self._stopped.wait(0.2 * errors)
-                continue
-            if raw is None:
-                continue  # withdrawn between the wait and the read
-            try:
-                self.adopt(revocation.decode(raw, "the job's revoke record"))
-            except BadInput as exc:
-                log.warning("cclctl: ignored the store's revoke record: %s", exc)
+            record = self._key.next_record(self._stopped)
+            if record is None:
                 return
+            self.adopt(record)
 
     def close(self) -> None:
         """Stop listening; the store may already be gone."""
         self._stopped.set()
         self._withdrawn.set()
-        self._listener.close()  # ends a blocking wait at once
+        self._key.stop_listening()  # ends a blocking wait at once
         self._thread.join(2.0)
-        self._scoped.client.close()
-
-
-def _client(address: tuple[str, int], token: str, timeout_s: float) -> StoreClient:
-    return StoreClient(
-        address[0], address[1], timeout_s=timeout_s, connect_timeout_s=timeout_s,
-        token=token or None,
-    )  # fmt: skip
+        self._key.close()

@@ -17,37 +17,22 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 
 from cclctl import revocation
-from cclctl.errors import BadInput, CclError, StoreTimeout
+from cclctl.errors import CclError, StoreTimeout
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
 from cclctl.runtime.failure import STORE, FailureState
-from cclctl.store.client import StoreClient
-from cclctl.store.scope import ScopedStore
+from cclctl.runtime.job.revoke_key import RevokeKey
 
 log = logging.getLogger(__name__)
 
-LISTEN_SLICE_S = 30.0  # one blocking wait on the store; then it waits again
 WEAK_GRACE_S = 0.15  # how long a one-sided record waits for a better-informed one
 MISMATCH_WAIT_S = 1.0  # how long the witnesses of a mismatch wait to outvote one call
-STORE_OP_S = 2.0  # the longest one store request of the failure path may take
-_GIVE_UP_AFTER = 5  # store errors in a row before the listener stops (the store is gone)
-
-
-def _client(address: tuple[str, int], token: str, timeout_s: float) -> StoreClient:
-    return StoreClient(
-        address[0],
-        address[1],
-        timeout_s=timeout_s,
-        connect_timeout_s=timeout_s,
-        token=token or None,
-    )
 
 
 class Revoker:
@@ -75,9 +60,8 @@ class Revoker:
         self._publish = publish
         #: what the diagnosis of a hang the watchdog expired counts as hung and stale
         self._hang_after_s, self._stale_after_s = hang_after_s, stale_after_s
-        self._address, self._token, self._job = address, token, job
-        self._scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
-        self._listener = _client(address, token, LISTEN_SLICE_S + STORE_OP_S)
+        self._key = RevokeKey(address, token, job, self.rank)
+        self._scoped = self._key.scoped
         self._stopped = threading.Event()
         failure.on_first(self._first)
         failure.resolve = self.resolve
@@ -88,30 +72,13 @@ class Revoker:
 
     # ------------------------------------------------------------------ listening
     def _listen(self) -> None:
-        scoped = ScopedStore.for_job(self._listener, self._job)
-        errors = 0
-        while not self._stopped.is_set():
-            try:
-                scoped.wait([revocation.KEY], timeout_s=LISTEN_SLICE_S)
-                raw = scoped.try_get(revocation.KEY)
-            except StoreTimeout:
-                continue
-            except CclError:
-                errors += 1
-                if self._stopped.is_set() or errors >= _GIVE_UP_AFTER:
-                    return
-                self._stopped.wait(0.2 * errors)
-                continue
-            if raw is None:
-                continue
-            try:
-                rev = revocation.decode(raw, "the job's revoke record")
-            except BadInput as exc:
-                log.warning("rank %d: ignored the store's revoke record: %s", self.rank, exc)
-                return
-            if rev.epoch >= self.failure.epoch and rev.comm in ("", self.failure.comm):
-                self.failure.adopt(rev, STORE)
-            return
+        rev = self._key.next_record(self._stopped)
+        if (
+            rev is not None
+            and rev.epoch >= self.failure.epoch
+            and rev.comm in ("", self.failure.comm)
+        ):
+            self.failure.adopt(rev, STORE)
 
     # ------------------------------------------------------------------ telling
     def _first(self, rev: Revocation, how: str) -> None:
@@ -136,24 +103,11 @@ class Revoker:
                 self._dump(f"revoked: {rev.describe()}")
 
     def _ack(self, in_call: str) -> None:
-        ack = {
-            "rank": self.rank,
-            "pid": os.getpid(),
-            "host": self.failure.host,
-            "in_call": in_call,
-            "time_ns": time.time_ns(),
-        }
-        self._scoped.set(revocation.ack_key(self.rank), json.dumps(ack).encode())
+        self._key.ack(self.failure.host, in_call)
 
     def agree(self, rev: Revocation) -> Revocation:
         """Write ``rev`` as the job's record unless one is there; return the one that is."""
-        now = self._scoped.compare_set(revocation.KEY, None, rev.encode())
-        if not now or now == rev.encode():
-            return rev
-        try:
-            return revocation.decode(now, "the job's revoke record")
-        except BadInput:
-            return rev
+        return self._key.agree(rev)
 
     # ------------------------------------------------------------------ agreeing
     def resolve(self, rev: Revocation) -> Revocation:
@@ -166,9 +120,9 @@ class Revoker:
             try:
                 if rev.kind in revocation.WEAK_KINDS:
                     self._scoped.wait([revocation.KEY], timeout_s=WEAK_GRACE_S)
-                raw = self._scoped.try_get(revocation.KEY)
-                if raw:
-                    return revocation.decode(raw, "the job's revoke record")
+                stored = self._key.stored()
+                if stored is not None:
+                    return stored
             except StoreTimeout:
                 pass
             return self.agree(rev)
@@ -182,9 +136,9 @@ class Revoker:
         self._observe(rev)
         deadline = time.monotonic() + MISMATCH_WAIT_S
         while True:
-            raw = self._scoped.try_get(revocation.KEY)
-            if raw:
-                return revocation.decode(raw, "the job's revoke record")
+            stored = self._key.stored()
+            if stored is not None:
+                return stored
             decided = self._odd_one_out(rev)
             if decided is not None:
                 return self.agree(decided)
@@ -196,9 +150,7 @@ class Revoker:
         """The odd one out by every rank's published call at ``rev.seq`` (in flight, or
         its last one of that communicator), for when the witnesses' own observations tie
         (two ranks, each blaming the other)."""
-        from cclctl.live.snapshot import fetch
-
-        statuses = fetch(self._scoped.client, self._job).statuses
+        statuses = self._key.statuses().statuses
         calls = {
             rank: f"{r.op}({r.dtype}, count {r.count})"
             for rank, s in statuses.items()
@@ -254,18 +206,14 @@ class Revoker:
         hang waits on as the diagnosis of the live statuses names it (``fallback``: this
         rank's own peer, where it names none), agreed with the other ranks."""
         try:
-            raw = self._scoped.try_get(revocation.KEY)
-            if raw:
-                return revocation.decode(raw, "the job's revoke record")
-            return self.agree(self._diagnosed(rec) or fallback)
+            return self._key.stored() or self.agree(self._diagnosed(rec) or fallback)
         except (CclError, ValueError):
             return fallback
 
     def _diagnosed(self, rec: CollectiveRecord) -> Revocation | None:
         from cclctl.diagnose_io.hang_origin import hang_suspect  # only when a hang expires
-        from cclctl.live.snapshot import fetch
 
-        statuses = fetch(self._scoped.client, self._job)
+        statuses = self._key.statuses()
         found = hang_suspect(statuses, self._hang_after_s, self._stale_after_s)
         if found is None:
             return None
@@ -278,6 +226,6 @@ class Revoker:
     def close(self) -> None:
         """Stop listening; the store may already be gone."""
         self._stopped.set()
-        self._listener.close()  # ends a blocking wait at once
+        self._key.stop_listening()  # ends a blocking wait at once
         self._thread.join(2.0)
-        self._scoped.client.close()
+        self._key.close()

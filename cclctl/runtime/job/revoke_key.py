@@ -1,0 +1,119 @@
+"""The job's one revoke record in its store, as one rank reads and writes it.
+
+The record lives under the job's ``revoke`` key (:mod:`cclctl.revocation`): the first
+writer wins (compare-and-set), so the job agrees on one origin. A rank listens for it with
+a blocking ``wait`` on a connection of its own, so the wait never holds up a request of the
+failure path, and every request is bounded, so a store that is gone costs seconds, never a
+hang. Both cclctl's runtime (:mod:`~cclctl.runtime.job.revoker`) and the PyTorch
+integration keep their rank's end of the record through this.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+from cclctl import revocation
+from cclctl.errors import BadInput, CclError, StoreTimeout
+from cclctl.live.snapshot import JobStatuses, fetch
+from cclctl.revocation import Revocation
+from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
+
+log = logging.getLogger(__name__)
+
+LISTEN_SLICE_S = 30.0  # one blocking wait on the store; then it waits again
+STORE_OP_S = 2.0  # the longest one request of the failure path may take
+_GIVE_UP_AFTER = 5  # store errors in a row before a listener stops (the store is gone)
+_WHERE = "the job's revoke record"
+
+
+def _client(address: tuple[str, int], token: str, timeout_s: float) -> StoreClient:
+    host, port = address
+    return StoreClient(
+        host, port, timeout_s=timeout_s, connect_timeout_s=timeout_s, token=token or None
+    )
+
+
+class RevokeKey:
+    """Rank ``rank``'s access to job ``job``'s revoke record in the store at ``address``."""
+
+    def __init__(self, address: tuple[str, int], token: str, job: str, rank: int) -> None:
+        self.job = job
+        self.rank = rank
+        self.scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
+        self._listener = ScopedStore.for_job(
+            _client(address, token, LISTEN_SLICE_S + STORE_OP_S), job
+        )
+
+    def stored(self) -> Revocation | None:
+        """The job's record, if one is there."""
+        raw = self.scoped.try_get(revocation.KEY)
+        return revocation.decode(raw, _WHERE) if raw else None
+
+    def agree(self, record: Revocation) -> Revocation:
+        """Write ``record`` as the job's record unless one is there; return the one that is."""
+        mine = record.encode()
+        now = self.scoped.compare_set(revocation.KEY, None, mine)
+        if not now or now == mine:
+            return record
+        try:
+            return revocation.decode(now, _WHERE)
+        except BadInput:
+            return record
+
+    def withdraw(self, record: Revocation) -> None:
+        """Remove the job's record if it is still ``record`` (a hang that ended)."""
+        if self.scoped.try_get(revocation.KEY) == record.encode():
+            self.scoped.delete(revocation.KEY)
+
+    def ack(self, host: str, in_call: str) -> None:
+        """Acknowledge the record under ``revoke_ack/<rank>`` (what ``cclctl abort`` reads)."""
+        ack = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "host": host,
+            "in_call": in_call,
+            "time_ns": time.time_ns(),
+        }
+        self.scoped.set(revocation.ack_key(self.rank), json.dumps(ack).encode())
+
+    def statuses(self) -> JobStatuses:
+        """Every rank's live status, in one listing."""
+        return fetch(self.scoped.client, self.job)
+
+    def next_record(self, stopped: threading.Event) -> Revocation | None:
+        """Block until the job has a record and return it; None once ``stopped`` is set,
+        the store is gone (errors in a row) or the record cannot be read."""
+        errors = 0
+        while not stopped.is_set():
+            try:
+                self._listener.wait([revocation.KEY], timeout_s=LISTEN_SLICE_S)
+                raw = self._listener.try_get(revocation.KEY)
+            except StoreTimeout:
+                continue
+            except CclError:
+                errors += 1
+                if stopped.is_set() or errors >= _GIVE_UP_AFTER:
+                    return None
+                stopped.wait(0.2 * errors)
+                continue
+            if raw is None:
+                continue  # withdrawn between the wait and the read
+            try:
+                return revocation.decode(raw, _WHERE)
+            except BadInput as exc:
+                log.warning("rank %d: ignored the store's revoke record: %s", self.rank, exc)
+                return None
+        return None
+
+    def stop_listening(self) -> None:
+        """End a blocking :meth:`next_record` at once (its connection closes)."""
+        self._listener.client.close()
+
+    def close(self) -> None:
+        self.stop_listening()
+        self.scoped.client.close()
