@@ -20,11 +20,11 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cclctl import revocation
 from cclctl.errors import CclError, StoreTimeout
-from cclctl.records import CollectiveRecord
+from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
 from cclctl.revocation import Revocation
 from cclctl.runtime.failure import STORE, FailureState
 from cclctl.runtime.job.revoke_key import RevokeKey
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 WEAK_GRACE_S = 0.15  # how long a one-sided record waits for a better-informed one
 MISMATCH_WAIT_S = 1.0  # how long the witnesses of a mismatch wait to outvote one call
+_NONE = CommInfo([])
 
 
 class Revoker:
@@ -159,13 +160,33 @@ class Revoker:
         }
         counts = Counter(calls.values()).most_common()
         if len(counts) < 2 or counts[0][1] == counts[1][1]:
-            return None
+            return self._outvoted_by_completions(rev, statuses)
         common = counts[0][0]
         odd = min(r for r, c in calls.items() if c != common)
         other = min(r for r, c in calls.items() if c == common)
         why = f"called {calls[odd]} where rank {other} called {common}"
         at = {"seq": rev.seq, "op": rev.op, "call": rev.call}
         return self.failure.record("mismatch", why, odd, peer=other, **at)
+
+    def _outvoted_by_completions(
+        self, rev: Revocation, statuses: Mapping[int, RankSnapshot]
+    ) -> Revocation | None:
+        """This rank's call is the odd one when a third rank completed ``rev.seq``: it
+        agreed with the others, so the call it matched is the peer's, not this rank's."""
+        peer = rev.origin
+        done = [
+            r
+            for r, s in statuses.items()
+            if r not in (self.rank, peer)
+            and s.comms.get(rev.comm, _NONE).last_completed >= (rev.seq or 0)
+        ]
+        theirs, _, rest = rev.reason.removeprefix("called ").partition(" where rank ")
+        mine = rest.partition(" called ")[2]
+        if not done or not mine:
+            return None
+        why = f"called {mine} where rank {peer} called {theirs}"
+        at = {"seq": rev.seq, "op": rev.op, "call": rev.call}
+        return self.failure.record("mismatch", why, self.rank, peer=peer, **at)
 
     def _observe(self, rev: Revocation) -> None:
         """Leave what this rank saw of a mismatch: its own call and its peer's."""
