@@ -27,14 +27,20 @@ TRANSPORTS = ["auto", "tcp"]  # auto: one host, so shared memory
 
 
 def env_job(
-    tmp: Path, n: int, fault: str, transport: str, timeout_s: float = 2.0, **extra: str
+    tmp: Path,
+    n: int,
+    fault: str,
+    transport: str,
+    timeout_s: float = 2.0,
+    op: str = "all_reduce",
+    **extra: str,
 ) -> FaultJob:
     """Ranks started from the environment, rank 0 hosting the store, each exiting after
     its first error: the job's watchdog raises (the default policy), dumps go to the
     job's folder under ``tmp``."""
     env = {"CCLCTL_ON_HANG": "raise", "CCLCTL_TRANSPORT": transport, **extra}
     return FaultJob(
-        tmp, n, fault=fault, timeout_s=timeout_s, job="envjob", pause_s=0.2,
+        tmp, n, fault=fault, op=op, timeout_s=timeout_s, job="envjob", pause_s=0.2,
         hold_on_error=extra.get("HOLD_ON_ERROR") == "1", rank0_hosts=True,
         default_dumps=True, extra=env,
     )  # fmt: skip
@@ -99,6 +105,20 @@ def test_the_odd_one_out_of_a_mismatch_is_named_by_every_rank(
     finally:
         job.finish()
     _assert_all_name(errors, r"rank 2 \(pid \d+ on [^)]+\) called (broadcast|all_reduce)\(")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_broadcast_leaf_with_another_count_names_itself(tmp_path: Path, transport: str) -> None:
+    """Only the leaf sees the mismatch (the others finish their broadcasts without it), so
+    two views tie; the ranks that completed the seq outvote it: the leaf names itself."""
+    job = env_job(tmp_path, 4, "count:rank=3:seq=3:to=7", transport, op="broadcast")
+    try:
+        errors = job.errors([3])
+    finally:
+        job.finish()
+    _assert_all_name(
+        errors, r"rank 3 \(pid \d+ on [^)]+\) called broadcast\(float32, root 0, count 7\)"
+    )
 
 
 def _blocked_in(scoped: ScopedStore, rank: int) -> int | None:
