@@ -38,8 +38,9 @@ from cclctl.ranges import parse_ranks
 
 @dataclasses.dataclass
 class Outcome:
-    survivors: int = 0
+    survivors: int = 0  # survivors that raised an error (the others finished cleanly)
     named: int = 0
+    finished: int = 0  # survivors the fault never reached (a broadcast leaf's peers)
     live: str = "none"  # "right", "wrong" or "none" (no answer)
     post: str = "none"
     launcher: str = "n/a"
@@ -96,10 +97,13 @@ def run_case(case: Case) -> Outcome:
         else:
             errors, out.live = run_env(case, dumps, job, judge)
         survivors = [r for r in range(case.ranks) if r not in case.culprits]
-        out.survivors = len(survivors)
-        out.named = sum(
-            1 for r in survivors if r in errors and names(_blame(errors[r], r), case.culprits)
-        )
+        failed = [r for r in survivors if errors.get(r)]
+        out.survivors, out.finished = len(failed), len(survivors) - len(failed)
+        named = [r for r in failed if names(_blame(errors[r], r), case.culprits)]
+        out.named = len(named)
+        if os.environ.get("MATRIX_VERBOSE"):
+            for r in sorted(set(failed) - set(named)):
+                print(f"  rank {r} said: {errors[r][:300]}", file=sys.stderr)
         out.post = diagnose([dumps, "--job", job], case.culprits)
     return out
 
@@ -122,8 +126,8 @@ def cases(args: argparse.Namespace) -> Iterator[Case]:
 
 def table(results: list[tuple[Case, Outcome]]) -> str:
     rows = [
-        "| fault | transport | cases | survivors naming the culprit | live right (no answer) "
-        "| post-mortem right | launcher right |",
+        "| fault | transport | cases | failed survivors naming the culprit (finished) "
+        "| live right (no answer) | post-mortem right | launcher right |",
         "|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, str], list[Outcome]] = {}
@@ -134,6 +138,7 @@ def table(results: list[tuple[Case, Outcome]]) -> str:
         rows.append(
             f"| {fault} | {transport} | {len(outs)} "
             f"| {sum(o.named for o in outs)}/{sum(o.survivors for o in outs)} "
+            f"({sum(o.finished for o in outs)}) "
             f"| {sum(o.live == 'right' for o in outs)} ({sum(o.live == 'none' for o in outs)}) "
             f"| {sum(o.post == 'right' for o in outs)} "
             f"| {sum(o.launcher == 'right' for o in launched)}/{len(launched)} |"
@@ -176,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         out = run_case(case)
         results.append((case, out))
         print(
-            f"[{i}/{len(todo)}] {case.label()}: survivors {out.named}/{out.survivors}, "
+            f"[{i}/{len(todo)}] {case.label()}: survivors {out.named}/{out.survivors} "
+            f"({out.finished} finished), "
             f"live {out.live}, post-mortem {out.post}, launcher {out.launcher} "
             f"({time.monotonic() - started:.1f}s)",
             file=sys.stderr,
