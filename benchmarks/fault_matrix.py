@@ -110,9 +110,10 @@ def run_case(case: Case) -> Outcome:
 
 def _blame(text: str, rank: int) -> str:
     """An error line without the rank's own name in front (``rank 4: ...``)."""
-    return re.sub(
+    text = re.sub(
         rf"^(collective mismatch: )?rank {rank}(:| called \S+ at seq \d+ epoch \d+ but)", "", text
-    )
+    )  # and what its own call waited on: the origin comes after it
+    return re.sub(r"waiting to (recv from|send to) rank \d+: ", "", text)
 
 
 def cases(args: argparse.Namespace) -> Iterator[Case]:

@@ -126,8 +126,9 @@ def settle(revoked: Revoked, verdicts: list[Verdict], states: dict[int, RankStat
             return
         verdict = _verdict(record, states)
     if verdict is None:
-        # a rank that left no dump says less than the record its peers' watchdogs wrote
-        naming = [v for v in verdicts if record.origin in _ranks(v) and v.kind != MISSING]
+        # the verdict that names the origin alone: a rank that left no dump, or "ranks
+        # 0-3 are dead" once the whole job is gone, says less than the watchdogs' record
+        naming = [v for v in verdicts if _ranks(v) == {record.origin} and v.kind != MISSING]
         if naming:
             verdict = min(naming, key=Verdict.sort_key)
             verdict.evidence[:0] = _record_lines(record)

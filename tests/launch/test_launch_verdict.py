@@ -123,31 +123,43 @@ def test_a_record_already_in_the_store_is_kept() -> None:
     assert revocation.KEY == "revoke"
 
 
+# fault, what every survivor's error says of the origin, the verdict (kind, suspects)
+EVERY_WAY = [
+    ("kill:rank=2:seq=4", r"rank 2 \(pid \d+ on \S+\) died \(SIGKILL", ("dead", "2")),
+    ("stop:rank=2:seq=4", r"rank 2 \(pid \d+ on \S+\) is stopped", ("stopped", "2")),
+    (
+        "op:rank=2:seq=4:to=broadcast",
+        r"rank 2 \(pid \d+ on \S+\) called broadcast\(",
+        ("mismatch", "2"),
+    ),
+    ("link:rank=2:seq=4:peer=3", r"link between rank 2 and rank 3 broke", ("link", "2-3")),
+]
+
+
 @pytest.mark.timeout(100)
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
-def test_after_a_launched_job_died_every_way_of_asking_names_the_origin(
-    tmp_path: Path, transport: str
+@pytest.mark.parametrize(("fault", "said", "verdict"), EVERY_WAY, ids=[c[0] for c in EVERY_WAY])
+def test_after_a_launched_job_failed_every_way_of_asking_names_the_origin(
+    tmp_path: Path, transport: str, fault: str, said: str, verdict: tuple[str, str]
 ) -> None:
-    """Rank 2 killed: each survivor's error, the launcher's last line, the live diagnosis
-    against the job's store (which outlives the launcher) and the post-mortem name it."""
-    done = launch_faulty(tmp_path, "kill:rank=2:seq=4", transport)
-    store, job = re.search(r"job (\S+) store (\S+);", done.stderr).group(2, 1)  # type: ignore[union-attr]
-    failed = [
-        ln for ln in done.stderr.splitlines() if re.match(r"\[rank \d\] rank \d failed: ", ln)
-    ]
-    assert len(failed) == 3, done.stderr
-    assert all(
-        re.search(r"seq 4 (failed|revoked): rank 2 \(pid \d+ on \S+\) died \(SIGKILL", ln)
-        for ln in failed
-    ), failed
-    assert re.search(
-        r"cclctl launch: rank 2 \(pid \d+\) died of SIGKILL", done.stderr.splitlines()[-1]
-    )
+    """Each survivor's error, the launcher's last line, the live diagnosis against the
+    job's store (which outlives the launcher) and the post-mortem all name the origin."""
+    done = launch_faulty(tmp_path, fault, transport, timeout_s=2.0)
+    found = re.search(r"job (\S+) store (\S+);", done.stderr)
+    assert found is not None, done.stderr
+    job, store = found.group(1, 2)
+    lines = done.stderr.splitlines()
+    failed = [ln for ln in lines if re.match(r"\[rank \d\] rank \d failed: ", ln)]
+    survivors = 4 if fault.startswith(("op:", "link:")) else 3  # the culprit raises too
+    assert len(failed) == survivors, done.stderr
+    wrong = [ln for ln in failed if not re.search(said, ln)]
+    assert not wrong, wrong
+    assert "rank 2" in lines[-1] and lines[-1].startswith("cclctl launch: "), lines[-1]
     for ask in (["--store", store, "--job", job], [str(tmp_path)]):
-        said = subprocess.run(
+        told = subprocess.run(
             [PY, "-m", "cclctl", "diagnose", "hang", *ask, "--json"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        assert said.returncode == 3, said.stderr
-        first = json.loads(said.stdout)["verdicts"][0]
-        assert (first["kind"], first["suspects"]) == ("dead", "2"), first
+        assert told.returncode == 3, told.stderr
+        first = json.loads(told.stdout)["verdicts"][0]
+        assert (first["kind"], first["suspects"]) == verdict, (ask, first)
