@@ -8,7 +8,11 @@ record, most survivors blamed a neighbour ("rank 1 failed").
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,6 +54,24 @@ def _survivors(job: FaultJob, culprit: int | None) -> dict[int, str]:
     return job.errors([r for r in range(job.n) if r != culprit])
 
 
+def _verdicts(job: FaultJob, tmp: Path) -> list[tuple[str, str]]:
+    """The first verdict (kind, suspects) of the live diagnosis against the job's store,
+    which outlives rank 0, and of the post-mortem with no argument (the newest job's dumps
+    in the default folder under ``tmp``)."""
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    env.pop("CCLCTL_STORE", None)
+    found = []
+    for ask in (["--store", job.store, "--job", job.job], []):
+        said = subprocess.run(
+            [sys.executable, "-m", "cclctl", "diagnose", "hang", *ask, "--json"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert said.returncode == 3, said.stderr
+        first = json.loads(said.stdout)["verdicts"][0]
+        found.append((first["kind"], first["suspects"]))
+    return found
+
+
 def _assert_all_name(errors: dict[int, str], pattern: str) -> None:
     wrong = {r: e for r, e in errors.items() if not re.search(pattern, e)}
     assert not wrong, f"ranks not naming the origin ({pattern!r}): {wrong}"
@@ -68,6 +90,7 @@ def test_a_killed_rank_is_named_dead_by_every_survivor(
         job.finish()
     # in seq 3, or refusing the next call if the record came while it was between calls
     _assert_all_name(errors, rf"seq 3[ :].*rank {culprit} \(pid \d+ on [^)]+\) died \(")
+    assert _verdicts(job, tmp_path) == [("dead", str(culprit))] * 2
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -82,6 +105,9 @@ def test_a_stopped_rank_is_named_by_every_survivor_once_the_watchdog_expires(
     finally:
         job.finish()
     _assert_all_name(errors, rf"rank {culprit} \(pid \d+ on [^)]+\) is stopped")
+    live, post = _verdicts(job, tmp_path)
+    assert live == ("stopped", str(culprit))  # the process table shows it stopped
+    assert post in {("stopped", str(culprit)), ("not_entered", str(culprit))}
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -92,6 +118,7 @@ def test_a_cut_link_is_named_by_every_rank(tmp_path: Path, transport: str) -> No
     finally:
         job.finish()
     _assert_all_name(errors, r"link between rank 1 and rank 2 broke")
+    assert _verdicts(job, tmp_path) == [("link", "1-2")] * 2
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -105,6 +132,7 @@ def test_the_odd_one_out_of_a_mismatch_is_named_by_every_rank(
     finally:
         job.finish()
     _assert_all_name(errors, r"rank 2 \(pid \d+ on [^)]+\) called (broadcast|all_reduce)\(")
+    assert _verdicts(job, tmp_path) == [("mismatch", "2")] * 2
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
