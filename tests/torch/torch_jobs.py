@@ -5,11 +5,17 @@ leaves no process behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from cclctl.launch.launcher import LaunchResult, launch
 
@@ -77,3 +83,48 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 __all__ = ["HERE", "PY", "Lines", "child_env", "free_port", "os", "run_job"]
+
+
+#: The CLI and torchrun installed beside this Python (the tests' own virtual environment).
+CCLCTL = str(Path(sys.executable).with_name("cclctl"))
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+@contextlib.contextmanager
+def released_job(cmd: list[str], flags: Sequence[Path]) -> Iterator[subprocess.Popen[str]]:
+    """Run a job that waits on the test; on the way out touch ``flags`` (its release) and
+    stop it if it does not end by itself."""
+    env = dict(os.environ, **child_env())
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        yield proc
+    finally:
+        for flag in flags:
+            flag.touch()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def until_seen(
+    what: str, check: Callable[[], Any], proc: subprocess.Popen[str], within_s: float
+) -> Any:
+    """Poll ``check`` until it gives something; fail the test if the job ends first or
+    ``within_s`` passes."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended before {what}: {proc.stdout.read() if proc.stdout else ''}")
+        time.sleep(0.25)
+    pytest.fail(f"no {what} within {within_s:g}s")
