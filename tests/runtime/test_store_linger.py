@@ -12,33 +12,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fault_job import TOKEN, WORKER, FaultJob, free_port
+from processes import gone, until
 
 from cclctl.store.client import StoreClient
 
 JOB = "lingering"
 REPORT_KEY = f"cclctl/{JOB}/store/process"
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie not yet reaped counts as exited)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
-def until(what: str, check: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not {what} after {timeout_s:g}s")
-        time.sleep(0.05)
 
 
 def store_report(store: str) -> dict[str, object]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from processes import gone, until
 
 from cclctl.config import StoreServerConfig
 from cclctl.errors import StoreError, StoreTimeout
@@ -19,23 +19,6 @@ from cclctl.runtime.job.store_process import DetachedStore, spawn_store
 from cclctl.store.client import StoreClient
 
 TOKEN = "store-process-token-0123456789abcdefgh"
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie not yet reaped counts as exited)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
-def until(what: str, check: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not {what} after {timeout_s:g}s")
-        time.sleep(0.05)
 
 
 @pytest.fixture
