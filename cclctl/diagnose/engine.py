@@ -27,6 +27,7 @@ from cclctl import limits
 from cclctl.diagnose import text
 from cclctl.diagnose.followons import follow_ons
 from cclctl.diagnose.frontier import check_frontier
+from cclctl.diagnose.left_behind import check_left_behind
 from cclctl.diagnose.liveness import check_liveness, place_unplaced
 from cclctl.diagnose.mismatch import check_mismatch
 from cclctl.diagnose.model import HEALTHY, MAX_STACKS, CommSummary, Diagnosis, Options, Verdict
@@ -119,6 +120,9 @@ def _check_comms(
     for check in (check_frontier, check_mismatch, check_waits):
         for cv in views:
             verdicts += check(cv, states, explained)
+    if not any(v.fault for v in verdicts):  # nothing hangs: is a rank left behind?
+        for cv in views:
+            verdicts += check_left_behind(cv, states, explained, opts.stuck_after_s)
     place_unplaced(verdicts, states)
     found.fold(explained)
     if revoked is not None:
