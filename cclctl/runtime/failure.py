@@ -95,21 +95,27 @@ class FailureState:
         self._listeners.append(listener)
 
     def fail(self, rev: Revocation, status: str = BROKEN, how: str = SELF) -> bool:
-        """Record a failure; True if it is the first (it sets ``status`` and ``first`` and
-        spreads), False if one came before (it is counted in ``later``)."""
+        """Record a failure; True if it is the first (it sets ``first``, spreads, then sets
+        ``status``), False if one came before (it is counted in ``later``).
+
+        ``status`` changes last: a blocked call that sees it raises at once, and its
+        process may exit right after, so the peers, the store (the listeners) and this
+        rank's status must have heard of the failure by then."""
         with self._lock:
             if self.first is not None or self.status is CLOSED:
                 self.later += 1
                 return False
-            self.first = rev  # before status: a reader that sees the status sees why
-            self.status = status
-        self._poke()
+            self.first = rev
         if self._announce is not None:
             with contextlib.suppress(Exception):  # telling peers must never hide the failure
                 self._announce(BROKEN, rev)
         for listener in list(self._listeners):
             with contextlib.suppress(Exception):
                 listener(rev, how)
+        with self._lock:
+            if self.status is OK:  # not closed meanwhile
+                self.status = status
+        self._poke()
         return True
 
     def adopt(self, rev: Revocation, how: str = PEER) -> bool:

@@ -170,7 +170,10 @@ def test_an_operators_abort_reaches_every_rank_even_behind_a_stopped_peer(
             rec = Revocation("aborted", OPERATOR, "maintenance", by="sre@vm", via="operator")
             assert scoped.compare_set(revocation.KEY, None, rec.encode()) == rec.encode()
             acked = lambda: [r for r in range(4) if scoped.try_get(revocation.ack_key(r))]  # noqa: E731
-            wait_for(lambda: acked() == [0, 1, 2], timeout_s=10)  # the frozen rank 3 cannot
+            try:
+                wait_for(lambda: acked() == [0, 1, 2], timeout_s=10)  # the frozen rank 3 cannot
+            except AssertionError:
+                raise AssertionError(f"acks: {acked()}; errors: {_survivors(job, 3)}") from None
             errors = _survivors(job, 3)
             assert scoped.try_get(revocation.ack_key(3)) is None
     finally:

@@ -88,9 +88,10 @@ class Revoker:
         rank's status with it, all before the call raises, since a rank often exits at once
         and must not take them along (three store round trips); the dump follows on a
         thread of its own."""
-        with contextlib.suppress(CclError):
-            if how != STORE:
+        if how != STORE:
+            with contextlib.suppress(CclError):
                 self.agree(rev)
+        with contextlib.suppress(CclError):  # acknowledged even where the agreement failed
             self._ack(self._in_call())
         with contextlib.suppress(Exception):
             self._publish()
