@@ -36,6 +36,11 @@ OK, BROKEN, ABORTED, CLOSED = "ok", "broken", "aborted", "closed"
 #: a peer told it (shared memory, a link), or the job's store did.
 SELF, PEER, STORE = "self", "peer", "store"
 
+#: How long a call that failed while another thread spreads the first failure (the store's
+#: listener, the watchdog) waits for it, so its process cannot exit before: a few store
+#: requests, each bounded.
+SPREAD_WAIT_S = 5.0
+
 Announce = Callable[[str, Revocation | None], None]
 Listener = Callable[[Revocation, str], None]
 Resolver = Callable[[Revocation], Revocation]
@@ -54,6 +59,7 @@ class FailureState:
         "_announce",
         "_listeners",
         "_lock",
+        "_spread",
         "_wake",
         "comm",
         "epoch",
@@ -85,6 +91,7 @@ class FailureState:
         self.resolve: Resolver | None = None
         self._announce = announce
         self._listeners: list[Listener] = []
+        self._spread = threading.Event()  # set once the first failure has spread
         self._wake: int | None = None
         self._lock = threading.Lock()  # the watchdog, the store and an operator fail it too
 
@@ -115,6 +122,7 @@ class FailureState:
         with self._lock:
             if self.status is OK:  # not closed meanwhile
                 self.status = status
+        self._spread.set()
         self._poke()
         return True
 
@@ -146,7 +154,9 @@ class FailureState:
         if self.fail(rev, ABORTED if rev.kind == "aborted" else BROKEN, how):
             if isinstance(exc, CclError) and exc.revocation is None:
                 exc.revocation = rev  # this error is the origin's own account
-        else:
+        else:  # another thread may be spreading the first failure: the call raises after it
+            if self.first is not None:
+                self._spread.wait(SPREAD_WAIT_S)
             self._tell_again()
         return self.first
 
@@ -197,6 +207,7 @@ class FailureState:
             self.first = None
             self.later = 0
             self.status = OK
+            self._spread.clear()
             return self.epoch
 
     @property

@@ -157,9 +157,13 @@ class Calls:
         final: CclError = exc
         if first is not None and not (exc.revocation is first and first.kind in ("hang", "error")):
             where = f"rank {self.rank}: {call.what()} seq {call.seq}"  # else: its own words
-            final = self.failure.error(
-                first, where, **{**exc.fields, "op": call.op, "seq": call.seq}
-            )
+            waited = {  # what the record knows of the wait, where the error does not say
+                "elapsed": round((time.time_ns() - rec.start_ns) / 1e9, 3),
+                "what": rec.waiting_for,
+                "peer": rec.waiting_on,
+            }
+            fields = {**waited, **exc.fields, "op": call.op, "seq": call.seq}
+            final = self.failure.error(first, where, **fields)
         evidence = self.failure.evidence
         if evidence and first is not None and "; dumps in " not in final.message:
             final.message += f"; dumps in {evidence}"
