@@ -24,19 +24,11 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "support"))
 from abort_job import AbortJob
+from quantiles import percentile
 
 TARGET_P99_MS = 500.0
 LIVE = {0, 1, 3}
 STOPPED = 2
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) by linear interpolation between order statistics."""
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
 def bootstrap(trials: list[list[float]], q: float, rounds: int = 2000) -> tuple[float, float]:

@@ -34,20 +34,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kill_job import KillJob
+from quantiles import percentile
 
 TARGET_P99_MS = 250.0
 RANKS = 8
 JITTER_S = 0.020
 NAMES = {"auto": "shared memory", "tcp": "TCP"}
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) by linear interpolation between order statistics."""
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
 def bootstrap(values: list[float], q: float, rounds: int = 2000) -> tuple[float, float]:
