@@ -64,6 +64,7 @@ def _tie(cv: CommView, known: Verdict, rank: int, bounds: tuple[int, int], waits
     every member must take part (all_reduce, all_gather, ...), another member's completing a
     seq proves this rank entered it: that places the verdict. Otherwise its own position is
     only a suggestion, and the wait check (where the others wait on it) places it better.
+    Past the floor it is inside no call of its last status any more.
     """
     floor, frontier = bounds
     started = cv.position[rank]
@@ -72,8 +73,8 @@ def _tie(cv: CommView, known: Verdict, rank: int, bounds: tuple[int, int], waits
         started = floor
         proof = f"the others completed {text.call_at(cv.ops.get(floor), floor, cv.comm)}"
         known.add(f"rank {rank} took part in seq {floor} ({proof})")
-    if started >= frontier or rank in cv.inside:
-        return
+    if started >= frontier or (rank in cv.inside and not proven):
+        return  # a call it was inside before the proven floor has ended since
     missed = started + 1
     where = text.call_at(cv.ops.get(missed), missed, cv.comm)
     if proven:

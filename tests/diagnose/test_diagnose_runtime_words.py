@@ -10,7 +10,7 @@ from diagnose_factory import T0, Job, ring_left
 
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Verdict
-from cclctl.records import FAILED, CommInfo
+from cclctl.records import FAILED, STARTED, CommInfo
 
 
 def kinds(verdicts: list[Verdict]) -> list[tuple[str, str]]:
@@ -66,6 +66,23 @@ def test_a_lagging_status_is_corrected_by_what_the_others_completed():
     assert "rank 1 took part in seq 10 (the others completed all_reduce seq 10 of comm 0:0-3)" in (
         verdict.evidence
     )
+
+
+def test_a_stopped_rank_last_seen_inside_an_early_call_is_placed_where_the_others_wait():
+    """Rank 1's last status shows it inside all_gather seq 1; the others completed
+    all_reduce seq 10 since, so it took part in that, and the call it never entered is 11.
+    Nothing says whom the others wait on (torch's gloo does not tell).
+    """
+    job = Job(4).enter([0, 2, 3], age_s=5)
+    state = job.ranks[1]
+    state.comms = {job.world: CommInfo(list(range(4)), 1, 0)}
+    state.records = [job._record(1, job.world, 1, "all_gather", STARTED, 20)]
+    job.stale([1], 15)
+    verdict = diagnose(job.snapshots("status"), now_ns=T0, proc={1: "stopped"}).verdicts[0]
+    assert (verdict.kind, verdict.ranks, verdict.seq, verdict.op) == (
+        "stopped", "1", 11, "all_reduce"
+    )
+    assert "rank 1 never entered all_reduce seq 11 of comm 0:0-3" in verdict.evidence
 
 
 def test_a_lagging_status_and_nothing_else_leaves_the_place_open():

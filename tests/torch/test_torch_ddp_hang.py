@@ -94,9 +94,14 @@ def _running(job: Job) -> Iterator[subprocess.Popen[str]]:
 
 
 def _until(
-    what: str, check: Callable[[], Any], proc: subprocess.Popen[str], deadline: float
+    what: str,
+    check: Callable[[], Any],
+    proc: subprocess.Popen[str],
+    deadline: float,
+    last: dict[str, Any] | None = None,
 ) -> Any:
-    """``check()``'s first true value, polled until the monotonic ``deadline``."""
+    """``check()``'s first true value, polled until the monotonic ``deadline`` (``last``:
+    what the checks saw, for the failure's message)."""
     while True:
         found = check()
         if found:
@@ -104,7 +109,7 @@ def _until(
         if proc.poll() is not None:
             pytest.fail(f"the job ended before {what}: {proc.stdout.read() if proc.stdout else ''}")
         if time.monotonic() > deadline:
-            pytest.fail(f"no {what} by the deadline; last: {check()!r}")
+            pytest.fail(f"no {what} by the deadline; the checks last saw: {last!r}")
         time.sleep(0.1)
 
 
@@ -134,19 +139,23 @@ def _names_rank1(doc: dict[str, Any], seq: int, world: int) -> dict[str, Any] | 
     return v if any(waiting in line and "wait" in line for line in v["evidence"]) else None
 
 
-def _live(job: Job, seq: int) -> dict[str, Any] | None:
+def _live(job: Job, seq: int, last: dict[str, Any]) -> dict[str, Any] | None:
     try:
         with StoreClient.from_address(job.store, connect_timeout_s=1, timeout_s=5) as client:
             doc = diagnose_live(fetch(client, job.job)).to_dict()
-    except CclError:
+    except CclError as exc:
+        last["live"] = str(exc)
         return None
+    last["live"] = doc.get("verdicts")
     return _names_rank1(doc, seq, job.world)
 
 
-def _post_mortem(job: Job, seq: int) -> dict[str, Any] | None:
+def _post_mortem(job: Job, seq: int, last: dict[str, Any]) -> dict[str, Any] | None:
     if not job.folder.is_dir() or not list(job.folder.glob("cclctl-*-rank0.json")):
+        last["post-mortem"] = f"no dumps in {job.folder}"
         return None
     out = job.cli("diagnose", "hang", "--job", job.job, "--json")
+    last["post-mortem"] = (out.returncode, out.stdout[-2000:], out.stderr[-500:])
     if out.returncode != EXIT_FAULT:
         return None
     return _names_rank1(json.loads(out.stdout), seq, job.world)
@@ -159,8 +168,11 @@ def test_a_ddp_hang_is_named_live_and_post_mortem(world: int, how: str, tmp_path
     with _running(job) as proc:
         since, seq = _until("others entered", lambda: _entered(job), proc, time.monotonic() + 90)
         deadline = since + TIMEOUT_S + 60.0  # a correctness bound, not a speed goal
-        live = _until("live verdict", lambda: _live(job, seq), proc, deadline)
-        dumps = _until("post-mortem verdict", lambda: _post_mortem(job, seq), proc, deadline)
+        last: dict[str, Any] = {}
+        live = _until("live verdict", lambda: _live(job, seq, last), proc, deadline, last)
+        dumps = _until(
+            "post-mortem verdict", lambda: _post_mortem(job, seq, last), proc, deadline, last
+        )
         assert live["kind"] == dumps["kind"] == ("stopped" if how == "stop" else "not_entered")
         cli = job.cli("diagnose", "hang", "--store", job.store, "--job", job.job, "--json")
         assert cli.returncode == EXIT_FAULT, cli.stdout + cli.stderr
