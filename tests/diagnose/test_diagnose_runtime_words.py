@@ -79,9 +79,8 @@ def test_a_stopped_rank_last_seen_inside_an_early_call_is_placed_where_the_other
     state.records = [job._record(1, job.world, 1, "all_gather", STARTED, 20)]
     job.stale([1], 15)
     verdict = diagnose(job.snapshots("status"), now_ns=T0, proc={1: "stopped"}).verdicts[0]
-    assert (verdict.kind, verdict.ranks, verdict.seq, verdict.op) == (
-        "stopped", "1", 11, "all_reduce"
-    )
+    place = (verdict.kind, verdict.ranks, verdict.seq, verdict.op)
+    assert place == ("stopped", "1", 11, "all_reduce")
     assert "rank 1 never entered all_reduce seq 11 of comm 0:0-3" in verdict.evidence
 
 
