@@ -7,8 +7,10 @@ round by round with an A/A control (plain against plain; see ``paired.py``), so 
 noise hits both alike and its size is printed. Measured in one run, interleaved:
 
 - ``ddp``: one DDP training step (forward, backward with DDP's gradient all_reduces,
-  gradients dropped) of a model with ``--ddp-mib`` MiB of float32 gradients, one DDP
-  instance per group (same weights);
+  gradients dropped) of a model with ``--ddp-mib`` MiB of float32 gradients; each side,
+  the control included, steps two DDP instances of its own (same weights), taking turns
+  block by block, made in a mirrored order, so where an instance's memory landed weighs
+  on every side alike and shows in the control;
 - each of ``--sizes``: a synchronous all_reduce of that many bytes.
 
 Goals from the PyTorch integration issue: a DDP step at most 2% slower for a model with at
@@ -85,9 +87,15 @@ def start_instrumented_gloo(
     return dist, plain, traced, sess
 
 
-def ddp_steps(plain: Any, traced: Any, mib: int, steps: int) -> tuple[Any, Any, int]:
-    """Step functions of two DDP instances of one model (``mib`` MiB of float32 gradients
-    in two square layers), on the plain group and on the wrapped one; the bytes."""
+#: The order DDP instances are made in (two per side, mirrored): where an instance's
+#: memory lands moves its step time by a few percent, as two plain instances show.
+DDP_MADE = ("off", "on", "off2", "off2", "on", "off")
+
+
+def ddp_steps(plain: Any, traced: Any, mib: int, steps: int) -> tuple[dict[str, Any], int]:
+    """Each side's step function over two DDP instances of one model (``mib`` MiB of float32
+    gradients in two square layers), alternating block by block: the plain group's for
+    "off" and the control "off2", the wrapped group's for "on"; and the gradient bytes."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -95,15 +103,23 @@ def ddp_steps(plain: Any, traced: Any, mib: int, steps: int) -> tuple[Any, Any, 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, width))
     batch = torch.randn(16, width)
-
-    def stepper(group: Any) -> Any:
+    groups = {"off": plain.keywords["group"], "on": traced.keywords["group"]}
+    groups["off2"] = groups["off"]
+    nets: dict[str, list[Any]] = {side: [] for side in groups}
+    for side in DDP_MADE:
         net = DistributedDataParallel(
             torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(2))),
-            process_group=group,
+            process_group=groups[side],
         )
         net.module.load_state_dict(model.state_dict())
+        nets[side].append(net)
+
+    def stepper(pair: list[Any]) -> Any:
+        turn = [0]
 
         def step() -> None:
+            net = pair[turn[0] % len(pair)]
+            turn[0] += 1
             for _ in range(steps):
                 net(batch).sum().backward()
                 net.zero_grad(set_to_none=True)
@@ -111,7 +127,7 @@ def ddp_steps(plain: Any, traced: Any, mib: int, steps: int) -> tuple[Any, Any, 
         return step
 
     grads = sum(p.numel() * 4 for p in model.parameters())
-    return stepper(plain.keywords["group"]), stepper(traced.keywords["group"]), grads
+    return {side: stepper(pair) for side, pair in nets.items()}, grads
 
 
 def _rank_main(rounds: int, sizes: list[int], pin: bool, mib: int, steps: int) -> None:
@@ -122,21 +138,22 @@ def _rank_main(rounds: int, sizes: list[int], pin: bool, mib: int, steps: int) -
     results: dict[str, Times] = {}
     cpu_times: dict[str, Times] = {}
     process_times: dict[str, Times] = {}
-    work: dict[str, tuple[Callable[[], object], Callable[[], object], int]] = {}
+    work: dict[str, tuple[dict[str, Callable[[], object]], int]] = {}
     if mib:
-        off, on, grads = ddp_steps(plain, traced, mib, steps)
-        work[f"{DDP} {grads}"] = (off, on, 1)
+        sides, grads = ddp_steps(plain, traced, mib, steps)
+        work[f"{DDP} {grads}"] = (sides, 1)
     for nbytes in sizes:
         t = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)  # sums of zeros stay zero
         calls = SIZES.get(nbytes, max(4, (16 << 20) // nbytes))
-        work[str(nbytes)] = (functools.partial(plain, t), functools.partial(traced, t), calls)
-    for name, (off, on, calls) in work.items():
-        for _ in range(3):
-            off()
-            on()
+        off = functools.partial(plain, t)
+        work[str(nbytes)] = ({"off": off, "on": functools.partial(traced, t), "off2": off}, calls)
+    for name, (fns, calls) in work.items():
+        for _ in range(6):  # every DDP instance steps at least twice
+            for fn in fns.values():
+                fn()
 
-        def call_of(side: str, off: Any = off, on: Any = on) -> Callable[[], object]:
-            return on if side == "on" else off
+        def call_of(side: str, fns: Any = fns) -> Callable[[], object]:
+            return fns[side]  # type: ignore[no-any-return]
 
         cpu: Times = {}
         process: Times = {}

@@ -14,6 +14,7 @@ import pytest
 
 from cclctl.integrations.torch import wrap as cclctl_torch
 from cclctl.integrations.torch.folding import Folder
+from cclctl.integrations.torch.lanes import Lanes
 from cclctl.integrations.torch.timing import Completions
 from cclctl.records import COMPLETED, CollectiveRecord
 
@@ -257,3 +258,34 @@ def test_the_folder_folds_only_what_is_queued_outlives_a_failed_fold_and_stops()
     finally:
         folder.stop()
     assert not any(t.name == "cclctl-torch-fold" for t in threading.enumerate())
+
+
+def test_a_lane_closes_records_as_their_futures_complete_and_never_blocks_close() -> None:
+    """Futures completed from another thread (as gloo's worker completes a work): each
+    record closes, a failed one with its error, and none of it runs on the completing
+    thread; a future that never completes holds only its own lane, and close() returns."""
+    closed, close = _closer()
+    threads: list[str] = []
+
+    def close_where(rec: CollectiveRecord, error: BaseException | None, end_ns: int) -> None:
+        threads.append(threading.current_thread().name)
+        close(rec, error, end_ns)
+
+    lanes = Lanes(close_where)
+    ok, bad, never = torch.futures.Future(), torch.futures.Future(), torch.futures.Future()
+    lanes.add("g1", CollectiveRecord("g1", 1, "all_reduce"), ok)
+    lanes.add("g1", CollectiveRecord("g1", 2, "all_reduce"), bad)
+    lanes.add("g2", CollectiveRecord("g2", 1, "all_gather"), never)
+    worker = threading.Thread(
+        target=lambda: (ok.set_result(None), bad.set_exception(RuntimeError("peer gone"))),
+        name="backend-worker",
+    )
+    worker.start()
+    worker.join()
+    deadline = time.monotonic() + 10
+    while len(closed) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [c[:2] for c in closed] == [(1, ""), (2, "RuntimeError")]
+    assert threads and all(name.startswith("cclctl-torch-lane g1") for name in threads)
+    lanes.close(timeout_s=0.5)  # the g2 lane waits on `never` for ever: left behind
+    assert len(closed) == 2

@@ -3,7 +3,9 @@
 A synchronous call on CPU tensors ends at the ``wait()`` torch's API makes right after it
 (``Work.wait`` is wrapped while instrumented). The rest ends later and is closed here:
 
-- ``async_op=True`` on gloo: the work's future calls back on completion (gloo's own thread);
+- works with a future (``async_op=True``, DDP's buckets, FSDP, functional collectives): the
+  communicator's lane waits on the future and closes the record (no callback runs on the
+  backend's threads; see :mod:`~cclctl.integrations.torch.lanes`);
 - works without a future (gloo's isend/irecv): at the work's ``wait()`` (``Work.wait`` is
   wrapped while instrumented), else when a poll finds ``is_completed()`` (a work nobody
   waits on must not look hung);
@@ -20,15 +22,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from cclctl.integrations.torch.lanes import Close, Lanes
 from cclctl.records import CollectiveRecord
 
 log = logging.getLogger("cclctl.torch")
 
 #: Seconds between polls of pending works (CUDA events, works without a future).
 POLL_S = 0.005
-
-#: Closes a record: (record, error or None, end_ns or 0 for "now").
-Close = Callable[[CollectiveRecord, BaseException | None, int], None]
 
 
 class _Pending:
@@ -58,23 +58,16 @@ class Completions:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lanes = Lanes(close)
 
     def on_future(self, rec: CollectiveRecord, work: Any) -> bool:
-        """Close ``rec`` when ``work``'s future completes; False if it has no future."""
+        """Close ``rec`` when ``work``'s future completes, waited on in the communicator's
+        lane (:mod:`~cclctl.integrations.torch.lanes`); False if it has no future."""
         try:
             future = work.get_future()
         except RuntimeError:  # "Work::getFuture not implemented" (gloo point-to-point)
             return False
-
-        def done(fut: Any) -> None:
-            error: BaseException | None = None
-            try:
-                fut.wait()
-            except Exception as exc:
-                error = exc
-            self._safe_close(rec, error, 0)
-
-        future.add_done_callback(done)
+        self._lanes.add(rec.comm, rec, future)
         return True
 
     def on_wait(self, rec: CollectiveRecord, work: Any) -> None:
@@ -139,6 +132,7 @@ class Completions:
         """Stop polling; records still pending stay in flight (that is what they are)."""
         self._stop.set()
         self._wake.set()
+        self._lanes.close()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
