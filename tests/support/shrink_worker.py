@@ -5,7 +5,8 @@ exact), so each result names the ranks it summed. ``SHRINK=auto`` relies on
 ``CCLCTL_ON_FAILURE=shrink`` (the call re-runs by itself); ``SHRINK=explicit`` catches the
 revoked call, calls ``comm.shrink()`` and redoes the iteration. Each line on stdout
 (``rank g iter i value world w``) is an event the test can wait on; at the end the rank
-writes ``OUT/rank<g>.json`` (results, final members and comm id) and exits 0.
+writes ``OUT/rank<g>.json`` (results, final members and comm id) and exits 0 (with
+``HOLD=1`` once ``OUT/release`` exists, so the test can look at the live job first).
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def main() -> int:
     doc = {"rank": me, "results": results, "members": comm.members, "comm": comm.id,
            "new_rank": comm.rank, "shrinks": shrinks}  # fmt: skip
     (OUT / f"rank{me}.json").write_text(json.dumps(doc))
+    if os.environ.get("HOLD") == "1":  # until the test lets go (at most a minute)
+        release = OUT / "release"
+        deadline = time.monotonic() + 60
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     comm.close()
     return 0
 
