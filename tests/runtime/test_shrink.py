@@ -26,7 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 TRANSPORTS = ["auto", "tcp"]  # auto: one host, so shared memory
 
 
-def _assert_exact(docs: dict[int, dict[str, object]], world: list[int], dead: int, iters: int) -> None:
+def _assert_exact(
+    docs: dict[int, dict[str, object]], world: list[int], dead: int, iters: int
+) -> None:
     """Every survivor has the same result for every iteration: the whole world's sum up to
     the failure, the survivors' after it, and ends in the survivors' communicator."""
     survivors = [r for r in world if r != dead]
@@ -89,7 +91,9 @@ def test_explicit_shrink_after_a_revoked_call(tmp_path: Path, transport: str) ->
     _assert_exact(docs, [0, 1, 2, 3], dead, iters)
     assert docs[0]["results"][:3] == [(i + 1) * 10 for i in range(3)]
     for rank in (0, 1, 3):
-        assert re.search(rf"rank {rank} revoked: .*rank 2 \(pid \d+ on [^)]+\) died", job.stderr[rank])
+        assert re.search(
+            rf"rank {rank} revoked: .*rank 2 \(pid \d+ on [^)]+\) died", job.stderr[rank]
+        )
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -24,14 +24,17 @@ WORKER = str(Path(__file__).with_name("shrink_worker.py"))
 class ShrinkJob:
     """``n`` ranks running ``iters`` exact all_reduces (see ``shrink_worker.py``)."""
 
-    def __init__(self, tmp: Path, n: int, *, iters: int = 12, **env: str) -> None:
+    def __init__(
+        self, tmp: Path, n: int, *, iters: int = 12, job: str = "shrinkjob", **env: str
+    ) -> None:
         self.n = n
         self.out = tmp / "out"
         self.out.mkdir(exist_ok=True)
         self.server = StoreServer("127.0.0.1", 0, token=TOKEN).start()
         self.store = f"127.0.0.1:{self.server.port}"
-        self.job = "shrinkjob"
+        self.job = job
         self.stderr: dict[int, str] = {}  # each rank's, once outcome() read it
+        self.stdout: dict[int, str] = {}
         base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
         self.procs = [
             subprocess.Popen(
@@ -79,9 +82,12 @@ class ShrinkJob:
         docs = {}
         for rank in ranks:
             proc = self.procs[rank]
-            _, err = proc.communicate(timeout=timeout_s)
+            out, err = proc.communicate(timeout=timeout_s)
+            self.stdout[rank] = out.decode(errors="replace")
             self.stderr[rank] = err.decode(errors="replace")
-            assert proc.returncode == 0, f"rank {rank} exit {proc.returncode}: {err.decode()[-2000:]}"
+            assert proc.returncode == 0, (
+                f"rank {rank} exit {proc.returncode}: {err.decode()[-2000:]}"
+            )
             docs[rank] = json.loads((self.out / f"rank{rank}.json").read_text())
         return docs
 

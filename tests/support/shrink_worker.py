@@ -4,7 +4,7 @@ Rank ``g`` (its global rank) contributes ``(g + 1) * (i + 1)`` to iteration ``i`
 exact), so each result names the ranks it summed. ``SHRINK=auto`` relies on
 ``CCLCTL_ON_FAILURE=shrink`` (the call re-runs by itself); ``SHRINK=explicit`` catches the
 revoked call, calls ``comm.shrink()`` and redoes the iteration. Each line on stdout
-(``rank g iter i value world w``) is an event the test can wait on; at the end the rank
+(``rank g iter i value world w t time_ns``) is an event the test can wait on; at the end the rank
 writes ``OUT/rank<g>.json`` (results, final members and comm id) and exits 0 (with
 ``HOLD=1`` once ``OUT/release`` exists, so the test can look at the live job first).
 """
@@ -51,12 +51,15 @@ def main() -> int:
         if not (buf == buf[0]).all():
             raise SystemExit(f"rank {me}: iteration {i} is not uniform")
         results.append(int(buf[0]))
-        print(f"rank {me} iter {i} {int(buf[0])} world {comm.world_size}", flush=True)
+        done_ns = time.time_ns()
+        print(f"rank {me} iter {i} {int(buf[0])} world {comm.world_size} t {done_ns}", flush=True)
         i += 1
         if PAUSE:
             time.sleep(PAUSE)
+    info = comm.shrink_info
+    spread = max(info.done.values()) - min(info.done.values()) if info else None
     doc = {"rank": me, "results": results, "members": comm.members, "comm": comm.id,
-           "new_rank": comm.rank, "shrinks": shrinks}  # fmt: skip
+           "new_rank": comm.rank, "shrinks": shrinks, "spread": spread}  # fmt: skip
     (OUT / f"rank{me}.json").write_text(json.dumps(doc))
     if os.environ.get("HOLD") == "1":  # until the test lets go (at most a minute)
         release = OUT / "release"

@@ -129,7 +129,7 @@ class Communicator:
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
         if self.cfg.on_failure == "shrink" and self._shrinker is not None:
-            return shrinking.all_reduce(self, buf, op, out)  # type: ignore[no-any-return]
+            return shrinking.all_reduce(self, buf, op, out)
         return self._all_reduce(buf, op, out)
 
     def _all_reduce(self, buf: Array, op: str, out: Array | None) -> Array:

@@ -102,9 +102,7 @@ def barrier(comm: Communicator) -> None:
                 return None
 
 
-def shrink_in_place(
-    comm: Communicator, exc: CommError, call: str, dst: np.ndarray | None
-) -> bool:
+def shrink_in_place(comm: Communicator, exc: CommError, call: str, dst: np.ndarray | None) -> bool:
     """Shrink ``comm`` to the survivors in place (``call`` was interrupted by ``exc``) and
     bring the ranks one call behind up to date; True if that answered this rank's call."""
     done, kept = comm._calls.completed, comm._kept
