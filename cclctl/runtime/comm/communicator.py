@@ -55,11 +55,8 @@ class Communicator:
         members: Sequence[int] | None = None,
         shrinker: shrinking.Shrinker | None = None,
     ) -> None:
-        """``watchdog``: whether a watchdog thread expires this communicator's hung calls
-        (through :attr:`failure`; see :class:`~cclctl.runtime.comm.calls.Calls`).
-        ``members``: the job's (global) rank of each rank; ``shrinker`` builds
-        :meth:`shrink`'s communicator of the survivors (the job's, from ``cclctl.init()``).
-        """
+        """``watchdog``: a watchdog thread expires hung calls (through :attr:`failure`).
+        ``members``: each rank's global rank; ``shrinker`` builds :meth:`shrink`'s result."""
         self.rank = rank
         self.world_size = world_size
         self.id = comm_id
@@ -297,17 +294,14 @@ class Communicator:
     def shrink(
         self, exclude: Collection[int] = (), timeout_s: float | None = None, *, call: str = ""
     ) -> Communicator:
-        """A communicator of the live ranks (survivors call it after a revoked call): the
-        dead origin of the revoke record and ``exclude`` are left out at once, any other
-        rank that does not join within ``timeout_s`` (``CCLCTL_TIMEOUT``) too. New ranks
-        follow the old order; this communicator is closed, never waiting on the dead."""
+        """The live ranks' communicator, renumbered in order; this one is closed, never
+        waiting on the dead (``docs/fault-tolerance.md``; ``call``: the interrupted one)."""
         if self._shrinker is None:
             raise CommError(f"rank {self.rank}: {self.id} was not made by cclctl.init()")
         return self._shrinker(self, frozenset(exclude), timeout_s, call)
 
     def on_shrink(self, callback: shrinking.OnShrink) -> None:
-        """Call ``callback(comm, excluded)`` after each automatic shrink
-        (``CCLCTL_ON_FAILURE=shrink``), before the interrupted call re-runs."""
+        """``callback(comm, excluded)`` after each automatic shrink, before the re-run."""
         self._shrink_callbacks.append(callback)
 
     def release(self) -> None:
