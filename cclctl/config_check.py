@@ -46,6 +46,7 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_METRICS_ADDR": "address the exporter listens on",
     "CCLCTL_STATUS_INTERVAL": "seconds between live status updates",
     "CCLCTL_ON_HANG": "raise, abort or wait",
+    "CCLCTL_ON_FAILURE": "raise or shrink (drop a dead rank, re-run the call)",
     "CCLCTL_FAULT": "injected faults",
     "CCLCTL_STREAMING_COPY": "copy size that bypasses the cache in launched ranks",
     "CCLCTL_BENCH_CORRUPT": "bench's checker self-test",

@@ -95,6 +95,12 @@ class CollectiveAborted(CommAborted):
     """An operator (``cclctl abort``) or an abort policy aborted the communicator."""
 
 
+class CommShrunk(CommError):
+    """``CCLCTL_ON_FAILURE=shrink`` dropped dead ranks and the communicator now holds the
+    survivors (``world_size``, ``rank``, ``excluded``), but this call cannot re-run by
+    itself (its buffers or root depend on the world): the caller redoes it."""
+
+
 class CheckFailed(CclError):
     """A verification failed: wrong results or bandwidth below the requested floor."""
 

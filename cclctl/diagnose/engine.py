@@ -32,6 +32,7 @@ from cclctl.diagnose.liveness import check_liveness, place_unplaced
 from cclctl.diagnose.mismatch import check_mismatch
 from cclctl.diagnose.model import HEALTHY, MAX_STACKS, CommSummary, Diagnosis, Options, Verdict
 from cclctl.diagnose.revoked import origin_verdict, read_records, settle
+from cclctl.diagnose.shrunk import note_shrinks, successors
 from cclctl.diagnose.stacks import stack_line
 from cclctl.diagnose.view import PROC_STATES, CommView, RankState, comm_views, rank_state
 from cclctl.diagnose.waits import check_waits
@@ -88,6 +89,8 @@ def diagnose(
         opts=opts,
     )
     views = _check_comms(verdicts, states, opts, rank_notes)
+    replaced = successors(views, {s.rank for v in verdicts for s in v.suspects})
+    note_shrinks(verdicts, replaced, views)
     all_notes = [*remarks, *general] + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
     return Diagnosis(
         job=job,
@@ -95,7 +98,7 @@ def diagnose(
         world_size=size,
         ranks_seen=len(states),
         verdicts=verdicts,
-        comms=[_summary(cv) for cv in views],
+        comms=[_summary(cv, replaced) for cv in views],
         notes=all_notes,
         options=opts,
     )
@@ -255,7 +258,7 @@ def _healthy(views: list[CommView], states: dict[int, RankState]) -> Verdict:
     return Verdict(HEALTHY, summary, evidence=evidence, next_step=step)
 
 
-def _summary(cv: CommView) -> CommSummary:
+def _summary(cv: CommView, replaced: dict[str, CommView]) -> CommSummary:
     started = list(cv.position.values()) or [0]
     completed = list(cv.completed.values()) or [0]
     return CommSummary(
@@ -264,5 +267,6 @@ def _summary(cv: CommView) -> CommSummary:
         started=(min(started), max(started)),
         completed=(min(completed), max(completed)),
         in_flight=len(cv.inside),
-        hung_seq=cv.hung[-1] if cv.hung else None,
+        hung_seq=cv.hung[-1] if cv.hung and cv.comm not in replaced else None,
+        shrunk_to=replaced[cv.comm].comm if cv.comm in replaced else None,
     )

@@ -182,9 +182,12 @@ class CommSummary:
     completed: tuple[int, int]
     in_flight: int  # members inside a collective of this communicator
     hung_seq: int | None  # the highest seq some member has waited in past the threshold
+    shrunk_to: str | None = None  # the communicator a shrink replaced it with
 
     @property
     def state(self) -> str:
+        if self.shrunk_to is not None:
+            return "shrunk"
         if self.hung_seq is not None:
             return "hung"
         return "running" if self.in_flight else "idle"
@@ -196,6 +199,7 @@ class CommSummary:
             "size": len(self.members),
             "state": self.state,
             "hung_seq": self.hung_seq,
+            "shrunk_to": self.shrunk_to,
             "last_started": {"min": self.started[0], "max": self.started[1]},
             "last_completed": {"min": self.completed[0], "max": self.completed[1]},
             "in_flight": self.in_flight,

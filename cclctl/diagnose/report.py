@@ -84,6 +84,7 @@ def comm_rows(diag: Diagnosis) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in diag.comms:
         state = f"hung at seq {c.hung_seq}" if c.hung_seq is not None else c.state
+        state = f"shrunk to {c.shrunk_to}" if c.shrunk_to is not None else state
         rows.append(
             (
                 c.comm,

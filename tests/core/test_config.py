@@ -114,6 +114,7 @@ def test_runtime_defaults_and_flags_win_over_environment() -> None:
         ({"CCLCTL_TIMEOUT": "-1"}, "must be a positive number of seconds"),
         ({"CCLCTL_TRANSPORT": "carrier-pigeon"}, "expected one of auto, tcp"),
         ({"CCLCTL_ON_HANG": "panic"}, "expected one of raise, abort, wait"),
+        ({"CCLCTL_ON_FAILURE": "retry"}, "CCLCTL_ON_FAILURE='retry' is not valid: expected one"),
         ({"CCLCTL_TRACE_BUFFER": "-5"}, "CCLCTL_TRACE_BUFFER='-5' is not valid: must be >= 0"),
         ({"CCLCTL_METRICS_PORT": "http"}, "CCLCTL_METRICS_PORT='http' is not valid"),
     ],
@@ -217,3 +218,8 @@ def test_every_variable_the_code_reads_is_known_to_the_preflight() -> None:
         for name in re.findall(r"CCLCTL_[A-Z][A-Z_]*[A-Z]", path.read_text())
     }
     assert named - set(VARIABLES) == set()
+
+
+def test_on_failure_is_raise_unless_shrink_is_asked_for() -> None:
+    assert runtime_from_env({}).on_failure == "raise"
+    assert runtime_from_env({"CCLCTL_ON_FAILURE": "shrink"}).on_failure == "shrink"

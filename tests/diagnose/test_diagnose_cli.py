@@ -95,6 +95,7 @@ def test_json_document_is_stable_and_independent_of_file_order(tmp_path: Path):
             "size": 4,
             "state": "hung",
             "hung_seq": 11,
+            "shrunk_to": None,
             "last_started": {"min": 10, "max": 11},
             "last_completed": {"min": 10, "max": 10},
             "in_flight": 3,

@@ -192,3 +192,25 @@ def test_the_diagnosis_document_marks_the_origin():
     assert [(v["kind"], v["suspects"], v["origin"]) for v in doc["verdicts"]] == [
         ("dead", "6", True)
     ]
+
+
+def test_a_communicator_shrunk_away_from_the_dead_rank_is_shrunk_not_hung():
+    """The survivors of rank 6's death shrank to ``1:0-5,7`` and run on there: the world
+    communicator is shown as replaced, and the verdict says the survivors go on."""
+    job, survivors = killed_rank_6()
+    job.add_comm("1:0-5,7", survivors, done=4)
+    diag = diagnose(job.snapshots(without=[6]))
+    assert kinds(diag.verdicts) == [("dead", "6")]
+    assert "comm 0:0-7 shrank to 1:0-5,7 without rank 6: the survivors run on (up to seq 4)" in (
+        diag.verdicts[0].evidence
+    )
+    states = {c.comm: (c.state, c.shrunk_to) for c in diag.comms}
+    assert states == {"0:0-7": ("shrunk", "1:0-5,7"), "1:0-5,7": ("idle", None)}
+
+
+def test_a_later_subgroup_without_an_explained_rank_replaces_nothing():
+    """A torch-style sub-group of live ranks is not a shrink: the world stays as it is."""
+    job, _ = killed_rank_6()
+    job.add_comm("1:0-3", [0, 1, 2, 3], done=4)
+    diag = diagnose(job.snapshots(without=[6]))
+    assert {c.comm: c.shrunk_to for c in diag.comms} == {"0:0-7": None, "1:0-3": None}

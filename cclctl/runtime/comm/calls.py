@@ -59,6 +59,8 @@ class Calls:
         self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s
         self._faults = faults.parse(cfg.fault)
         self._seq = 0
+        #: the last collective seq that completed here (what a shrink's agreement compares)
+        self.completed = 0
         self._call = Call(self._tag, 0, 0, "")  # the call open now, or the last one
         self._tracer: Tracer | None = None
         self._trace: Callable[[CollectiveRecord], None] | None = None
@@ -138,6 +140,8 @@ class Calls:
     def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
         final = exc if exc is None else self._failed(rec, exc)
         close_record(rec, final)
+        if final is None and rec.peer is None:
+            self.completed = rec.seq
         if not rec.seq % FOLD_BATCH:  # seqs count calls, per communicator or pair
             tracer = self._tracer
             if tracer is not None:

@@ -10,15 +10,16 @@ say which collective it is in and whom it waits on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
 
 from cclctl.config import RuntimeConfig
+from cclctl.errors import CommError
 from cclctl.runtime.algorithms import pairwise, zero_copy
 from cclctl.runtime.algorithms.context import COPY, Scratch, as_bytes, finish_avg
-from cclctl.runtime.comm import buffers, dispatch, prepared, selection
+from cclctl.runtime.comm import buffers, dispatch, prepared, selection, shrinking
 from cclctl.runtime.comm.calls import Calls
 from cclctl.runtime.comm.prepared import Gather, PreparedCalls, Scatter
 from cclctl.runtime.comm.tracing import Tracer
@@ -51,13 +52,20 @@ class Communicator:
         tracer: Tracer | None = None,
         on_close: Callable[[], None] | None = None,
         watchdog: bool = False,
+        members: Sequence[int] | None = None,
+        shrinker: shrinking.Shrinker | None = None,
     ) -> None:
-        """``watchdog``: whether a watchdog thread expires this communicator's hung calls
-        (through :attr:`failure`; see :class:`~cclctl.runtime.comm.calls.Calls`).
-        """
+        """``watchdog``: a watchdog thread expires hung calls (through :attr:`failure`).
+        ``members``: each rank's global rank; ``shrinker`` builds :meth:`shrink`'s result."""
         self.rank = rank
         self.world_size = world_size
         self.id = comm_id
+        self.members = list(range(world_size) if members is None else members)
+        #: how the survivors agreed on this communicator (None: it is not a shrink's)
+        self.shrink_info: shrinking.ShrinkInfo | None = None
+        self._shrinker = shrinker
+        self._shrink_callbacks: list[shrinking.OnShrink] = []
+        self._kept = shrinking.Kept()
         self.cfg = cfg
         self.transport = transport
         # What runs each op, decided once: the engines the transport offers now.
@@ -117,6 +125,11 @@ class Communicator:
 
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
+        if self.cfg.on_failure == "shrink" and self._shrinker is not None:
+            return shrinking.all_reduce(self, buf, op, out)
+        return self._all_reduce(buf, op, out)
+
+    def _all_reduce(self, buf: Array, op: str, out: Array | None) -> Array:
         buffers.check_redop(op, "all_reduce")
         zc, src, dst = prepared.remembered(self._plans, "all_reduce", buf, out)
         if zc is None:
@@ -267,12 +280,35 @@ class Communicator:
         return buf
 
     def barrier(self) -> None:
+        if self.cfg.on_failure == "shrink" and self._shrinker is not None:
+            return shrinking.barrier(self)
+        return self._barrier()
+
+    def _barrier(self) -> None:
         token = np.zeros(1, dtype=np.uint8)
         algo = self._choose.barrier.small
         with self._call("barrier", token, algo, redop="max", nbytes=0) as step:
             dispatch.all_reduce(step, algo, self._caps, token, token, "max")
 
     # ----------------------------------------------------------------- lifecycle
+    def shrink(
+        self, exclude: Collection[int] = (), timeout_s: float | None = None, *, call: str = ""
+    ) -> Communicator:
+        """The live ranks' communicator, renumbered in order; this one is closed, never
+        waiting on the dead (``docs/fault-tolerance.md``; ``call``: the interrupted one)."""
+        if self._shrinker is None:
+            raise CommError(f"rank {self.rank}: {self.id} was not made by cclctl.init()")
+        return self._shrinker(self, frozenset(exclude), timeout_s, call)
+
+    def on_shrink(self, callback: shrinking.OnShrink) -> None:
+        """``callback(comm, excluded)`` after each automatic shrink, before the re-run."""
+        self._shrink_callbacks.append(callback)
+
+    def release(self) -> None:
+        """Close the calls and the transport, not the job (a shrink hands the job on)."""
+        if self._calls.failure.close():
+            self.transport.close()
+
     def abort(self, reason: str) -> None:
         """Make every blocked or future call on this communicator fail with ``reason``."""
         self._calls.failure.abort(reason)

@@ -12,6 +12,7 @@ from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.signals import DumpRequests, request_dump
+from cclctl.runtime.job.survivors import Survivors
 from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.hybrid import build_transport
@@ -110,6 +111,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
             status_client.close()
             rdzv.close()
 
+    survivors = Survivors(rdzv, cfg, store_host, telemetry)
     comm = Communicator(
         rank=rdzv.rank,
         world_size=rdzv.world_size,
@@ -119,6 +121,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         tracer=telemetry,
         on_close=close,
         watchdog=True,
+        shrinker=survivors,
     )
 
     failure = comm.failure
@@ -140,7 +143,10 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
 
     def expired(rec: CollectiveRecord, why: str) -> None:
         """The policy decides what becomes of the call, naming the rank the hang waits
-        on; every rank of the job dumps."""
+        on; every rank of the job dumps. A shrunk communicator's call is its own."""
+        if survivors.expired(rec, why):
+            request_dump(signals, rdzv.rank, why)
+            return
         origin = None
         if cfg.on_hang == "raise" and not rec.end_ns:
             origin = revoker.hang_origin(rec, failure.hang_record(rec))

@@ -1,0 +1,52 @@
+"""Communicators a shrink replaced: the survivors left them for one of their own.
+
+``comm.shrink()`` leaves the old communicator where the failure stopped it (its calls
+failed, its members' last started and completed seqs apart) and goes on in a new one,
+``<n>:<survivors>``. The old one is not hung: it was shrunk. A communicator ``B`` replaced
+``A`` when it was created later (a higher creation index), its members are ``A``'s minus
+ranks the diagnosis already explains (dead, stopped, stale, missing, the revoke record's
+origin), and every member of ``B`` seen has started a call on it.
+"""
+
+from __future__ import annotations
+
+from cclctl.diagnose.model import Verdict
+from cclctl.diagnose.view import CommView
+from cclctl.ranges import fold_ranks
+
+
+def _index(comm: str) -> int | None:
+    head = comm.partition(":")[0]
+    return int(head) if head.isdigit() else None
+
+
+def successors(views: list[CommView], explained: set[int]) -> dict[str, CommView]:
+    """Each replaced communicator's id -> the view of the one that replaced it."""
+    found: dict[str, CommView] = {}
+    for old in views:
+        for new in views:
+            a, b = _index(old.comm), _index(new.comm)
+            if a is None or b is None or b <= a or not new.member_set < old.member_set:
+                continue
+            if not (old.member_set - new.member_set) <= explained:
+                continue
+            if new.position and all(seq >= 1 for seq in new.position.values()):
+                found[old.comm] = new
+                break
+    return found
+
+
+def note_shrinks(
+    verdicts: list[Verdict], replaced: dict[str, CommView], views: list[CommView]
+) -> None:
+    """Add to each verdict naming a rank a shrink left out that the survivors run on."""
+    members = {cv.comm: cv.member_set for cv in views}
+    for old, new in replaced.items():
+        left = members[old] - new.member_set
+        line = (
+            f"comm {old} shrank to {new.comm} without {'rank' if len(left) == 1 else 'ranks'} "
+            f"{fold_ranks(left)}: the survivors run on (up to seq {max(new.position.values())})"
+        )
+        for verdict in verdicts:
+            if any(s.rank in left for s in verdict.suspects) and line not in verdict.evidence:
+                verdict.add(line)

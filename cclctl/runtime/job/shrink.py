@@ -1,0 +1,132 @@
+"""The survivors' agreement on a shrink, in the job's store: who is in, never waiting on the dead.
+
+Shrink ``n`` (the new communicator's creation index) lives under ``shrink/<n>/``. Every
+survivor writes ``shrink/<n>/in/<rank>`` (its rank in the old communicator, its last
+completed seq, its last kept all_reduce seq and the call it was in), then waits until
+every rank not excluded wrote it or the deadline passes: the dead origin of the revoke
+record is excluded from the start, so nobody waits on it, and a rank silent past the
+deadline (stopped, frozen) is excluded too. Then each survivor proposes the ranks it saw
+to ``shrink/<n>/members`` by compare-and-set: the first proposal wins and every survivor
+builds the communicator it names (a survivor left out of it fails, saying so). The new
+transport's rendezvous (:class:`ShrinkExchange`) is scoped under the same prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from cclctl.errors import CommError, RendezvousError, StoreTimeout
+from cclctl.ranges import fold_ranks
+from cclctl.store.scope import ScopedStore
+
+#: How often a survivor waiting for the others looks whether one already decided.
+POLL_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Joined:
+    """One survivor's entry: its old rank, last completed seq, last kept all_reduce seq,
+    and the call a dead rank interrupted ("" for an explicit ``shrink()``)."""
+
+    rank: int
+    done: int
+    kept: int
+    call: str = ""
+
+    def encode(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self)).encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """The decided shrink: ``members`` are old ranks in order (new rank = index)."""
+
+    n: int
+    members: list[int]
+    entries: dict[int, Joined]
+
+
+def agree(
+    scoped: ScopedStore,
+    n: int,
+    world_size: int,
+    mine: Joined,
+    excluded: frozenset[int],
+    timeout_s: float,
+) -> Agreement:
+    """Join shrink ``n`` of a communicator of ``world_size`` ranks and return what was
+    decided; ``excluded`` ranks are never waited on, others at most ``timeout_s``."""
+    prefix = f"shrink/{n}/"
+    scoped.set(f"{prefix}in/{mine.rank}", mine.encode())
+    expected = [r for r in range(world_size) if r not in excluded]
+    keys = [f"{prefix}in/{r}" for r in expected]
+    deadline = time.monotonic() + timeout_s
+    decided = scoped.try_get(f"{prefix}members")
+    while decided is None and time.monotonic() < deadline:
+        try:
+            scoped.wait(keys, timeout_s=max(0.0, min(POLL_S, deadline - time.monotonic())))
+            break
+        except StoreTimeout:
+            decided = scoped.try_get(f"{prefix}members")
+    if decided is None:
+        decided = scoped.compare_set(f"{prefix}members", None, _proposal(scoped, prefix, excluded))
+    agreement = _decode(n, decided)
+    if mine.rank not in agreement.members:
+        raise CommError(
+            f"rank {mine.rank}: left out of shrink {n}: the survivors agreed on ranks "
+            f"{fold_ranks(agreement.members)} before it joined",
+            rank=mine.rank,
+        )
+    return agreement
+
+
+def _proposal(scoped: ScopedStore, prefix: str, excluded: frozenset[int]) -> bytes:
+    """Every entry written so far by a rank not excluded: this survivor's proposal."""
+    entries = []
+    for raw in scoped.list(f"{prefix}in/").values():
+        entry = Joined(**json.loads(raw))
+        if entry.rank not in excluded:
+            entries.append(dataclasses.asdict(entry))
+    entries.sort(key=lambda e: int(e["rank"]))
+    return json.dumps({"entries": entries}).encode()
+
+
+def _decode(n: int, raw: bytes) -> Agreement:
+    entries = [Joined(**e) for e in json.loads(raw)["entries"]]
+    return Agreement(n, [e.rank for e in entries], {e.rank: e for e in entries})
+
+
+class ShrinkExchange:
+    """The new transport's rendezvous: publish a value, get every survivor's, by new rank,
+    under ``shrink/<n>/x/`` (a key again starts a new round, as in the job's rendezvous)."""
+
+    def __init__(
+        self, scoped: ScopedStore, n: int, rank: int, world_size: int, timeout_s: float
+    ) -> None:
+        self._scoped = scoped
+        self._prefix = f"shrink/{n}/x/"
+        self._rank = rank
+        self._world_size = world_size
+        self._timeout_s = timeout_s
+        self._rounds: dict[str, int] = {}
+
+    def __call__(self, key: str, value: bytes) -> list[bytes]:
+        round_no = self._rounds.get(key, 0)
+        self._rounds[key] = round_no + 1
+        prefix = f"{self._prefix}{key}/{round_no}/"
+        self._scoped.set(f"{prefix}{self._rank}", value)
+        keys = [f"{prefix}{r}" for r in range(self._world_size)]
+        try:
+            self._scoped.wait(keys, timeout_s=self._timeout_s)
+        except StoreTimeout:
+            present = self._scoped.list(prefix)
+            missing = [r for r, k in enumerate(keys) if k not in present]
+            raise RendezvousError(
+                f"shrink exchange {key!r} timed out after {self._timeout_s:g}s: new ranks "
+                f"{fold_ranks(missing)} of {self._world_size} never arrived",
+                missing=fold_ranks(missing),
+            ) from None
+        found = self._scoped.list(prefix)
+        return [found[k] for k in keys]

@@ -1,0 +1,155 @@
+"""Building the survivors' communicator after a rank died: ``comm.shrink()`` of a job's comm.
+
+The old communicator is released first (its calls refused, its links and segments closed:
+nothing waits on a peer), the survivors agree on the members in the store
+(:mod:`~cclctl.runtime.job.shrink`), then a new transport opens among them alone, through
+a rendezvous scoped to the shrink, with links of epoch ``n``. The new communicator's id is
+``<n>:<its members' global ranks, folded>``, it is registered with telemetry under those
+global ranks, and it takes over the job's close and the watchdog's expiries.
+"""
+
+from __future__ import annotations
+
+from cclctl.config import RuntimeConfig
+from cclctl.errors import CommError
+from cclctl.ranges import fold_ranks
+from cclctl.records import CollectiveRecord
+from cclctl.runtime.comm.communicator import Communicator
+from cclctl.runtime.comm.shrinking import ShrinkInfo
+from cclctl.runtime.job.rendezvous import Rendezvous
+from cclctl.runtime.job.shrink import Agreement, Joined, ShrinkExchange, agree
+from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.hybrid import build_transport
+from cclctl.runtime.transport.shm.segment import host_key
+from cclctl.runtime.transport.tcp_links import Links, local_address_towards
+from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
+from cclctl.telemetry.hub import Telemetry
+
+
+def creation_index(comm_id: str) -> int:
+    """``3:0-2,4`` -> 3."""
+    return int(comm_id.partition(":")[0])
+
+
+class Survivors:
+    """The job's side of shrinking: what a new communicator needs (the rendezvous, the
+    configuration, telemetry) and which communicator is the job's current one."""
+
+    def __init__(
+        self, rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str, telemetry: Telemetry
+    ) -> None:
+        self.rdzv = rdzv
+        self.cfg = cfg
+        self.store_host = store_host
+        self.telemetry = telemetry
+        self.current: Communicator | None = None  # the one whose hung calls the watchdog fails
+
+    def __call__(
+        self, comm: Communicator, exclude: frozenset[int], timeout_s: float | None, call: str
+    ) -> Communicator:
+        """Shrink ``comm`` to its live ranks (``exclude``: more old ranks to leave out)."""
+        n = creation_index(comm.id) + 1
+        excluded = set(exclude)
+        first = comm.failure.first
+        if first is not None and first.kind == "died" and 0 <= first.origin < comm.world_size:
+            excluded.add(first.origin)
+        if comm.rank in excluded:
+            raise CommError(f"rank {comm.rank}: cannot shrink {comm.id} without itself")
+        kept = comm._kept.seq
+        mine = Joined(comm.rank, comm._calls.completed, kept, call)
+        comm.release()  # nothing after this waits on the old communicator's peers
+        with StoreClient(
+            self.rdzv.store.host,
+            self.rdzv.store.port,
+            timeout_s=self.cfg.connect_timeout_s,
+            connect_timeout_s=self.cfg.connect_timeout_s,
+            token=self.rdzv.token or None,
+        ) as client:
+            scoped = ScopedStore.for_job(client, self.rdzv.job)
+            wait_s = self.cfg.timeout_s if timeout_s is None else timeout_s
+            agreement = agree(scoped, n, comm.world_size, mine, frozenset(excluded), wait_s)
+            new = self._build(comm, agreement, scoped)
+        new.shrink_info = _info(comm, agreement)
+        return new
+
+    def _build(self, old: Communicator, agreement: Agreement, scoped: ScopedStore) -> Communicator:
+        n, cfg = agreement.n, self.cfg
+        rank, size = agreement.members.index(old.rank), len(agreement.members)
+        members = [old.members[r] for r in agreement.members]
+        links = Links(
+            rank,
+            size,
+            cfg.job,
+            local_address_towards(self.store_host),
+            cfg.connect_timeout_s,
+            token=self.rdzv.token,
+            mac=cfg.link_mac,
+            epoch=n,  # a link of the old communicator's life is refused
+        )
+        transport = build_transport(  # takes over links: closes them on failure
+            rank,
+            size,
+            cfg.job,
+            ShrinkExchange(scoped, n, rank, size, cfg.connect_timeout_s),
+            links,
+            choice=cfg.transport,
+            host=f"{cfg.hostname}|{host_key()}",
+        )
+        comm_id = f"{n}:{fold_ranks(members)}"
+        self.telemetry.register_comm(comm_id, members)
+        self.telemetry.add_link_source(lambda: _by_global_rank(transport, members, self.rdzv))
+        new = Communicator(
+            rank=rank,
+            world_size=size,
+            transport=transport,
+            cfg=cfg,
+            comm_id=comm_id,
+            tracer=self.telemetry,
+            on_close=old._on_close,  # the job's close goes with the current communicator
+            watchdog=True,
+            members=members,
+            shrinker=self,
+        )
+        old._on_close = None
+        failure = new.failure
+        failure.epoch = n
+        failure.host = cfg.hostname
+        failure.evidence = old.failure.evidence
+        failure.peers = [old.failure.peers[r] for r in agreement.members]
+        self.current = new
+        return new
+
+    def expired(self, rec: CollectiveRecord, why: str) -> bool:
+        """The watchdog expired ``rec`` of a shrunk communicator: its failure state applies
+        ``CCLCTL_ON_HANG`` (the job's revoke record belongs to the world communicator, so
+        the origin is the peer this rank waits on). False if ``rec`` is not the current's."""
+        comm = self.current
+        if comm is None or rec.comm != comm.id:
+            return False
+        comm.failure.hung(rec, why, self.cfg.on_hang)
+        return True
+
+
+def _by_global_rank(
+    transport: Transport, members: list[int], rdzv: Rendezvous
+) -> tuple[list[int], list[int]]:
+    """The new transport's bytes per peer, indexed by the job's ranks (as the world's are)."""
+    sent, received = transport.link_bytes()
+    by_rank = ([0] * rdzv.world_size, [0] * rdzv.world_size)
+    for i, rank in enumerate(members):
+        by_rank[0][rank], by_rank[1][rank] = sent[i], received[i]
+    return by_rank
+
+
+def _info(old: Communicator, agreement: Agreement) -> ShrinkInfo:
+    """The agreement as the new communicator's ranks see it."""
+    entries = [agreement.entries[r] for r in agreement.members]
+    excluded = [old.members[r] for r in range(old.world_size) if r not in agreement.entries]
+    return ShrinkInfo(
+        n=agreement.n,
+        excluded=excluded,
+        done={i: e.done for i, e in enumerate(entries)},
+        kept={i: e.kept for i, e in enumerate(entries)},
+        call={i: e.call for i, e in enumerate(entries)},
+    )

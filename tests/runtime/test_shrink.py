@@ -1,0 +1,121 @@
+"""Shrinking away a rank that died or froze: the survivors go on with exact results.
+
+Real jobs on shared memory and on TCP: a rank SIGKILLed from outside in the middle of a
+loop of all_reduces (``CCLCTL_ON_FAILURE=shrink``: the interrupted call re-runs by itself),
+an explicit ``comm.shrink()`` after a revoked call, and a stopped rank left out at the
+agreement's deadline. Every rank contributes ``(rank + 1) * (i + 1)`` to iteration ``i``,
+so a result says exactly which ranks it summed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from fault_job import TOKEN
+from shrink_job import ShrinkJob, contribution
+
+from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+TRANSPORTS = ["auto", "tcp"]  # auto: one host, so shared memory
+
+
+def _assert_exact(
+    docs: dict[int, dict[str, object]], world: list[int], dead: int, iters: int
+) -> None:
+    """Every survivor has the same result for every iteration: the whole world's sum up to
+    the failure, the survivors' after it, and ends in the survivors' communicator."""
+    survivors = [r for r in world if r != dead]
+    full, shrunk = contribution(world), contribution(survivors)
+    runs = {rank: doc["results"] for rank, doc in docs.items()}
+    first = runs[survivors[0]]
+    assert all(run == first for run in runs.values()), runs
+    assert isinstance(first, list) and len(first) == iters
+    per = [value // (i + 1) for i, value in enumerate(first)]
+    assert all(value == (i + 1) * p for i, (value, p) in enumerate(zip(first, per, strict=True)))
+    switch = per.index(shrunk)
+    assert per == [full] * switch + [shrunk] * (iters - switch), per
+    for rank, doc in docs.items():
+        assert doc["members"] == survivors
+        assert doc["comm"] == f"1:{_folded(survivors)}"
+        assert doc["new_rank"] == survivors.index(rank)
+        assert doc["shrinks"] == [[dead]]
+
+
+def _folded(ranks: list[int]) -> str:
+    from cclctl.ranges import fold_ranks
+
+    return fold_ranks(ranks)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_sigkill_of_one_of_eight_ranks_the_seven_survivors_continue_exactly(
+    tmp_path: Path, transport: str
+) -> None:
+    iters, dead = 16, 6
+    job = ShrinkJob(
+        tmp_path, 8, iters=iters, COUNT="65536", CCLCTL_ON_FAILURE="shrink",
+        CCLCTL_TRANSPORT=transport,
+    )  # fmt: skip
+    try:
+        job.wait_line(dead, "iter 3 ")
+        job.kill(dead)  # mid-loop: between calls or inside one
+        docs = job.outcome([r for r in range(8) if r != dead])
+    finally:
+        job.finish()
+    _assert_exact(docs, list(range(8)), dead, iters)
+    assert docs[0]["results"][3] == 4 * contribution(list(range(8)))  # it printed iter 3
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_explicit_shrink_after_a_revoked_call(tmp_path: Path, transport: str) -> None:
+    """With the default policy the survivors' call raises (revoked, naming the dead rank);
+    each calls ``comm.shrink()`` and redoes the iteration on the communicator it returns."""
+    iters, dead = 8, 2
+    job = ShrinkJob(
+        tmp_path, 4, iters=iters, SHRINK="explicit", CCLCTL_TRANSPORT=transport,
+        CCLCTL_FAULT=f"kill:rank={dead}:seq=4:comm=0:0-3",
+    )  # fmt: skip
+    try:
+        docs = job.outcome([0, 1, 3])
+    finally:
+        job.finish()
+    for doc in docs.values():
+        doc["shrinks"] = [[dead]]  # explicit: no callback; the members say who left
+    _assert_exact(docs, [0, 1, 2, 3], dead, iters)
+    assert docs[0]["results"][:3] == [(i + 1) * 10 for i in range(3)]
+    for rank in (0, 1, 3):
+        assert re.search(
+            rf"rank {rank} revoked: .*rank 2 \(pid \d+ on [^)]+\) died", job.stderr[rank]
+        )
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stopped_rank_is_left_out_at_the_deadline(tmp_path: Path, transport: str) -> None:
+    """Rank 2 freezes (SIGSTOP) in seq 3: the watchdog expires the survivors' calls, they
+    shrink without it once the agreement's deadline passes, and finish on the rest."""
+    iters, frozen = 6, 2
+    job = ShrinkJob(
+        tmp_path, 4, iters=iters, SHRINK="explicit", CCLCTL_TRANSPORT=transport,
+        CCLCTL_TIMEOUT="2", CCLCTL_ON_HANG="raise",
+        CCLCTL_FAULT=f"stop:rank={frozen}:seq=3:comm=0:0-3",
+    )  # fmt: skip
+    try:
+        docs = job.outcome([0, 1, 3])
+        with StoreClient.from_address(job.store, token=TOKEN) as client:
+            decided = ScopedStore.for_job(client, job.job).try_get("shrink/1/members")
+        assert job.procs[frozen].poll() is None  # still there, frozen: never waited on
+    finally:
+        job.kill(frozen, signal.SIGKILL)
+        job.finish()
+    for doc in docs.values():
+        doc["shrinks"] = [[frozen]]
+    _assert_exact(docs, [0, 1, 2, 3], frozen, iters)
+    assert decided is not None
+    assert [e["rank"] for e in json.loads(decided)["entries"]] == [0, 1, 3]
