@@ -15,6 +15,7 @@ it are in flight, as they are.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -29,7 +30,18 @@ log = logging.getLogger("cclctl.torch")
 #: Closes a record: (record, error or None, end_ns or 0 for "now").
 Close = Callable[[CollectiveRecord, BaseException | None, int], None]
 
-_STOP = None  # what a lane's queue holds to end its thread
+class _Lane:
+    """One communicator's works in issue order, and whether its thread sleeps: a work
+    added while the thread waits on an earlier one needs no wake-up (one less switch for
+    the caller, who issues DDP's buckets back to back)."""
+
+    __slots__ = ("idle", "stopped", "wake", "works")
+
+    def __init__(self) -> None:
+        self.works: collections.deque[tuple[CollectiveRecord, Any]] = collections.deque()
+        self.wake: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self.idle = True
+        self.stopped = False
 
 
 class Lanes:
@@ -38,7 +50,7 @@ class Lanes:
     def __init__(self, close: Close) -> None:
         self._close = close
         self._lock = threading.Lock()
-        self._lanes: dict[str, queue.SimpleQueue[tuple[CollectiveRecord, Any] | None]] = {}
+        self._lanes: dict[str, _Lane] = {}
         self._threads: list[threading.Thread] = []
         self._stopped = False
 
@@ -47,13 +59,16 @@ class Lanes:
         lane = self._lanes.get(comm)
         if lane is None:
             lane = self._open(comm)
-        lane.put((rec, future))
+        lane.works.append((rec, future))
+        if lane.idle:  # else its thread finds the work when it looks again (see _run)
+            lane.idle = False
+            lane.wake.put(True)
 
-    def _open(self, comm: str) -> queue.SimpleQueue[tuple[CollectiveRecord, Any] | None]:
+    def _open(self, comm: str) -> _Lane:
         with self._lock:
             lane = self._lanes.get(comm)
             if lane is None:
-                lane = self._lanes[comm] = queue.SimpleQueue()
+                lane = self._lanes[comm] = _Lane()
                 if not self._stopped:
                     thread = threading.Thread(
                         target=self._run, args=(lane,), name=f"cclctl-torch-lane {comm}",
@@ -63,12 +78,17 @@ class Lanes:
                     thread.start()
         return lane
 
-    def _run(self, lane: queue.SimpleQueue[tuple[CollectiveRecord, Any] | None]) -> None:
+    def _run(self, lane: _Lane) -> None:
         while True:
-            item = lane.get()
-            if item is _STOP:
-                return
-            rec, future = item
+            if not lane.works:
+                if lane.stopped:
+                    return
+                lane.idle = True
+                if not lane.works and not lane.stopped:  # else added meanwhile: no sleep
+                    lane.wake.get()
+                lane.idle = False
+                continue
+            rec, future = lane.works.popleft()
             error: BaseException | None = None
             try:
                 future.wait()  # the GIL is released while it waits
@@ -80,13 +100,14 @@ class Lanes:
                 log.exception("cclctl: closing the record of %s seq %s failed", rec.op, rec.seq)
 
     def close(self, timeout_s: float = 1.0) -> None:
-        """End every lane once it has waited out the works before it; a lane blocked on a
-        work that never completes is left behind (a daemon thread), never waited for."""
+        """End every lane once it has waited out its works; one blocked on a work that never
+        completes is left behind (a daemon thread), never waited for."""
         with self._lock:
             self._stopped = True
             lanes, threads = list(self._lanes.values()), list(self._threads)
         for lane in lanes:
-            lane.put(_STOP)
+            lane.stopped = True
+            lane.wake.put(True)
         deadline = time.monotonic() + timeout_s
         for thread in threads:
             if thread is not threading.current_thread():
