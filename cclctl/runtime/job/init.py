@@ -8,6 +8,7 @@ from typing import Any
 from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
 from cclctl.errors import UsageError
 from cclctl.records import CollectiveRecord
+from cclctl.runtime.comm import retrying
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.retry import Retry, world_links
@@ -131,6 +132,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         publish=telemetry.publish_now,
         hang_after_s=cfg.timeout_s / 2,  # the watchdog expires a call after cfg.timeout_s
         stale_after_s=max(cfg.timeout_s, 3 * cfg.status_interval_s),
+        deferred=lambda rev: retrying.enabled(comm) and rev.kind in retrying.RETRIED_KINDS,
     )
     telemetry.revoke_source = lambda: failure.first
 
