@@ -246,9 +246,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
             env, "CCLCTL_STATUS_INTERVAL", DEFAULT_STATUS_INTERVAL_S, values.positive_float
         ),
         on_hang=values.parse(env, "CCLCTL_ON_HANG", "raise", values.choice(HANG_POLICIES)),
-        on_failure=values.parse(
-            env, "CCLCTL_ON_FAILURE", "raise", values.choice(FAILURE_POLICIES)
-        ),
+        on_failure=values.parse(env, "CCLCTL_ON_FAILURE", "raise", values.choice(FAILURE_POLICIES)),
         retry_budget_s=values.parse(
             env, "CCLCTL_RETRY_BUDGET", DEFAULT_RETRY_BUDGET_S, values.non_negative_float
         ),
