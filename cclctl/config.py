@@ -25,6 +25,7 @@ DEFAULT_TRACE_BUFFER = 2000
 DEFAULT_STATUS_INTERVAL_S = 1.0
 TRANSPORTS = ("auto", "tcp")
 HANG_POLICIES = ("raise", "abort", "wait")
+DEFAULT_RETRY_BUDGET_S = 30.0  # CCLCTL_RETRY_BUDGET: seconds a link fault is retried
 FAILURE_POLICIES = ("raise", "shrink")  # CCLCTL_ON_FAILURE: what a call does when a rank died
 DEFAULT_STORE_MAX_FRAME = 64 << 20
 DEFAULT_STORE_LINGER_S = 120.0
@@ -214,6 +215,7 @@ class RuntimeConfig:
     status_interval_s: float = DEFAULT_STATUS_INTERVAL_S
     on_hang: str = "raise"
     on_failure: str = "raise"  # "shrink": drop a dead rank and re-run the call
+    retry_budget_s: float = DEFAULT_RETRY_BUDGET_S  # link faults retried this long; 0: off
     fault: str = ""
     token: str = ""  # the job's secret (see runtime/job/token.py): links and store prove it
     link_mac: bool = False  # a MAC on every TCP message (CCLCTL_LINK_MAC)
@@ -244,8 +246,9 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
             env, "CCLCTL_STATUS_INTERVAL", DEFAULT_STATUS_INTERVAL_S, values.positive_float
         ),
         on_hang=values.parse(env, "CCLCTL_ON_HANG", "raise", values.choice(HANG_POLICIES)),
-        on_failure=values.parse(
-            env, "CCLCTL_ON_FAILURE", "raise", values.choice(FAILURE_POLICIES)
+        on_failure=values.parse(env, "CCLCTL_ON_FAILURE", "raise", values.choice(FAILURE_POLICIES)),
+        retry_budget_s=values.parse(
+            env, "CCLCTL_RETRY_BUDGET", DEFAULT_RETRY_BUDGET_S, values.non_negative_float
         ),
         fault=env.get("CCLCTL_FAULT", "").strip(),
         token=env.get("CCLCTL_TOKEN", "").strip(),

@@ -47,6 +47,7 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_STATUS_INTERVAL": "seconds between live status updates",
     "CCLCTL_ON_HANG": "raise, abort or wait",
     "CCLCTL_ON_FAILURE": "raise or shrink (drop a dead rank, re-run the call)",
+    "CCLCTL_RETRY_BUDGET": "seconds a broken link is retried (30; 0: off)",
     "CCLCTL_FAULT": "injected faults",
     "CCLCTL_STREAMING_COPY": "copy size that bypasses the cache in launched ranks",
     "CCLCTL_BENCH_CORRUPT": "bench's checker self-test",

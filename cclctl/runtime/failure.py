@@ -196,18 +196,23 @@ class FailureState:
             self._announce(CLOSED, None)
         return True
 
-    def bump_epoch(self) -> int:
-        """Start the communicator's next life and return its epoch: the seam recovery uses
-        once every rank has agreed and the links are renewed (nothing calls it yet). The
-        failure is forgotten; calls after it carry the new epoch."""
+    def bump_epoch(self, announce: Announce | None = None) -> int:
+        """Start the communicator's next life and return its epoch: what a retry does once
+        every rank has agreed and the links are renewed (``announce``: the new transport's
+        hook). The failure is forgotten; calls after it carry the new epoch."""
         with self._lock:
             if self.status is CLOSED:
                 raise CommError(f"rank {self.rank}: communicator {self.comm} is closed")
+            if announce is not None:
+                self._announce = announce
             self.epoch += 1
             self.first = None
             self.later = 0
             self.status = OK
             self._spread.clear()
+            if self._wake is not None:  # readable since the failure: a wait would spin
+                with contextlib.suppress(OSError):
+                    os.eventfd_read(self._wake)
             return self.epoch
 
     @property

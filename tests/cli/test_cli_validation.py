@@ -79,6 +79,7 @@ BENCH = ["bench", "-n", "2", "-e", "8"]
         (["launch", "--", PY, "-c", "pass"], {"CCLCTL_METRICS_PORT": "70000"}, "CCLCTL_METRICS_"),
         (["launch", "--", PY, "-c", "pass"], {"CCLCTL_ON_HANG": "panic"}, "CCLCTL_ON_HANG='panic"),
         (BENCH, {"CCLCTL_ON_FAILURE": "grow"}, "CCLCTL_ON_FAILURE='grow' is not valid"),
+        (BENCH, {"CCLCTL_RETRY_BUDGET": "soon"}, "CCLCTL_RETRY_BUDGET='soon' is not valid"),
         (["launch", "--", PY, "-c", "pass"], {"CCLCTL_FAULT": "boom"}, "CCLCTL_FAULT item 'boom'"),
         (["launch", "--", PY, "-c", "pass"], {"CCLCTL_STREAMING_COPY": "1"}, "CCLCTL_STREAMING_"),
     ],

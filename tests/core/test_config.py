@@ -115,6 +115,7 @@ def test_runtime_defaults_and_flags_win_over_environment() -> None:
         ({"CCLCTL_TRANSPORT": "carrier-pigeon"}, "expected one of auto, tcp"),
         ({"CCLCTL_ON_HANG": "panic"}, "expected one of raise, abort, wait"),
         ({"CCLCTL_ON_FAILURE": "retry"}, "CCLCTL_ON_FAILURE='retry' is not valid: expected one"),
+        ({"CCLCTL_RETRY_BUDGET": "-1"}, "CCLCTL_RETRY_BUDGET='-1' is not valid"),
         ({"CCLCTL_TRACE_BUFFER": "-5"}, "CCLCTL_TRACE_BUFFER='-5' is not valid: must be >= 0"),
         ({"CCLCTL_METRICS_PORT": "http"}, "CCLCTL_METRICS_PORT='http' is not valid"),
     ],
@@ -218,6 +219,12 @@ def test_every_variable_the_code_reads_is_known_to_the_preflight() -> None:
         for name in re.findall(r"CCLCTL_[A-Z][A-Z_]*[A-Z]", path.read_text())
     }
     assert named - set(VARIABLES) == set()
+
+
+def test_retry_budget_is_30_seconds_and_0_turns_it_off() -> None:
+    assert runtime_from_env({}).retry_budget_s == 30.0
+    assert runtime_from_env({"CCLCTL_RETRY_BUDGET": "0"}).retry_budget_s == 0.0
+    assert runtime_from_env({"CCLCTL_RETRY_BUDGET": "2.5"}).retry_budget_s == 2.5
 
 
 def test_on_failure_is_raise_unless_shrink_is_asked_for() -> None:

@@ -34,6 +34,7 @@ def launch_faulty(
         CCLCTL_TRACE_DIR=str(tmp),
         CCLCTL_STATUS_INTERVAL="0.2",
         CCLCTL_TRANSPORT=transport,
+        CCLCTL_RETRY_BUDGET="0",  # the raise path: a cut link is not retried
         ITERS="8",
         PAUSE="0.1",
         HOLD_ON_ERROR="0",

@@ -42,7 +42,12 @@ def env_job(
     """Ranks started from the environment, rank 0 hosting the store, each exiting after
     its first error: the job's watchdog raises (the default policy), dumps go to the
     job's folder under ``tmp``."""
-    env = {"CCLCTL_ON_HANG": "raise", "CCLCTL_TRANSPORT": transport, **extra}
+    env = {
+        "CCLCTL_ON_HANG": "raise",
+        "CCLCTL_TRANSPORT": transport,
+        "CCLCTL_RETRY_BUDGET": "0",  # the raise path: a cut link is not retried
+        **extra,
+    }
     return FaultJob(
         tmp, n, fault=fault, op=op, timeout_s=timeout_s, job="envjob", pause_s=0.2,
         hold_on_error=extra.get("HOLD_ON_ERROR") == "1", rank0_hosts=True,

@@ -96,7 +96,11 @@ class NetJob:
         iters: int = 8,
         linger_s: float = 60.0,
         status_interval_s: float = 0.2,
+        worker: str = WORKER,
+        extra: dict[str, str] | None = None,
     ) -> None:
+        """``worker``: the script every rank runs (its stdout piped when it is not
+        ``fault_worker.py``); ``extra``: more environment (retry is off unless it says)."""
         self.hosts, self.port, self.n = hosts, port, 4
         self.tmp = {h: tmp / h for h in ADDRS}
         for folder in self.tmp.values():
@@ -123,15 +127,17 @@ class NetJob:
                 "ITERS": str(iters),
                 "PAUSE": "0.2",
                 "HOLD_ON_ERROR": "0",
+                "CCLCTL_RETRY_BUDGET": "0",  # these jobs show how a failure is raised
+                **(extra or {}),
             }
             cmd = hosts.exec(
                 host, "unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$0" "$@"'
             )
             self.procs.append(
                 subprocess.Popen(
-                    [*cmd, sys.executable, WORKER],
+                    [*cmd, sys.executable, worker],
                     env=env,
-                    stdout=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL if worker == WORKER else subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
                 )

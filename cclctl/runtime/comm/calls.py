@@ -65,6 +65,10 @@ class Calls:
         self._tracer: Tracer | None = None
         self._trace: Callable[[CollectiveRecord], None] | None = None
 
+    def rewind(self, seq: int) -> None:
+        """The next collective opens as ``seq`` (a retry runs a seq again)."""
+        self._seq = seq - 1
+
     @property
     def tracer(self) -> Tracer | None:
         """Telemetry that sees every call (None: calls are not recorded)."""

@@ -19,7 +19,7 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CommError
 from cclctl.runtime.algorithms import pairwise, zero_copy
 from cclctl.runtime.algorithms.context import COPY, Scratch, as_bytes, finish_avg
-from cclctl.runtime.comm import buffers, dispatch, prepared, selection, shrinking
+from cclctl.runtime.comm import buffers, dispatch, prepared, retrying, selection, shrinking
 from cclctl.runtime.comm.calls import Calls
 from cclctl.runtime.comm.prepared import Gather, PreparedCalls, Scatter
 from cclctl.runtime.comm.tracing import Tracer
@@ -54,9 +54,11 @@ class Communicator:
         watchdog: bool = False,
         members: Sequence[int] | None = None,
         shrinker: shrinking.Shrinker | None = None,
+        retrier: retrying.Retrier | None = None,
     ) -> None:
         """``watchdog``: a watchdog thread expires hung calls (through :attr:`failure`).
-        ``members``: each rank's global rank; ``shrinker`` builds :meth:`shrink`'s result."""
+        ``members``: each rank's global rank; ``shrinker`` builds :meth:`shrink`'s result;
+        ``retrier`` renews the links after a link fault (``CCLCTL_RETRY_BUDGET``)."""
         self.rank = rank
         self.world_size = world_size
         self.id = comm_id
@@ -66,18 +68,10 @@ class Communicator:
         self._shrinker = shrinker
         self._shrink_callbacks: list[shrinking.OnShrink] = []
         self._kept = shrinking.Kept()
+        self._retrier = retrier
         self.cfg = cfg
-        self.transport = transport
-        # What runs each op, decided once: the engines the transport offers now.
-        self._caps = transport.capabilities
-        self._choose = selection.decide(
-            selection.parse(cfg.algo), self._caps, world_size, _ZERO_COPY
-        )
         self._scratch = Scratch()
-        # Zero-copy calls' checks, for the same arrays again.
-        self._plans: PreparedCalls[zero_copy.Plan] = PreparedCalls()
-        self._gathers: PreparedCalls[Gather] = PreparedCalls()
-        self._scatters: PreparedCalls[Scatter] = PreparedCalls()
+        self._use(transport)
         self._calls = Calls(
             rank=rank,
             world_size=world_size,
@@ -92,6 +86,22 @@ class Communicator:
         self._p2p_sent = [0] * world_size
         self._p2p_received = [0] * world_size
         self._on_close = on_close
+
+    def _use(self, transport: Transport) -> None:
+        """Run calls over ``transport`` (at creation, and when a retry renewed it): what
+        runs each op is decided again for the engines it offers, and plans made for the
+        old one's memory are forgotten."""
+        self.transport = transport
+        self._caps = transport.capabilities
+        self._choose = selection.decide(
+            selection.parse(self.cfg.algo), self._caps, self.world_size, _ZERO_COPY
+        )
+        # Zero-copy calls' checks, for the same arrays again.
+        self._plans: PreparedCalls[zero_copy.Plan] = PreparedCalls()
+        self._gathers: PreparedCalls[Gather] = PreparedCalls()
+        self._scatters: PreparedCalls[Scatter] = PreparedCalls()
+        if hasattr(self, "_calls"):
+            self._calls.transport = transport
 
     @property
     def failure(self) -> FailureState:
@@ -127,6 +137,8 @@ class Communicator:
     def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
         if self.cfg.on_failure == "shrink" and self._shrinker is not None:
             return shrinking.all_reduce(self, buf, op, out)
+        if self._retrier is not None and retrying.enabled(self):
+            return retrying.all_reduce(self, buf, op, out)
         return self._all_reduce(buf, op, out)
 
     def _all_reduce(self, buf: Array, op: str, out: Array | None) -> Array:

@@ -8,8 +8,10 @@ from typing import Any
 from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
 from cclctl.errors import UsageError
 from cclctl.records import CollectiveRecord
+from cclctl.runtime.comm import retrying
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
+from cclctl.runtime.job.retry import Retry, world_links
 from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.signals import DumpRequests, request_dump
 from cclctl.runtime.job.survivors import Survivors
@@ -17,7 +19,6 @@ from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
-from cclctl.runtime.transport.tcp_links import Links, local_address_towards
 from cclctl.store.client import StoreClient, parse_address
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.counters import StoreCounts
@@ -72,16 +73,8 @@ def init(
 
 
 def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communicator:
-    links = Links(
-        rdzv.rank,
-        rdzv.world_size,
-        cfg.job,
-        local_address_towards(store_host),
-        cfg.connect_timeout_s,
-        token=rdzv.token,
-        mac=cfg.link_mac,
-        epoch=0,  # the world communicator's first life; recovery will bump it
-    )
+    # The world communicator's first life: a retry renews the links under the next epoch.
+    links = world_links(rdzv.rank, rdzv.world_size, cfg, store_host, rdzv.token, epoch=0)
     transport = build_transport(  # takes over links: closes them on failure
         rdzv.rank,
         rdzv.world_size,
@@ -122,6 +115,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         on_close=close,
         watchdog=True,
         shrinker=survivors,
+        retrier=Retry(rdzv, cfg, store_host, telemetry),
     )
 
     failure = comm.failure
@@ -138,6 +132,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         publish=telemetry.publish_now,
         hang_after_s=cfg.timeout_s / 2,  # the watchdog expires a call after cfg.timeout_s
         stale_after_s=max(cfg.timeout_s, 3 * cfg.status_interval_s),
+        deferred=lambda rev: retrying.enabled(comm) and rev.kind in retrying.RETRIED_KINDS,
     )
     telemetry.revoke_source = lambda: failure.first
 

@@ -53,12 +53,17 @@ class Revoker:
         publish: Callable[[], object] = lambda: None,
         hang_after_s: float = 5.0,
         stale_after_s: float = 10.0,
+        deferred: Callable[[Revocation], bool] = lambda rev: False,
     ) -> None:
+        """``deferred(record)``: a failure the call recovers from (a retried link fault),
+        whose store round trips go to a thread of their own, so an unreachable store
+        never holds up the retry; its record stands as this rank saw it."""
         self.failure = failure
         self.rank = failure.rank
         self._in_call = in_call
         self._dump = dump
         self._publish = publish
+        self._deferred = deferred
         #: what the diagnosis of a hang the watchdog expired counts as hung and stale
         self._hang_after_s, self._stale_after_s = hang_after_s, stale_after_s
         self._key = RevokeKey(address, token, job, self.rank)
@@ -87,7 +92,16 @@ class Revoker:
         write it to the store unless it came from there, acknowledge it and publish this
         rank's status with it, all before the call raises, since a rank often exits at once
         and must not take them along (three store round trips); the dump follows on a
-        thread of its own."""
+        thread of its own. A deferred failure does it all there."""
+        if self._deferred(rev):
+            threading.Thread(
+                target=self._tell, args=(rev, how), name=f"cclctl-revoked-r{self.rank}",
+                daemon=True,
+            ).start()  # fmt: skip
+            return
+        self._tell(rev, how)
+
+    def _tell(self, rev: Revocation, how: str) -> None:
         if how != STORE:
             with contextlib.suppress(CclError):
                 self.agree(rev)
@@ -115,7 +129,10 @@ class Revoker:
     def resolve(self, rev: Revocation) -> Revocation:
         """What this rank's failing call saw, ``rev``, against the job's record: that one
         if it is there (a broken link waits a short grace for it), else ``rev`` agreed; a
-        mismatch waits until the witnesses' observations name the odd one out."""
+        mismatch waits until the witnesses' observations name the odd one out. A deferred
+        failure stands as seen, at once."""
+        if self._deferred(rev):
+            return rev
         try:
             if rev.kind == "mismatch":
                 return self._decide_mismatch(rev)

@@ -103,10 +103,17 @@ class ShrinkExchange:
     under ``shrink/<n>/x/`` (a key again starts a new round, as in the job's rendezvous)."""
 
     def __init__(
-        self, scoped: ScopedStore, n: int, rank: int, world_size: int, timeout_s: float
+        self,
+        scoped: ScopedStore,
+        n: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        prefix: str = "",
     ) -> None:
+        """``prefix``: where the rounds live (a retry's own; default ``shrink/<n>/x/``)."""
         self._scoped = scoped
-        self._prefix = f"shrink/{n}/x/"
+        self._prefix = prefix or f"shrink/{n}/x/"
         self._rank = rank
         self._world_size = world_size
         self._timeout_s = timeout_s

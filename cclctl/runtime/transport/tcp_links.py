@@ -76,7 +76,10 @@ class Links:
         mac: bool = False,
         epoch: int = 0,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        stall_s: float = 0.0,
     ) -> None:
+        """``stall_s``: a link whose sent bytes stay unacknowledged this long fails
+        (``TCP_USER_TIMEOUT``), so a stalled link becomes a link fault; 0: the kernel's."""
         if not token:
             raise CommError(f"rank {rank}: no token for the job's links", rank=rank)
         self.rank = rank
@@ -84,6 +87,7 @@ class Links:
         self._job = job
         self._token = token
         self._epoch = epoch
+        self._stall_ms = int(stall_s * 1000)
         self._flags = link_auth.FLAG_MAC if mac else 0
         self._connect_timeout_s = connect_timeout_s
         self._handshake_s = min(handshake_timeout_s, connect_timeout_s)
@@ -216,6 +220,8 @@ class Links:
 
     def _keep(self, peer: int, sock: socket.socket, session: Session | None) -> None:
         _tune(sock)
+        if self._stall_ms:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self._stall_ms)
         sock.setblocking(False)
         if session is not None:
             self.sessions[peer] = session

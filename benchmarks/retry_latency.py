@@ -1,0 +1,184 @@
+"""Retry latency: what a survived link fault costs a 64 MiB all_reduce (asserts nothing).
+
+One job of 4 ranks on two network-namespace hosts (tests/support/netns_job.py, ranks 0-1 on
+h1, 2-3 on h2, the hybrid transport) runs in-place all_reduces back to back
+(tests/support/retry_worker.py, ``CCLCTL_RETRY_BUDGET=20``). Every other call, as rank 2
+announces it, ``ss -K`` resets the TCP connections between the hosts. A call's time is
+from rank 2's ``iter`` line to the last rank's ``digest`` line, as this process reads them;
+the added latency of a survived reset is a reset call's time minus the median time of the
+calls without one. Then, in trials of their own, the veth goes down for 2 s mid call: the
+time from ``ip link set up`` to the last rank's completion of that call.
+
+Printed: p50, p99 and max with 95% bootstrap intervals, and whether every result was the
+exact sum. Targets: added latency p99 <= 150 ms; link-up to completion <= 300 ms. Needs root.
+
+    python benchmarks/retry_latency.py [--resets 10] [--outages 3] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import queue
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from kill_latency import bootstrap  # noqa: E402
+from netns_job import ADDRS, NetJob, TwoHosts, sh  # noqa: E402
+from quantiles import percentile  # noqa: E402
+from retry_worker import rank_input  # noqa: E402
+
+COUNT = 16 << 20  # 64 MiB of float32
+WORKER = str(ROOT / "tests" / "support" / "retry_worker.py")
+
+
+class Reader:
+    """Every rank's stdout lines with the time each arrived, in one queue."""
+
+    def __init__(self, job: NetJob) -> None:
+        self.events: queue.Queue[tuple[int, float, str]] = queue.Queue()
+        self.later: list[tuple[int, float, str]] = []  # read, put aside for the next look
+        for rank, proc in enumerate(job.procs):
+            threading.Thread(target=self._read, args=(rank, proc), daemon=True).start()
+
+    def _read(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            self.events.put((rank, time.monotonic(), raw.decode().strip()))
+
+    def next(self) -> tuple[int, float, str]:
+        return self.later.pop(0) if self.later else self.events.get(timeout=60)
+
+    def until(self, rank: int, line: str) -> float:
+        """When ``rank`` printed ``line`` (a prefix); the other lines are put aside."""
+        aside = []
+        while True:
+            r, at, got = self.next()
+            if r == rank and got.startswith(line):
+                self.later[:0] = aside
+                return at
+            aside.append((r, at, got))
+
+
+def _job(hosts: TwoHosts, tmp: Path, iters: int) -> NetJob:
+    tmp.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    extra = {"CCLCTL_RETRY_BUDGET": "20", "COUNT": str(COUNT)}
+    return NetJob(hosts, tmp, port, timeout_s=60, iters=iters, worker=WORKER, extra=extra)
+
+
+def _call_done(reader: Reader, i: int, start: float, digests: list[str]) -> float:
+    """Seconds from ``start`` until every rank printed its digest of call ``i``."""
+    done: dict[int, float] = {}
+    aside = []
+    while len(done) < 4:
+        rank, at, line = reader.next()
+        if line.startswith(f"digest {i} "):
+            done[rank] = at
+            digests.append(line.split()[2])
+        else:
+            aside.append((rank, at, line))
+    reader.later[:0] = aside
+    return max(done.values()) - start
+
+
+def resets(hosts: TwoHosts, tmp: Path, n: int) -> tuple[list[float], list[float], list[str]]:
+    """Call times with a reset and without one, and every digest."""
+    job = _job(hosts, tmp, 2 * n + 2)
+    reader, reset, clean, digests = Reader(job), [], [], []
+    flt = f"( dst {ADDRS['h1']} and not dport = :{job.port} )"
+    try:
+        for i in range(2 * n + 2):
+            start = reader.until(2, f"iter {i}")
+            if i % 2 and i > 1:
+                sh(*hosts.exec("h2", "ss", "-K", "-tn", "state", "established", flt))
+            took = _call_done(reader, i, start, digests)
+            if i % 2 and i > 1:
+                reset.append(took)
+            elif i > 0:  # the first call opens the links
+                clean.append(took)
+    finally:
+        job.kill_ranks()
+        hosts.kill_all()
+    return reset, clean, digests
+
+
+def outage(hosts: TwoHosts, tmp: Path) -> tuple[float, list[str]]:
+    """Link-up to the last rank's completion of the call the link went down in."""
+    job = _job(hosts, tmp, 2)
+    reader, digests = Reader(job), []
+    dev = ["ip", "-n", hosts.ns["h2"], "link", "set", hosts.devs[1]]
+    try:
+        reader.until(2, "iter 1")
+        sh(*dev, "down")
+        time.sleep(2.0)  # the outage
+        sh(*dev, "up")
+        up = time.monotonic()
+        return _call_done(reader, 1, up, digests), digests
+    finally:
+        sh(*dev, "up", check=False)
+        job.kill_ranks()
+        hosts.kill_all()
+
+
+def summary(name: str, values: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values]
+    row = {"n": len(ms), "p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "max": max(ms)}
+    lo50, hi50 = bootstrap(ms, 0.5)
+    lo99, hi99 = bootstrap(ms, 0.99)
+    print(
+        f"{name}: n={len(ms)} p50 {row['p50']:.0f} ms [{lo50:.0f}, {hi50:.0f}]  "
+        f"p99 {row['p99']:.0f} ms [{lo99:.0f}, {hi99:.0f}]  max {row['max']:.0f} ms"
+    )
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--resets", type=int, default=10)
+    parser.add_argument("--outages", type=int, default=3)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    inputs = [rank_input(r, COUNT).astype(np.float64) for r in range(4)]
+    exact = hashlib.sha256(np.sum(inputs, axis=0).astype(np.float32).tobytes()).hexdigest()
+    hosts = TwoHosts()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            reset, clean, digests = resets(hosts, Path(tmp) / "resets", args.resets)
+            ups = []
+            for k in range(args.outages):
+                took, more = outage(hosts, Path(tmp) / f"outage{k}")
+                ups.append(took)
+                digests += more
+    finally:
+        hosts.close()
+    base = statistics.median(clean)
+    print(f"clean call: median {base * 1000:.0f} ms over {len(clean)}")
+    report = {
+        "added": summary("added latency of a survived reset", [t - base for t in reset]),
+        "link_up": summary("link-up to completion (2 s outage)", ups),
+        "exact": sum(d == exact for d in digests),
+        "results": len(digests),
+    }
+    print(f"exact results: {report['exact']}/{report['results']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""``CCLCTL_RETRY_BUDGET``: an all_reduce that a broken or stalled TCP link interrupted runs again.
+
+Every rank of the communicator abandons the attempt (the failure state spreads it as any
+failure), they agree in the job's store that the call is retried, the transport is renewed
+under the next epoch (:mod:`cclctl.runtime.job.retry`), and the call runs again from its
+input: an in-place all_reduce keeps a copy of its input while retry is on, so a partly
+reduced buffer is never reduced twice and the result is the one a fault-free run gives.
+
+A fault can leave the ranks one call apart (some completed seq ``s``, others did not): every
+all_reduce keeps its last result, the ranks behind receive it from the lowest rank ahead
+(a broadcast at seq ``s``), and the ranks ahead re-run seq ``s + 1``. Past the budget,
+counted from the first fault of the call, every rank raises that fault's error (naming
+its origin), with its in-place buffer holding the input again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cclctl.errors import CommError
+from cclctl.runtime.comm import buffers
+
+if TYPE_CHECKING:
+    from cclctl.runtime.comm.communicator import Communicator
+
+#: The transports whose links a retry renews (shared memory alone has none to break).
+RETRIED_TRANSPORTS = ("tcp", "hybrid")
+#: Revocation kinds a retry recovers from: a link broke or stalled between live ranks.
+RETRIED_KINDS = ("link",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """What a rank brings to a retry: the call it was in, the collective seq it has not
+    completed (``pending``), the seq of its kept all_reduce result, its attempt number and
+    the budget's deadline (``time.monotonic()``)."""
+
+    call: str
+    pending: int
+    kept: int
+    attempt: int
+    deadline: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What every rank agreed: re-run seq ``seq`` (``root`` < 0), or first catch up the
+    ranks behind with seq ``seq``'s result from ``root`` (a broadcast)."""
+
+    seq: int
+    root: int = -1
+
+
+#: ``retrier(comm, ask)``: agree with every rank and renew the transport; raises
+#: :class:`CommError` when that cannot be done within the deadline.
+Retrier = Callable[["Communicator", Ask], Plan]
+
+
+def enabled(comm: Communicator) -> bool:
+    """Retry is on for ``comm``: a budget, and TCP links under it."""
+    return comm.cfg.retry_budget_s > 0 and comm.transport.name in RETRIED_TRANSPORTS
+
+
+def retryable(exc: CommError) -> bool:
+    """A failure a retry recovers from: a link broke or stalled (the revoke record says so)."""
+    rev = exc.revocation
+    return rev is not None and rev.kind in RETRIED_KINDS
+
+
+def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | None) -> Any:
+    """``comm.all_reduce`` that renews broken links and runs again from its input."""
+    src = buffers.flat(buf, "buf", "all_reduce")
+    dst = src if out is None else buffers.flat(out, "out", "all_reduce", writable=True)
+    saved = src.copy() if dst is src or buffers.overlaps(src, dst) else None
+    first: CommError | None = None
+    deadline = 0.0
+    attempt = 1
+    while True:
+        try:
+            result = comm._all_reduce(buf, op, out)
+        except CommError as exc:
+            if not retryable(exc):
+                raise
+            if first is None:
+                first, deadline = exc, time.monotonic() + comm.cfg.retry_budget_s
+            if saved is not None:
+                src[...] = saved  # the input again, whatever happens next
+            attempt += 1
+            if _recover(comm, first, attempt, deadline, dst):
+                return dst if out is None else out
+            continue
+        _keep(comm, dst)
+        return result
+
+
+def _recover(
+    comm: Communicator, first: CommError, attempt: int, deadline: float, dst: np.ndarray
+) -> bool:
+    """Agree and renew the transport, then catch up a rank one call behind; True if that
+    answered this rank's call. Raises ``first`` once the budget is spent."""
+    calls, kept = comm._calls, comm._kept
+    ask = Ask("all_reduce", calls.completed + 1, kept.seq, attempt, deadline)
+    assert comm._retrier is not None
+    try:
+        plan = comm._retrier(comm, ask)
+        if plan.root < 0:
+            calls.rewind(plan.seq)
+            return False
+        calls.rewind(plan.seq)
+        behind = ask.pending == plan.seq
+        if behind:
+            comm.broadcast(dst, root=plan.root)
+            return True
+        assert kept.result is not None
+        target = kept.result if comm.rank == plan.root else np.empty_like(kept.result)
+        comm.broadcast(target, root=plan.root)
+        return False
+    except CommError as exc:
+        if retryable(exc) and time.monotonic() < deadline:
+            return _recover(comm, first, attempt + 1, deadline, dst)
+        raise _exhausted(first, attempt - 1, comm.cfg.retry_budget_s, exc) from exc
+
+
+def _keep(comm: Communicator, dst: np.ndarray) -> None:
+    """Keep the result of the call that just completed, for ranks a fault leaves behind."""
+    kept = comm._kept
+    kept.seq = comm._calls.completed
+    if kept.result is None or kept.result.shape != dst.shape or kept.result.dtype != dst.dtype:
+        kept.result = dst.copy()
+    else:
+        kept.result[...] = dst
+
+
+def _exhausted(first: CommError, retries: int, budget_s: float, last: CommError) -> CommError:
+    """``first`` (the fault's own error, naming its origin) saying the retries gave up."""
+    why = last.message.partition(": ")[2] or last.message
+    first.message += (
+        f"; not recovered by {retries} retr{'y' if retries == 1 else 'ies'} within "
+        f"CCLCTL_RETRY_BUDGET={budget_s:g}s (last: {why})"
+    )
+    first.args = (first.message,)
+    first.fields["retries"] = retries
+    return first

@@ -1,0 +1,156 @@
+"""Renewing a communicator's transport after a link fault: the job's side of a retry.
+
+Every rank of the communicator writes what it brings (:class:`~cclctl.runtime.comm.
+retrying.Ask`) under ``retry/<comm>/<epoch>/in/<rank>`` in the job's store, ``epoch`` being
+the communicator's next one, and waits for all of them until the budget's deadline: nobody
+re-runs alone. All read the same entries, so all make the same plan. Then the old transport
+is closed, a new one opens through a rendezvous scoped to ``retry/<comm>/<epoch>/x/`` with
+links of the new epoch (a socket of the old life is refused at its handshake), and the
+failure state starts the new epoch: its calls run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from cclctl.config import RuntimeConfig
+from cclctl.errors import CclError, CommError, StoreTimeout
+from cclctl.ranges import fold_ranks
+from cclctl.runtime.comm.communicator import Communicator
+from cclctl.runtime.comm.retrying import Ask, Plan
+from cclctl.runtime.job.rendezvous import Rendezvous
+from cclctl.runtime.job.shrink import ShrinkExchange
+from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.hybrid import build_transport
+from cclctl.runtime.transport.shm.segment import host_key
+from cclctl.runtime.transport.tcp_links import Links, local_address_towards
+from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
+from cclctl.telemetry.hub import Telemetry
+
+#: The longest a link's sent bytes may stay unacknowledged before it counts as stalled.
+STALL_MAX_S = 1.0
+
+
+def stall_s(cfg: RuntimeConfig) -> float:
+    """How long a stalled link takes to fail with retry on (a tenth of the budget, at most
+    :data:`STALL_MAX_S`); 0 (the kernel's own, minutes) with retry off."""
+    return min(STALL_MAX_S, cfg.retry_budget_s / 10) if cfg.retry_budget_s > 0 else 0.0
+
+
+def world_links(rank: int, size: int, cfg: RuntimeConfig, store_host: str, token: str,
+                epoch: int) -> Links:  # fmt: skip
+    """This rank's links of ``epoch``, as the job's transport opens them."""
+    return Links(
+        rank,
+        size,
+        cfg.job,
+        local_address_towards(store_host),
+        cfg.connect_timeout_s,
+        token=token,
+        mac=cfg.link_mac,
+        epoch=epoch,
+        stall_s=stall_s(cfg),
+    )
+
+
+class Retry:
+    """The job's retrier (:data:`~cclctl.runtime.comm.retrying.Retrier`) of its world
+    communicator: the rendezvous, the configuration and telemetry a new transport needs."""
+
+    def __init__(
+        self, rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str, telemetry: Telemetry
+    ) -> None:
+        self.rdzv = rdzv
+        self.cfg = cfg
+        self.store_host = store_host
+        self.telemetry = telemetry
+
+    def __call__(self, comm: Communicator, ask: Ask) -> Plan:
+        epoch = comm.failure.epoch + 1
+        prefix = f"retry/{comm.id}/{epoch}/"
+        comm.transport.close()  # the failure was announced on it; its links are done
+        try:
+            with self._client(ask.deadline) as client:
+                scoped = ScopedStore.for_job(client, self.rdzv.job)
+                entries = _agree(scoped, prefix, comm.rank, comm.world_size, ask)
+                plan = decide(comm.rank, entries)
+                transport = self._build(comm, epoch, scoped, prefix, ask.deadline)
+        except CclError as exc:
+            if isinstance(exc, CommError):
+                raise
+            raise CommError(f"rank {comm.rank}: retry of {comm.id}: {exc}") from exc
+        comm._use(transport)
+        self.telemetry.add_link_source(transport.link_bytes)
+        comm.failure.bump_epoch(transport.announce)
+        return plan
+
+    def _client(self, deadline: float) -> StoreClient:
+        left = max(0.05, deadline - time.monotonic())
+        return StoreClient(
+            self.rdzv.store.host,
+            self.rdzv.store.port,
+            timeout_s=left,
+            connect_timeout_s=left,
+            token=self.rdzv.token or None,
+        )
+
+    def _build(
+        self, comm: Communicator, epoch: int, scoped: ScopedStore, prefix: str, deadline: float
+    ) -> Transport:
+        rank, size, cfg = comm.rank, comm.world_size, self.cfg
+        links = world_links(rank, size, cfg, self.store_host, self.rdzv.token, epoch)
+        left = max(0.05, deadline - time.monotonic())
+        return build_transport(  # takes over links: closes them on failure
+            rank,
+            size,
+            cfg.job,
+            ShrinkExchange(scoped, epoch, rank, size, left, prefix=f"{prefix}x/"),
+            links,
+            choice=cfg.transport,
+            host=f"{cfg.hostname}|{host_key()}",
+        )
+
+
+def _agree(scoped: ScopedStore, prefix: str, rank: int, size: int, ask: Ask) -> dict[int, Ask]:
+    """Write this rank's entry, wait for every rank's until the deadline, read them all."""
+    mine = dataclasses.asdict(ask)
+    scoped.set(f"{prefix}in/{rank}", json.dumps(mine).encode())
+    keys = [f"{prefix}in/{r}" for r in range(size)]
+    try:
+        scoped.wait(keys, timeout_s=max(0.0, ask.deadline - time.monotonic()))
+    except StoreTimeout:
+        present = scoped.list(f"{prefix}in/")
+        missing = [r for r, k in enumerate(keys) if k not in present]
+        raise CommError(
+            f"rank {rank}: retry of seq {ask.pending}: rank(s) {fold_ranks(missing)} did not "
+            "join before the budget ran out",
+            rank=rank,
+        ) from None
+    found = scoped.list(f"{prefix}in/")
+    return {r: Ask(**json.loads(found[k])) for r, k in enumerate(keys)}
+
+
+def decide(rank: int, entries: dict[int, Ask]) -> Plan:
+    """The plan every rank makes from the same entries: re-run the seq they all left
+    unfinished, or, one call apart, catch the ranks behind up from the lowest rank ahead
+    (which kept that seq's result); anything else cannot be made exact."""
+    calls = {e.call for e in entries.values()}
+    pending = {r: e.pending for r, e in entries.items()}
+    lo, hi = min(pending.values()), max(pending.values())
+    if calls != {"all_reduce"}:
+        odd = sorted(r for r, e in entries.items() if e.call != "all_reduce")
+        raise CommError(
+            f"rank {rank}: cannot retry: rank(s) {fold_ranks(odd)} were not in an all_reduce",
+            rank=rank,
+        )
+    if lo == hi:
+        return Plan(lo)
+    ahead = sorted(r for r, p in pending.items() if p == hi)
+    if hi - lo > 1 or any(entries[r].kept != lo for r in ahead):
+        raise CommError(
+            f"rank {rank}: cannot retry: the ranks stopped at seqs {lo} to {hi}", rank=rank
+        )
+    return Plan(lo, root=ahead[0])

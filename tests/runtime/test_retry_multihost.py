@@ -1,0 +1,193 @@
+"""A TCP link fault mid all_reduce is ridden through: two network-namespace "hosts", 2 ranks each.
+
+Ranks 0-1 share memory on h1, ranks 2-3 on h2, and the hosts talk TCP over a veth pair (the
+hybrid transport). Faults come from the system's own tools: ``ss -K`` resets the ranks' TCP
+connections between the hosts (not the store's) mid 64 MiB all_reduce, ``ip link set down``
+takes the veth away for a while. With ``CCLCTL_RETRY_BUDGET`` on, every rank finishes with
+the exact result (the sum of whole numbers, computed here) and a later epoch; past the
+budget every rank raises the same fault's error and its buffer holds its input. Needs
+root, iproute2 and unshare; skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from netns_job import ADDRS, NetJob, TwoHosts, sh
+from retry_worker import rank_input
+
+pytestmark = [
+    pytest.mark.slow,  # real jobs across network namespaces
+    pytest.mark.netns,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "ss")),
+        reason="needs root, iproute2 and unshare for network namespaces",
+    ),
+]
+
+WORKER = str(Path(__file__).parents[1] / "support" / "retry_worker.py")
+COUNT = 16 << 20  # 64 MiB of float32 per rank
+
+
+def _digest(arr: np.ndarray) -> str:
+    return hashlib.sha256(arr.tobytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[TwoHosts]:
+    two = TwoHosts()
+    try:
+        yield two
+    finally:
+        two.close()
+
+
+@pytest.fixture(scope="module")
+def expected() -> tuple[str, list[str]]:
+    """The fault-free result's digest (exact: whole numbers) and each rank's input's."""
+    inputs = [rank_input(r, COUNT) for r in range(4)]
+    total = np.sum([x.astype(np.float64) for x in inputs], axis=0).astype(np.float32)
+    return _digest(total), [_digest(x) for x in inputs]
+
+
+class Lines:
+    """Every rank's stdout lines, read on threads, waited for by pattern."""
+
+    def __init__(self, job: NetJob) -> None:
+        self.seen: list[list[str]] = [[] for _ in job.procs]
+        self._news: queue.Queue[int] = queue.Queue()
+        for rank, proc in enumerate(job.procs):
+            threading.Thread(target=self._read, args=(rank, proc), daemon=True).start()
+
+    def _read(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            self.seen[rank].append(raw.decode().rstrip("\n"))
+            self._news.put(rank)
+        self._news.put(rank)
+
+    def wait(self, rank: int, pattern: str, timeout_s: float = 60.0) -> str:
+        """The first line of ``rank`` matching ``pattern`` (fails once it never comes)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = next((ln for ln in self.seen[rank] if re.match(pattern, ln)), None)
+            if found is not None:
+                return found
+            left = deadline - time.monotonic()
+            assert left > 0, f"rank {rank} never printed {pattern!r}: {self.seen[rank]}"
+            with contextlib.suppress(queue.Empty):
+                self._news.get(timeout=left)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _job(hosts: TwoHosts, tmp: Path, iters: int, budget_s: float) -> tuple[NetJob, Lines]:
+    job = NetJob(
+        hosts,
+        tmp,
+        _free_port(),
+        timeout_s=30.0,  # the watchdog stays out of it: link faults are the retry's
+        iters=iters,
+        worker=WORKER,
+        extra={"CCLCTL_RETRY_BUDGET": str(budget_s), "COUNT": str(COUNT)},
+    )
+    return job, Lines(job)
+
+
+def _reset_links(job: NetJob) -> None:
+    """``ss -K`` on h2: every TCP connection to h1 but the store's is reset."""
+    flt = f"( dst {ADDRS['h1']} and not dport = :{job.port} )"
+    sh(*job.hosts.exec("h2", "ss", "-K", "-tn", "state", "established", flt))
+
+
+def _link(hosts: TwoHosts, state: str) -> None:
+    sh("ip", "-n", hosts.ns["h2"], "link", "set", hosts.devs[1], state)
+
+
+def _finished(job: NetJob, lines: Lines, iters: int, result: str) -> None:
+    """Every rank printed every digest, each the exact sum, and exited 0."""
+    for rank in range(4):
+        lines.wait(rank, r"done$")
+        digests = [ln.split()[2] for ln in lines.seen[rank] if ln.startswith("digest ")]
+        assert digests == [result] * iters, f"rank {rank}: {lines.seen[rank]}"
+        assert job.procs[rank].wait(30) == 0
+
+
+def _epochs(lines: Lines) -> list[int]:
+    return [int(lines.wait(r, r"epoch \d+$").split()[1]) for r in range(4)]
+
+
+def test_resets_mid_all_reduce_give_the_exact_result(
+    hosts: TwoHosts, tmp_path: Path, expected: tuple[str, list[str]]
+) -> None:
+    iters = 5
+    job, lines = _job(hosts, tmp_path, iters, budget_s=20)
+    try:
+        for i in (1, 3):  # a few resets, each while rank 2 is in an all_reduce
+            lines.wait(2, rf"iter {i}$")
+            _reset_links(job)
+        _finished(job, lines, iters, expected[0])
+        assert all(e >= 1 for e in _epochs(lines))  # the links were renewed
+    finally:
+        job.kill_ranks()
+        hosts.kill_all()
+
+
+@pytest.mark.parametrize("down_s", [0.5, 2.0])
+def test_a_link_down_for_a_while_finishes_after_it_returns(
+    hosts: TwoHosts, tmp_path: Path, expected: tuple[str, list[str]], down_s: float
+) -> None:
+    iters = 3
+    job, lines = _job(hosts, tmp_path, iters, budget_s=20)
+    try:
+        lines.wait(2, r"iter 1$")
+        _link(hosts, "down")
+        time.sleep(down_s)  # the outage itself: its length is what this case is about
+        _link(hosts, "up")
+        _finished(job, lines, iters, expected[0])
+    finally:
+        _link(hosts, "up")
+        job.kill_ranks()
+        hosts.kill_all()
+
+
+def test_past_the_budget_every_rank_raises_the_same_origin_and_keeps_its_input(
+    hosts: TwoHosts, tmp_path: Path, expected: tuple[str, list[str]]
+) -> None:
+    job, lines = _job(hosts, tmp_path, 3, budget_s=5)
+    try:
+        lines.wait(2, r"iter 1$")
+        _link(hosts, "down")
+        down = time.monotonic()
+        failed = [lines.wait(r, r"failed 1 ", timeout_s=30) for r in range(4)]
+        took = time.monotonic() - down
+        _link(hosts, "up")  # only once every rank has raised: they did not wait for it
+    finally:
+        _link(hosts, "up")
+        job.kill_ranks()
+        hosts.kill_all()
+    held = [ln.split()[2] for ln in failed]
+    assert held == expected[1], failed  # each buffer holds its own input, not a mix
+    origins = {re.search(r"link between rank \d+ and rank \d+", ln) for ln in failed}
+    names = {m.group(0) if m else None for m in origins}
+    assert len(names) == 1 and None not in names, failed
+    assert all("CCLCTL_RETRY_BUDGET=5s" in ln for ln in failed), failed
+    print(f"every rank raised {took:.2f}s after the link went down")

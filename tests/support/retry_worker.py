@@ -1,0 +1,52 @@
+"""A rank of a retry job: ``ITERS`` in-place all_reduces of ``COUNT`` float32 elements.
+
+Each rank's input is whole numbers drawn from a generator seeded by its rank, so the sum is
+exact in any order and a test can compute it. Before each call the rank prints
+``iter <i>``, after it ``digest <i> <sha256 of the result>``; at the end its epoch (how many
+retries renewed its links) and ``done``. A failed call prints ``failed <i> <sha256 of what
+the buffer holds> <error>``, so a test can tell the input, the result and a mix apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+import numpy as np
+
+import cclctl
+from cclctl.errors import CclError
+
+ITERS = int(os.environ.get("ITERS", "4"))
+COUNT = int(os.environ.get("COUNT", str(16 << 20)))  # 64 MiB of float32
+
+
+def rank_input(rank: int, count: int) -> np.ndarray:
+    """Rank ``rank``'s input: whole numbers in [-1000, 1000), exact in float32 sums."""
+    return np.random.default_rng(rank).integers(-1000, 1000, count).astype(np.float32)
+
+
+def main() -> int:
+    comm = cclctl.init()
+    x0 = rank_input(comm.rank, COUNT)
+    buf = np.empty_like(x0)
+    for i in range(ITERS):
+        buf[:] = x0
+        print(f"iter {i}", flush=True)
+        try:
+            comm.all_reduce(buf)
+        except CclError as exc:
+            held = hashlib.sha256(buf.tobytes()).hexdigest()
+            print(f"failed {i} {held} {exc}", flush=True)
+            print(f"rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
+            return 1
+        print(f"digest {i} {hashlib.sha256(buf.tobytes()).hexdigest()}", flush=True)
+    print(f"epoch {comm.failure.epoch}", flush=True)
+    comm.close()
+    print("done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
