@@ -17,6 +17,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -99,12 +100,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _job(hosts: TwoHosts, tmp: Path, iters: int, budget_s: float) -> tuple[NetJob, Lines]:
+def _job(
+    hosts: TwoHosts, tmp: Path, iters: int, budget_s: float, timeout_s: float = 30.0
+) -> tuple[NetJob, Lines]:
     job = NetJob(
         hosts,
         tmp,
         _free_port(),
-        timeout_s=30.0,  # the watchdog stays out of it: link faults are the retry's
+        timeout_s=timeout_s,  # 30 s: the watchdog stays out of it, link faults are the retry's
         iters=iters,
         worker=WORKER,
         extra={"CCLCTL_RETRY_BUDGET": str(budget_s), "COUNT": str(COUNT)},
@@ -191,3 +194,23 @@ def test_past_the_budget_every_rank_raises_the_same_origin_and_keeps_its_input(
     assert len(names) == 1 and None not in names, failed
     assert all("CCLCTL_RETRY_BUDGET=5s" in ln for ln in failed), failed
     print(f"every rank raised {took:.2f}s after the link went down")
+
+
+def test_a_stopped_rank_is_a_hang_not_a_link_fault_to_retry(
+    hosts: TwoHosts, tmp_path: Path
+) -> None:
+    """Rank 3 stops mid 64 MiB all_reduce: its peers' windows close, which is no stalled
+    link (nothing is lost), so no retry starts; the watchdog names rank 3 stopped."""
+    job, lines = _job(hosts, tmp_path, 3, budget_s=20, timeout_s=4.0)
+    stopped = job.rank_pid(3)
+    try:
+        lines.wait(3, r"iter 1$")
+        os.kill(stopped, signal.SIGSTOP)
+        failed = [lines.wait(r, r"failed 1 ", timeout_s=60) for r in range(3)]
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+        job.kill_ranks()
+        hosts.kill_all()
+    for line in failed:
+        assert "rank 3" in line and "stopped" in line, failed
+        assert "link between" not in line and "not recovered" not in line, failed

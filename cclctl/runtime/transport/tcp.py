@@ -10,13 +10,15 @@ message is followed by its tag, checked before the payload counts as received.
 from __future__ import annotations
 
 import contextlib
+import errno
 import select
 import threading
+import time
 from collections.abc import Sequence
 
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.revocation import Revocation
-from cclctl.runtime.transport import wire
+from cclctl.runtime.transport import stall, wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT
 from cclctl.runtime.transport.drive import DrivenAlone
@@ -24,12 +26,13 @@ from cclctl.runtime.transport.tcp_links import Links
 from cclctl.runtime.transport.tcp_messages import MacRecv, MacSend, Recv, Send
 
 _POLL_SLICE_S = 0.5  # how often a blocked step re-checks its deadline and abort flag
+_STALL_LOOK_S = 0.1  # how often a waiting step reads its links' TCP_INFO for a stall
 
 
 class TcpStep:
     """The TCP share of one step (a :class:`~cclctl.runtime.transport.base.Progress`)."""
 
-    __slots__ = ("call", "done", "links", "pending", "rank")
+    __slots__ = ("call", "done", "links", "look_at", "pending", "rank")
 
     def __init__(self, links: Links, call: wire.Call, pending: list[Send | Recv]) -> None:
         self.links = links
@@ -37,6 +40,7 @@ class TcpStep:
         self.call = call
         self.pending = pending
         self.done = not pending
+        self.look_at = 0.0  # when a wait next looks for a stalled link (time.monotonic())
 
     def advance(self) -> bool:
         """Push and pull what the sockets take now; drop finished items; True if any moved."""
@@ -71,6 +75,8 @@ class TcpStep:
         """Wait until a socket of the share can move, at most ``slice_s``."""
         slice_s = _POLL_SLICE_S if slice_s is None else slice_s
         left = wait.check(self.call, peer, what)
+        if self.links.stall_ms:
+            self._look_for_stalls()
         poller = select.poll()
         events: dict[int, int] = {}
         for item in self.pending:
@@ -80,6 +86,20 @@ class TcpStep:
         for fd, mask in events.items():
             poller.register(fd, mask)
         poller.poll(int(min(left, slice_s) * 1000) + (1 if slice_s >= 0.001 else 0))
+
+    def _look_for_stalls(self) -> None:
+        """Break a link whose bytes in flight nobody acknowledges (a retry renews it), at
+        most every :data:`_STALL_LOOK_S` while the step waits. A link with nothing in
+        flight is probed by the kernel's keepalives instead (see ``Links``)."""
+        now = time.monotonic()
+        if now < self.look_at:
+            return
+        self.look_at = now + _STALL_LOOK_S
+        after_ms = self.links.stall_ms
+        for item in list(self.pending):  # a receive's link may hold this rank's last send
+            if stall.stalled(item.sock, after_ms):
+                why = f"nothing sent on it was acknowledged for {after_ms / 1000:g}s"
+                self._broken(item, OSError(errno.ETIMEDOUT, why))
 
     def _broken(self, item: Send | Recv, exc: OSError) -> None:
         self.links.drop(item.peer)

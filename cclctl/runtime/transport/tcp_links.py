@@ -19,7 +19,7 @@ import threading
 import time
 
 from cclctl.errors import CommError, PeerError
-from cclctl.runtime.transport import link_auth
+from cclctl.runtime.transport import link_auth, stall
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.link_auth import HandshakeRefused, Session
 from cclctl.runtime.transport.wire import Call
@@ -78,8 +78,9 @@ class Links:
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         stall_s: float = 0.0,
     ) -> None:
-        """``stall_s``: a link whose sent bytes stay unacknowledged this long fails
-        (``TCP_USER_TIMEOUT``), so a stalled link becomes a link fault; 0: the kernel's."""
+        """``stall_s``: a link whose bytes in flight stay unacknowledged this long while a
+        step waits on it is broken, and an idle one whose peer's kernel stops answering
+        keepalives about as soon (:mod:`~cclctl.runtime.transport.stall`); 0: never."""
         if not token:
             raise CommError(f"rank {rank}: no token for the job's links", rank=rank)
         self.rank = rank
@@ -87,7 +88,7 @@ class Links:
         self._job = job
         self._token = token
         self._epoch = epoch
-        self._stall_ms = int(stall_s * 1000)
+        self.stall_ms = int(stall_s * 1000)
         self._flags = link_auth.FLAG_MAC if mac else 0
         self._connect_timeout_s = connect_timeout_s
         self._handshake_s = min(handshake_timeout_s, connect_timeout_s)
@@ -220,8 +221,8 @@ class Links:
 
     def _keep(self, peer: int, sock: socket.socket, session: Session | None) -> None:
         _tune(sock)
-        if self._stall_ms:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self._stall_ms)
+        if self.stall_ms:
+            stall.keep_probing(sock, self.stall_ms)
         sock.setblocking(False)
         if session is not None:
             self.sessions[peer] = session
