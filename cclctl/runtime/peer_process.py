@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Sequence
 
 GONE = "process exited"
+
+#: A dying process closes its sockets before it turns zombie: how long a rank whose link
+#: to a peer on this host broke watches for that peer's exit before calling it a link fault.
+PEER_EXIT_GRACE_S = 0.1
 
 
 def exit_reason(pid: int) -> str | None:
@@ -34,6 +40,25 @@ def exit_reason(pid: int) -> str | None:
     except ValueError:
         return GONE
     return describe_status(status)
+
+
+def gone_within(pid: int, grace_s: float) -> str | None:
+    """How ``pid`` ended if it is gone or goes within ``grace_s``; None if it lives on."""
+    found = first_gone([pid], grace_s)
+    return None if found is None else found[1]
+
+
+def first_gone(pids: Sequence[int], grace_s: float) -> tuple[int, str] | None:
+    """The first of ``pids`` that is gone or goes within ``grace_s``, and how it ended."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        for pid in pids:
+            gone = exit_reason(pid)
+            if gone is not None:
+                return pid, gone
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
 
 
 def process_state(pid: int) -> str:

@@ -16,25 +16,15 @@ from typing import TYPE_CHECKING, Any
 from cclctl.errors import CclError, CollectiveTimeout, CommAborted, PeerError, ProtocolError
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
-from cclctl.runtime.peer_process import GONE, exit_reason, process_state
+from cclctl.runtime.peer_process import (
+    GONE,
+    PEER_EXIT_GRACE_S,
+    gone_within,
+    process_state,
+)
 
 if TYPE_CHECKING:
     from cclctl.runtime.failure import FailureState
-
-#: A dying process closes its sockets before it turns zombie: how long a rank whose link
-#: to a peer on this host broke watches for that peer's exit before calling it a link fault.
-PEER_EXIT_GRACE_S = 0.1
-
-
-def gone_within(pid: int, grace_s: float) -> str | None:
-    """How ``pid`` ended if it is gone or goes within ``grace_s``; None if it lives on."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        gone = exit_reason(pid)
-        if gone is not None or time.monotonic() >= deadline:
-            return gone
-        time.sleep(0.005)
-
 
 def witnessed(
     state: FailureState, exc: BaseException, rec: CollectiveRecord, call: str

@@ -21,7 +21,7 @@ from cclctl.errors import CclError
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
 from cclctl.runtime.job.revoke_key import LISTEN_SLICE_S, RevokeKey
-from cclctl.runtime.peer_process import exit_reason
+from cclctl.runtime.peer_process import PEER_EXIT_GRACE_S, first_gone
 from cclctl.telemetry.hub import Telemetry
 
 log = logging.getLogger("cclctl.torch")
@@ -98,7 +98,8 @@ class TorchRevoke:
         log.warning("cclctl: the hang at %s of comm %s is over", record.at(), record.comm)
 
     def adopt(self, record: Revocation) -> Revocation:
-        """Carry ``record`` in this rank's documents from now on, and publish at once."""
+        """Carry ``record`` in this rank's documents from now on: publish and dump at once
+        (a rank blocked in gloo when its launcher stops it leaves no dump of its own)."""
         with self._lock:
             if self.record == record:
                 return record
@@ -106,6 +107,10 @@ class TorchRevoke:
             self.telemetry.revoke = record
         self.telemetry.publish_now()
         log.error("cclctl: the job's failure: %s", record.describe())
+        try:
+            self.telemetry.dump("revoked")
+        except Exception as exc:
+            log.warning("cclctl: no dump of the job's failure: %s", exc)
         return record
 
     # ------------------------------------------------------------------ naming it
@@ -125,18 +130,22 @@ class TorchRevoke:
         return record if snap is None else record.replace(host=snap.host, pid=snap.pid)
 
     def _dead_peer(self, rec: CollectiveRecord) -> Revocation | None:
-        """The lowest rank of ``rec``'s communicator whose process on this host is gone."""
+        """The lowest rank on this host whose process is gone, or goes within
+        :data:`PEER_EXIT_GRACE_S` (its sockets close before it turns zombie)."""
         host = self.telemetry.cfg.hostname
         statuses = self._key.statuses().statuses
-        for rank in sorted(statuses):
-            snap = statuses[rank]
-            if rank == self.rank or snap.host != host or snap.finished:
-                continue
-            reason = exit_reason(snap.pid)
-            if reason is not None:
-                record = self._record("died", reason, rank, rec, "call")
-                return record.replace(host=snap.host, pid=snap.pid)
-        return None
+        local = {
+            snap.pid: rank
+            for rank, snap in statuses.items()
+            if rank != self.rank and snap.host == host and not snap.finished
+        }
+        found = first_gone(sorted(local, key=local.__getitem__), PEER_EXIT_GRACE_S)
+        if found is None:
+            return None
+        pid, reason = found
+        rank = local[pid]
+        record = self._record("died", reason, rank, rec, "call")
+        return record.replace(host=host, pid=pid)
 
     def _record(
         self, kind: str, reason: str, origin: int, rec: CollectiveRecord, via: str, **more: object

@@ -190,16 +190,16 @@ class Session:
             return
         if text is None:
             revoke.completed(rec)
-        elif revoke.on_failed(rec, text) is not None:
-            quietly(self.telemetry.dump, "revoked")
+        else:
+            revoke.on_failed(rec, text)  # the record it adopts is dumped at once
 
     # -- watchdog -------------------------------------------------------------------------
 
     def _expired(self, rec: CollectiveRecord, why: str) -> None:
         """The watchdog expired ``rec`` (and dumped): name the hang's origin in the job's
-        revoke record, dump again to carry it, and ask every rank to dump."""
-        if self.revoke is not None and self.revoke.on_hang(rec) is not None:
-            quietly(self.telemetry.dump, "hang")
+        revoke record (dumped again once adopted), and ask every rank to dump."""
+        if self.revoke is not None:
+            self.revoke.on_hang(rec)
         if self.store is not None:
             self.store.request_dump(why)
 
