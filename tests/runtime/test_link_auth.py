@@ -126,9 +126,9 @@ def test_an_attacker_who_knows_the_address_and_connects_first_is_refused() -> No
     assert reports[1]["refused"] == 2 and reports[0]["refused"] == 0
     log = [line for rank, stream, line in lines.items if rank == 1 and stream == "stderr"]
     refusals = [line for line in log if "refused a link from 127.0.0.1:" in line]
-    assert len(refusals) == 2, log
-    assert "claiming rank 0: an unauthenticated (CCL1) handshake" in refusals[0]
-    assert "claiming rank 0: bad proof" in refusals[1]
+    assert len(refusals) == 2, log  # in either order: each handshake has a thread
+    assert any("claiming rank 0: an unauthenticated (CCL1) handshake" in r for r in refusals)
+    assert any("claiming rank 0: bad proof" in r for r in refusals), refusals
 
 
 # -- thread ranks over real sockets ------------------------------------------------------

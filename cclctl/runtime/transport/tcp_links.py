@@ -229,12 +229,12 @@ class Links:
         self.socks[peer] = sock
 
     def _refused(self, addr: tuple[str, int], claimed: int | None, why: str) -> None:
-        self.auth_failures += 1
         who = "?" if claimed is None else str(claimed)
         log.warning(
             "rank %d: refused a link from %s:%s claiming rank %s: %s",
             self.rank, addr[0], addr[1], who, why,
         )  # fmt: skip
+        self.auth_failures += 1  # after the log: whoever sees the count can read why
 
     def drop(self, peer: int) -> None:
         with self._linked:
