@@ -99,11 +99,17 @@ def retry(
         ui.write_result(json.dumps(to_document(report), indent=2) + "\n")
     else:
         _print(report)
-    if not report.complete:
+    if report.missing:
         raise FaultFound(
             f"{ranks_word(report.missing)} of job {name!r} did not rejoin the retry within "
             f"{wait:g}s",
             ranks=report.missing,
+        )
+    if not report.complete:
+        raise FaultFound(
+            f"{ranks_word(report.pending)} of job {name!r} did not re-run the call within "
+            f"{wait:g}s",
+            ranks=report.pending,
         )
 
 

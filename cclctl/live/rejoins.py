@@ -118,14 +118,22 @@ class RetryReport:
 
     @property
     def missing(self) -> list[int]:
-        """Live ranks that are not re-running: the command's exit 3 names them."""
+        """Live ranks that did not rejoin at all (no entry, not aborted): exit 3 names them."""
+        not_live = {s.rank for s in self.silent if not s.live}
+        known = set(self.rejoined) | set(self.aborted) | not_live
+        return [r for r in range(self.world_size) if r not in known]
+
+    @property
+    def pending(self) -> list[int]:
+        """Live ranks that are not re-running (yet): missing, aborted or still renewing."""
         not_live = {s.rank for s in self.silent if not s.live}
         up = set(self.running)
         return [r for r in range(self.world_size) if r not in up and r not in not_live]
 
     @property
     def complete(self) -> bool:
-        return not self.missing
+        """Every live rank re-runs the call."""
+        return not self.pending
 
 
 def to_document(report: RetryReport) -> dict[str, Any]:
@@ -146,4 +154,5 @@ def to_document(report: RetryReport) -> dict[str, Any]:
         "aborted": [{"rank": r, "reason": why} for r, why in sorted(report.aborted.items())],
         "silent": [dataclasses.asdict(s) | {"live": s.live} for s in report.silent],
         "missing": report.missing,
+        "pending": report.pending,
     }
