@@ -4,7 +4,8 @@ Every rank's input is whole numbers seeded by its rank (``retry_worker.rank_inpu
 each rank computes the exact sum itself and counts a result that differs. It prints
 ``ready <pid>`` once its first call completed, ``epoch <e>`` each time a retry renewed its
 links, and at the end ``done <calls> <wrong> <epoch>``, once the file named by ``RELEASE``
-exists (a backstop of 90 s ends it otherwise, exit 1). A failed call prints
+exists on any rank (they agree with a small all_reduce after each call, so all stop after
+the same one; a backstop of 90 s ends it otherwise, exit 1). A failed call prints
 ``failed <error>`` and exits 1.
 """
 
@@ -34,7 +35,8 @@ def main() -> int:
     calls = wrong = 0
     epoch = comm.failure.epoch
     deadline = time.monotonic() + BACKSTOP_S
-    while not os.path.exists(release):
+    stop = np.zeros(1, np.int32)
+    while not stop[0]:
         if time.monotonic() > deadline:
             print("backstop", flush=True)
             return 1
@@ -51,6 +53,8 @@ def main() -> int:
         if comm.failure.epoch != epoch:
             epoch = comm.failure.epoch
             print(f"epoch {epoch}", flush=True)
+        stop[0] = os.path.exists(release)
+        comm.all_reduce(stop, op="max")  # every rank stops after the same call
     print(f"done {calls} {wrong} {epoch}", flush=True)
     comm.close()
     return 0
