@@ -11,7 +11,7 @@ import sys
 import typer
 
 from cclctl import __version__, ui
-from cclctl.commands import abort, bench, diagnose, launch, top
+from cclctl.commands import abort, bench, diagnose, launch, retry, top
 from cclctl.commands import run as run_command
 from cclctl.errors import EXIT_ERROR, CclError
 
@@ -20,7 +20,8 @@ app = typer.Typer(
     help=(
         "Observability and fault diagnosis for collective communication.\n\n"
         "Measure bandwidth (bench), launch local ranks (launch), watch a live job (top) and "
-        "find the rank that hangs a job (diagnose hang), abort a live job (abort)."
+        "find the rank that hangs a job (diagnose hang), abort a live job (abort), re-run a "
+        "stuck job's interrupted all_reduce (retry)."
     ),
     no_args_is_help=True,
     add_completion=True,
@@ -28,7 +29,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for _module in (bench, launch, top, diagnose, abort):
+for _module in (bench, launch, top, diagnose, abort, retry):
     _module.register(app)
 run_command.register(app)
 

@@ -27,8 +27,10 @@ VERSION = 1
 #: ``mismatch``  the origin called another collective (op, count, dtype, root) at ``seq``;
 #: ``hang``      a watchdog expired a call; ``origin`` is the rank the hang waits on;
 #: ``error``     the origin's own call failed (a local error);
-#: ``aborted``   an operator (``origin`` is :data:`OPERATOR`) or an abort policy aborted it.
-KINDS = ("died", "link", "mismatch", "hang", "error", "aborted")
+#: ``aborted``   an operator (``origin`` is :data:`OPERATOR`) or an abort policy aborted it;
+#: ``retry``     an operator (``cclctl retry``) asked every rank to re-run its interrupted
+#:               all_reduce under the next epoch: no rank failed.
+KINDS = ("died", "link", "mismatch", "hang", "error", "aborted", "retry")
 #: Kinds that a rank sees only from one side: another rank may know better (a dead peer
 #: behind a broken link, the odd one out of a mismatch), so they are agreed in the store.
 WEAK_KINDS = frozenset({"link", "mismatch"})
@@ -93,6 +95,9 @@ class Revocation:
         """The failure in one phrase, origin first:
         ``rank 6 (pid 3630 on vm) died (SIGKILL, seen by rank 3)``."""
         seen = f"seen by {self.seer()}"
+        if self.kind == "retry":
+            asked = f"retry asked by operator {self.by or 'unknown'}"
+            return f"{asked}: {self.reason}" if self.reason else asked
         if self.kind == "aborted":
             if self.origin == OPERATOR:
                 return f"aborted by operator {self.by or 'unknown'}: {self.reason}"

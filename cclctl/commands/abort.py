@@ -89,9 +89,9 @@ def abort(
         raise ConfigError(f"--wait must be zero or more, not {wait!r}", flag="--wait")
     if not stale > 0:
         raise ConfigError(f"--stale must be positive, not {stale!r}", flag="--stale")
-    name = job if job is not None else _only_job(address)
-    token = _token(name)
-    with _connect(address, token, name) as client:
+    name = job if job is not None else only_job(address)
+    token = job_token(name)
+    with operator_connect(address, token, name) as client:
         scoped = ScopedStore.for_job(client, name)
         before = parse(name, address, client.list(job_prefix(name)))
         world_size = classify(before).world_size
@@ -132,13 +132,13 @@ def operator_record(reason: str) -> Revocation:
     )
 
 
-def _only_job(address: str) -> str:
+def only_job(address: str) -> str:
     """The store's only job, read as top reads it (statuses are readable without a token)."""
-    with _connect(address, client_token(), None) as reader:
+    with operator_connect(address, client_token(), None) as reader:
         return fetch(reader, None).job
 
 
-def _token(job: str) -> str:
+def job_token(job: str, verb: str = "abort") -> str:
     """CCLCTL_TOKEN, else the job's token file on this host; else refused (exit 2)."""
     given = client_token()
     if given:
@@ -147,7 +147,7 @@ def _token(job: str) -> str:
     found = auth.read_token_file(folder)
     if found is None:
         raise UsageError(
-            f"abort needs job {job!r}'s token to write to its store: set CCLCTL_TOKEN, or run "
+            f"{verb} needs job {job!r}'s token to write to its store: set CCLCTL_TOKEN, or run "
             f"it on the host whose {auth.token_path(folder)} holds it (none there); nothing "
             "was changed",
             variable="CCLCTL_TOKEN",
@@ -155,7 +155,9 @@ def _token(job: str) -> str:
     return found
 
 
-def _connect(address: str, token: str | None, job: str | None) -> StoreClient:
+def operator_connect(
+    address: str, token: str | None, job: str | None, verb: str = "abort"
+) -> StoreClient:
     try:
         return connect(address, token=token or "")
     except StoreError as exc:
@@ -163,7 +165,7 @@ def _connect(address: str, token: str | None, job: str | None) -> StoreClient:
             raise
         whose = f"job {job!r}'s" if job is not None else "the job's"
         raise UsageError(
-            f"abort needs {whose} token and the store at {address} refused this one "
+            f"{verb} needs {whose} token and the store at {address} refused this one "
             f"({exc}); nothing was changed",
             variable="CCLCTL_TOKEN",
         ) from None
@@ -193,14 +195,14 @@ def _revoke(
     after = parse(job, scoped.address, listing)
     view = classify(after, world_size=world_size, thresholds=Thresholds(stale_s=stale_s))
     acked = {r: a for r, a in acks_in(listing, job).items() if r < view.world_size}
-    culprits = read_culprits(_diagnosis(after, stale_s), view)
+    culprits = read_culprits(liveness_diagnosis(after, stale_s), view)
     silent = silent_ranks(after, view, culprits, acked)
     return AbortReport(
         job, scoped.address, view.world_size, record, written, wait_s, acked, silent, unreadable
     )
 
 
-def _diagnosis(statuses: JobStatuses, stale_s: float) -> Diagnosis | None:
+def liveness_diagnosis(statuses: JobStatuses, stale_s: float) -> Diagnosis | None:
     """The live diagnosis whose liveness verdicts name the silent ranks (None: no status)."""
     if not statuses.statuses and not statuses.bad:
         return None

@@ -154,10 +154,11 @@ def _verdict(record: Revocation, states: dict[int, RankState]) -> Verdict:
     """The verdict a record says, with the record's lines first in its evidence."""
     seen = f"seen by {record.seer()}"
     evidence = _record_lines(record)
-    if record.kind == "aborted":
+    if record.kind in ("aborted", "retry"):
         who = f"operator {record.by or 'unknown'}" if record.origin == OPERATOR else record.seer()
+        done = "asked the job to retry" if record.kind == "retry" else "aborted the job"
         step = (
-            f"{who} aborted the job ({record.reason or 'no reason given'}): no rank failed by "
+            f"{who} {done} ({record.reason or 'no reason given'}): no rank failed by "
             "itself; ask why, then restart the job"
         )
         verdict = Verdict(ABORTED, record.describe(), [], evidence=evidence, next_step=step)

@@ -59,6 +59,7 @@ class FailureState:
         "_announce",
         "_listeners",
         "_lock",
+        "_renewed",
         "_spread",
         "_wake",
         "comm",
@@ -91,6 +92,7 @@ class FailureState:
         self.resolve: Resolver | None = None
         self._announce = announce
         self._listeners: list[Listener] = []
+        self._renewed: list[Callable[[int], None]] = []
         self._spread = threading.Event()  # set once the first failure has spread
         self._wake: int | None = None
         self._lock = threading.Lock()  # the watchdog, the store and an operator fail it too
@@ -100,6 +102,10 @@ class FailureState:
         """Call ``listener(record, how)`` once, at the first failure (``how``: :data:`SELF`,
         :data:`PEER` or :data:`STORE`)."""
         self._listeners.append(listener)
+
+    def on_renew(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(epoch)`` each time a retry starts a new epoch (:meth:`bump_epoch`)."""
+        self._renewed.append(listener)
 
     def fail(self, rev: Revocation, status: str = BROKEN, how: str = SELF) -> bool:
         """Record a failure; True if it is the first (it sets ``first``, spreads, then sets
@@ -213,7 +219,11 @@ class FailureState:
             if self._wake is not None:  # readable since the failure: a wait would spin
                 with contextlib.suppress(OSError):
                     os.eventfd_read(self._wake)
-            return self.epoch
+            epoch = self.epoch
+        for listener in list(self._renewed):
+            with contextlib.suppress(Exception):
+                listener(epoch)
+        return epoch
 
     @property
     def closed(self) -> bool:

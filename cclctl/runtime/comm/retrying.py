@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 #: The transports whose links a retry renews (shared memory alone has none to break).
 RETRIED_TRANSPORTS = ("tcp", "hybrid")
-#: Revocation kinds a retry recovers from: a link broke or stalled between live ranks.
-RETRIED_KINDS = ("link",)
+#: Revocation kinds a retry recovers from: a link broke or stalled between live ranks, or
+#: an operator asked for a retry (``cclctl retry``).
+RETRIED_KINDS = ("link", "retry")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,15 @@ Retrier = Callable[["Communicator", Ask], Plan]
 def enabled(comm: Communicator) -> bool:
     """Retry is on for ``comm``: a budget, and TCP links under it."""
     return comm.cfg.retry_budget_s > 0 and comm.transport.name in RETRIED_TRANSPORTS
+
+
+def why_not(comm: Communicator) -> str:
+    """Why ``comm`` cannot retry, in words (empty when it can)."""
+    if comm.cfg.retry_budget_s <= 0:
+        return "CCLCTL_RETRY_BUDGET=0 turns retry off"
+    if comm.transport.name not in RETRIED_TRANSPORTS:
+        return f"its {comm.transport.name} transport has no TCP links to renew"
+    return ""
 
 
 def retryable(exc: CommError) -> bool:

@@ -133,6 +133,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         hang_after_s=cfg.timeout_s / 2,  # the watchdog expires a call after cfg.timeout_s
         stale_after_s=max(cfg.timeout_s, 3 * cfg.status_interval_s),
         deferred=lambda rev: retrying.enabled(comm) and rev.kind in retrying.RETRIED_KINDS,
+        no_retry=lambda: retrying.why_not(comm),
     )
     telemetry.revoke_source = lambda: failure.first
 

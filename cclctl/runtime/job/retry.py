@@ -6,7 +6,11 @@ the communicator's next one, and waits for all of them until the budget's deadli
 re-runs alone. All read the same entries, so all make the same plan. Then the old transport
 is closed, a new one opens through a rendezvous scoped to ``retry/<comm>/<epoch>/x/`` with
 links of the new epoch (a socket of the old life is refused at its handshake), and the
-failure state starts the new epoch: its calls run again.
+failure state starts the new epoch: its calls run again. Once every rank's entry is there,
+each clears the job's ``revoke`` key of the record this retry got past (and its own
+acknowledgement), so a later failure, an abort or another ``cclctl retry`` can be written;
+each writes ``retry/<comm>/<epoch>/up/<rank>`` once its new transport is up (what
+``cclctl retry`` waits for).
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ import dataclasses
 import json
 import time
 
+from cclctl import revocation
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.comm.retrying import Ask, Plan
+from cclctl.runtime.comm.retrying import RETRIED_KINDS, Ask, Plan
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.shrink import ShrinkExchange
 from cclctl.runtime.transport.base import Transport
@@ -77,7 +82,9 @@ class Retry:
                 scoped = ScopedStore.for_job(client, self.rdzv.job)
                 entries = _agree(scoped, prefix, comm.rank, comm.world_size, ask)
                 plan = decide(comm.rank, entries)
+                clear_revoke_key(scoped, comm.id, epoch, comm.rank)
                 transport = self._build(comm, epoch, scoped, prefix, ask.deadline)
+                scoped.set(f"{prefix}up/{comm.rank}", b"1")
         except CclError as exc:
             if isinstance(exc, CommError):
                 raise
@@ -112,6 +119,26 @@ class Retry:
             choice=cfg.transport,
             host=f"{cfg.hostname}|{host_key()}",
         )
+
+
+def clear_revoke_key(scoped: ScopedStore, comm_id: str, epoch: int, rank: int) -> None:
+    """Remove the job's record if it is what this retry (into ``epoch``) got past: a link
+    fault of an earlier epoch of ``comm_id``, or an operator's retry; and this rank's ack.
+    Every rank has written its entry by now, so none writes a record of the old life."""
+    raw = scoped.try_get(revocation.KEY)
+    if raw:
+        try:
+            rev = revocation.decode(raw)
+        except CclError:
+            rev = None
+        if (
+            rev is not None
+            and rev.kind in RETRIED_KINDS
+            and rev.comm in ("", comm_id)
+            and (rev.origin == revocation.OPERATOR or rev.epoch < epoch)
+        ):
+            scoped.delete(revocation.KEY)
+    scoped.delete(revocation.ack_key(rank))
 
 
 def _agree(scoped: ScopedStore, prefix: str, rank: int, size: int, ask: Ask) -> dict[int, Ask]:

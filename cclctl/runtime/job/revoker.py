@@ -54,22 +54,28 @@ class Revoker:
         hang_after_s: float = 5.0,
         stale_after_s: float = 10.0,
         deferred: Callable[[Revocation], bool] = lambda rev: False,
+        no_retry: Callable[[], str] = lambda: "",
     ) -> None:
         """``deferred(record)``: a failure the call recovers from (a retried link fault),
         whose store round trips go to a thread of their own, so an unreachable store
-        never holds up the retry; its record stands as this rank saw it."""
+        never holds up the retry; its record stands as this rank saw it. ``no_retry()``:
+        why this communicator cannot retry (empty: it can), so an operator's retry
+        aborts it instead, naming the operator."""
         self.failure = failure
         self.rank = failure.rank
         self._in_call = in_call
         self._dump = dump
         self._publish = publish
         self._deferred = deferred
+        self._no_retry = no_retry
         #: what the diagnosis of a hang the watchdog expired counts as hung and stale
         self._hang_after_s, self._stale_after_s = hang_after_s, stale_after_s
         self._key = RevokeKey(address, token, job, self.rank)
         self._scoped = self._key.scoped
         self._stopped = threading.Event()
+        self._renewed = threading.Event()  # a retry started a new epoch: listen again
         failure.on_first(self._first)
+        failure.on_renew(lambda epoch: self._renewed.set())
         failure.resolve = self.resolve
         self._thread = threading.Thread(
             target=self._listen, name=f"cclctl-revoke-r{self.rank}", daemon=True
@@ -78,13 +84,32 @@ class Revoker:
 
     # ------------------------------------------------------------------ listening
     def _listen(self) -> None:
-        rev = self._key.next_record(self._stopped)
-        if (
-            rev is not None
-            and rev.epoch >= self.failure.epoch
-            and rev.comm in ("", self.failure.comm)
-        ):
-            self.failure.adopt(rev, STORE)
+        """Adopt the job's record; after a retry (which clears the key) listen again, so a
+        later failure, an abort or another ``cclctl retry`` still reaches this rank."""
+        last: Revocation | None = None
+        while not self._stopped.is_set():
+            rev = self._key.next_record(self._stopped)
+            if rev is None:
+                return
+            if rev != last and self._fresh(rev):
+                self.failure.adopt(self._as_adopted(rev), STORE)
+            last = rev
+            self._renewed.wait()
+            self._renewed.clear()
+
+    def _fresh(self, rev: Revocation) -> bool:
+        """A record for this communicator's present life: an operator's (any epoch), or one
+        of this epoch or later (an older one is a failure a retry already got past)."""
+        mine = rev.comm in ("", self.failure.comm)
+        return mine and (rev.origin == revocation.OPERATOR or rev.epoch >= self.failure.epoch)
+
+    def _as_adopted(self, rev: Revocation) -> Revocation:
+        """An operator's retry where this communicator cannot retry is an abort by them."""
+        why = self._no_retry() if rev.kind == "retry" else ""
+        if not why:
+            return rev
+        asked = f"{rev.reason}; " if rev.reason else ""
+        return rev.replace(kind="aborted", reason=f"{asked}retry asked, but {why}")
 
     # ------------------------------------------------------------------ telling
     def _first(self, rev: Revocation, how: str) -> None:
@@ -265,6 +290,7 @@ class Revoker:
     def close(self) -> None:
         """Stop listening; the store may already be gone."""
         self._stopped.set()
+        self._renewed.set()
         self._key.stop_listening()  # ends a blocking wait at once
         self._thread.join(2.0)
         self._key.close()
