@@ -52,7 +52,7 @@ class CollectiveRecord:
     nbytes: int = 0  # bytes as nccl-tests sizes them: all_gather/reduce_scatter = full buffer
     root: int | None = None
     peer: int | None = None
-    epoch: int = 0
+    epoch: int = 0  # the communicator's epoch the call ran in (a retry runs in a later one)
     algo: str = ""
     state: str = STARTED
     start_ns: int = 0
@@ -64,6 +64,7 @@ class CollectiveRecord:
     error: str | None = None
     pg_name: str = ""  # a torch job's process group name, as PyTorch's Flight Recorder has it
     torch_seq: int | None = None  # the backend's own seq (Flight Recorder's collective_seq_id)
+    attempt: int = 1  # 1 for a seq's first run, 2 for its first retry, ... (see ``epoch``)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,7 +75,7 @@ class CollectiveRecord:
 
 
 _RECORD_FIELDS = {f.name: f for f in dataclasses.fields(CollectiveRecord)}
-_INT_FIELDS = ("seq", "count", "nbytes", "epoch", "start_ns", "end_ns", "step", "steps")
+_INT_FIELDS = ("seq", "count", "nbytes", "epoch", "attempt", "start_ns", "end_ns", "step", "steps")
 _OPTIONAL_INT_FIELDS = ("root", "peer", "waiting_on", "torch_seq")
 _STR_FIELDS = ("comm", "op", "dtype", "algo", "state", "pg_name")
 
@@ -106,6 +107,8 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
         if name in _STR_FIELDS and not isinstance(value, str):
             raise _fail(where, f"field {name!r} must be a string, got {value!r}")
         kwargs[name] = value
+    if kwargs.get("attempt", 1) < 1:
+        raise _fail(where, f"field 'attempt' must be 1 or more, got {kwargs['attempt']!r}")
     if kwargs.get("state", STARTED) not in STATES:
         raise _fail(where, f"unknown state {kwargs['state']!r}")
     return CollectiveRecord(**kwargs)

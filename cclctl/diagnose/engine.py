@@ -31,6 +31,7 @@ from cclctl.diagnose.left_behind import check_left_behind
 from cclctl.diagnose.liveness import check_liveness, place_unplaced
 from cclctl.diagnose.mismatch import check_mismatch
 from cclctl.diagnose.model import HEALTHY, MAX_STACKS, CommSummary, Diagnosis, Options, Verdict
+from cclctl.diagnose.retried import attempts_line, healthy_lines, retried_seqs
 from cclctl.diagnose.revoked import origin_verdict, read_records, settle
 from cclctl.diagnose.shrunk import note_shrinks, successors
 from cclctl.diagnose.stacks import stack_line
@@ -130,9 +131,13 @@ def _check_comms(
     found.fold(explained)
     if revoked is not None:
         settle(revoked, verdicts, states)
+    retried = retried_seqs(states)
     for verdict in verdicts:
         _show_stacks(verdict, states)
         _join_torch(verdict, states)
+        comm, seq = verdict.comm, verdict.seq
+        if comm is not None and seq is not None and seq in retried.get(comm, ()):
+            verdict.add(attempts_line(states, comm, seq))
         for suspect in verdict.suspects:
             if suspect.rank in notes:
                 verdict.add(f"rank {suspect.rank}: {notes[suspect.rank]}")
@@ -248,6 +253,7 @@ def _healthy(views: list[CommView], states: dict[int, RankState]) -> Verdict:
             evidence.append(
                 f"comm {cv.comm}: members completed seqs {done[0]} to {done[-1]}; nothing in flight"
             )
+    evidence += healthy_lines(states)
     running = any(cv.inside for cv in views)
     step = (
         "nothing hangs yet; if the job still looks stuck, run this again in a few seconds"

@@ -109,7 +109,7 @@ def rank_state(snap: RankSnapshot) -> RankState:
         if calls is None:
             calls = tail[rec.comm] = {}
         old = calls.get(rec.seq)
-        if old is None or (rec.epoch, rec.start_ns) >= (old.epoch, old.start_ns):
+        if old is None or _attempt_key(rec) >= _attempt_key(old):
             calls[rec.seq] = rec
     for comm, calls in tail.items():
         if len(calls) > TAIL:
@@ -129,6 +129,19 @@ def rank_state(snap: RankSnapshot) -> RankState:
         snap.stacks,
         snap.revoke,
     )
+
+
+def _attempt_key(rec: CollectiveRecord) -> tuple[int, int, int]:
+    """Orders the attempts of one seq: a retry runs in a later epoch, as a later attempt."""
+    return rec.epoch, rec.attempt, rec.start_ns
+
+
+def superseded(rec: CollectiveRecord, done: dict[int, CollectiveRecord]) -> bool:
+    """``rec`` ended unfinished in an epoch older than one in which another rank completed
+    the same seq (``done``: seq -> the newest completed attempt seen): this rank re-ran it
+    too (nobody re-runs alone), so its document only predates the re-run; no hang."""
+    newer = done.get(rec.seq)
+    return newer is not None and rec.epoch < newer.epoch and not in_flight(rec)
 
 
 def _same_call(a: CollectiveRecord, b: CollectiveRecord) -> bool:
@@ -221,6 +234,7 @@ def _comm_view(comm: str, states: dict[int, RankState], opts: Options) -> CommVi
     inside: set[int] = set()
     hung: set[int] = set()
     ops: dict[int, str] = {}
+    newest = _completed_attempts(comm, states, member_set)
     for rank in sorted(member_set):
         st = states.get(rank)
         if st is None:
@@ -230,7 +244,9 @@ def _comm_view(comm: str, states: dict[int, RankState], opts: Options) -> CommVi
         for seq, rec in st.tail.get(comm, {}).items():
             ops.setdefault(seq, rec.op)
         last = st.last(comm)
-        if last is not None and last.seq == started and last.state != COMPLETED:
+        if last is not None and last.state != COMPLETED and superseded(last, newest):
+            inside.add(rank)  # re-running the seq the others completed in a later epoch
+        elif last is not None and last.seq == started and last.state != COMPLETED:
             open_[rank] = last
             if in_flight(last):
                 inside.add(rank)
@@ -242,3 +258,16 @@ def _comm_view(comm: str, states: dict[int, RankState], opts: Options) -> CommVi
     return CommView(
         comm, members, member_set, position, completed, open_, inside, sorted(hung), ops
     )
+
+
+def _completed_attempts(
+    comm: str, states: dict[int, RankState], members: set[int]
+) -> dict[int, CollectiveRecord]:
+    """Seq -> the completed record of the latest epoch any member shows for it (on ``comm``)."""
+    done: dict[int, CollectiveRecord] = {}
+    for rank in members:
+        st = states.get(rank)
+        for seq, rec in (st.tail.get(comm, {}) if st is not None else {}).items():
+            if rec.state == COMPLETED and (seq not in done or rec.epoch > done[seq].epoch):
+                done[seq] = rec
+    return done

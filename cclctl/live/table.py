@@ -56,6 +56,9 @@ PRIORITY = (
     "busbw GB/s",
     "store",
 )
+#: The same order when a rank has retried calls: its retries column comes right after
+#: the culprit's own columns, since a retried link is what such a screen is about.
+RETRIED_PRIORITY = (*PRIORITY[:5], "retries", *(c for c in PRIORITY[5:] if c != "retries"))
 ALWAYS = frozenset(("rank", "state"))
 #: Short forms of collectives (as NCCL users write them), used when full names do not fit.
 SHORT_OPS = {
@@ -126,7 +129,10 @@ def _fit_columns(model: Table, width: int) -> tuple[set[str], bool]:
     keep: set[str] = set()
     used = -COLUMN_GAP
     short = False
-    for name in sorted(model.columns, key=_priority):
+    retries = model.columns.index("retries") if "retries" in model.columns else -1
+    retried = retries >= 0 and any(r.cells[retries] not in ("0", "-") for r in model.rows)
+    order = RETRIED_PRIORITY if retried else PRIORITY
+    for name in sorted(model.columns, key=lambda name: _priority(name, order)):
         need = widths[name] + COLUMN_GAP
         if name == "op" and used + need > width and used + short_op + COLUMN_GAP <= width:
             need, short = short_op + COLUMN_GAP, True
@@ -136,9 +142,9 @@ def _fit_columns(model: Table, width: int) -> tuple[set[str], bool]:
     return keep, short
 
 
-def _priority(name: str) -> int:
+def _priority(name: str, order: tuple[str, ...] = PRIORITY) -> int:
     base = "busbw GB/s" if name.startswith("busbw") else name
-    return PRIORITY.index(base) if base in PRIORITY else len(PRIORITY)
+    return order.index(base) if base in order else len(order)
 
 
 def build_table(view: JobView, culprits: Culprits, max_rows: int | None = None) -> Table:
@@ -146,7 +152,10 @@ def build_table(view: JobView, culprits: Culprits, max_rows: int | None = None) 
     order = display_order(view, culprits)
     shown = order if max_rows is None else order[: max(0, max_rows)]
     busbw_op = _common_op(view.ranks)
-    columns = COLUMNS if not busbw_op else (*COLUMNS[:-3], f"busbw GB/s {busbw_op}", *COLUMNS[-2:])
+    at = COLUMNS.index("busbw GB/s")  # titled with the op it compares
+    columns = (
+        COLUMNS if not busbw_op else (*COLUMNS[:at], f"busbw GB/s {busbw_op}", *COLUMNS[at + 1 :])
+    )
     rows = [_row(rank, culprits, busbw_op) for rank in shown]
     footer = _footer(order[len(shown) :])
     verdicts = verdict_lines(culprits)

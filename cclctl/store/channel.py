@@ -36,6 +36,8 @@ from cclctl.store.protocol import (
 
 #: Extra time a blocking request waits for the server's own timeout reply.
 ANSWER_SLACK_S = 5.0
+#: The longest pause between two tries to reach the store (a connect, or a request sent
+#: again), by default; a caller that must notice a returning route sooner passes its own.
 MAX_RETRY_DELAY_S = 0.5
 #: Requests sent again on a new connection when the old one was lost after they left:
 #: repeating them changes nothing (a ``set`` writes the same bytes again, as a status
@@ -60,11 +62,14 @@ class StoreChannel:
         timeout_s: float = 60.0,
         connect_timeout_s: float = 60.0,
         token: str | None = None,
+        max_retry_delay_s: float = MAX_RETRY_DELAY_S,
     ) -> None:
+        """``max_retry_delay_s``: the cap of the backoff between tries (see _connect)."""
         self.host = host
         self.port = port
         self.address = f"{host}:{port}"
         self.timeout_s = timeout_s
+        self.max_retry_delay_s = max_retry_delay_s
         self._lock = threading.Lock()
         self._closed = False
         self.reconnects = 0  # connections reopened after one was lost (see _request)
@@ -97,7 +102,7 @@ class StoreChannel:
                         address=self.address,
                     ) from None
                 time.sleep(delay)
-                delay = min(delay * 2, MAX_RETRY_DELAY_S)
+                delay = min(delay * 2, self.max_retry_delay_s)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock
@@ -241,7 +246,7 @@ class StoreChannel:
                 address=self.address,
             )
         time.sleep(delay)
-        return min(max(delay * 2, 0.05), MAX_RETRY_DELAY_S)
+        return min(max(delay * 2, 0.05), self.max_retry_delay_s)
 
     def _reopen(self, deadline: float, lost: str = "") -> socket.socket:
         """A new connection in place of a lost one (``lost``: why, in this request),

@@ -183,3 +183,23 @@ def test_duplicate_rank_keeps_the_newest_and_says_so(tmp_path: Path):
     assert [s.rank for s in inputs.snapshots] == [0, 1]
     assert inputs.snapshots[1].inflight is not None
     assert inputs.notes == {1: "2 dumps (a.json, b.json); kept the newest, b.json"}
+
+
+def test_a_records_attempt_round_trips_and_a_bad_one_is_named(tmp_path: Path):
+    """``attempt`` (a retry's run of the seq) is written and read back; one below 1 or not
+    an integer is refused naming the record; a document without it (older) reads as 1."""
+    job = Job(4).enter([1], 11, epoch=1, attempt=2)
+    doc = job.snapshot(1).to_dict()
+    assert [r["attempt"] for r in doc["records"]] == [1, 1, 1, 2]
+    good = read_dump(write(tmp_path / "g.json", json.dumps(doc).encode()))
+    assert [(r.epoch, r.attempt) for r in good.records][-1] == (1, 2)
+    del doc["records"][0]["attempt"]
+    older = read_dump(write(tmp_path / "o.json", json.dumps(doc).encode()))
+    assert older.records[0].attempt == 1
+    for bad, why in ((0, "field 'attempt' must be 1 or more, got 0"),
+                     ("2", "field 'attempt' must be an integer, got '2'")):  # fmt: skip
+        doc["records"][3]["attempt"] = bad
+        path = write(tmp_path / "b.json", json.dumps(doc).encode())
+        with pytest.raises(BadInput) as err:
+            read_dump(path)
+        assert err.value.message == f"{path}: record 3: {why}"

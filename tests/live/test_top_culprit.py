@@ -288,3 +288,26 @@ def test_a_finished_rank_is_done_not_stale_or_missing() -> None:
     views = {r.rank: r for r in shown.view.ranks}
     assert (views[3].state, views[3].flags, views[3].wrong) == ("done", (), False)
     assert "done" in line_of(check_layout(shown, 120)[2], 3)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_retries_show_beside_the_culprit_once_a_rank_retried(width: int) -> None:
+    """A retried call moves the retries column up (after the culprit's own columns), and
+    the screen still fits with the suspect first and its reason whole."""
+    docs = hung_job(7)
+    docs[0] = status(
+        0, started=7, completed=6, inflight=in_flight(7, 12.0), counters={"retries": 3}
+    )
+    shown = screen(docs)
+    _, _, rows = check_layout(shown, width)
+    fitted = table.build_table(shown.view, shown.culprits).fit(width)
+    assert "retries" in fitted.columns and "retries" in rows[0].split(), rows[0]
+    assert rows[1].split()[0] == "2" and "never entered all_reduce seq 7" in rows[1]
+    if width >= 200:  # every column, each under its own title
+        assert fitted.columns[-5:] == (
+            "waiting on", "busbw GB/s all_reduce", "errors", "retries", "store"
+        )  # fmt: skip
+    at = fitted.columns.index("retries")
+    assert {row.rank: row.cells[at] for row in fitted.rows} == {0: "3", 1: "0", 2: "0", 3: "0"}
+    calm = screen(hung_job(7))  # no retries: the column keeps its low place
+    assert "retries" not in table.build_table(calm.view, calm.culprits).fit(80).columns

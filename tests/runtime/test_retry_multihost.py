@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import queue
 import re
@@ -149,9 +150,29 @@ def test_resets_mid_all_reduce_give_the_exact_result(
             _reset_links(job)
         _finished(job, lines, iters, expected[0])
         assert all(e >= 1 for e in _epochs(lines))  # the links were renewed
+        _retries_recorded(job, lines)
     finally:
         job.kill_ranks()
         hosts.kill_all()
+
+
+def _retries_recorded(job: NetJob, lines: Lines) -> None:
+    """Each rank's dump (written at its exit: its calls had failed attempts) counts the
+    retries, and at every seq it re-ran holds a first attempt that did not complete and a
+    later attempt, of a later epoch, that did."""
+    for rank in range(4):
+        reruns = [ln.split() for ln in lines.seen[rank] if ln.startswith("rerun ")]
+        assert reruns, lines.seen[rank]
+        folder = job.dump_dirs()[0 if rank < 2 else 1]
+        doc = json.loads((Path(folder) / f"cclctl-netjob-rank{rank}.json").read_text())
+        assert doc["counters"]["retries"] >= len(reruns), (doc["counters"], reruns)
+        for _, _, seq, attempt, _ in reruns:
+            runs = [r for r in doc["records"] if r["seq"] == int(seq) and r["peer"] is None]
+            first = [r for r in runs if r["attempt"] == 1]
+            last = max(runs, key=lambda r: r["attempt"])
+            assert int(attempt) == last["attempt"] >= 2 and last["state"] == "completed", runs
+            assert first and first[0]["state"] != "completed", runs
+            assert last["epoch"] > first[0]["epoch"], runs
 
 
 @pytest.mark.parametrize("down_s", [0.5, 2.0])

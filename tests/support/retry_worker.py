@@ -2,9 +2,11 @@
 
 Each rank's input is whole numbers drawn from a generator seeded by its rank, so the sum is
 exact in any order and a test can compute it. Before each call the rank prints
-``iter <i>``, after it ``digest <i> <sha256 of the result>``; at the end its epoch (how many
-retries renewed its links) and ``done``. A failed call prints ``failed <i> <sha256 of what
-the buffer holds> <error>``, so a test can tell the input, the result and a mix apart.
+``iter <i>``, after it ``digest <i> <sha256 of the result>``, and after a call that was
+retried ``rerun <i> <seq> <attempt> <start_ns>`` (its last attempt, from the flight
+recorder); at the end its epoch (how many retries renewed its links) and ``done``. A failed
+call prints ``failed <i> <sha256 of what the buffer holds> <error>``, so a test can tell the
+input, the result and a mix apart.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 
 import cclctl
 from cclctl.errors import CclError
+from cclctl.runtime.comm.communicator import Communicator
+from cclctl.telemetry.recorder import Recorder
 
 ITERS = int(os.environ.get("ITERS", "4"))
 COUNT = int(os.environ.get("COUNT", str(16 << 20)))  # 64 MiB of float32
@@ -27,10 +31,20 @@ def rank_input(rank: int, count: int) -> np.ndarray:
     return np.random.default_rng(rank).integers(-1000, 1000, count).astype(np.float32)
 
 
+def _last_attempt(comm: Communicator) -> str:
+    """``<seq> <attempt> <start_ns>`` of the latest attempt of the call just completed, from
+    the rank's flight recorder: when its re-run began."""
+    tracer = comm.tracer
+    assert isinstance(tracer, Recorder)
+    rec = max(tracer.records(), key=lambda r: (r.seq, r.attempt, r.start_ns))
+    return f"{rec.seq} {rec.attempt} {rec.start_ns}"
+
+
 def main() -> int:
     comm = cclctl.init()
     x0 = rank_input(comm.rank, COUNT)
     buf = np.empty_like(x0)
+    epoch = comm.failure.epoch
     for i in range(ITERS):
         buf[:] = x0
         print(f"iter {i}", flush=True)
@@ -42,6 +56,9 @@ def main() -> int:
             print(f"rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
             return 1
         print(f"digest {i} {hashlib.sha256(buf.tobytes()).hexdigest()}", flush=True)
+        if comm.failure.epoch != epoch:
+            epoch = comm.failure.epoch
+            print(f"rerun {i} {_last_attempt(comm)}", flush=True)
     print(f"epoch {comm.failure.epoch}", flush=True)
     comm.close()
     print("done", flush=True)

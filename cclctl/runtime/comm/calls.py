@@ -59,14 +59,21 @@ class Calls:
         self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s
         self._faults = faults.parse(cfg.fault)
         self._seq = 0
+        #: a retry's attempt number, carried by every collective opened at a seq up to
+        #: ``_rerun_upto`` (the seqs opened before the retry rewound): 1 beyond it
+        self._attempt = 1
+        self._rerun_upto = 0
         #: the last collective seq that completed here (what a shrink's agreement compares)
         self.completed = 0
         self._call = Call(self._tag, 0, 0, "")  # the call open now, or the last one
         self._tracer: Tracer | None = None
         self._trace: Callable[[CollectiveRecord], None] | None = None
 
-    def rewind(self, seq: int) -> None:
-        """The next collective opens as ``seq`` (a retry runs a seq again)."""
+    def rewind(self, seq: int, attempt: int) -> None:
+        """The next collective opens as ``seq`` (a retry runs a seq again); the calls at the
+        seqs already opened carry ``attempt`` in their records."""
+        self._rerun_upto = max(self._rerun_upto, self._seq)
+        self._attempt = attempt
         self._seq = seq - 1
 
     @property
@@ -109,8 +116,9 @@ class Calls:
             self._seq += 1
             seq = self._seq
         count, nbytes, dtype = self._sized(arr, count, nbytes)
+        attempt = self._attempt if seq <= self._rerun_upto and peer is None else 1
         fault = self._faults.at(self.rank, seq, self.id) if self._faults else None
-        if fault is not None:
+        if fault is not None and attempt == 1:  # an injected incident strikes once per seq
             op, count, dtype = faults.strike(fault, op, count, dtype, self.transport.drop_link)
         epoch = failure.epoch
         rec = CollectiveRecord(
@@ -123,6 +131,7 @@ class Calls:
             root=root if root >= 0 else None,
             peer=peer,
             epoch=epoch,
+            attempt=attempt,
             algo=algo,
             start_ns=time.time_ns(),
         )

@@ -100,8 +100,8 @@ def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | N
                 first, deadline = exc, time.monotonic() + comm.cfg.retry_budget_s
             if saved is not None:
                 src[...] = saved  # the input again, whatever happens next
-            attempt += 1
-            if _recover(comm, first, attempt, deadline, dst):
+            answered, attempt = _recover(comm, first, attempt + 1, deadline, dst)
+            if answered:
                 return dst if out is None else out
             continue
         _keep(comm, dst)
@@ -110,26 +110,26 @@ def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | N
 
 def _recover(
     comm: Communicator, first: CommError, attempt: int, deadline: float, dst: np.ndarray
-) -> bool:
-    """Agree and renew the transport, then catch up a rank one call behind; True if that
-    answered this rank's call. Raises ``first`` once the budget is spent."""
+) -> tuple[bool, int]:
+    """Agree and renew the transport for ``attempt``, then catch up a rank one call behind;
+    (True if that answered this rank's call, the attempt it reached). Raises ``first``
+    once the budget is spent."""
     calls, kept = comm._calls, comm._kept
     ask = Ask("all_reduce", calls.completed + 1, kept.seq, attempt, deadline)
     assert comm._retrier is not None
     try:
         plan = comm._retrier(comm, ask)
+        calls.rewind(plan.seq, attempt)
         if plan.root < 0:
-            calls.rewind(plan.seq)
-            return False
-        calls.rewind(plan.seq)
+            return False, attempt
         behind = ask.pending == plan.seq
         if behind:
             comm.broadcast(dst, root=plan.root)
-            return True
+            return True, attempt
         assert kept.result is not None
         target = kept.result if comm.rank == plan.root else np.empty_like(kept.result)
         comm.broadcast(target, root=plan.root)
-        return False
+        return False, attempt
     except CommError as exc:
         if retryable(exc) and time.monotonic() < deadline:
             return _recover(comm, first, attempt + 1, deadline, dst)

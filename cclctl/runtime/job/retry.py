@@ -37,6 +37,10 @@ from cclctl.telemetry.hub import Telemetry
 
 #: The longest a link's sent bytes may stay unacknowledged before it counts as stalled.
 STALL_MAX_S = 1.0
+#: The longest pause between a retry's tries to reach the store: a store behind the broken
+#: route answers within this of the route's return (a refused try costs the kernel
+#: microseconds, so 20 a second is no busy loop).
+STORE_RETRY_DELAY_S = 0.05
 
 
 def stall_s(cfg: RuntimeConfig) -> float:
@@ -92,6 +96,7 @@ class Retry:
         comm._use(transport)
         self.telemetry.add_link_source(transport.link_bytes)
         comm.failure.bump_epoch(transport.announce)
+        self.telemetry.count_retry(comm.id, ask.call)  # cclctl_collective_retries_total
         return plan
 
     def _client(self, deadline: float) -> StoreClient:
@@ -102,6 +107,7 @@ class Retry:
             timeout_s=left,
             connect_timeout_s=left,
             token=self.rdzv.token or None,
+            max_retry_delay_s=STORE_RETRY_DELAY_S,
         )
 
     def _build(
