@@ -85,10 +85,7 @@ def abort(
     as_json: bool = typer.Option(False, "--json", help="Print the cclctl.abort document."),
 ) -> None:
     address = store_to_read("abort", store)
-    if not wait >= 0:
-        raise ConfigError(f"--wait must be zero or more, not {wait!r}", flag="--wait")
-    if not stale > 0:
-        raise ConfigError(f"--stale must be positive, not {stale!r}", flag="--stale")
+    check_waits(wait, stale)
     name = job if job is not None else only_job(address)
     token = job_token(name)
     with operator_connect(address, token, name) as client:
@@ -108,6 +105,14 @@ def abort(
             f"{ranks_word(live)} of job {name!r} did not acknowledge the abort within {wait:g}s",
             ranks=live,
         )
+
+
+def check_waits(wait: float, stale: float) -> None:
+    """An operator verb's ``--wait`` (zero or more) and ``--stale`` (positive)."""
+    if not wait >= 0:
+        raise ConfigError(f"--wait must be zero or more, not {wait!r}", flag="--wait")
+    if not stale > 0:
+        raise ConfigError(f"--stale must be positive, not {stale!r}", flag="--stale")
 
 
 def operator() -> str:

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from cclctl import ui
 from cclctl.commands.abort import (
+    check_waits,
     job_token,
     liveness_diagnosis,
     only_job,
@@ -27,7 +28,7 @@ from cclctl.commands.abort import (
 from cclctl.commands.checks import store_to_read
 from cclctl.commands.store_access import store_option
 from cclctl.diagnose.text import ranks_word
-from cclctl.errors import BadInput, ConfigError, FaultFound, UsageError
+from cclctl.errors import BadInput, FaultFound, UsageError
 from cclctl.live.acks import Ack, acks_in, silent_ranks
 from cclctl.live.classify import DEFAULT_STALE_S, Thresholds, classify
 from cclctl.live.culprit import read_culprits
@@ -83,10 +84,7 @@ def retry(
     as_json: bool = typer.Option(False, "--json", help="Print the cclctl.retry document."),
 ) -> None:
     address = store_to_read("retry", store)
-    if not wait >= 0:
-        raise ConfigError(f"--wait must be zero or more, not {wait!r}", flag="--wait")
-    if not stale > 0:
-        raise ConfigError(f"--stale must be positive, not {stale!r}", flag="--stale")
+    check_waits(wait, stale)
     name = job if job is not None else only_job(address)
     token = job_token(name, "retry")
     with operator_connect(address, token, name, "retry") as client:

@@ -19,7 +19,15 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CommError
 from cclctl.runtime.algorithms import pairwise, zero_copy
 from cclctl.runtime.algorithms.context import COPY, Scratch, as_bytes, finish_avg
-from cclctl.runtime.comm import buffers, dispatch, prepared, retrying, selection, shrinking
+from cclctl.runtime.comm import (
+    buffers,
+    dispatch,
+    prepared,
+    rerun,
+    retrying,
+    selection,
+    shrinking,
+)
 from cclctl.runtime.comm.calls import Calls
 from cclctl.runtime.comm.prepared import Gather, PreparedCalls, Scatter
 from cclctl.runtime.comm.tracing import Tracer
@@ -67,7 +75,7 @@ class Communicator:
         self.shrink_info: shrinking.ShrinkInfo | None = None
         self._shrinker = shrinker
         self._shrink_callbacks: list[shrinking.OnShrink] = []
-        self._kept = shrinking.Kept()
+        self._kept = rerun.Kept()
         self._retrier = retrier
         self.cfg = cfg
         self._scratch = Scratch()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cclctl.errors import CommError
-from cclctl.runtime.comm import buffers
+from cclctl.runtime.comm.rerun import Inputs
 
 if TYPE_CHECKING:
     from cclctl.runtime.comm.communicator import Communicator
@@ -84,9 +84,8 @@ def retryable(exc: CommError) -> bool:
 
 def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | None) -> Any:
     """``comm.all_reduce`` that renews broken links and runs again from its input."""
-    src = buffers.flat(buf, "buf", "all_reduce")
-    dst = src if out is None else buffers.flat(out, "out", "all_reduce", writable=True)
-    saved = src.copy() if dst is src or buffers.overlaps(src, dst) else None
+    inputs = Inputs.of(buf, out)
+    dst = inputs.dst
     first: CommError | None = None
     deadline = 0.0
     attempt = 1
@@ -98,13 +97,12 @@ def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | N
                 raise
             if first is None:
                 first, deadline = exc, time.monotonic() + comm.cfg.retry_budget_s
-            if saved is not None:
-                src[...] = saved  # the input again, whatever happens next
+            inputs.restore()  # the input again, whatever happens next
             answered, attempt = _recover(comm, first, attempt + 1, deadline, dst)
             if answered:
                 return dst if out is None else out
             continue
-        _keep(comm, dst)
+        comm._kept.keep(comm._calls.completed, dst)  # for ranks a fault leaves behind
         return result
 
 
@@ -134,16 +132,6 @@ def _recover(
         if retryable(exc) and time.monotonic() < deadline:
             return _recover(comm, first, attempt + 1, deadline, dst)
         raise _exhausted(first, attempt - 1, comm.cfg.retry_budget_s, exc) from exc
-
-
-def _keep(comm: Communicator, dst: np.ndarray) -> None:
-    """Keep the result of the call that just completed, for ranks a fault leaves behind."""
-    kept = comm._kept
-    kept.seq = comm._calls.completed
-    if kept.result is None or kept.result.shape != dst.shape or kept.result.dtype != dst.dtype:
-        kept.result = dst.copy()
-    else:
-        kept.result[...] = dst
 
 
 def _exhausted(first: CommError, retries: int, budget_s: float, last: CommError) -> CommError:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cclctl.errors import CommError, CommShrunk
-from cclctl.runtime.comm import buffers
+from cclctl.runtime.comm.rerun import Inputs, Kept
 
 if TYPE_CHECKING:
     from cclctl.runtime.comm.communicator import Communicator
@@ -50,14 +50,6 @@ class ShrinkInfo:
     call: dict[int, str]
 
 
-@dataclasses.dataclass
-class Kept:
-    """The last all_reduce result of a communicator, kept for survivors that fell behind."""
-
-    seq: int = 0
-    result: np.ndarray | None = None
-
-
 def shrinkable(exc: CommError) -> bool:
     """A failure a shrink recovers from: a rank died (the revoke record says so)."""
     rev = exc.revocation
@@ -66,9 +58,8 @@ def shrinkable(exc: CommError) -> bool:
 
 def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | None) -> Any:
     """``comm.all_reduce`` that shrinks away a dead rank and re-runs from its input."""
-    src = buffers.flat(buf, "buf", "all_reduce")
-    dst = src if out is None else buffers.flat(out, "out", "all_reduce", writable=True)
-    saved = src.copy() if dst is src or buffers.overlaps(src, dst) else None
+    inputs = Inputs.of(buf, out)
+    dst = inputs.dst
     while True:
         try:
             result = comm._all_reduce(buf, op, out)
@@ -78,15 +69,9 @@ def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | N
             answered = shrink_in_place(comm, exc, "all_reduce", dst)
             if answered:
                 return dst if out is None else out
-            if saved is not None:
-                src[...] = saved  # the re-run starts from the input, never a partial sum
+            inputs.restore()  # the re-run starts from the input, never a partial sum
             continue
-        kept = comm._kept
-        kept.seq = comm._calls.completed
-        if kept.result is None or kept.result.shape != dst.shape or kept.result.dtype != dst.dtype:
-            kept.result = dst.copy()
-        else:
-            kept.result[...] = dst
+        comm._kept.keep(comm._calls.completed, dst)  # for survivors one call behind
         return result
 
 
