@@ -8,11 +8,13 @@ be replayed in another exchange. Comparisons take constant time.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
 import secrets
 import stat
+import tempfile
 from pathlib import Path
 
 from cclctl.errors import ConfigError
@@ -69,13 +71,19 @@ def write_token_file(folder: str | os.PathLike[str], token: str) -> Path:
     at all; the folder is made (0700) if missing. Returns the file's path."""
     path = token_path(folder)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # A name of its own (mkstemp: 0600), so two writers at once (two launches in one
+    # process) never rename each other's file away.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{TOKEN_FILE}.")
     try:
-        os.write(fd, token.encode() + b"\n")
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.write(fd, token.encode() + b"\n")
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,32 @@ def test_the_token_file_is_the_owners_alone(tmp_path: Path) -> None:
     assert auth.read_token_file(folder) == token
     assert auth.read_token_file(tmp_path / "nowhere") is None
     assert [p.name for p in folder.iterdir()] == [auth.TOKEN_FILE]  # no temp file left
+
+
+def test_writers_at_once_in_one_process_each_write_a_whole_token(tmp_path: Path) -> None:
+    """Two launches in one process write into one folder at the same moment: neither
+    renames the other's temporary file away (each write completes), and the file holds
+    one of their tokens whole."""
+    tokens = [auth.new_token() for _ in range(8)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(tokens))
+
+    def write(token: str) -> None:
+        start.wait()
+        try:
+            for _ in range(50):
+                auth.write_token_file(tmp_path, token)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in tokens]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert auth.read_token_file(tmp_path) in tokens
+    assert [p.name for p in tmp_path.iterdir()] == [auth.TOKEN_FILE]  # no temp file left
 
 
 def test_a_token_file_others_may_write_is_refused(tmp_path: Path) -> None:
