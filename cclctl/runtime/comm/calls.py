@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cclctl.config import RuntimeConfig
-from cclctl.errors import CclError
+from cclctl.errors import CclError, CommRevoked
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.algorithms.context import Scratch, Step
 from cclctl.runtime.comm import buffers, faults
@@ -172,7 +172,13 @@ class Calls:
         exc.fields.setdefault("comm", self.id)
         exc.fields.setdefault("rank", self.rank)
         final: CclError = exc
-        if first is not None and not (exc.revocation is first and first.kind in ("hang", "error")):
+        own_words = (  # this rank's own account of its failure (a peer's relay of it is not)
+            exc.revocation is first
+            and first is not None
+            and first.kind in ("hang", "error")
+            and not isinstance(exc, CommRevoked)
+        )
+        if first is not None and not own_words:
             where = f"rank {self.rank}: {call.what()} seq {call.seq}"  # else: its own words
             waited = {  # what the record knows of the wait, where the error does not say
                 "elapsed": round((time.time_ns() - rec.start_ns) / 1e9, 3),
