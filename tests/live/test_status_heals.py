@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
+from ports import free_port
 
 from cclctl.records import snapshot_from_json
 from cclctl.store.client import StoreClient
@@ -45,12 +45,6 @@ def poll(what: str, check: Callable[[], T | None], within_s: float = 30.0) -> T:
             return found
         time.sleep(0.05)
     raise AssertionError(f"no {what} within {within_s:g}s")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture

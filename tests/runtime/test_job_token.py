@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from launch_helpers import Lines
+from ports import free_port
 
 from cclctl import auth
 from cclctl.config import RuntimeConfig, job_dir, runtime_from_env
@@ -160,18 +160,12 @@ def test_link_mac_is_validated() -> None:
         runtime_from_env({"CCLCTL_LINK_MAC": "maybe"})
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.parametrize("mac", ["0", "1"])
 def test_ranks_started_like_torchrun_without_a_token_share_rank0s(tmp_path: Path, mac: str) -> None:
     """No CCLCTL_TOKEN: rank 0 makes one and writes the file; rank 1 reads it; they link."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
     env.update(
-        WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+        WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
         CCLCTL_TRACE_DIR=str(tmp_path), CCLCTL_TRANSPORT="tcp", CCLCTL_JOB="torchrun-like",
         CCLCTL_LINK_MAC=mac, PYTHONPATH=os.getcwd(), CCLCTL_STORE_LINGER="1",
     )  # fmt: skip

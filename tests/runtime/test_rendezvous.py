@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import pytest
+from ports import free_port
 
 from cclctl.config import RuntimeConfig
 from cclctl.errors import ConfigError, RendezvousError
@@ -202,12 +203,6 @@ except CclError as exc:
     print(f"ERROR {exc}", flush=True)
     sys.exit(1)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run_ranks(ranks: list[int], world_size: int, timeout_s: float = 30) -> list[tuple[int, str]]:

@@ -19,7 +19,6 @@ import queue
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from netns_job import ADDRS, NetJob, TwoHosts, sh
+from ports import free_port
 from retry_worker import rank_input
 
 pytestmark = [
@@ -95,19 +95,13 @@ class Lines:
                 self._news.get(timeout=left)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _job(
     hosts: TwoHosts, tmp: Path, iters: int, budget_s: float, timeout_s: float = 30.0
 ) -> tuple[NetJob, Lines]:
     job = NetJob(
         hosts,
         tmp,
-        _free_port(),
+        free_port(),
         timeout_s=timeout_s,  # 30 s: the watchdog stays out of it, link faults are the retry's
         iters=iters,
         worker=WORKER,

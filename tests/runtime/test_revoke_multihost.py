@@ -16,13 +16,13 @@ import dataclasses
 import os
 import re
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from netns_job import ADDRS, JOB, NetJob, TwoHosts, sh
+from ports import free_port
 from telemetry_helpers import wait_for
 
 pytestmark = [
@@ -177,19 +177,13 @@ def _said(out: subprocess.CompletedProcess[str]) -> str:
     return f"exit {out.returncode}\n{out.stdout}{out.stderr}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:  # free here is as good as any in a fresh namespace
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(case: Case, hosts: TwoHosts, tmp: Path) -> Outcome:
     """The job once: its survivors' error lines, then both diagnoses; afterwards nothing of
     it is left (ranks, lingering store, iptables rules)."""
     job = NetJob(
         hosts,
         tmp,
-        _free_port(),
+        free_port(),
         fault=case.fault,
         timeout_s=case.timeout_s,
         iters=case.iters,

@@ -8,17 +8,12 @@ import socket
 import threading
 
 import pytest
+from ports import free_port
 from store_waits import until_waiting
 
 from cclctl.errors import StoreError, StoreTimeout
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.protocol import REPLY_HEADER, Status
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.mark.timeout(10)

@@ -9,23 +9,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ports import free_port
 
 from cclctl.config import job_dir
 from cclctl.store.client import StoreServer
 
 WORKER = str(Path(__file__).with_name("fault_worker.py"))
 TOKEN = "fault-job-token-0123456789abcdefghijkl"  # the job's, as a launcher makes one
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def error_lines(

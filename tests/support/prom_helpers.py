@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -16,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port_block
 
 SCRAPE_JOB = "cclctl"  # the scrape job's name: Prometheus puts it in every series' `job`
 
@@ -27,36 +26,6 @@ def prometheus_binary() -> str:
             pytest.fail("CI must install Prometheus (apt-get install prometheus); see .ci/run")
         pytest.skip("the prometheus binary is not installed")
     return path
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port_block(count: int) -> int:
-    """A base port with ``count`` consecutive free ports after it, below the kernel's
-    ephemeral range: there, the suite's own client sockets (and their TIME_WAIT
-    leftovers) never take a port out of the block."""
-    low = _ephemeral_low()
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(10000, max(10001, low - count))
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
 
 
 def start_prometheus(tmp: Path, targets: list[int]) -> tuple[subprocess.Popen[bytes], int]:

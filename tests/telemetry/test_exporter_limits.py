@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from ports import free_port
 
 from cclctl.telemetry.http_serve import MetricsHTTPServer
 
@@ -55,9 +56,7 @@ def closed_by_peer(sock: socket.socket, within_s: float = 10.0) -> bool:
 
 @pytest.mark.timeout(120)
 def test_a_thousand_half_sent_requests_leave_the_thread_count_alone(make_tel, fds) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     tel = make_tel(metrics_port=port)
     url = tel.serve_metrics()
     assert url is not None

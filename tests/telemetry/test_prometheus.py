@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port_block
 from prom_helpers import (
     SCRAPE_JOB,
     api,
     by_rank,
-    free_port_block,
     query,
     start_prometheus,
     until,

@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import pytest
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from telemetry_helpers import T0, config, run
 
@@ -167,12 +168,6 @@ def test_fault_counters_have_zero_series_from_the_first_scrape(make_tel):
     assert m[key(err, comm="w", op="all_reduce", reason=FAILED)] == 1
     assert m[key(err, comm="w", op="all_reduce", reason="aborted")] == 0
     assert m[key(err, comm="w", op="broadcast", reason=FAILED)] == 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.timeout(20)

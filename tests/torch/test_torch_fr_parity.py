@@ -41,10 +41,15 @@ def _statuses(store: str) -> dict[int, RankSnapshot]:
         return {}
 
 
-def _hung(store: str, world: int) -> dict[int, RankSnapshot] | None:
+def _hung(store: str, world: int, seen: list[str]) -> dict[int, RankSnapshot] | None:
     """Every rank's status, once all publish and every rank but the last has been inside
-    the world group's seq 4 for longer than HUNG_S (the ``--stuck-after 1`` diagnoses)."""
+    the world group's seq 4 for longer than HUNG_S (the ``--stuck-after 1`` diagnoses).
+    ``seen`` keeps what the last look found, for the failure's message."""
     statuses = _statuses(store)
+    seen[:] = [
+        f"rank {r}: status at {s.time_ns}, in flight {s.inflight!r}"
+        for r, s in sorted(statuses.items())
+    ] or ["no statuses"]
     if sorted(statuses) != list(range(world)):
         return None
     for rank in range(world - 1):
@@ -108,8 +113,9 @@ def test_live_diagnosis_and_flight_recorder_name_the_same_call(
     # 4; torch numbers the untraced gather too (docs/torch.md: gather passes through).
     torch_seq = 5 if gather else 4
     with released_job(cmd, [tmp_path / "dump", tmp_path / "go"]) as proc:
+        seen: list[str] = []
         statuses = until_seen(
-            "the ranks waiting on the last", lambda: _hung(store, world), proc, 100
+            "the ranks waiting on the last", lambda: _hung(store, world, seen), proc, 100, seen
         )
         live = _diagnose("--store", store)
         (tmp_path / "dump").touch()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port_block
 
 from cclctl.launch.launcher import LaunchResult, launch
 
@@ -59,27 +59,17 @@ def run_job(
     return result, lines
 
 
-def free_port() -> int:
-    """A free TCP port on loopback, whose successor is free too (cclctl's store uses it)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65535:
-            try:
-                with socket.socket() as t:
-                    t.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no pair of free ports")
-
-
 def child_env(**extra: str) -> dict[str, str]:
     """Variables for jobs: quiet torch warnings, plus ``extra``."""
     env = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     env.update(extra)
     return env
+
+
+def free_port() -> int:
+    """A free port whose successor is free too (the store cclctl's torch integration
+    hosts beside torchrun's), both below the ephemeral range (tests/support/ports.py)."""
+    return free_port_block(2)
 
 
 __all__ = ["HERE", "PY", "Lines", "child_env", "free_port", "os", "run_job"]
@@ -115,10 +105,14 @@ def released_job(cmd: list[str], flags: Sequence[Path]) -> Iterator[subprocess.P
 
 
 def until_seen(
-    what: str, check: Callable[[], Any], proc: subprocess.Popen[str], within_s: float
+    what: str,
+    check: Callable[[], Any],
+    proc: subprocess.Popen[str],
+    within_s: float,
+    seen: Sequence[str] = (),
 ) -> Any:
     """Poll ``check`` until it gives something; fail the test if the job ends first or
-    ``within_s`` passes."""
+    ``within_s`` passes (``seen``: what the checks last found, for the message)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         found = check()
@@ -127,4 +121,19 @@ def until_seen(
         if proc.poll() is not None:
             pytest.fail(f"the job ended before {what}: {proc.stdout.read() if proc.stdout else ''}")
         time.sleep(0.25)
-    pytest.fail(f"no {what} within {within_s:g}s")
+    pytest.fail(
+        f"no {what} within {within_s:g}s; the checks last saw: {list(seen)!r}; "
+        f"the job's output: {_ended_output(proc)[-4000:]}"
+    )
+
+
+def _ended_output(proc: subprocess.Popen[str]) -> str:
+    """What a job still running has printed, once it is stopped (its launcher passes the
+    SIGTERM on to every rank)."""
+    proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or ""
