@@ -28,9 +28,10 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "runtime"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "support"))
 from netns_job import ADDRS, JOB, NetJob, TwoHosts, sh
+from ports import free_port
 from quantiles import percentile
 from test_retry_command import WORKER, _wait_for_key
-from test_retry_multihost import Lines, _free_port
+from test_retry_multihost import Lines
 
 TARGET_P99_S = 2.0
 
@@ -87,7 +88,7 @@ def main() -> None:
     release = tmp / "release"
     env = {"CCLCTL_RETRY_BUDGET": "30", "CCLCTL_ON_HANG": "wait", "RELEASE": str(release)}
     try:
-        job = NetJob(hosts, tmp, _free_port(), timeout_s=60, worker=WORKER, extra=env)
+        job = NetJob(hosts, tmp, free_port(), timeout_s=60, worker=WORKER, extra=env)
         lines = TimedLines(job)
         for rank in range(4):
             lines.wait(rank, r"ready \d+$")
