@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 from netns_job import ADDRS, JOB, TOKEN, NetJob, TwoHosts, sh
-from test_retry_multihost import Lines, _free_port
+from ports import free_port
+from test_retry_multihost import Lines
 
 pytestmark = [
     pytest.mark.slow,  # real jobs across network namespaces
@@ -57,7 +58,7 @@ def _job(hosts: TwoHosts, tmp: Path, **extra: str) -> tuple[NetJob, Lines, Path]
         "RELEASE": str(release),
         **extra,
     }
-    job = NetJob(hosts, tmp, _free_port(), timeout_s=60, worker=WORKER, extra=env)
+    job = NetJob(hosts, tmp, free_port(), timeout_s=60, worker=WORKER, extra=env)
     lines = Lines(job)
     for rank in range(4):
         lines.wait(rank, r"ready \d+$")
