@@ -1,4 +1,4 @@
-"""`cclctl retry`: an operator revokes a stuck job's in-flight all_reduce and has every rank
+"""`cclctl retry`: an operator revokes a stuck job's in-flight call and has every rank
 run it again under a new epoch, with no process restarted.
 
 It writes an operator's ``retry`` record to the job's ``revoke`` key (first writer wins, as
@@ -38,10 +38,11 @@ from cclctl.revocation import KEY, OPERATOR, Revocation, ack_key, decode
 from cclctl.store.scope import ScopedStore
 
 HELP = (
-    "Retry a stuck job's interrupted all_reduce on every rank, with no process restarted.\n\n"
+    "Retry a stuck job's interrupted call on every rank, with no process restarted.\n\n"
     "For a job stuck on a blackholed link, or behind a rank that was frozen and resumed: "
     "writes an operator's retry record to the job's store (as abort does; the first record "
-    "wins). Every rank adopts it within a store round trip, its blocked all_reduce ends, "
+    "wins). Every rank adopts it within a store round trip, its blocked call (all_reduce, "
+    "all_gather, broadcast or barrier) ends, "
     "the ranks agree in the store, renew their links under the communicator's next epoch "
     "and run the call again at the same seq from its input (exact results, "
     "docs/fault-tolerance.md). retry waits up to --wait seconds and prints what is retried "

@@ -42,6 +42,7 @@ pytestmark = [
 ]
 
 WORKER = str(Path(__file__).parents[1] / "support" / "retry_worker.py")
+MIX = str(Path(__file__).parents[1] / "support" / "retry_mix_worker.py")
 COUNT = 16 << 20  # 64 MiB of float32 per rank
 
 
@@ -145,6 +146,35 @@ def test_resets_mid_all_reduce_give_the_exact_result(
         _finished(job, lines, iters, expected[0])
         assert all(e >= 1 for e in _epochs(lines))  # the links were renewed
         _retries_recorded(job, lines)
+    finally:
+        job.kill_ranks()
+        hosts.kill_all()
+
+
+def test_resets_mid_all_gather_and_broadcast_give_the_exact_result(
+    hosts: TwoHosts, tmp_path: Path
+) -> None:
+    """The other calls a retry re-runs, 16 MiB in, 64 MiB gathered: resets while rank 2 is
+    in an all_gather (out of place, then in place) and in a broadcast."""
+    count, calls = 4 << 20, ("gather", "gather_in_place", "bcast_in_place")
+    env = {"CCLCTL_RETRY_BUDGET": "20", "COUNT": str(count), "CALLS": ",".join(calls)}
+    job = NetJob(hosts, tmp_path, free_port(), timeout_s=30, iters=2, worker=MIX, extra=env)
+    lines = Lines(job)
+    xs = [rank_input(r, count) for r in range(4)]
+    want = {"gather": _digest(np.concatenate(xs)), "bcast_in_place": _digest(xs[-1])}
+    want["gather_in_place"] = want["gather"]
+    try:
+        for i, call in ((0, "gather"), (0, "bcast_in_place"), (1, "gather_in_place")):
+            lines.wait(2, rf"call {i} {call}$")
+            _reset_links(job)
+        for rank in range(4):
+            lines.wait(rank, r"done$")
+            results = [ln.split()[1:] for ln in lines.seen[rank] if ln.startswith("result ")]
+            assert results == [[str(i), c, want[c]] for i in range(2) for c in calls], (
+                f"rank {rank}: {lines.seen[rank]}"
+            )
+            assert job.procs[rank].wait(30) == 0
+        assert all(e >= 1 for e in _epochs(lines))  # the links were renewed
     finally:
         job.kill_ranks()
         hosts.kill_all()

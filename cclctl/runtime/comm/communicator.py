@@ -143,11 +143,19 @@ class Communicator:
 
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
-        if self.cfg.on_failure == "shrink" and self._shrinker is not None:
+        if self._shrinks():
             return shrinking.all_reduce(self, buf, op, out)
-        if self._retrier is not None and retrying.enabled(self):
+        if self._retries():
             return retrying.all_reduce(self, buf, op, out)
         return self._all_reduce(buf, op, out)
+
+    def _shrinks(self) -> bool:
+        """``CCLCTL_ON_FAILURE=shrink`` is on: a dead rank is shrunk away (and retry is off)."""
+        return self.cfg.on_failure == "shrink" and self._shrinker is not None
+
+    def _retries(self) -> bool:
+        """A link fault is ridden through (:mod:`~cclctl.runtime.comm.retrying`)."""
+        return self._retrier is not None and not self._shrinks() and retrying.enabled(self)
 
     def _all_reduce(self, buf: Array, op: str, out: Array | None) -> Array:
         buffers.check_redop(op, "all_reduce")
@@ -173,6 +181,11 @@ class Communicator:
         return dst if out is None else out
 
     def all_gather(self, buf: Array, out: Array) -> Array:
+        if self._retries():
+            return retrying.all_gather(self, buf, out)
+        return self._all_gather(buf, out)
+
+    def _all_gather(self, buf: Array, out: Array) -> Array:
         prep = self._gathers.get("all_gather", buf, out)
         if prep is not None:
             src, dst = buf.reshape(-1), out.reshape(-1)
@@ -234,6 +247,11 @@ class Communicator:
         return out
 
     def broadcast(self, buf: Array, root: int = 0, out: Array | None = None) -> Array:
+        if self._retries():
+            return retrying.broadcast(self, buf, root, out)
+        return self._broadcast(buf, root, out)
+
+    def _broadcast(self, buf: Array, root: int, out: Array | None) -> Array:
         root = buffers.check_root(root, self.world_size, "broadcast")
         zc, src, dst = prepared.remembered(self._plans, "broadcast", buf, out)
         if zc is None:
@@ -300,8 +318,10 @@ class Communicator:
         return buf
 
     def barrier(self) -> None:
-        if self.cfg.on_failure == "shrink" and self._shrinker is not None:
+        if self._shrinks():
             return shrinking.barrier(self)
+        if self._retries():
+            return retrying.barrier(self)
         return self._barrier()
 
     def _barrier(self) -> None:

@@ -1,4 +1,4 @@
-"""What running an all_reduce again needs, for a retry and a shrink alike: the call's input
+"""What running a collective again needs, for a retry and a shrink alike: the call's input
 kept where the call overwrites it, and the last result, for ranks a fault leaves behind.
 
 A re-run starts from the input, so a partly reduced buffer is never reduced twice; a fault
@@ -17,7 +17,8 @@ from cclctl.runtime.comm import buffers
 
 @dataclasses.dataclass
 class Kept:
-    """The last all_reduce result of a communicator, and its seq."""
+    """The last result of a communicator's re-run call (every rank holds it alike), and
+    its seq."""
 
     seq: int = 0
     result: np.ndarray | None = None
@@ -47,6 +48,11 @@ class Inputs:
         dst = src if out is None else buffers.flat(out, "out", "all_reduce", writable=True)
         saved = src.copy() if dst is src or buffers.overlaps(src, dst) else None
         return cls(src, dst, saved)
+
+    @classmethod
+    def kept(cls, dst: np.ndarray) -> Inputs:
+        """A call whose input is never written (only its result ``dst`` is)."""
+        return cls(dst, dst, None)
 
     def restore(self) -> None:
         """The input again, for the next attempt."""

@@ -1,4 +1,4 @@
-"""``CCLCTL_RETRY_BUDGET``: an all_reduce that a broken or stalled TCP link interrupted runs again.
+"""``CCLCTL_RETRY_BUDGET``: a collective that a broken or stalled TCP link interrupted runs again.
 
 Every rank of the communicator abandons the attempt (the failure state spreads it as any
 failure), they agree in the job's store that the call is retried, the transport is renewed
@@ -6,11 +6,14 @@ under the next epoch (:mod:`cclctl.runtime.job.retry`), and the call runs again 
 input: an in-place all_reduce keeps a copy of its input while retry is on, so a partly
 reduced buffer is never reduced twice and the result is the one a fault-free run gives.
 
-A fault can leave the ranks one call apart (some completed seq ``s``, others did not): every
-all_reduce keeps its last result, the ranks behind receive it from the lowest rank ahead
-(a broadcast at seq ``s``), and the ranks ahead re-run seq ``s + 1``. Past the budget,
-counted from the first fault of the call, every rank raises that fault's error (naming
-its origin), with its in-place buffer holding the input again.
+The calls re-run are those whose result every rank holds alike (:data:`RERUNS`: all_reduce,
+all_gather, broadcast, and barrier). A fault can leave the ranks one call apart (some
+completed seq ``s``, others did not): every such call keeps its last result, the ranks
+behind receive it from the lowest rank ahead (a broadcast at seq ``s``), and the ranks
+ahead re-run seq ``s + 1``. Past the budget, counted from the first fault of the call,
+every rank raises that fault's error (naming its origin), with its in-place buffer
+holding the input again. The other collectives (reduce_scatter, reduce, all_to_all) and
+point-to-point calls are not re-run: a link fault fails them as with retry off.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cclctl.errors import CommError
+from cclctl.runtime.comm import buffers
 from cclctl.runtime.comm.rerun import Inputs
 
 if TYPE_CHECKING:
@@ -30,6 +34,9 @@ if TYPE_CHECKING:
 
 #: The transports whose links a retry renews (shared memory alone has none to break).
 RETRIED_TRANSPORTS = ("tcp", "hybrid")
+#: The calls a retry runs again: each rank's result is the same, so a rank one call behind
+#: can take it from a rank ahead.
+RERUNS = ("all_reduce", "all_gather", "broadcast", "barrier")
 #: Revocation kinds a retry recovers from: a link broke or stalled between live ranks, or
 #: an operator asked for a retry (``cclctl retry``).
 RETRIED_KINDS = ("link", "retry")
@@ -85,35 +92,66 @@ def retryable(exc: CommError) -> bool:
 def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | None) -> Any:
     """``comm.all_reduce`` that renews broken links and runs again from its input."""
     inputs = Inputs.of(buf, out)
-    dst = inputs.dst
+    answer = inputs.dst if out is None else out
+    return _run(comm, "all_reduce", lambda: comm._all_reduce(buf, op, out), inputs, answer)
+
+
+def all_gather(comm: Communicator, buf: np.ndarray, out: np.ndarray) -> Any:
+    """``comm.all_gather`` that renews broken links and runs again (its input is never
+    written: ``buf`` is disjoint from ``out`` or already this rank's slot of it)."""
+    _, dst, _ = buffers.gather_args(buf, out, comm.world_size, comm.rank)
+    return _run(comm, "all_gather", lambda: comm._all_gather(buf, out), Inputs.kept(dst), out)
+
+
+def broadcast(comm: Communicator, buf: np.ndarray, root: int, out: np.ndarray | None) -> Any:
+    """``comm.broadcast`` that renews broken links and runs again (the root's input is
+    only read; every other rank's buffer is written whole by the re-run)."""
+    root = buffers.check_root(root, comm.world_size, "broadcast")
+    _, dst = buffers.in_out(buf, out, "broadcast", writable=out is None)
+    answer = dst if out is None else out
+    return _run(comm, "broadcast", lambda: comm._broadcast(buf, root, out), Inputs.kept(dst),
+                answer)  # fmt: skip
+
+
+def barrier(comm: Communicator) -> None:
+    """``comm.barrier`` that renews broken links and waits again."""
+    _run(comm, "barrier", comm._barrier, Inputs.kept(np.zeros(1, dtype=np.uint8)), None)
+
+
+def _run(comm: Communicator, call: str, attempt: Callable[[], Any], inputs: Inputs,
+         answer: Any) -> Any:  # fmt: skip
+    """``attempt()`` until it completes, the links renewed and ``inputs`` restored after
+    each retried fault; ``inputs.dst`` is the result every rank holds alike (kept for a
+    rank one call behind), ``answer`` what the call returns when a catch-up answered it."""
     first: CommError | None = None
     deadline = 0.0
-    attempt = 1
+    tries = 1
     while True:
         try:
-            result = comm._all_reduce(buf, op, out)
+            result = attempt()
         except CommError as exc:
             if not retryable(exc):
                 raise
             if first is None:
                 first, deadline = exc, time.monotonic() + comm.cfg.retry_budget_s
             inputs.restore()  # the input again, whatever happens next
-            answered, attempt = _recover(comm, first, attempt + 1, deadline, dst)
+            answered, tries = _recover(comm, call, first, tries + 1, deadline, inputs.dst)
             if answered:
-                return dst if out is None else out
+                return answer
             continue
-        comm._kept.keep(comm._calls.completed, dst)  # for ranks a fault leaves behind
+        comm._kept.keep(comm._calls.completed, inputs.dst)  # for ranks a fault leaves behind
         return result
 
 
 def _recover(
-    comm: Communicator, first: CommError, attempt: int, deadline: float, dst: np.ndarray
-) -> tuple[bool, int]:
+    comm: Communicator, call: str, first: CommError, attempt: int, deadline: float,
+    dst: np.ndarray,
+) -> tuple[bool, int]:  # fmt: skip
     """Agree and renew the transport for ``attempt``, then catch up a rank one call behind;
     (True if that answered this rank's call, the attempt it reached). Raises ``first``
     once the budget is spent."""
     calls, kept = comm._calls, comm._kept
-    ask = Ask("all_reduce", calls.completed + 1, kept.seq, attempt, deadline)
+    ask = Ask(call, calls.completed + 1, kept.seq, attempt, deadline)
     assert comm._retrier is not None
     try:
         plan = comm._retrier(comm, ask)
@@ -122,15 +160,15 @@ def _recover(
             return False, attempt
         behind = ask.pending == plan.seq
         if behind:
-            comm.broadcast(dst, root=plan.root)
+            comm._broadcast(dst, plan.root, None)
             return True, attempt
         assert kept.result is not None
         target = kept.result if comm.rank == plan.root else np.empty_like(kept.result)
-        comm.broadcast(target, root=plan.root)
+        comm._broadcast(target, plan.root, None)
         return False, attempt
     except CommError as exc:
         if retryable(exc) and time.monotonic() < deadline:
-            return _recover(comm, first, attempt + 1, deadline, dst)
+            return _recover(comm, call, first, attempt + 1, deadline, dst)
         raise _exhausted(first, attempt - 1, comm.cfg.retry_budget_s, exc) from exc
 
 

@@ -133,11 +133,11 @@ def catch_up(
         raise _shrunk(comm, info, f"no survivor ahead kept the result of seq {hi}")
     if done == lo:
         assert dst is not None
-        comm.broadcast(dst, root=ahead[0])
+        comm._broadcast(dst, ahead[0], None)
         return True
     assert kept.result is not None
     target = kept.result if comm.rank == ahead[0] else np.empty_like(kept.result)
-    comm.broadcast(target, root=ahead[0])
+    comm._broadcast(target, ahead[0], None)
     return False
 
 

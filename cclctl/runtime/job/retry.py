@@ -24,7 +24,7 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.comm.retrying import RETRIED_KINDS, Ask, Plan
+from cclctl.runtime.comm.retrying import RERUNS, RETRIED_KINDS, Ask, Plan
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.shrink import ShrinkExchange
 from cclctl.runtime.transport.base import Transport
@@ -170,15 +170,24 @@ def decide(rank: int, entries: dict[int, Ask]) -> Plan:
     """The plan every rank makes from the same entries: re-run the seq they all left
     unfinished, or, one call apart, catch the ranks behind up from the lowest rank ahead
     (which kept that seq's result); anything else cannot be made exact."""
-    calls = {e.call for e in entries.values()}
     pending = {r: e.pending for r, e in entries.items()}
     lo, hi = min(pending.values()), max(pending.values())
-    if calls != {"all_reduce"}:
-        odd = sorted(r for r, e in entries.items() if e.call != "all_reduce")
+    odd = sorted(r for r, e in entries.items() if e.call not in RERUNS)
+    if odd:
+        named = sorted({entries[r].call for r in odd})
         raise CommError(
-            f"rank {rank}: cannot retry: rank(s) {fold_ranks(odd)} were not in an all_reduce",
+            f"rank {rank}: cannot retry: rank(s) {fold_ranks(odd)} were in {', '.join(named)}, "
+            f"which is not re-run (only {', '.join(RERUNS)})",
             rank=rank,
         )
+    for seq in {lo, hi}:
+        calls = {e.call for e in entries.values() if e.pending == seq}
+        if len(calls) > 1:
+            raise CommError(
+                f"rank {rank}: cannot retry: the ranks at seq {seq} were in different calls "
+                f"({', '.join(sorted(calls))})",
+                rank=rank,
+            )
     if lo == hi:
         return Plan(lo)
     ahead = sorted(r for r, p in pending.items() if p == hi)

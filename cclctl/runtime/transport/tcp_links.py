@@ -95,6 +95,8 @@ class Links:
         self.peers: list[str] = []
         self.socks: dict[int, socket.socket] = {}
         self.sessions: dict[int, Session] = {}
+        #: peers whose link broke or was closed in this epoch: never linked again in it
+        self.dropped: set[int] = set()
         self.auth_failures = 0  # handshakes refused since the links opened
         self._linked = threading.Condition()
         self._pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
@@ -116,6 +118,12 @@ class Links:
 
     def get(self, peer: int, call: Call, wait: Wait) -> socket.socket:
         sock = self.socks.get(peer)
+        if sock is None and peer in self.dropped:
+            # A link closed in this epoch stays closed: the peer may not know yet (a link it
+            # is not using), and waiting for it to connect again would hang both; the
+            # failure spreads instead, and a retry opens new links of the next epoch.
+            what = f"the link to rank {peer} was closed earlier in this epoch"
+            raise self._peer_error(peer, call, what)
         if sock is None:
             sock = (
                 self._connect(peer, call, wait)
@@ -238,6 +246,7 @@ class Links:
 
     def drop(self, peer: int) -> None:
         with self._linked:
+            self.dropped.add(peer)
             self.sessions.pop(peer, None)
             sock = self.socks.pop(peer, None)
         if sock is not None:
@@ -252,6 +261,7 @@ class Links:
         listener stays, so a later close is the same as ever."""
         with self._linked:
             socks = list(self.socks.values())
+            self.dropped.update(self.socks)
             self.socks.clear()
             self.sessions.clear()
         for sock in socks:

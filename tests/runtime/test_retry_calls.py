@@ -1,0 +1,145 @@
+"""Every collective a retry re-runs rides through a link fault, exactly, on one host.
+
+Three real ranks over TCP (``cclctl launch``), ``CCLCTL_RETRY_BUDGET`` on, links closed as
+an all_gather out of place, an all_gather in place, a broadcast in place and a barrier
+start (``CCLCTL_FAULT=link:...``, each striking its seq's first attempt only): every
+result is the exact one, every rank counts four retries and its records hold each
+faulted seq's two attempts. A link cut in a reduce_scatter, which a retry does not re-run,
+fails the call with the link's error. And the plan the ranks make from their entries.
+Needs no root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from retry_mix_worker import CALLS, OPS
+from retry_worker import rank_input
+
+from cclctl.errors import CommError
+from cclctl.runtime.comm.retrying import Ask, Plan
+from cclctl.runtime.job.retry import decide
+from scripts import script
+
+WORLD, COUNT, ITERS, JOB = 3, 65536, 2, "retrycalls"
+#: seq -> (rank, peer) of each cut: iteration 0's gather_in_place (seq 2) and barrier (5),
+#: iteration 1's gather (7) and bcast_in_place (9); none next to another, so each is one
+#: retry (a cut at the seq after a catch-up strikes the re-run: a retry more)
+CUTS = {2: (0, 1), 5: (1, 2), 7: (2, 1), 9: (2, 0)}
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.sha256(a.astype(np.float32).tobytes()).hexdigest()
+
+
+def _expected() -> dict[str, str]:
+    xs = [rank_input(r, COUNT) for r in range(WORLD)]
+    gathered = _digest(np.concatenate(xs))
+    total = _digest(np.sum([x.astype(np.float64) for x in xs], axis=0))
+    return {
+        "gather": gathered, "gather_in_place": gathered, "bcast_in_place": _digest(xs[-1]),
+        "bcast": _digest(xs[0]), "sum": total,
+    }  # fmt: skip
+
+
+def _launch(tmp: Path, fault: str, calls: str = "") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
+    env |= {
+        "CCLCTL_JOB": JOB,
+        "CCLCTL_TRACE_DIR": str(tmp),
+        "CCLCTL_TRANSPORT": "tcp",
+        "CCLCTL_RETRY_BUDGET": "20",
+        "CCLCTL_FAULT": fault,
+        "COUNT": str(COUNT),
+        "ITERS": str(ITERS),
+        "CALLS": calls or ",".join(CALLS),
+    }
+    cmd = [sys.executable, "-m", "cclctl", "launch", "-n", str(WORLD), "--", sys.executable]
+    return subprocess.run(
+        [*cmd, script("retry_mix_worker.py")], env=env, capture_output=True, text=True, timeout=80
+    )
+
+
+def _lines(out: str, rank: int) -> list[str]:
+    return [ln.split("] ", 1)[-1] for ln in out.splitlines() if f"[rank {rank}]" in ln]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_every_rerun_call_rides_through_a_cut_link_exactly(tmp_path: Path) -> None:
+    fault = ";".join(f"link:rank={r}:seq={s}:peer={p}" for s, (r, p) in CUTS.items())
+    out = _launch(tmp_path, fault)
+    assert out.returncode == 0, out.stdout + out.stderr
+    want = _expected()
+    shown = [c for c in CALLS if c != "barrier"]
+    for rank in range(WORLD):
+        lines = _lines(out.stdout, rank)
+        results = [ln.split()[1:] for ln in lines if ln.startswith("result ")]
+        assert results == [[str(i), call, want[call]] for i in range(ITERS) for call in shown], (
+            lines
+        )
+        assert f"epoch {len(CUTS)}" in lines, lines
+        doc = json.loads((tmp_path / f"cclctl-{JOB}-rank{rank}.json").read_text())
+        assert doc["counters"]["retries"] == len(CUTS), doc["counters"]
+        for seq in CUTS:
+            # a first attempt of the call that did not complete here or did on a rank ahead,
+            # then a completed one of a later epoch: the call's re-run, or the broadcast of
+            # its result from a rank ahead where the cut left the ranks one call apart
+            op = OPS[CALLS[(seq - 1) % len(CALLS)]]
+            runs = [r for r in doc["records"] if r["seq"] == seq]
+            assert (runs[0]["op"], runs[0]["attempt"]) == (op, 1), (seq, runs)
+            assert runs[-1]["state"] == "completed", (seq, runs)
+            assert runs[-1]["epoch"] > runs[0]["epoch"], (seq, runs)
+            assert {r["op"] for r in runs[1:]} <= {op, "broadcast"}, (seq, runs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_cut_link_fails_a_reduce_scatter_which_is_not_rerun(tmp_path: Path) -> None:
+    out = _launch(tmp_path, "link:rank=0:seq=2:peer=1", calls="sum,scatter")
+    assert out.returncode != 0, out.stdout
+    failed: dict[int, str] = {}
+    for rank in range(WORLD):
+        lines = _lines(out.stdout, rank)
+        assert lines[1].split()[:3] == ["result", "0", "sum"], lines
+        failed.update((rank, ln) for ln in lines if ln.startswith("failed "))
+    # the ranks the cut stopped fail in the reduce_scatter, naming the link; a rank whose
+    # part did not need it fails as it enters the next call (the communicator has failed)
+    in_scatter = [ln for ln in failed.values() if ln.startswith("failed 0 scatter ")]
+    assert in_scatter and all("link between rank 0 and rank 1" in ln for ln in in_scatter), failed
+    assert all(ln.startswith(("failed 0 scatter ", "failed 1 sum ")) for ln in failed.values())
+    assert not any("not recovered" in ln for ln in failed.values()), failed
+    for dump in tmp_path.glob(f"cclctl-{JOB}-rank*.json"):
+        assert json.loads(dump.read_text())["counters"]["retries"] == 0, dump
+
+
+def _ask(call: str, pending: int, kept: int = 0) -> Ask:
+    return Ask(call, pending, kept, attempt=2, deadline=0.0)
+
+
+def test_ranks_at_one_seq_rerun_it_whatever_the_call() -> None:
+    for call in ("all_reduce", "all_gather", "broadcast", "barrier"):
+        assert decide(0, {r: _ask(call, 4, 3) for r in range(3)}) == Plan(4)
+
+
+def test_ranks_one_call_apart_are_caught_up_from_the_lowest_rank_ahead() -> None:
+    entries = {0: _ask("all_gather", 4, 3), 1: _ask("barrier", 5, 4), 2: _ask("barrier", 5, 4)}
+    assert decide(0, entries) == Plan(4, root=1)
+
+
+def test_what_cannot_be_made_exact_is_refused_naming_why() -> None:
+    with pytest.raises(CommError, match=r"rank\(s\) 1 were in reduce_scatter, which is not re-run"):
+        decide(0, {0: _ask("all_reduce", 4), 1: _ask("reduce_scatter", 4)})
+    with pytest.raises(CommError, match="at seq 4 were in different calls"):
+        decide(0, {0: _ask("all_reduce", 4), 1: _ask("all_gather", 4)})
+    with pytest.raises(CommError, match="stopped at seqs 3 to 5"):
+        decide(0, {0: _ask("all_reduce", 3), 1: _ask("all_reduce", 5, 4)})
+    with pytest.raises(CommError, match="stopped at seqs 4 to 5"):  # the rank ahead kept seq 3
+        decide(0, {0: _ask("all_gather", 4), 1: _ask("all_gather", 5, 3)})

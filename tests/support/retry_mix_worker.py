@@ -1,0 +1,90 @@
+"""A rank of a retry job whose calls are every collective a retry re-runs, ``ITERS`` times.
+
+Each iteration (``CALLS``, or the comma-separated names in the variable ``CALLS``): an
+all_gather out of place, one in place (this rank's slot of ``out``), a broadcast in place
+from the last rank, one out of place from rank 0, a barrier and an in-place all_reduce, of
+inputs the test can compute (``retry_worker.rank_input``). Before each call the rank
+prints ``call <i> <call>``; after each but the barrier, ``result <i> <call> <sha256 of the
+result>``; at the end ``epoch <n>`` and ``done``. A failed call prints ``failed <i> <call>
+<error>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable
+
+import numpy as np
+from retry_worker import rank_input
+
+import cclctl
+from cclctl.errors import CclError
+
+ITERS = int(os.environ.get("ITERS", "2"))
+COUNT = int(os.environ.get("COUNT", "65536"))
+#: the calls of one iteration, in order (a test's seqs: iteration i's k-th is 6 i + k + 1)
+CALLS = ("gather", "gather_in_place", "bcast_in_place", "bcast", "barrier", "sum")
+#: the collective each call makes (``scatter``: a reduce_scatter, which a retry does not re-run)
+OPS = {
+    "gather": "all_gather", "gather_in_place": "all_gather", "bcast_in_place": "broadcast",
+    "bcast": "broadcast", "barrier": "barrier", "sum": "all_reduce", "scatter": "reduce_scatter",
+}  # fmt: skip
+
+
+def main() -> int:
+    comm = cclctl.init()
+    n, rank, last = comm.world_size, comm.rank, comm.world_size - 1
+    x0 = rank_input(rank, COUNT)
+
+    def gather() -> np.ndarray:
+        out = np.empty(n * COUNT, dtype=np.float32)
+        return comm.all_gather(x0.copy(), out)
+
+    def gather_in_place() -> np.ndarray:
+        out = np.empty(n * COUNT, dtype=np.float32)
+        out[rank * COUNT : (rank + 1) * COUNT] = x0
+        return comm.all_gather(out[rank * COUNT : (rank + 1) * COUNT], out)
+
+    def bcast_in_place() -> np.ndarray:
+        return comm.broadcast(x0.copy(), root=last)
+
+    def bcast() -> np.ndarray:
+        return comm.broadcast(x0.copy(), root=0, out=np.empty_like(x0))
+
+    def barrier() -> None:
+        comm.barrier()
+
+    def total() -> np.ndarray:
+        return comm.all_reduce(x0.copy())
+
+    def scatter() -> np.ndarray:
+        whole = np.concatenate([x0] * n)
+        return comm.reduce_scatter(whole, np.empty_like(x0))
+
+    runs: dict[str, Callable[[], np.ndarray | None]] = {
+        "gather": gather, "gather_in_place": gather_in_place, "bcast_in_place": bcast_in_place,
+        "bcast": bcast, "barrier": barrier, "sum": total, "scatter": scatter,
+    }  # fmt: skip
+    calls = os.environ.get("CALLS", ",".join(CALLS)).split(",")
+    for i in range(ITERS):
+        for call in calls:
+            print(f"call {i} {call}", flush=True)
+            try:
+                result = runs[call]()
+            except CclError as exc:
+                print(f"failed {i} {call} {exc}", flush=True)
+                return 1
+            if result is not None:
+                print(
+                    f"result {i} {call} {hashlib.sha256(result.tobytes()).hexdigest()}", flush=True
+                )
+    print(f"epoch {comm.failure.epoch}", flush=True)
+    comm.close()
+    print("done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
