@@ -7,10 +7,16 @@ same as theirs; numpy names are accepted too, because that is what our runtime u
 from __future__ import annotations
 
 import dataclasses
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from cclctl.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:  # numpy is imported once a run needs it: not for every CLI start
+    import numpy as np
+
+#: What runs the sweep (`--backend`): cclctl's runtime, or torch.distributed (``torch``: NCCL
+#: where CUDA is, else gloo).
+BACKENDS = ("cclctl", "torch", "gloo", "nccl")
 
 #: The collectives `cclctl bench --collective` accepts, in nccl-tests' spelling.
 OPS = (
@@ -57,6 +63,8 @@ class DType:
 
     def numpy(self) -> np.dtype:
         """The numpy dtype; bfloat16 needs the optional ml_dtypes package."""
+        import numpy as np
+
         if self.name == "bfloat16":
             try:
                 import ml_dtypes

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cclctl.benchmark.catalog import (
+    BACKENDS,
     REDOPS,
     REDUCING_OPS,
     DType,
@@ -21,7 +22,6 @@ from cclctl.benchmark.catalog import (
     resolve_dtype,
 )
 from cclctl.benchmark.sizes import parse_size, size_sweep
-from cclctl.benchmark.torch_backend import BACKENDS
 from cclctl.errors import BadInput, ConfigError
 
 DEFAULT_MINBYTES = 8

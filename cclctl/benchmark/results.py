@@ -8,6 +8,7 @@ placement ``time`` in microseconds, ``algbw``, ``busbw`` in GB/s and ``#wrong``)
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,11 @@ def _mapping(data: object) -> Mapping[str, Any]:
         raise TypeError(f"expected an object, got {type(data).__name__}")
     return data
 
+
+
+def now_iso() -> str:
+    """Now, as a run's metadata stamps it (UTC, seconds)."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 @dataclasses.dataclass(frozen=True)
 class Timing:

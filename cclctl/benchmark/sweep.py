@@ -9,7 +9,6 @@ compared with the exact expected value; the wrong counts are summed over ranks.
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import time
@@ -23,15 +22,11 @@ from cclctl.benchmark.catalog import REDUCING_OPS, ROOTED_OPS, bus_name
 from cclctl.benchmark.collectives import Alloc, Communicator, Placement, bind, zeros
 from cclctl.benchmark.inputs import Case, count_wrong, expected
 from cclctl.benchmark.options import BenchOptions
-from cclctl.benchmark.results import RankInfo, Row, RunMeta, Timing
+from cclctl.benchmark.results import RankInfo, Row, RunMeta, Timing, now_iso
 from cclctl.benchmark.selftest import Corruption
 from cclctl.benchmark.sizes import plan
 
 _HOST_BYTES = 64
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def total_rows(opts: BenchOptions, world_size: int) -> int:

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from cclctl.benchmark.catalog import BACKENDS
 from cclctl.benchmark.collectives import Placement
 from cclctl.config import in_launched_job, rendezvous_from_env
 from cclctl.errors import UsageError
 
-BACKENDS = ("cclctl", "torch", "gloo", "nccl")
 _REDOPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
 
 Array = np.ndarray

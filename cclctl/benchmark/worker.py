@@ -16,9 +16,9 @@ import cclctl
 from cclctl.benchmark import events
 from cclctl.benchmark.collectives import Communicator
 from cclctl.benchmark.options import BenchOptions
-from cclctl.benchmark.results import Row, RunMeta
+from cclctl.benchmark.results import Row, RunMeta, now_iso
 from cclctl.benchmark.selftest import Corruption
-from cclctl.benchmark.sweep import Sweep, gather_meta, now_iso, total_rows
+from cclctl.benchmark.sweep import Sweep, gather_meta, total_rows
 from cclctl.config import bench_corrupt_from_env
 from cclctl.errors import EXIT_ERROR, CclError, UsageError
 

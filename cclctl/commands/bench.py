@@ -17,9 +17,7 @@ import cclctl
 from cclctl.benchmark import events, report
 from cclctl.benchmark.options import BenchOptions, build_options
 from cclctl.benchmark.outputs import Outputs
-from cclctl.benchmark.results import Row, RunMeta
-from cclctl.benchmark.sweep import now_iso
-from cclctl.benchmark.worker import RankSweep
+from cclctl.benchmark.results import Row, RunMeta, now_iso
 from cclctl.commands.checks import check_command
 from cclctl.config import in_launched_job, inherited_environment, rendezvous_from_env
 from cclctl.errors import CclError
@@ -205,6 +203,8 @@ def _run_here(
 ) -> tuple[RunMeta | None, list[Row]]:
     """Inside a launched job: this process is one rank; rank 0 writes the outputs, which it
     opens before joining, so a bad path fails before the sweep. Others return (None, [])."""
+    from cclctl.benchmark.worker import RankSweep  # the runtime and numpy: not for every CLI start
+
     flags = {} if metrics_port is None else {"metrics_port": metrics_port}
     place = rendezvous_from_env()
     outputs = None

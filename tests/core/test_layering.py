@@ -7,6 +7,8 @@ breaks a layer is caught as surely as one at the top of a module.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,3 +182,13 @@ def test_the_pure_layers_open_no_socket_process_or_file() -> None:
             if called and node.func.id == "open":  # type: ignore[attr-defined]
                 wrong.append(f"{rel}:{node.lineno} calls open()")
     assert wrong == []
+
+
+def test_the_cli_starts_without_the_runtimes_heavy_imports() -> None:
+    """Every `cclctl` command (`top`, `diagnose`, `retry` ...) starts by importing the whole
+    CLI; numpy and the runtime load only where a command runs them (bench's ranks)."""
+    heavy = ("numpy", "cclctl.runtime.comm.communicator")
+    code = f"import sys, cclctl.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
