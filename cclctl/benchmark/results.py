@@ -24,10 +24,10 @@ def _mapping(data: object) -> Mapping[str, Any]:
     return data
 
 
-
 def now_iso() -> str:
     """Now, as a run's metadata stamps it (UTC, seconds)."""
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
 
 @dataclasses.dataclass(frozen=True)
 class Timing:

@@ -1,12 +1,12 @@
 """Every collective a retry re-runs rides through a link fault, exactly, on one host.
 
 Three real ranks over TCP (``cclctl launch``), ``CCLCTL_RETRY_BUDGET`` on, links closed as
-an all_gather out of place, an all_gather in place, a broadcast in place and a barrier
-start (``CCLCTL_FAULT=link:...``, each striking its seq's first attempt only): every
-result is the exact one, every rank counts four retries and its records hold each
-faulted seq's two attempts. A link cut in a reduce_scatter, which a retry does not re-run,
-fails the call with the link's error. And the plan the ranks make from their entries.
-Needs no root.
+an all_gather (out of place, then in place), a broadcast in place and a barrier start
+(``CCLCTL_FAULT=link:...``, each striking its seq's first attempt only): every result is
+the exact one, every rank counts four retries and its records hold each faulted seq's
+attempts. A link cut in a reduce_scatter, which a retry does not re-run, fails it with
+the link's error, and tells the next epoch's agreement so. And the plan the ranks make
+from their entries. Needs no root.
 """
 
 from __future__ import annotations
@@ -17,15 +17,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from retry_mix_worker import CALLS, OPS
 from retry_worker import rank_input
 
+from cclctl.config import RuntimeConfig
 from cclctl.errors import CommError
-from cclctl.runtime.comm.retrying import Ask, Plan
-from cclctl.runtime.job.retry import decide
+from cclctl.revocation import Revocation
+from cclctl.runtime.comm.retrying import Ask, Plan, not_rerun
+from cclctl.runtime.job.retry import Retry, decide
+from cclctl.store.client import StoreClient, StoreServer
+from cclctl.store.scope import ScopedStore
 from scripts import script
 
 WORLD, COUNT, ITERS, JOB = 3, 65536, 2, "retrycalls"
@@ -49,9 +54,9 @@ def _expected() -> dict[str, str]:
     }  # fmt: skip
 
 
-def _launch(tmp: Path, fault: str, calls: str = "") -> subprocess.CompletedProcess[str]:
+def _env(tmp: Path, fault: str, calls: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
-    env |= {
+    return env | {
         "CCLCTL_JOB": JOB,
         "CCLCTL_TRACE_DIR": str(tmp),
         "CCLCTL_TRANSPORT": "tcp",
@@ -61,10 +66,15 @@ def _launch(tmp: Path, fault: str, calls: str = "") -> subprocess.CompletedProce
         "ITERS": str(ITERS),
         "CALLS": calls or ",".join(CALLS),
     }
-    cmd = [sys.executable, "-m", "cclctl", "launch", "-n", str(WORLD), "--", sys.executable]
-    return subprocess.run(
-        [*cmd, script("retry_mix_worker.py")], env=env, capture_output=True, text=True, timeout=80
-    )
+
+
+def _cmd() -> list[str]:
+    launch = [sys.executable, "-m", "cclctl", "launch", "-n", str(WORLD), "--", sys.executable]
+    return [*launch, script("retry_mix_worker.py")]
+
+
+def _launch(tmp: Path, fault: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_cmd(), env=_env(tmp, fault), capture_output=True, text=True, timeout=80)
 
 
 def _lines(out: str, rank: int) -> list[str]:
@@ -103,21 +113,64 @@ def test_every_rerun_call_rides_through_a_cut_link_exactly(tmp_path: Path) -> No
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_cut_link_fails_a_reduce_scatter_which_is_not_rerun(tmp_path: Path) -> None:
-    out = _launch(tmp_path, "link:rank=0:seq=2:peer=1", calls="sum,scatter")
-    assert out.returncode != 0, out.stdout
+    """Every rank fails in the reduce_scatter (none can finish it without rank 0's part),
+    naming the link, with no retry; a failed rank holds until all have said so."""
+    hold = tmp_path / "release"
+    env = _env(tmp_path, "link:rank=0:seq=2:peer=1", calls="sum,scatter") | {"HOLD": str(hold)}
+    proc = subprocess.Popen(
+        _cmd(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     failed: dict[int, str] = {}
-    for rank in range(WORLD):
-        lines = _lines(out.stdout, rank)
-        assert lines[1].split()[:3] == ["result", "0", "sum"], lines
-        failed.update((rank, ln) for ln in lines if ln.startswith("failed "))
-    # the ranks the cut stopped fail in the reduce_scatter, naming the link; a rank whose
-    # part did not need it fails as it enters the next call (the communicator has failed)
-    in_scatter = [ln for ln in failed.values() if ln.startswith("failed 0 scatter ")]
-    assert in_scatter and all("link between rank 0 and rank 1" in ln for ln in in_scatter), failed
-    assert all(ln.startswith(("failed 0 scatter ", "failed 1 sum ")) for ln in failed.values())
-    assert not any("not recovered" in ln for ln in failed.values()), failed
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            rank, _, text = line.partition("] ")
+            if text.startswith("failed "):
+                failed[int(rank.rpartition(" ")[2])] = text.strip()
+            if len(failed) == WORLD:
+                break
+    finally:
+        hold.touch()
+        assert proc.wait(timeout=60) != 0
+    assert sorted(failed) == list(range(WORLD)), failed
+    for line in failed.values():
+        assert line.startswith("failed 0 scatter "), failed
+        assert "link between rank 0 and rank 1" in line, failed
+        assert "not recovered" not in line, failed
     for dump in tmp_path.glob(f"cclctl-{JOB}-rank*.json"):
         assert json.loads(dump.read_text())["counters"]["retries"] == 0, dump
+
+
+def test_a_call_that_is_not_rerun_tells_the_agreement_at_once(server: StoreServer) -> None:
+    """A rank whose reduce_scatter a link fault failed writes its refusal to the next
+    epoch's agreement and raises the fault's own error: the ranks in a re-run call a call
+    apart find it there and fail at once, naming the call (the plan's rules, below)."""
+    rdzv = SimpleNamespace(
+        store=SimpleNamespace(host=server.host, port=server.port), token="", job=JOB
+    )
+    retry = Retry(rdzv, RuntimeConfig(), server.host, telemetry=None)  # type: ignore[arg-type]
+    comm = SimpleNamespace(
+        id="0:0-2", rank=1, cfg=RuntimeConfig(retry_budget_s=20), _retrier=retry,
+        failure=SimpleNamespace(epoch=3), _calls=SimpleNamespace(completed=6),
+        _kept=SimpleNamespace(seq=5),
+    )  # fmt: skip
+    fault = CommError("link between rank 0 and rank 1 broke")
+    fault.revocation = Revocation(kind="link", origin=0, reason="peer closed", seen_by=1)
+
+    def cut() -> None:
+        raise fault
+
+    with pytest.raises(CommError) as raised:
+        not_rerun(comm, "reduce_scatter", cut)  # type: ignore[arg-type]
+    assert raised.value is fault
+    with StoreClient(server.host, server.port) as client:
+        entry = ScopedStore.for_job(client, JOB).try_get("retry/0:0-2/4/in/1")
+    assert entry is not None
+    ask = Ask(**json.loads(entry))
+    assert (ask.call, ask.pending, ask.kept) == ("reduce_scatter", 7, 5)
+    entries = {0: _ask("all_reduce", 8, 7), 1: ask, 2: _ask("all_reduce", 8, 7)}
+    with pytest.raises(CommError, match=r"rank\(s\) 1 were in reduce_scatter, which is not re-run"):
+        decide(0, entries)
 
 
 def _ask(call: str, pending: int, kept: int = 0) -> Ask:

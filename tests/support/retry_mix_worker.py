@@ -6,7 +6,7 @@ from the last rank, one out of place from rank 0, a barrier and an in-place all_
 inputs the test can compute (``retry_worker.rank_input``). Before each call the rank
 prints ``call <i> <call>``; after each but the barrier, ``result <i> <call> <sha256 of the
 result>``; at the end ``epoch <n>`` and ``done``. A failed call prints ``failed <i> <call>
-<error>``.
+<error>`` (and, with ``HOLD`` set, waits for that file before it exits).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -31,6 +32,15 @@ OPS = {
     "gather": "all_gather", "gather_in_place": "all_gather", "bcast_in_place": "broadcast",
     "bcast": "broadcast", "barrier": "barrier", "sum": "all_reduce", "scatter": "reduce_scatter",
 }  # fmt: skip
+
+
+def _hold() -> None:
+    """With ``HOLD`` (a path) set, a failed rank stays until the test makes that file, so
+    the launcher stops no rank before every rank has said how it failed."""
+    hold = os.environ.get("HOLD")
+    deadline = time.monotonic() + 60
+    while hold and not os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def main() -> int:
@@ -75,6 +85,7 @@ def main() -> int:
                 result = runs[call]()
             except CclError as exc:
                 print(f"failed {i} {call} {exc}", flush=True)
+                _hold()
                 return 1
             if result is not None:
                 print(

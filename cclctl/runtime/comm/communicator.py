@@ -215,6 +215,12 @@ class Communicator:
         return out
 
     def reduce_scatter(self, buf: Array, out: Array, op: str = "sum") -> Array:
+        if self._retries():
+            fn = self._reduce_scatter
+            return retrying.not_rerun(self, "reduce_scatter", lambda: fn(buf, out, op))
+        return self._reduce_scatter(buf, out, op)
+
+    def _reduce_scatter(self, buf: Array, out: Array, op: str) -> Array:
         buffers.check_redop(op, "reduce_scatter")
         prep = self._scatters.get("reduce_scatter", buf, out)
         if prep is not None:
@@ -273,6 +279,11 @@ class Communicator:
         return dst if out is None else out
 
     def reduce(self, buf: Array, op: str = "sum", root: int = 0, out: Array | None = None) -> Array:
+        if self._retries():
+            return retrying.not_rerun(self, "reduce", lambda: self._reduce(buf, op, root, out))
+        return self._reduce(buf, op, root, out)
+
+    def _reduce(self, buf: Array, op: str, root: int, out: Array | None) -> Array:
         src, dst = buffers.in_out(buf, out, "reduce", writable=out is None and self.rank == root)
         buffers.check_redop(op, "reduce")
         root = buffers.check_root(root, self.world_size, "reduce")
@@ -284,6 +295,11 @@ class Communicator:
         return dst if out is None else out
 
     def all_to_all(self, buf: Array, out: Array) -> Array:
+        if self._retries():
+            return retrying.not_rerun(self, "all_to_all", lambda: self._all_to_all(buf, out))
+        return self._all_to_all(buf, out)
+
+    def _all_to_all(self, buf: Array, out: Array) -> Array:
         n = self.world_size
         src = buffers.flat(buf, "buf", "all_to_all")
         if src.size % n:

@@ -19,18 +19,21 @@ point-to-point calls are not re-run: a link fault fails them as with retry off.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from cclctl.errors import CommError
+from cclctl.errors import CclError, CommError
 from cclctl.runtime.comm import buffers
 from cclctl.runtime.comm.rerun import Inputs
 
 if TYPE_CHECKING:
     from cclctl.runtime.comm.communicator import Communicator
+
+log = logging.getLogger("cclctl.runtime")
 
 #: The transports whose links a retry renews (shared memory alone has none to break).
 RETRIED_TRANSPORTS = ("tcp", "hybrid")
@@ -64,9 +67,15 @@ class Plan:
     root: int = -1
 
 
-#: ``retrier(comm, ask)``: agree with every rank and renew the transport; raises
-#: :class:`CommError` when that cannot be done within the deadline.
-Retrier = Callable[["Communicator", Ask], Plan]
+class Retrier(Protocol):
+    """The job's side of a retry (:class:`cclctl.runtime.job.retry.Retry`)."""
+
+    def __call__(self, comm: Communicator, ask: Ask) -> Plan:
+        """Agree with every rank and renew the transport; raises :class:`CommError` when
+        that cannot be done within the deadline."""
+
+    def refuse(self, comm: Communicator, ask: Ask) -> None:
+        """Tell the agreement, without waiting, that this rank's call is not re-run."""
 
 
 def enabled(comm: Communicator) -> bool:
@@ -116,6 +125,23 @@ def broadcast(comm: Communicator, buf: np.ndarray, root: int, out: np.ndarray | 
 def barrier(comm: Communicator) -> None:
     """``comm.barrier`` that renews broken links and waits again."""
     _run(comm, "barrier", comm._barrier, Inputs.kept(np.zeros(1, dtype=np.uint8)), None)
+
+
+def not_rerun(comm: Communicator, call: str, attempt: Callable[[], Any]) -> Any:
+    """``attempt()`` of a call a retry does not re-run: a link fault fails it as with retry
+    off, and this rank's refusal goes to the agreement, so ranks a call behind or ahead,
+    in a call that is re-run, fail at once naming this one instead of at the budget."""
+    try:
+        return attempt()
+    except CommError as exc:
+        if retryable(exc) and comm._retrier is not None:
+            deadline = time.monotonic() + comm.cfg.retry_budget_s
+            ask = Ask(call, comm._calls.completed + 1, comm._kept.seq, 1, deadline)
+            try:
+                comm._retrier.refuse(comm, ask)
+            except CclError as why:  # the error the caller gets is the fault's own
+                log.debug("rank %d: could not tell the retry of %s: %s", comm.rank, call, why)
+        raise
 
 
 def _run(comm: Communicator, call: str, attempt: Callable[[], Any], inputs: Inputs,

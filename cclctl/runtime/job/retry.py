@@ -43,6 +43,10 @@ STALL_MAX_S = 1.0
 STORE_RETRY_DELAY_S = 0.05
 
 
+#: The longest a rank whose call is not re-run spends telling the agreement so.
+REFUSE_S = 5.0
+
+
 def stall_s(cfg: RuntimeConfig) -> float:
     """How long a stalled link takes to fail with retry on (a tenth of the budget, at most
     :data:`STALL_MAX_S`); 0 (the kernel's own, minutes) with retry off."""
@@ -98,6 +102,14 @@ class Retry:
         comm.failure.bump_epoch(transport.announce)
         self.telemetry.count_retry(comm.id, ask.call)  # cclctl_collective_retries_total
         return plan
+
+    def refuse(self, comm: Communicator, ask: Ask) -> None:
+        """Write this rank's entry for the next epoch and return: the call it was in is
+        not re-run, so every rank's plan fails at once, naming it (:func:`decide`)."""
+        prefix = f"retry/{comm.id}/{comm.failure.epoch + 1}/"
+        with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
+            scoped = ScopedStore.for_job(client, self.rdzv.job)
+            scoped.set(f"{prefix}in/{comm.rank}", json.dumps(dataclasses.asdict(ask)).encode())
 
     def _client(self, deadline: float) -> StoreClient:
         left = max(0.05, deadline - time.monotonic())
