@@ -1,42 +1,26 @@
-"""The communicator: torch.distributed-style collectives on numpy arrays, traced end to end.
+"""The communicator: the collectives a job calls, and what a failure of one then does.
 
-Each call checks its buffers, takes what :mod:`~cclctl.runtime.comm.selection` decided for
-its op and size, opens (:mod:`~cclctl.runtime.comm.calls`: a sequence number, the same on
-every rank for the same call, and a trace record naming that algorithm), runs it
-(:mod:`~cclctl.runtime.comm.dispatch`) and closes the record. The record is what telemetry
-counts, what the flight recorder keeps and what diagnosis reads, so every rank can always
-say which collective it is in and whom it waits on.
+Each public call runs one attempt of its collective (:class:`~cclctl.runtime.comm.
+collectives.Collectives`), or, where the job asked for it, goes through the policy that
+rides a failure out: ``CCLCTL_RETRY_BUDGET`` re-runs a call a link fault interrupted
+(:mod:`~cclctl.runtime.comm.retrying`), ``CCLCTL_ON_FAILURE=shrink`` drops a dead rank
+and re-runs among the survivors (:mod:`~cclctl.runtime.comm.shrinking`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
 
 import numpy as np
 
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CommError
-from cclctl.runtime.algorithms import pairwise, zero_copy
-from cclctl.runtime.algorithms.context import COPY, Scratch, as_bytes, finish_avg
-from cclctl.runtime.comm import (
-    buffers,
-    dispatch,
-    prepared,
-    rerun,
-    retrying,
-    selection,
-    shrinking,
-)
-from cclctl.runtime.comm.calls import Calls
-from cclctl.runtime.comm.prepared import Gather, PreparedCalls, Scatter
+from cclctl.runtime.comm import rerun, retrying, shrinking
+from cclctl.runtime.comm.collectives import Collectives
 from cclctl.runtime.comm.tracing import Tracer
-from cclctl.runtime.failure import FailureState
 from cclctl.runtime.transport.base import Transport
-from cclctl.runtime.transport.shm import shared_buffers
 
 Array = np.ndarray
-_ZERO_COPY = dict.fromkeys(zero_copy.OPS, zero_copy.MIN_BYTES)
 
 
 def world_comm_id(world_size: int) -> str:
@@ -44,7 +28,7 @@ def world_comm_id(world_size: int) -> str:
     return f"0:0-{world_size - 1}" if world_size > 1 else "0:0"
 
 
-class Communicator:
+class Communicator(Collectives):
     """A group of ranks that run collectives together."""
 
     backend = "cclctl"
@@ -67,9 +51,10 @@ class Communicator:
         """``watchdog``: a watchdog thread expires hung calls (through :attr:`failure`).
         ``members``: each rank's global rank; ``shrinker`` builds :meth:`shrink`'s result;
         ``retrier`` renews the links after a link fault (``CCLCTL_RETRY_BUDGET``)."""
-        self.rank = rank
-        self.world_size = world_size
-        self.id = comm_id
+        super().__init__(
+            rank=rank, world_size=world_size, transport=transport, cfg=cfg, comm_id=comm_id,
+            tracer=tracer, watchdog=watchdog,
+        )  # fmt: skip
         self.members = list(range(world_size) if members is None else members)
         #: how the survivors agreed on this communicator (None: it is not a shrink's)
         self.shrink_info: shrinking.ShrinkInfo | None = None
@@ -77,69 +62,7 @@ class Communicator:
         self._shrink_callbacks: list[shrinking.OnShrink] = []
         self._kept = rerun.Kept()
         self._retrier = retrier
-        self.cfg = cfg
-        self._scratch = Scratch()
-        self._use(transport)
-        self._calls = Calls(
-            rank=rank,
-            world_size=world_size,
-            comm_id=comm_id,
-            transport=transport,
-            cfg=cfg,
-            scratch=self._scratch,
-            watchdog=watchdog,
-        )
-        self._calls.tracer = tracer
-        self._call = self._calls.open  # every call opens here: one bound method
-        self._p2p_sent = [0] * world_size
-        self._p2p_received = [0] * world_size
         self._on_close = on_close
-
-    def _use(self, transport: Transport) -> None:
-        """Run calls over ``transport`` (at creation, and when a retry renewed it): what
-        runs each op is decided again for the engines it offers, and plans made for the
-        old one's memory are forgotten."""
-        self.transport = transport
-        self._caps = transport.capabilities
-        self._choose = selection.decide(
-            selection.parse(self.cfg.algo), self._caps, self.world_size, _ZERO_COPY
-        )
-        # Zero-copy calls' checks, for the same arrays again.
-        self._plans: PreparedCalls[zero_copy.Plan] = PreparedCalls()
-        self._gathers: PreparedCalls[Gather] = PreparedCalls()
-        self._scatters: PreparedCalls[Scatter] = PreparedCalls()
-        if hasattr(self, "_calls"):
-            self._calls.transport = transport
-
-    @property
-    def failure(self) -> FailureState:
-        """Whether calls may run here and, once not, the first failure's origin."""
-        return self._calls.failure
-
-    @property
-    def tracer(self) -> Tracer | None:
-        """Telemetry that sees every call (None: calls are not recorded)."""
-        return self._calls.tracer
-
-    @tracer.setter
-    def tracer(self, tracer: Tracer | None) -> None:
-        self._calls.tracer = tracer
-
-    # ----------------------------------------------------------------- buffers
-    def empty(self, shape: Any, dtype: Any = np.float32) -> Array:
-        """A new, uninitialised array that ranks on this host read directly.
-
-        Collectives whose buffers come from here on every rank of a one-host communicator
-        run zero-copy (nothing is staged through shared-memory slots): about 2-3x the
-        bandwidth from a few MiB up. Pass such buffers on every rank or on none: a mix is a
-        collective mismatch. Allocate them once and reuse them (e.g. as staging buffers);
-        each lives as long as any array that views it.
-        """
-        return shared_buffers.empty(shape, dtype)
-
-    def zeros(self, shape: Any, dtype: Any = np.float32) -> Array:
-        """As :meth:`empty`, zeroed (free: new shared memory starts zero-filled)."""
-        return shared_buffers.zeros(shape, dtype)
 
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, buf: Array, op: str = "sum", out: Array | None = None) -> Array:
@@ -149,189 +72,31 @@ class Communicator:
             return retrying.all_reduce(self, buf, op, out)
         return self._all_reduce(buf, op, out)
 
-    def _shrinks(self) -> bool:
-        """``CCLCTL_ON_FAILURE=shrink`` is on: a dead rank is shrunk away (and retry is off)."""
-        return self.cfg.on_failure == "shrink" and self._shrinker is not None
-
-    def _retries(self) -> bool:
-        """A link fault is ridden through (:mod:`~cclctl.runtime.comm.retrying`)."""
-        return self._retrier is not None and not self._shrinks() and retrying.enabled(self)
-
-    def _all_reduce(self, buf: Array, op: str, out: Array | None) -> Array:
-        buffers.check_redop(op, "all_reduce")
-        zc, src, dst = prepared.remembered(self._plans, "all_reduce", buf, out)
-        if zc is None:
-            src, dst = buffers.reduce_args(buf, out, "all_reduce")
-            if src.nbytes >= self._choose.all_reduce.zero_copy_from:
-                zc = zero_copy.plan(src, dst)
-                if zc is not None:
-                    self._plans.keep("all_reduce", (buf, out), zc)
-        if zc is not None:
-            with self._call("all_reduce", src, zero_copy.ALGO, redop=op, shared=True) as step:
-                group = dispatch.one_copy(step, self._caps)
-                zero_copy.all_reduce(step, group, src, dst, op, zc)
-                if op == "avg":
-                    finish_avg(dst, self.world_size)
-            return dst if out is None else out
-        algo = self._choose.all_reduce.pick(src.nbytes, src.size)
-        with self._call("all_reduce", src, algo, redop=op) as step:
-            dispatch.all_reduce(step, algo, self._caps, src, dst, op)
-            if op == "avg":
-                finish_avg(dst, self.world_size)
-        return dst if out is None else out
-
     def all_gather(self, buf: Array, out: Array) -> Array:
         if self._retries():
             return retrying.all_gather(self, buf, out)
         return self._all_gather(buf, out)
 
-    def _all_gather(self, buf: Array, out: Array) -> Array:
-        prep = self._gathers.get("all_gather", buf, out)
-        if prep is not None:
-            src, dst = buf.reshape(-1), out.reshape(-1)
-        else:
-            src, dst, in_slot = buffers.gather_args(buf, out, self.world_size, self.rank)
-            bounds = [(i * src.size, (i + 1) * src.size) for i in range(self.world_size)]
-            prep = None
-            if dst.nbytes >= self._choose.all_gather.zero_copy_from:
-                prep = prepared.gather_plan(src, dst, bounds, self.rank, in_slot)
-            if prep is None:
-                algo = self._choose.all_gather.pick(dst.nbytes, dst.size)
-                if not in_slot:
-                    lo, hi = bounds[self.rank]
-                    dst[lo:hi] = src
-                with self._call("all_gather", src, algo, nbytes=dst.nbytes) as step:
-                    if src.size:
-                        dispatch.all_gather(step, algo, self._caps, dst, bounds)
-                return out
-            self._gathers.keep("all_gather", (buf, out), prep)
-        if prep.staged:
-            lo, hi = prep.bounds[self.rank]
-            dst[lo:hi] = src
-        copy_in = src if prep.copy_in else None
-        with self._call("all_gather", src, zero_copy.ALGO, nbytes=dst.nbytes, shared=True) as step:
-            group = dispatch.one_copy(step, self._caps)
-            zero_copy.all_gather(step, group, dst, prep.bounds, prep.where, copy_in)
-        return out
-
     def reduce_scatter(self, buf: Array, out: Array, op: str = "sum") -> Array:
         if self._retries():
-            fn = self._reduce_scatter
-            return retrying.not_rerun(self, "reduce_scatter", lambda: fn(buf, out, op))
+            run = self._reduce_scatter
+            return retrying.not_rerun(self, "reduce_scatter", lambda: run(buf, out, op))
         return self._reduce_scatter(buf, out, op)
-
-    def _reduce_scatter(self, buf: Array, out: Array, op: str) -> Array:
-        buffers.check_redop(op, "reduce_scatter")
-        prep = self._scatters.get("reduce_scatter", buf, out)
-        if prep is not None:
-            src, dst = buf.reshape(-1), out.reshape(-1)
-            bounds, where = prep.bounds, prep.where
-        else:
-            src, dst = buffers.scatter_args(buf, out, self.world_size, self.rank)
-            k = dst.size
-            bounds = [(i * k, (i + 1) * k) for i in range(self.world_size)]
-            where = None
-            if src.nbytes >= self._choose.reduce_scatter.zero_copy_from:
-                where = zero_copy.plan(src)
-                if where is not None:
-                    self._scatters.keep("reduce_scatter", (buf, out), Scatter(where, bounds))
-        if where is not None:
-            algo = zero_copy.ALGO
-        else:
-            algo = self._choose.reduce_scatter.pick(src.nbytes, src.size)
-        k = dst.size
-        with self._call(
-            "reduce_scatter", src, algo, redop=op, count=k, shared=where is not None
-        ) as step:
-            if where is not None:
-                group = dispatch.one_copy(step, self._caps)
-                zero_copy.reduce_scatter(step, group, src, dst, bounds, op, where)
-            elif k:
-                dispatch.reduce_scatter(step, algo, self._caps, src, dst, bounds, op)
-            if k and op == "avg":
-                finish_avg(dst, self.world_size)
-        return out
 
     def broadcast(self, buf: Array, root: int = 0, out: Array | None = None) -> Array:
         if self._retries():
             return retrying.broadcast(self, buf, root, out)
         return self._broadcast(buf, root, out)
 
-    def _broadcast(self, buf: Array, root: int, out: Array | None) -> Array:
-        root = buffers.check_root(root, self.world_size, "broadcast")
-        zc, src, dst = prepared.remembered(self._plans, "broadcast", buf, out)
-        if zc is None:
-            src, dst = buffers.in_out(buf, out, "broadcast", writable=out is None)
-            if dst.nbytes >= self._choose.broadcast.zero_copy_from:
-                zc = zero_copy.plan(dst)
-                if zc is not None:
-                    self._plans.keep("broadcast", (buf, out), zc)
-        if self.rank == root and dst is not src:
-            dst[...] = src
-        if zc is not None:
-            with self._call("broadcast", src, zero_copy.ALGO, root=root, shared=True) as step:
-                group = dispatch.one_copy(step, self._caps)
-                zero_copy.broadcast(step, group, dst, root, zc)
-            return dst if out is None else out
-        algo = self._choose.broadcast.pick(src.nbytes, src.size)
-        with self._call("broadcast", src, algo, root=root) as step:
-            dispatch.broadcast(step, algo, self._caps, dst, root)
-        return dst if out is None else out
-
     def reduce(self, buf: Array, op: str = "sum", root: int = 0, out: Array | None = None) -> Array:
         if self._retries():
             return retrying.not_rerun(self, "reduce", lambda: self._reduce(buf, op, root, out))
         return self._reduce(buf, op, root, out)
 
-    def _reduce(self, buf: Array, op: str, root: int, out: Array | None) -> Array:
-        src, dst = buffers.in_out(buf, out, "reduce", writable=out is None and self.rank == root)
-        buffers.check_redop(op, "reduce")
-        root = buffers.check_root(root, self.world_size, "reduce")
-        algo = self._choose.reduce.pick(src.nbytes, src.size)
-        with self._call("reduce", src, algo, redop=op, root=root) as step:
-            dispatch.reduce(step, algo, self._caps, src, dst, op, root)
-            if op == "avg" and self.rank == root:
-                finish_avg(dst, self.world_size)
-        return dst if out is None else out
-
     def all_to_all(self, buf: Array, out: Array) -> Array:
         if self._retries():
             return retrying.not_rerun(self, "all_to_all", lambda: self._all_to_all(buf, out))
         return self._all_to_all(buf, out)
-
-    def _all_to_all(self, buf: Array, out: Array) -> Array:
-        n = self.world_size
-        src = buffers.flat(buf, "buf", "all_to_all")
-        if src.size % n:
-            raise buffers.InvalidArgument(
-                f"all_to_all: buf has {src.size} elements, not a multiple of the world size {n}",
-                op="all_to_all",
-            )
-        dst = buffers.matching_out(out, src, src.size, "all_to_all")
-        algo = self._choose.all_to_all.pick(src.nbytes, src.size)  # pairwise, the one there is
-        with self._call("all_to_all", src, algo) as step:
-            if buffers.overlaps(src, dst):
-                copy = self._scratch.get(COPY, src.size, src.dtype)
-                copy[...] = src
-                src = copy
-            if src.size:
-                pairwise.all_to_all(step, src, dst, src.size // n)
-        return out
-
-    def send(self, buf: Array, dst: int) -> None:
-        src = buffers.flat(buf, "buf", "send")
-        peer = buffers.check_peer(dst, self.rank, self.world_size, "send")
-        self._p2p_sent[peer] += 1
-        with self._call("send", src, "direct", peer=peer, seq=self._p2p_sent[peer]) as step:
-            step.xfer(0, sends=[(peer, as_bytes(src))])
-
-    def recv(self, buf: Array, src: int) -> Array:
-        dst = buffers.flat(buf, "buf", "recv", writable=True)
-        peer = buffers.check_peer(src, self.rank, self.world_size, "recv")
-        self._p2p_received[peer] += 1
-        with self._call("recv", dst, "direct", peer=peer, seq=self._p2p_received[peer]) as step:
-            step.xfer(0, recvs=[(peer, as_bytes(dst))])
-        return buf
 
     def barrier(self) -> None:
         if self._shrinks():
@@ -340,11 +105,13 @@ class Communicator:
             return retrying.barrier(self)
         return self._barrier()
 
-    def _barrier(self) -> None:
-        token = np.zeros(1, dtype=np.uint8)
-        algo = self._choose.barrier.small
-        with self._call("barrier", token, algo, redop="max", nbytes=0) as step:
-            dispatch.all_reduce(step, algo, self._caps, token, token, "max")
+    def _shrinks(self) -> bool:
+        """``CCLCTL_ON_FAILURE=shrink`` is on: a dead rank is shrunk away (and retry is off)."""
+        return self.cfg.on_failure == "shrink" and self._shrinker is not None
+
+    def _retries(self) -> bool:
+        """A link fault is ridden through (:mod:`~cclctl.runtime.comm.retrying`)."""
+        return self._retrier is not None and not self._shrinks() and retrying.enabled(self)
 
     # ----------------------------------------------------------------- lifecycle
     def shrink(
