@@ -15,6 +15,7 @@ import json
 import os
 import pwd
 import socket
+import time
 
 import typer
 from rich.text import Text
@@ -62,6 +63,9 @@ DEFAULT_REASON = "no reason given"
 SHOWN_SILENT = 16
 
 
+#: How long abort waits for the acknowledgements before it looks again at who is silent.
+ACK_LOOK_S = 0.25
+
 def register(app: typer.Typer) -> None:
     app.command("abort", help=HELP)(abort)
 
@@ -77,7 +81,7 @@ def abort(
         help=f"Why, in words, for every rank's error \\[default: {DEFAULT_REASON}].",
     ),
     wait: float = typer.Option(
-        DEFAULT_WAIT_S, "--wait", help="Seconds to wait for every rank's acknowledgement."
+        DEFAULT_WAIT_S, "--wait", help="Seconds to wait for every live rank's acknowledgement."
     ),
     stale: float = typer.Option(
         DEFAULT_STALE_S, "--stale", help="A heartbeat older than this (s) is stale (as top's)."
@@ -193,15 +197,22 @@ def _revoke(
         record = decode(held, f"the revoke record of job {job!r}")
     except BadInput as exc:
         unreadable = str(exc)
-    if wait_s > 0:
-        with contextlib.suppress(StoreTimeout):  # the listing below says who is silent
-            scoped.wait([ack_key(r) for r in range(world_size)], timeout_s=wait_s)
-    listing = scoped.client.list(job_prefix(job))
-    after = parse(job, scoped.address, listing)
-    view = classify(after, world_size=world_size, thresholds=Thresholds(stale_s=stale_s))
-    acked = {r: a for r, a in acks_in(listing, job).items() if r < view.world_size}
-    culprits = read_culprits(liveness_diagnosis(after, stale_s), view)
-    silent = silent_ranks(after, view, culprits, acked)
+    deadline = time.monotonic() + wait_s
+    keys = [ack_key(r) for r in range(world_size)]
+    while True:
+        left = deadline - time.monotonic()
+        if left > 0:
+            with contextlib.suppress(StoreTimeout):  # the listing below says who is silent
+                scoped.wait(keys, timeout_s=min(left, ACK_LOOK_S))
+        listing = scoped.client.list(job_prefix(job))
+        after = parse(job, scoped.address, listing)
+        view = classify(after, world_size=world_size, thresholds=Thresholds(stale_s=stale_s))
+        acked = {r: a for r, a in acks_in(listing, job).items() if r < view.world_size}
+        culprits = read_culprits(liveness_diagnosis(after, stale_s), view)
+        silent = silent_ranks(after, view, culprits, acked)
+        # done once every rank that can still acknowledge has: a dead or finished one never will
+        if all(not s.live for s in silent) or time.monotonic() >= deadline:
+            break
     return AbortReport(
         job, scoped.address, view.world_size, record, written, wait_s, acked, silent, unreadable
     )

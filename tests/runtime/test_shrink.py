@@ -10,8 +10,11 @@ so a result says exactly which ranks it summed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,3 +122,42 @@ def test_a_stopped_rank_is_left_out_at_the_deadline(tmp_path: Path, transport: s
     _assert_exact(docs, [0, 1, 2, 3], frozen, iters)
     assert decided is not None
     assert [e["rank"] for e in json.loads(decided)["entries"]] == [0, 1, 3]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_operators_abort_reaches_every_survivor_of_a_shrink(
+    tmp_path: Path, transport: str
+) -> None:
+    """Rank 3 dies, the survivors shrink and go on; the job's revoke record then holds
+    nothing of the failure they got past, so `cclctl abort` is written and every survivor
+    raises it, naming the operator (the shrunk communicator's failures go through the
+    store as the world's did)."""
+    dead = 3
+    job = ShrinkJob(
+        tmp_path, 4, iters=400, PAUSE="0.05", CCLCTL_ON_FAILURE="shrink",
+        CCLCTL_TRANSPORT=transport,
+    )  # fmt: skip
+    try:
+        job.wait_line(dead, "iter 2 ")
+        job.kill(dead)
+        for rank in (0, 1, 2):
+            job.wait_line(rank, "world 3 ")  # running on the shrunk communicator
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
+        abort = subprocess.run(
+            [sys.executable, "-m", "cclctl", "abort", "--store", job.store, "--job", job.job,
+             "--reason", "drain", "--wait", "20"],
+            env=env | {"CCLCTL_TOKEN": TOKEN}, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        errors = {}
+        for rank in (0, 1, 2):
+            proc = job.procs[rank]
+            _, err = proc.communicate(timeout=60)
+            errors[rank] = err.decode(errors="replace")
+            assert proc.returncode != 0, errors[rank]
+    finally:
+        job.finish()
+    assert abort.returncode == 0, abort.stdout + abort.stderr
+    assert "rank 3 (pid" in abort.stdout and "dead" in abort.stdout, abort.stdout
+    for rank, err in errors.items():
+        assert re.search(r"CollectiveAborted: .*aborted by operator .*drain", err), (rank, err)
+        assert "1:0-2" in err, (rank, err)  # the shrunk communicator's call

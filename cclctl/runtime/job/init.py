@@ -135,6 +135,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         deferred=lambda rev: retrying.enabled(comm) and rev.kind in retrying.RETRIED_KINDS,
         no_retry=lambda: retrying.why_not(comm),
     )
+    survivors.revoker = revoker  # a shrunk communicator's failures go through the store too
     telemetry.revoke_source = lambda: failure.first
 
     def expired(rec: CollectiveRecord, why: str) -> None:

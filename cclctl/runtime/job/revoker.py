@@ -73,19 +73,32 @@ class Revoker:
         self._key = RevokeKey(address, token, job, self.rank)
         self._scoped = self._key.scoped
         self._stopped = threading.Event()
-        self._renewed = threading.Event()  # a retry started a new epoch: listen again
-        failure.on_first(self._first)
-        failure.on_renew(lambda epoch: self._renewed.set())
-        failure.resolve = self.resolve
+        self._renewed = threading.Event()  # a retry or a shrink began a new life: listen again
+        self._serve(failure)
         self._thread = threading.Thread(
             target=self._listen, name=f"cclctl-revoke-r{self.rank}", daemon=True
         )
         self._thread.start()
 
+    def _serve(self, failure: FailureState) -> None:
+        failure.on_first(self._first)
+        failure.on_renew(lambda epoch: self._renewed.set())
+        failure.resolve = self.resolve
+
+    def follow(self, failure: FailureState) -> None:
+        """Serve ``failure`` from now on: the state of the communicator a shrink built,
+        once the job's key no longer holds the failure the shrink got past (see
+        :func:`~cclctl.runtime.job.survivors.clear_shrunk_record`), so its own failures,
+        an abort and a second shrink go through the store as the first did."""
+        self.failure = failure
+        self._serve(failure)
+        self._renewed.set()
+
     # ------------------------------------------------------------------ listening
     def _listen(self) -> None:
-        """Adopt the job's record; after a retry (which clears the key) listen again, so a
-        later failure, an abort or another ``cclctl retry`` still reaches this rank."""
+        """Adopt the job's record; after a retry or a shrink (each clears the key) listen
+        again, so a later failure, an abort or another ``cclctl retry`` still reaches this
+        rank."""
         last: Revocation | None = None
         while not self._stopped.is_set():
             rev = self._key.next_record(self._stopped)

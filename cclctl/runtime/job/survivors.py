@@ -5,18 +5,22 @@ nothing waits on a peer), the survivors agree on the members in the store
 (:mod:`~cclctl.runtime.job.shrink`), then a new transport opens among them alone, through
 a rendezvous scoped to the shrink, with links of epoch ``n``. The new communicator's id is
 ``<n>:<its members' global ranks, folded>``, it is registered with telemetry under those
-global ranks, and it takes over the job's close and the watchdog's expiries.
+global ranks, and it takes over the job's close, the watchdog's expiries and the job's
+revoke record (cleared of the failure the shrink got past).
 """
 
 from __future__ import annotations
 
+from cclctl import revocation
 from cclctl.config import RuntimeConfig
-from cclctl.errors import CommError
+from cclctl.errors import CclError, CommError
 from cclctl.ranges import fold_ranks
 from cclctl.records import CollectiveRecord
+from cclctl.revocation import Revocation
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.comm.shrinking import ShrinkInfo
 from cclctl.runtime.job.rendezvous import Rendezvous
+from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.shrink import Agreement, Joined, ShrinkExchange, agree
 from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.hybrid import build_transport
@@ -44,6 +48,8 @@ class Survivors:
         self.store_host = store_host
         self.telemetry = telemetry
         self.current: Communicator | None = None  # the one whose hung calls the watchdog fails
+        #: the job's end of its revoke record, which follows the current communicator
+        self.revoker: Revoker | None = None
 
     def __call__(
         self, comm: Communicator, exclude: frozenset[int], timeout_s: float | None, call: str
@@ -69,8 +75,11 @@ class Survivors:
             scoped = ScopedStore.for_job(client, self.rdzv.job)
             wait_s = self.cfg.timeout_s if timeout_s is None else timeout_s
             agreement = agree(scoped, n, comm.world_size, mine, frozenset(excluded), wait_s)
+            clear_shrunk_record(scoped, comm, self.rdzv.rank)
             new = self._build(comm, agreement, scoped)
         new.shrink_info = _info(comm, agreement)
+        if self.revoker is not None:
+            self.revoker.follow(new.failure)
         return new
 
     def _build(self, old: Communicator, agreement: Agreement, scoped: ScopedStore) -> Communicator:
@@ -129,6 +138,26 @@ class Survivors:
             return False
         comm.failure.hung(rec, why, self.cfg.on_hang)
         return True
+
+
+def clear_shrunk_record(scoped: ScopedStore, old: Communicator, job_rank: int) -> None:
+    """Remove the job's record if it is the failure this shrink got past (one of the old
+    communicator's, or the one it adopted, such as an operator's abort), and this rank's
+    acknowledgement of it: the key then serves the shrunk communicator's failures. Every
+    survivor has joined the shrink, so each has failed and none writes a record of the
+    old communicator after this."""
+    raw = scoped.try_get(revocation.KEY)
+    first = old.failure.first
+    if raw:
+        try:
+            rev: Revocation | None = revocation.decode(raw)
+        except CclError:
+            rev = None
+        if rev is not None and (
+            rev.comm == old.id or (first is not None and rev.time_ns == first.time_ns)
+        ):
+            scoped.delete(revocation.KEY)
+    scoped.delete(revocation.ack_key(job_rank))
 
 
 def _by_global_rank(
