@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from netns_job import ADDRS, JOB, TOKEN, NetJob, TwoHosts, sh
+from netns_job import ADDRS, JOB, NEEDS_NAMESPACES, TOKEN, NetJob, TwoHosts, sh
 from ports import free_port
 from test_retry_multihost import Lines
 
@@ -31,10 +30,7 @@ pytestmark = [
     pytest.mark.slow,  # real jobs across network namespaces
     pytest.mark.netns,
     pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "iptables")),
-        reason="needs root, iproute2, iptables and unshare for network namespaces",
-    ),
+    NEEDS_NAMESPACES,
 ]
 
 WORKER = str(Path(__file__).parents[1] / "support" / "retry_command_worker.py")

@@ -17,7 +17,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from netns_job import ADDRS, NetJob, TwoHosts, sh
+from netns_job import ADDRS, NEEDS_NAMESPACES, NetJob, TwoHosts, sh
 from ports import free_port
 from retry_worker import rank_input
 
@@ -35,10 +34,7 @@ pytestmark = [
     pytest.mark.slow,  # real jobs across network namespaces
     pytest.mark.netns,
     pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "ss")),
-        reason="needs root, iproute2 and unshare for network namespaces",
-    ),
+    NEEDS_NAMESPACES,
 ]
 
 WORKER = str(Path(__file__).parents[1] / "support" / "retry_worker.py")

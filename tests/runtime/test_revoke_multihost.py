@@ -13,15 +13,13 @@ read its outcome. Needs root, iproute2, unshare and iptables; skipped elsewhere.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from netns_job import ADDRS, JOB, NetJob, TwoHosts, sh
+from netns_job import ADDRS, JOB, NEEDS_NAMESPACES, NetJob, TwoHosts, sh
 from ports import free_port
 from telemetry_helpers import wait_for
 
@@ -29,10 +27,7 @@ pytestmark = [
     pytest.mark.slow,  # real jobs across network namespaces
     pytest.mark.netns,
     pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "iptables")),
-        reason="needs root, iproute2, unshare and iptables for network namespaces",
-    ),
+    NEEDS_NAMESPACES,
 ]
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from fault_job import error_lines
 
 from cclctl.config import job_dir
@@ -28,6 +30,14 @@ TOKEN = "netns-job-token-0123456789abcdefghijklmn"
 ADDRS = {"h1": "10.77.1.1", "h2": "10.77.1.2"}
 HOST_OF = {0: "h1", 1: "h1", 2: "h2", 3: "h2"}
 JOB = "netjob"
+
+#: What these jobs need: root, and the system's own tools for namespaces and faults.
+TOOLS = ("ip", "unshare", "ss", "iptables")
+#: Marks a test of these jobs: skipped where the namespaces cannot be made.
+NEEDS_NAMESPACES = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in TOOLS),
+    reason=f"needs root and {', '.join(TOOLS)} for network namespaces",
+)
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
