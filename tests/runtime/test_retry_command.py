@@ -18,31 +18,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from netns_job import ADDRS, JOB, NEEDS_NAMESPACES, TOKEN, NetJob, TwoHosts, sh
+from netns_job import ADDRS, JOB, NETNS_JOB_MARKS, TOKEN, NetJob, TwoHosts, sh
 from ports import free_port
 from test_retry_multihost import Lines
 
-pytestmark = [
-    pytest.mark.slow,  # real jobs across network namespaces
-    pytest.mark.netns,
-    pytest.mark.timeout(120),
-    NEEDS_NAMESPACES,
-]
+pytestmark = NETNS_JOB_MARKS
 
 WORKER = str(Path(__file__).parents[1] / "support" / "retry_command_worker.py")
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[TwoHosts]:
-    two = TwoHosts()
-    try:
-        yield two
-    finally:
-        two.close()
 
 
 def _job(hosts: TwoHosts, tmp: Path, **extra: str) -> tuple[NetJob, Lines, Path]:

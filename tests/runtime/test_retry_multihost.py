@@ -21,21 +21,15 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from netns_job import ADDRS, NEEDS_NAMESPACES, NetJob, TwoHosts, sh
+from netns_job import ADDRS, NETNS_JOB_MARKS, NetJob, TwoHosts, sh
 from ports import free_port
 from retry_worker import rank_input
 
-pytestmark = [
-    pytest.mark.slow,  # real jobs across network namespaces
-    pytest.mark.netns,
-    pytest.mark.timeout(120),
-    NEEDS_NAMESPACES,
-]
+pytestmark = NETNS_JOB_MARKS
 
 WORKER = str(Path(__file__).parents[1] / "support" / "retry_worker.py")
 MIX = str(Path(__file__).parents[1] / "support" / "retry_mix_worker.py")
@@ -44,15 +38,6 @@ COUNT = 16 << 20  # 64 MiB of float32 per rank
 
 def _digest(arr: np.ndarray) -> str:
     return hashlib.sha256(arr.tobytes()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[TwoHosts]:
-    two = TwoHosts()
-    try:
-        yield two
-    finally:
-        two.close()
 
 
 @pytest.fixture(scope="module")

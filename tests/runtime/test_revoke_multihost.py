@@ -15,20 +15,15 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from netns_job import ADDRS, JOB, NEEDS_NAMESPACES, NetJob, TwoHosts, sh
+from netns_job import ADDRS, JOB, NETNS_JOB_MARKS, NetJob, TwoHosts, sh
 from ports import free_port
 from telemetry_helpers import wait_for
 
-pytestmark = [
-    pytest.mark.slow,  # real jobs across network namespaces
-    pytest.mark.netns,
-    pytest.mark.timeout(120),
-    NEEDS_NAMESPACES,
-]
+pytestmark = NETNS_JOB_MARKS
 
 
 @dataclasses.dataclass
@@ -157,15 +152,6 @@ CASES = {
         post=r"ABORTED\s+aborted by operator \S+@\S+: maint",
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[TwoHosts]:
-    two = TwoHosts()
-    try:
-        yield two
-    finally:
-        two.close()
 
 
 def _said(out: subprocess.CompletedProcess[str]) -> str:

@@ -38,6 +38,8 @@ NEEDS_NAMESPACES = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in TOOLS),
     reason=f"needs root and {', '.join(TOOLS)} for network namespaces",
 )
+#: The marks of a test module of these jobs: real jobs across network namespaces.
+NETNS_JOB_MARKS = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(120), NEEDS_NAMESPACES]
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
