@@ -95,10 +95,20 @@ def describer(method: str, tensor_type: type) -> Describe:
     ``read(args)`` -> :class:`Call`, or None for arguments torch will reject.
     """
     op, layout = METHODS[method]
+    single = layout in ("one", "root")  # sizes read from the first argument alone
 
     def read(args: Sequence[Any]) -> Call | None:
         if layout == "none":
             return Call(op, None, 0, 0)
+        if single and args:
+            only = args[0]
+            if type(only) is list and len(only) == 1 and type(only[0]) is tensor_type:
+                tensor = only[0]  # the usual call (DDP's buckets, the Python API): one tensor
+                count = tensor.numel()  # not ``nbytes``: sparse tensors have none
+                call = Call(op, tensor, count, count * tensor.element_size())
+                if layout == "root":
+                    call.group_root = _root(args)
+                return call
         first = _tensors(args[0], tensor_type) if args else None
         if first is None:
             return None
