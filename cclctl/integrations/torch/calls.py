@@ -103,7 +103,7 @@ def describer(method: str, tensor_type: type) -> Describe:
         if single and args:
             only = args[0]
             if type(only) is list and len(only) == 1 and type(only[0]) is tensor_type:
-                tensor = only[0]  # the usual call (DDP's buckets, the Python API): one tensor
+                tensor: Any = only[0]  # the usual call (DDP's buckets, the Python API)
                 count = tensor.numel()  # not ``nbytes``: sparse tensors have none
                 call = Call(op, tensor, count, count * tensor.element_size())
                 if layout == "root":
