@@ -5,8 +5,9 @@ an all_gather (out of place, then in place), a broadcast in place and a barrier 
 (``CCLCTL_FAULT=link:...``, each striking its seq's first attempt only): every result is
 the exact one, every rank counts four retries and its records hold each faulted seq's
 attempts. A link cut in a reduce_scatter, which a retry does not re-run, fails it with
-the link's error, and tells the next epoch's agreement so. And the plan the ranks make
-from their entries. Needs no root.
+the link's error, and tells the next epoch's agreement so; so does one cut in a send,
+and a rank that made no point-to-point call then fails its all_reduce's retry at once,
+naming the pair. And the plan the ranks make from their entries. Needs no root.
 """
 
 from __future__ import annotations
@@ -120,6 +121,37 @@ def test_a_cut_link_fails_a_reduce_scatter_which_is_not_rerun(tmp_path: Path) ->
     proc = subprocess.Popen(
         _cmd(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    failed = _failures(proc, hold)
+    for line in failed.values():
+        assert line.startswith("failed 0 scatter "), failed
+        assert "link between rank 0 and rank 1" in line, failed
+        assert "not recovered" not in line, failed
+    for dump in tmp_path.glob(f"cclctl-{JOB}-rank*.json"):
+        assert json.loads(dump.read_text())["counters"]["retries"] == 0, dump
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_cut_link_in_a_send_fails_the_ranks_in_an_all_reduce_at_once(tmp_path: Path) -> None:
+    """Rank 0's send to rank 1 loses its link while rank 2, which makes no point-to-point
+    call, goes on to the next all_reduce: the ranks of the pair fail with the link's error
+    and refuse the retry, so rank 2's retry fails naming them, not at the budget."""
+    hold = tmp_path / "release"
+    env = _env(tmp_path, "link:rank=0:seq=1:peer=1", calls="pair,sum") | {"HOLD": str(hold)}
+    env["CCLCTL_RETRY_BUDGET"] = "60"  # far past the test's wait: only a refusal ends it sooner
+    failed = _failures(subprocess.Popen(
+        _cmd(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ), hold)  # fmt: skip
+    for rank in (0, 1):
+        assert failed[rank].startswith("failed 0 pair "), failed
+        assert "link between rank 0 and rank 1" in failed[rank], failed
+    assert failed[2].startswith("failed 0 sum "), failed
+    assert "rank(s) 0-1 were in recv, send, which is not re-run" in failed[2], failed
+
+
+def _failures(proc: subprocess.Popen[str], hold: Path) -> dict[int, str]:
+    """Each rank's ``failed ...`` line, once every rank has printed one; then the ranks are
+    let go (``HOLD``) and the job must fail."""
     failed: dict[int, str] = {}
     try:
         assert proc.stdout is not None
@@ -133,12 +165,7 @@ def test_a_cut_link_fails_a_reduce_scatter_which_is_not_rerun(tmp_path: Path) ->
         hold.touch()
         assert proc.wait(timeout=60) != 0
     assert sorted(failed) == list(range(WORLD)), failed
-    for line in failed.values():
-        assert line.startswith("failed 0 scatter "), failed
-        assert "link between rank 0 and rank 1" in line, failed
-        assert "not recovered" not in line, failed
-    for dump in tmp_path.glob(f"cclctl-{JOB}-rank*.json"):
-        assert json.loads(dump.read_text())["counters"]["retries"] == 0, dump
+    return failed
 
 
 def test_a_call_that_is_not_rerun_tells_the_agreement_at_once(server: StoreServer) -> None:

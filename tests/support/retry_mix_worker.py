@@ -27,10 +27,12 @@ ITERS = int(os.environ.get("ITERS", "2"))
 COUNT = int(os.environ.get("COUNT", "65536"))
 #: the calls of one iteration, in order (a test's seqs: iteration i's k-th is 6 i + k + 1)
 CALLS = ("gather", "gather_in_place", "bcast_in_place", "bcast", "barrier", "sum")
-#: the collective each call makes (``scatter``: a reduce_scatter, which a retry does not re-run)
+#: the collective each call makes (``scatter``: a reduce_scatter, and ``pair``: rank 0's send
+#: to rank 1, which its recv takes while the other ranks make no call; a retry re-runs neither)
 OPS = {
     "gather": "all_gather", "gather_in_place": "all_gather", "bcast_in_place": "broadcast",
     "bcast": "broadcast", "barrier": "barrier", "sum": "all_reduce", "scatter": "reduce_scatter",
+    "pair": "send",
 }  # fmt: skip
 
 
@@ -73,9 +75,15 @@ def main() -> int:
         whole = np.concatenate([x0] * n)
         return comm.reduce_scatter(whole, np.empty_like(x0))
 
+    def pair() -> None:
+        if rank == 0:
+            comm.send(x0, 1)
+        elif rank == 1:
+            comm.recv(np.empty_like(x0), 0)
+
     runs: dict[str, Callable[[], np.ndarray | None]] = {
         "gather": gather, "gather_in_place": gather_in_place, "bcast_in_place": bcast_in_place,
-        "bcast": bcast, "barrier": barrier, "sum": total, "scatter": scatter,
+        "bcast": bcast, "barrier": barrier, "sum": total, "scatter": scatter, "pair": pair,
     }  # fmt: skip
     calls = os.environ.get("CALLS", ",".join(CALLS)).split(",")
     for i in range(ITERS):

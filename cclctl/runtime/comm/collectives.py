@@ -247,14 +247,14 @@ class Collectives:
                 pairwise.all_to_all(step, src, dst, src.size // n)
         return out
 
-    def send(self, buf: Array, dst: int) -> None:
+    def _send(self, buf: Array, dst: int) -> None:
         src = buffers.flat(buf, "buf", "send")
         peer = buffers.check_peer(dst, self.rank, self.world_size, "send")
         self._p2p_sent[peer] += 1
         with self._call("send", src, "direct", peer=peer, seq=self._p2p_sent[peer]) as step:
             step.xfer(0, sends=[(peer, as_bytes(src))])
 
-    def recv(self, buf: Array, src: int) -> Array:
+    def _recv(self, buf: Array, src: int) -> Array:
         dst = buffers.flat(buf, "buf", "recv", writable=True)
         peer = buffers.check_peer(src, self.rank, self.world_size, "recv")
         self._p2p_received[peer] += 1

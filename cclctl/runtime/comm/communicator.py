@@ -105,6 +105,16 @@ class Communicator(Collectives):
             return retrying.barrier(self)
         return self._barrier()
 
+    def send(self, buf: Array, dst: int) -> None:
+        if self._retries():
+            return retrying.not_rerun(self, "send", lambda: self._send(buf, dst))
+        return self._send(buf, dst)
+
+    def recv(self, buf: Array, src: int) -> Array:
+        if self._retries():
+            return retrying.not_rerun(self, "recv", lambda: self._recv(buf, src))
+        return self._recv(buf, src)
+
     def _shrinks(self) -> bool:
         """``CCLCTL_ON_FAILURE=shrink`` is on: a dead rank is shrunk away (and retry is off)."""
         return self.cfg.on_failure == "shrink" and self._shrinker is not None

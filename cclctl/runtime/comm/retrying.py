@@ -13,7 +13,8 @@ behind receive it from the lowest rank ahead (a broadcast at seq ``s``), and the
 ahead re-run seq ``s + 1``. Past the budget, counted from the first fault of the call,
 every rank raises that fault's error (naming its origin), with its in-place buffer
 holding the input again. The other collectives (reduce_scatter, reduce, all_to_all) and
-point-to-point calls are not re-run: a link fault fails them as with retry off.
+point-to-point calls are not re-run: a link fault fails them as with retry off, and the
+rank's refusal goes to the next epoch's agreement (:func:`not_rerun`).
 """
 
 from __future__ import annotations
