@@ -4,10 +4,11 @@ Three real ranks over TCP (``cclctl launch``), ``CCLCTL_RETRY_BUDGET`` on, links
 an all_gather (out of place, then in place), a broadcast in place and a barrier start
 (``CCLCTL_FAULT=link:...``, each striking its seq's first attempt only): every result is
 the exact one, every rank counts four retries and its records hold each faulted seq's
-attempts. A link cut in a reduce_scatter, which a retry does not re-run, fails it with
-the link's error, and tells the next epoch's agreement so; so does one cut in a send,
-and a rank that made no point-to-point call then fails its all_reduce's retry at once,
-naming the pair. And the plan the ranks make from their entries. Needs no root.
+attempts. So do a reduce_scatter, a reduce and an all_to_all, whose results differ by
+rank. A link cut in a send, which a retry does not re-run, fails the pair with the link's
+error and tells the next epoch's agreement so: a rank that made no point-to-point call
+then fails its all_reduce's retry at once, naming the pair. And the plan the ranks make
+from their entries. Needs no root.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from retry_worker import rank_input
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CommError
 from cclctl.revocation import Revocation
-from cclctl.runtime.comm.retrying import Ask, Plan, not_rerun
+from cclctl.runtime.comm.rerun import Kept
+from cclctl.runtime.comm.retrying import RERUNS, Ask, Plan, _recover, not_rerun
 from cclctl.runtime.job.retry import Retry, decide
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.scope import ScopedStore
@@ -111,23 +113,43 @@ def test_every_rerun_call_rides_through_a_cut_link_exactly(tmp_path: Path) -> No
             assert {r["op"] for r in runs[1:]} <= {op, "broadcast"}, (seq, runs)
 
 
+#: The calls whose result differs by rank, each after an all_reduce (a rank a call ahead
+#: of the others then takes it from them): seqs 1, 3 and 5, cut as each starts.
+BY_RANK = ("scatter", "sum", "reduce", "sum", "alltoall", "sum")
+BY_RANK_CUTS = {1: (0, 1), 3: (1, 2), 5: (2, 0)}
+
+
+def _by_rank_results(rank: int) -> list[list[str]]:
+    """What rank ``rank`` prints of one pass of :data:`BY_RANK`, exact."""
+    xs = [rank_input(r, COUNT) for r in range(WORLD)]
+    total = _digest(np.sum([x.astype(np.float64) for x in xs], axis=0))
+    k = COUNT // WORLD
+    mine = _digest(np.concatenate([x[rank * k : (rank + 1) * k] for x in xs]))
+    want = {"scatter": total, "sum": total, "reduce": total, "alltoall": mine}
+    shown = [c for c in BY_RANK if c != "reduce" or rank == 0]  # the root's result only
+    return [["0", call, want[call]] for call in shown]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-def test_a_cut_link_fails_a_reduce_scatter_which_is_not_rerun(tmp_path: Path) -> None:
-    """Every rank fails in the reduce_scatter (none can finish it without rank 0's part),
-    naming the link, with no retry; a failed rank holds until all have said so."""
-    hold = tmp_path / "release"
-    env = _env(tmp_path, "link:rank=0:seq=2:peer=1", calls="sum,scatter") | {"HOLD": str(hold)}
-    proc = subprocess.Popen(
-        _cmd(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    failed = _failures(proc, hold)
-    for line in failed.values():
-        assert line.startswith("failed 0 scatter "), failed
-        assert "link between rank 0 and rank 1" in line, failed
-        assert "not recovered" not in line, failed
-    for dump in tmp_path.glob(f"cclctl-{JOB}-rank*.json"):
-        assert json.loads(dump.read_text())["counters"]["retries"] == 0, dump
+def test_the_calls_whose_result_differs_by_rank_ride_through_a_cut_link(tmp_path: Path) -> None:
+    """A reduce_scatter, a reduce and an all_to_all, each cut as it starts: every result is
+    exact, and every rank's records hold each cut seq's attempts."""
+    fault = ";".join(f"link:rank={r}:seq={s}:peer={p}" for s, (r, p) in BY_RANK_CUTS.items())
+    env = _env(tmp_path, fault, calls=",".join(BY_RANK)) | {"ITERS": "1"}
+    out = subprocess.run(_cmd(), env=env, capture_output=True, text=True, timeout=80)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for rank in range(WORLD):
+        lines = _lines(out.stdout, rank)
+        results = [ln.split()[1:] for ln in lines if ln.startswith("result ")]
+        assert results == _by_rank_results(rank), lines
+        doc = json.loads((tmp_path / f"cclctl-{JOB}-rank{rank}.json").read_text())
+        assert doc["counters"]["retries"] >= len(BY_RANK_CUTS), doc["counters"]
+        for seq in BY_RANK_CUTS:
+            op = OPS[BY_RANK[seq - 1]]
+            runs = [r for r in doc["records"] if r["seq"] == seq and r["peer"] is None]
+            assert {r["op"] for r in runs} == {op}, (seq, runs)
+            assert runs[-1]["state"] == "completed" and runs[-1]["attempt"] >= 2, (seq, runs)
 
 
 @pytest.mark.slow
@@ -169,7 +191,7 @@ def _failures(proc: subprocess.Popen[str], hold: Path) -> dict[int, str]:
 
 
 def test_a_call_that_is_not_rerun_tells_the_agreement_at_once(server: StoreServer) -> None:
-    """A rank whose reduce_scatter a link fault failed writes its refusal to the next
+    """A rank whose send a link fault failed writes its refusal to the next
     epoch's agreement and raises the fault's own error: the ranks in a re-run call a call
     apart find it there and fail at once, naming the call (the plan's rules, below)."""
     rdzv = SimpleNamespace(
@@ -188,15 +210,15 @@ def test_a_call_that_is_not_rerun_tells_the_agreement_at_once(server: StoreServe
         raise fault
 
     with pytest.raises(CommError) as raised:
-        not_rerun(comm, "reduce_scatter", cut)  # type: ignore[arg-type]
+        not_rerun(comm, "send", cut)  # type: ignore[arg-type]
     assert raised.value is fault
     with StoreClient(server.host, server.port) as client:
         entry = ScopedStore.for_job(client, JOB).try_get("retry/0:0-2/4/in/1")
     assert entry is not None
     ask = Ask(**json.loads(entry))
-    assert (ask.call, ask.pending, ask.kept) == ("reduce_scatter", 7, 5)
+    assert (ask.call, ask.pending, ask.kept) == ("send", 7, 5)
     entries = {0: _ask("all_reduce", 8, 7), 1: ask, 2: _ask("all_reduce", 8, 7)}
-    with pytest.raises(CommError, match=r"rank\(s\) 1 were in reduce_scatter, which is not re-run"):
+    with pytest.raises(CommError, match=r"rank\(s\) 1 were in send, which is not re-run"):
         decide(0, entries)
 
 
@@ -205,8 +227,16 @@ def _ask(call: str, pending: int, kept: int = 0) -> Ask:
 
 
 def test_ranks_at_one_seq_rerun_it_whatever_the_call() -> None:
-    for call in ("all_reduce", "all_gather", "broadcast", "barrier"):
+    for call in RERUNS:
         assert decide(0, {r: _ask(call, 4, 3) for r in range(3)}) == Plan(4)
+
+
+def test_ranks_ahead_of_a_call_whose_result_differs_by_rank_run_it_again() -> None:
+    """The ranks behind are in a reduce (its result differs by rank): the ranks ahead, which
+    kept its input, run it again with them, then re-run their own call."""
+    for call in ("reduce_scatter", "reduce", "all_to_all"):
+        entries = {0: _ask(call, 4, 3), 1: _ask("all_reduce", 5, 4), 2: _ask(call, 4, 3)}
+        assert decide(2, entries) == Plan(4, replay=True)
 
 
 def test_ranks_one_call_apart_are_caught_up_from_the_lowest_rank_ahead() -> None:
@@ -215,11 +245,39 @@ def test_ranks_one_call_apart_are_caught_up_from_the_lowest_rank_ahead() -> None
 
 
 def test_what_cannot_be_made_exact_is_refused_naming_why() -> None:
-    with pytest.raises(CommError, match=r"rank\(s\) 1 were in reduce_scatter, which is not re-run"):
-        decide(0, {0: _ask("all_reduce", 4), 1: _ask("reduce_scatter", 4)})
+    with pytest.raises(CommError, match=r"rank\(s\) 1 were in recv, which is not re-run"):
+        decide(0, {0: _ask("all_reduce", 4), 1: _ask("recv", 4)})
     with pytest.raises(CommError, match="at seq 4 were in different calls"):
         decide(0, {0: _ask("all_reduce", 4), 1: _ask("all_gather", 4)})
     with pytest.raises(CommError, match="stopped at seqs 3 to 5"):
         decide(0, {0: _ask("all_reduce", 3), 1: _ask("all_reduce", 5, 4)})
     with pytest.raises(CommError, match="stopped at seqs 4 to 5"):  # the rank ahead kept seq 3
         decide(0, {0: _ask("all_gather", 4), 1: _ask("all_gather", 5, 3)})
+
+
+def test_a_rank_ahead_runs_the_call_whose_result_differs_by_rank_again_from_its_input() -> None:
+    """The replay plan: a rank that completed seq 4 (a reduce) runs it again from the copy
+    of its input it kept, into a scratch result, then re-runs its own seq 5; a rank behind
+    only re-runs seq 4. Its kept input is the input as it was before the call wrote it."""
+    replayed: list[np.ndarray] = []
+    kept = Kept()
+    given = np.arange(4.0)
+    kept.keep_input(4, given, lambda src: replayed.append(src.copy()))
+    given[...] = -1  # the call wrote over its input (in place): the kept copy is apart
+    rewound: list[tuple[int, int]] = []
+
+    def rewind(seq: int, attempt: int) -> None:
+        rewound.append((seq, attempt))
+
+    for pending, runs_again in ((5, 1), (4, 0)):
+        replayed.clear()
+        comm = SimpleNamespace(
+            _calls=SimpleNamespace(completed=pending - 1, rewind=rewind), _kept=kept,
+            _retrier=lambda comm, ask: Plan(4, replay=True), rank=0,
+        )  # fmt: skip
+        answered, attempt = _recover(comm, "all_reduce", CommError("cut"), 2, 1e18, given)  # type: ignore[arg-type]
+        assert (answered, attempt) == (False, 2)
+        assert len(replayed) == runs_again
+        if runs_again:
+            assert replayed[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert rewound == [(4, 2), (4, 2)]

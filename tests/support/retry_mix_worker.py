@@ -3,10 +3,11 @@
 Each iteration (``CALLS``, or the comma-separated names in the variable ``CALLS``): an
 all_gather out of place, one in place (this rank's slot of ``out``), a broadcast in place
 from the last rank, one out of place from rank 0, a barrier and an in-place all_reduce, of
-inputs the test can compute (``retry_worker.rank_input``). Before each call the rank
-prints ``call <i> <call>``; after each but the barrier, ``result <i> <call> <sha256 of the
-result>``; at the end ``epoch <n>`` and ``done``. A failed call prints ``failed <i> <call>
-<error>`` (and, with ``HOLD`` set, waits for that file before it exits).
+inputs the test can compute (``retry_worker.rank_input``); the others of :data:`OPS` by
+name. Before each call the rank prints ``call <i> <call>``; after each that gives this rank
+a result, ``result <i> <call> <sha256 of the result>``; at the end ``epoch <n>`` and
+``done``. A failed call prints ``failed <i> <call> <error>`` (and, with ``HOLD`` set, waits
+for that file before it exits).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ ITERS = int(os.environ.get("ITERS", "2"))
 COUNT = int(os.environ.get("COUNT", "65536"))
 #: the calls of one iteration, in order (a test's seqs: iteration i's k-th is 6 i + k + 1)
 CALLS = ("gather", "gather_in_place", "bcast_in_place", "bcast", "barrier", "sum")
-#: the collective each call makes (``scatter``: a reduce_scatter, and ``pair``: rank 0's send
-#: to rank 1, which its recv takes while the other ranks make no call; a retry re-runs neither)
+#: the collective each call makes (``scatter``: a reduce_scatter of this rank's input in
+#: every chunk; ``reduce``: an in-place sum to rank 0; ``alltoall``: of the input's first
+#: ``COUNT // n * n`` elements; ``pair``: rank 0's send to rank 1, which its recv takes while
+#: the other ranks make no call, and which a retry does not re-run)
 OPS = {
     "gather": "all_gather", "gather_in_place": "all_gather", "bcast_in_place": "broadcast",
     "bcast": "broadcast", "barrier": "barrier", "sum": "all_reduce", "scatter": "reduce_scatter",
-    "pair": "send",
+    "reduce": "reduce", "alltoall": "all_to_all", "pair": "send",
 }  # fmt: skip
 
 
@@ -75,6 +78,14 @@ def main() -> int:
         whole = np.concatenate([x0] * n)
         return comm.reduce_scatter(whole, np.empty_like(x0))
 
+    def reduce() -> np.ndarray | None:
+        result = comm.reduce(x0.copy(), root=0)
+        return result if rank == 0 else None
+
+    def alltoall() -> np.ndarray:
+        src = x0[: COUNT // n * n].copy()
+        return comm.all_to_all(src, np.empty_like(src))
+
     def pair() -> None:
         if rank == 0:
             comm.send(x0, 1)
@@ -83,7 +94,8 @@ def main() -> int:
 
     runs: dict[str, Callable[[], np.ndarray | None]] = {
         "gather": gather, "gather_in_place": gather_in_place, "bcast_in_place": bcast_in_place,
-        "bcast": bcast, "barrier": barrier, "sum": total, "scatter": scatter, "pair": pair,
+        "bcast": bcast, "barrier": barrier, "sum": total, "scatter": scatter, "reduce": reduce,
+        "alltoall": alltoall, "pair": pair,
     }  # fmt: skip
     calls = os.environ.get("CALLS", ",".join(CALLS)).split(",")
     for i in range(ITERS):

@@ -79,8 +79,7 @@ class Communicator(Collectives):
 
     def reduce_scatter(self, buf: Array, out: Array, op: str = "sum") -> Array:
         if self._retries():
-            run = self._reduce_scatter
-            return retrying.not_rerun(self, "reduce_scatter", lambda: run(buf, out, op))
+            return retrying.reduce_scatter(self, buf, out, op)
         return self._reduce_scatter(buf, out, op)
 
     def broadcast(self, buf: Array, root: int = 0, out: Array | None = None) -> Array:
@@ -90,12 +89,12 @@ class Communicator(Collectives):
 
     def reduce(self, buf: Array, op: str = "sum", root: int = 0, out: Array | None = None) -> Array:
         if self._retries():
-            return retrying.not_rerun(self, "reduce", lambda: self._reduce(buf, op, root, out))
+            return retrying.reduce(self, buf, op, root, out)
         return self._reduce(buf, op, root, out)
 
     def all_to_all(self, buf: Array, out: Array) -> Array:
         if self._retries():
-            return retrying.not_rerun(self, "all_to_all", lambda: self._all_to_all(buf, out))
+            return retrying.all_to_all(self, buf, out)
         return self._all_to_all(buf, out)
 
     def barrier(self) -> None:

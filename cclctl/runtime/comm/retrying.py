@@ -3,23 +3,25 @@
 Every rank of the communicator abandons the attempt (the failure state spreads it as any
 failure), they agree in the job's store that the call is retried, the transport is renewed
 under the next epoch (:mod:`cclctl.runtime.job.retry`), and the call runs again from its
-input: an in-place all_reduce keeps a copy of its input while retry is on, so a partly
-reduced buffer is never reduced twice and the result is the one a fault-free run gives.
+input: an in-place call keeps a copy of its input while retry is on, so a partly reduced
+buffer is never reduced twice and the result is the one a fault-free run gives.
 
-The calls re-run are those whose result every rank holds alike (:data:`RERUNS`: all_reduce,
-all_gather, broadcast, and barrier). A fault can leave the ranks one call apart (some
-completed seq ``s``, others did not): every such call keeps its last result, the ranks
-behind receive it from the lowest rank ahead (a broadcast at seq ``s``), and the ranks
-ahead re-run seq ``s + 1``. Past the budget, counted from the first fault of the call,
-every rank raises that fault's error (naming its origin), with its in-place buffer
-holding the input again. The other collectives (reduce_scatter, reduce, all_to_all) and
-point-to-point calls are not re-run: a link fault fails them as with retry off, and the
-rank's refusal goes to the next epoch's agreement (:func:`not_rerun`).
+Every collective re-runs (:data:`RERUNS`). A fault can leave the ranks one call apart (some
+completed seq ``s``, others did not): where seq ``s``'s result is the same on every rank
+(:data:`SHARED`: all_reduce, all_gather, broadcast, barrier) the ranks behind receive it
+from the lowest rank ahead (a broadcast at seq ``s``); where it differs by rank
+(reduce_scatter, reduce, all_to_all) the ranks ahead run seq ``s`` once more from a copy
+of its input, with the ranks behind, and drop what it gives them. Then the ranks ahead
+re-run seq ``s + 1``. Past the budget, counted from the first fault of the call, every
+rank raises that fault's error (naming its origin), with its in-place buffer holding the
+input again. Point-to-point calls are not re-run: a link fault fails them as with retry
+off, and the rank's refusal goes to the next epoch's agreement (:func:`not_rerun`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +31,7 @@ import numpy as np
 
 from cclctl.errors import CclError, CommError
 from cclctl.runtime.comm import buffers
-from cclctl.runtime.comm.rerun import Inputs
+from cclctl.runtime.comm.rerun import Inputs, Replay
 
 if TYPE_CHECKING:
     from cclctl.runtime.comm.communicator import Communicator
@@ -38,9 +40,12 @@ log = logging.getLogger("cclctl.runtime")
 
 #: The transports whose links a retry renews (shared memory alone has none to break).
 RETRIED_TRANSPORTS = ("tcp", "hybrid")
-#: The calls a retry runs again: each rank's result is the same, so a rank one call behind
-#: can take it from a rank ahead.
-RERUNS = ("all_reduce", "all_gather", "broadcast", "barrier")
+#: The calls whose result every rank holds alike: a rank one call behind takes it from a
+#: rank ahead.
+SHARED = ("all_reduce", "all_gather", "broadcast", "barrier")
+#: The calls a retry runs again: those, and the ones whose result differs by rank, which
+#: the ranks ahead of a rank one call behind run again with it.
+RERUNS = (*SHARED, "reduce_scatter", "reduce", "all_to_all")
 #: Revocation kinds a retry recovers from: a link broke or stalled between live ranks, or
 #: an operator asked for a retry (``cclctl retry``).
 RETRIED_KINDS = ("link", "retry")
@@ -49,8 +54,8 @@ RETRIED_KINDS = ("link", "retry")
 @dataclasses.dataclass(frozen=True)
 class Ask:
     """What a rank brings to a retry: the call it was in, the collective seq it has not
-    completed (``pending``), the seq of its kept all_reduce result, its attempt number and
-    the budget's deadline (``time.monotonic()``)."""
+    completed (``pending``), the seq of the call it kept (:class:`~.rerun.Kept`), its
+    attempt number and the budget's deadline (``time.monotonic()``)."""
 
     call: str
     pending: int
@@ -62,10 +67,12 @@ class Ask:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What every rank agreed: re-run seq ``seq`` (``root`` < 0), or first catch up the
-    ranks behind with seq ``seq``'s result from ``root`` (a broadcast)."""
+    ranks behind with seq ``seq``'s result from ``root`` (a broadcast); with ``replay``,
+    the ranks ahead run seq ``seq`` again from its kept input, with the ranks behind."""
 
     seq: int
     root: int = -1
+    replay: bool = False
 
 
 class Retrier(Protocol):
@@ -123,6 +130,40 @@ def broadcast(comm: Communicator, buf: np.ndarray, root: int, out: np.ndarray | 
                 answer)  # fmt: skip
 
 
+def reduce_scatter(comm: Communicator, buf: np.ndarray, out: np.ndarray, op: str) -> Any:
+    """``comm.reduce_scatter`` that renews broken links and runs again from its input."""
+
+    def replay(src: np.ndarray) -> object:
+        return comm._reduce_scatter(src, np.empty_like(out), op)
+
+    inputs = Inputs.of(buf, out, "reduce_scatter")
+    attempt = functools.partial(comm._reduce_scatter, buf, out, op)
+    return _run(comm, "reduce_scatter", attempt, inputs, out, replay)
+
+
+def reduce(comm: Communicator, buf: np.ndarray, op: str, root: int, out: np.ndarray | None) -> Any:
+    """``comm.reduce`` that renews broken links and runs again from its input (kept while
+    the call may write it: in place on any rank, since its algorithm may stage there)."""
+
+    def replay(src: np.ndarray) -> object:
+        return comm._reduce(src, op, root, np.empty_like(src))
+
+    inputs = Inputs.of(buf, out, "reduce")
+    attempt = functools.partial(comm._reduce, buf, op, root, out)
+    return _run(comm, "reduce", attempt, inputs, buf if out is None else out, replay)
+
+
+def all_to_all(comm: Communicator, buf: np.ndarray, out: np.ndarray) -> Any:
+    """``comm.all_to_all`` that renews broken links and runs again from its input."""
+
+    def replay(src: np.ndarray) -> object:
+        return comm._all_to_all(src, np.empty_like(out))
+
+    inputs = Inputs.of(buf, out, "all_to_all")
+    attempt = functools.partial(comm._all_to_all, buf, out)
+    return _run(comm, "all_to_all", attempt, inputs, out, replay)
+
+
 def barrier(comm: Communicator) -> None:
     """``comm.barrier`` that renews broken links and waits again."""
     _run(comm, "barrier", comm._barrier, Inputs.kept(np.zeros(1, dtype=np.uint8)), None)
@@ -146,10 +187,12 @@ def not_rerun(comm: Communicator, call: str, attempt: Callable[[], Any]) -> Any:
 
 
 def _run(comm: Communicator, call: str, attempt: Callable[[], Any], inputs: Inputs,
-         answer: Any) -> Any:  # fmt: skip
+         answer: Any, replay: Replay | None = None) -> Any:  # fmt: skip
     """``attempt()`` until it completes, the links renewed and ``inputs`` restored after
     each retried fault; ``inputs.dst`` is the result every rank holds alike (kept for a
-    rank one call behind), ``answer`` what the call returns when a catch-up answered it."""
+    rank one call behind), ``answer`` what the call returns when a catch-up answered it.
+    A call whose result differs by rank gives ``replay`` instead: its input is kept, and
+    ``replay(input)`` runs it again for a rank one call behind."""
     first: CommError | None = None
     deadline = 0.0
     tries = 1
@@ -166,7 +209,12 @@ def _run(comm: Communicator, call: str, attempt: Callable[[], Any], inputs: Inpu
             if answered:
                 return answer
             continue
-        comm._kept.keep(comm._calls.completed, inputs.dst)  # for ranks a fault leaves behind
+        done = comm._calls.completed  # what ranks a fault leaves behind get of this call:
+        if replay is None:
+            comm._kept.keep(done, inputs.dst)  # its result
+        else:  # its input, as it was before the call wrote over it
+            comm._kept.keep_input(done, inputs.src if inputs.saved is None else inputs.saved,
+                                  replay)  # fmt: skip
         return result
 
 
@@ -183,6 +231,10 @@ def _recover(
     try:
         plan = comm._retrier(comm, ask)
         calls.rewind(plan.seq, attempt)
+        if plan.replay:
+            if ask.pending != plan.seq:  # a rank ahead: seq plan.seq again, with those behind
+                kept.run_again()
+            return False, attempt
         if plan.root < 0:
             return False, attempt
         behind = ask.pending == plan.seq

@@ -24,7 +24,7 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.comm.retrying import RERUNS, RETRIED_KINDS, Ask, Plan
+from cclctl.runtime.comm.retrying import RERUNS, RETRIED_KINDS, SHARED, Ask, Plan
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.shrink import ShrinkExchange
 from cclctl.runtime.transport.base import Transport
@@ -181,7 +181,9 @@ def _agree(scoped: ScopedStore, prefix: str, rank: int, size: int, ask: Ask) -> 
 def decide(rank: int, entries: dict[int, Ask]) -> Plan:
     """The plan every rank makes from the same entries: re-run the seq they all left
     unfinished, or, one call apart, catch the ranks behind up from the lowest rank ahead
-    (which kept that seq's result); anything else cannot be made exact."""
+    (which kept that seq's result), or, where that seq's result differs by rank, have the
+    ranks ahead run it again with them (from its kept input); anything else cannot be
+    made exact."""
     pending = {r: e.pending for r, e in entries.items()}
     lo, hi = min(pending.values()), max(pending.values())
     odd = sorted(r for r, e in entries.items() if e.call not in RERUNS)
@@ -207,4 +209,7 @@ def decide(rank: int, entries: dict[int, Ask]) -> Plan:
         raise CommError(
             f"rank {rank}: cannot retry: the ranks stopped at seqs {lo} to {hi}", rank=rank
         )
+    behind = next(e.call for e in entries.values() if e.pending == lo)
+    if behind not in SHARED:
+        return Plan(lo, replay=True)
     return Plan(lo, root=ahead[0])
