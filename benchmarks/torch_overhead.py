@@ -20,12 +20,15 @@ thread is charged to the block that caused it. Besides the wall clock, CPU time 
 paired the same way, of the main thread and of the whole process (gloo's threads, the fold
 thread). ``--pin`` pins rank i to core i.
 
+``--untraced`` leaves the wrapper group's calls unrecorded (a session that is not there):
+what the trampoline into a Python process group costs by itself, the floor of this design.
+
 ``--wrapper`` measures the traced call alone, in this process: the wrapper's ``allreduce``
 around a process group that does nothing (its work's future already completed), against
 that group called directly, in CPU time: what cclctl adds to every call, free of gloo.
 
     python benchmarks/torch_overhead.py [--ranks 2] [--rounds 30] [--sizes 8,1M] [--ddp-mib 8]
-        [--ddp-steps 4] [--pin] [--wrapper]
+        [--ddp-steps 4] [--pin] [--untraced] [--wrapper]
 """
 
 from __future__ import annotations
@@ -130,10 +133,14 @@ def ddp_steps(plain: Any, traced: Any, mib: int, steps: int) -> tuple[dict[str, 
     return {side: stepper(pair) for side, pair in nets.items()}, grads
 
 
-def _rank_main(rounds: int, sizes: list[int], pin: bool, mib: int, steps: int) -> None:
+def _rank_main(
+    rounds: int, sizes: list[int], pin: bool, mib: int, steps: int, untraced: bool
+) -> None:
     import torch
 
     dist, plain, traced, sess = start_instrumented_gloo(pin)
+    if untraced:  # the wrapper group passes every call through: its trampoline alone
+        traced.keywords["group"]._cclctl_tracer.session = lambda: None
     Times = dict[str, list[float]]  # side -> seconds per call of each round's block
     results: dict[str, Times] = {}
     cpu_times: dict[str, Times] = {}
@@ -276,19 +283,23 @@ def main() -> None:
     parser.add_argument("--ddp-mib", type=int, default=8, help="DDP model gradients (0: none)")
     parser.add_argument("--ddp-steps", type=int, default=4, help="DDP steps per block")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i")
+    parser.add_argument(
+        "--untraced", action="store_true", help="the wrapper group records nothing (its floor)"
+    )
     args = parser.parse_args()
     if args.wrapper:
         _wrapper_cost(args.rounds)
         return
     if "RANK" in os.environ:
         sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",") if s]
-        _rank_main(args.rounds, sizes, args.pin, args.ddp_mib, args.ddp_steps)
+        _rank_main(args.rounds, sizes, args.pin, args.ddp_mib, args.ddp_steps, args.untraced)
         return
     from cclctl.launch.launcher import launch
 
     out: list[str] = []
     flags = ["--rounds", str(args.rounds), "--sizes", args.sizes, "--ddp-mib", str(args.ddp_mib)]
     flags += ["--ddp-steps", str(args.ddp_steps)] + (["--pin"] if args.pin else [])
+    flags += ["--untraced"] if args.untraced else []
     result = launch(
         [sys.executable, __file__, *flags],
         args.ranks,
