@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,11 +27,13 @@ import pytest
 from retry_mix_worker import CALLS, OPS
 from retry_worker import rank_input
 
+from cclctl import revocation
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CommError
 from cclctl.revocation import Revocation
 from cclctl.runtime.comm.rerun import Kept
 from cclctl.runtime.comm.retrying import RERUNS, Ask, Plan, _recover, not_rerun
+from cclctl.runtime.failure import FailureState
 from cclctl.runtime.job.retry import Retry, decide
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.scope import ScopedStore
@@ -281,3 +284,47 @@ def test_a_rank_ahead_runs_the_call_whose_result_differs_by_rank_again_from_its_
         if runs_again:
             assert replayed[0].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert rewound == [(4, 2), (4, 2)]
+
+
+@pytest.mark.timeout(30)
+def test_a_retry_stops_waiting_once_the_job_failed_otherwise(server: StoreServer) -> None:
+    """A rank that took a peer's teardown for a link fault waits in the agreement for ranks
+    that failed on a hang and will never join: the job's record says so, and it raises
+    that failure (naming its origin) at once instead of at the budget."""
+    rdzv = SimpleNamespace(
+        store=SimpleNamespace(host=server.host, port=server.port), token="", job=JOB
+    )
+    retry = Retry(rdzv, RuntimeConfig(), server.host, telemetry=None)  # type: ignore[arg-type]
+    hang = Revocation(
+        kind="hang", origin=2, reason="is stopped (process state T)", comm="0:0-2", seq=7,
+        op="all_reduce", seen_by=1, via="watchdog",
+    )  # fmt: skip
+    with StoreClient(server.host, server.port) as client:
+        ScopedStore.for_job(client, JOB).set(revocation.KEY, hang.encode())
+    failure = FailureState(rank=0, comm="0:0-2")
+    closed = SimpleNamespace(close=lambda: None)  # the transport the retry closes first
+    comm = SimpleNamespace(id="0:0-2", rank=0, world_size=3, failure=failure, transport=closed)
+    ask = Ask("all_reduce", 7, 6, attempt=2, deadline=time.monotonic() + 600)  # past the test's
+    with pytest.raises(CommError) as raised:
+        retry(comm, ask)  # type: ignore[arg-type]
+    assert raised.value.revocation == hang
+    assert "rank 2" in str(raised.value) and "stopped" in str(raised.value), raised.value
+
+
+def test_a_failure_the_retry_does_not_recover_from_is_raised_as_it_is() -> None:
+    """The recovery step hands on an error that names another failure of the job (not a
+    retried one) as it is, not as this rank's link fault that the retries gave up on."""
+    hang = Revocation(kind="hang", origin=2, reason="is stuck", comm="0:0-2", seen_by=1)
+    job_failed = CommError("rank 0: retry of all_reduce seq 7: revoked: rank 2 is stuck")
+    job_failed.revocation = hang
+
+    def retrier(comm: object, ask: Ask) -> Plan:
+        raise job_failed
+
+    comm = SimpleNamespace(
+        _calls=SimpleNamespace(completed=6), _kept=Kept(), _retrier=retrier, rank=0,
+        cfg=RuntimeConfig(retry_budget_s=20),
+    )  # fmt: skip
+    with pytest.raises(CommError) as raised:
+        _recover(comm, "all_reduce", CommError("link broke"), 2, 1e18, np.zeros(1))  # type: ignore[arg-type]
+    assert raised.value is job_failed

@@ -248,6 +248,8 @@ def _recover(
     except CommError as exc:
         if retryable(exc) and time.monotonic() < deadline:
             return _recover(comm, call, first, attempt + 1, deadline, dst)
+        if exc.revocation is not None and not retryable(exc):
+            raise exc from first  # the job failed otherwise (a hang, a death): its origin
         raise _exhausted(first, attempt - 1, comm.cfg.retry_budget_s, exc) from exc
 
 

@@ -45,6 +45,8 @@ STORE_RETRY_DELAY_S = 0.05
 
 #: The longest a rank whose call is not re-run spends telling the agreement so.
 REFUSE_S = 5.0
+#: How often a rank waiting for the others' entries looks at the job's record.
+AGREE_LOOK_S = 0.25
 
 
 def stall_s(cfg: RuntimeConfig) -> float:
@@ -88,7 +90,7 @@ class Retry:
         try:
             with self._client(ask.deadline) as client:
                 scoped = ScopedStore.for_job(client, self.rdzv.job)
-                entries = _agree(scoped, prefix, comm.rank, comm.world_size, ask)
+                entries = _agree(scoped, prefix, comm, ask)
                 plan = decide(comm.rank, entries)
                 clear_revoke_key(scoped, comm.id, epoch, comm.rank)
                 transport = self._build(comm, epoch, scoped, prefix, ask.deadline)
@@ -159,23 +161,49 @@ def clear_revoke_key(scoped: ScopedStore, comm_id: str, epoch: int, rank: int) -
     scoped.delete(revocation.ack_key(rank))
 
 
-def _agree(scoped: ScopedStore, prefix: str, rank: int, size: int, ask: Ask) -> dict[int, Ask]:
-    """Write this rank's entry, wait for every rank's until the deadline, read them all."""
+def _agree(scoped: ScopedStore, prefix: str, comm: Communicator, ask: Ask) -> dict[int, Ask]:
+    """Write this rank's entry, wait for every rank's until the deadline, read them all.
+    While it waits, the job's record may show that the job failed otherwise (a hang, a
+    death, an abort): then the others never come, and that failure is raised at once."""
+    rank, size = comm.rank, comm.world_size
     mine = dataclasses.asdict(ask)
     scoped.set(f"{prefix}in/{rank}", json.dumps(mine).encode())
     keys = [f"{prefix}in/{r}" for r in range(size)]
-    try:
-        scoped.wait(keys, timeout_s=max(0.0, ask.deadline - time.monotonic()))
-    except StoreTimeout:
-        present = scoped.list(f"{prefix}in/")
-        missing = [r for r, k in enumerate(keys) if k not in present]
-        raise CommError(
-            f"rank {rank}: retry of seq {ask.pending}: rank(s) {fold_ranks(missing)} did not "
-            "join before the budget ran out",
-            rank=rank,
-        ) from None
+    while True:
+        left = ask.deadline - time.monotonic()
+        try:
+            scoped.wait(keys, timeout_s=max(0.0, min(left, AGREE_LOOK_S)))
+            break
+        except StoreTimeout:
+            failed = _job_failure(scoped, comm)
+            if failed is not None:
+                where = f"rank {rank}: retry of {ask.call} seq {ask.pending}"
+                raise comm.failure.error(failed, where) from None
+            if left > AGREE_LOOK_S:
+                continue
+            present = scoped.list(f"{prefix}in/")
+            missing = [r for r, k in enumerate(keys) if k not in present]
+            raise CommError(
+                f"rank {rank}: retry of seq {ask.pending}: rank(s) {fold_ranks(missing)} did "
+                "not join before the budget ran out",
+                rank=rank,
+            ) from None
     found = scoped.list(f"{prefix}in/")
     return {r: Ask(**json.loads(found[k])) for r, k in enumerate(keys)}
+
+
+def _job_failure(scoped: ScopedStore, comm: Communicator) -> revocation.Revocation | None:
+    """The job's record where it is a failure of ``comm``'s present life that a retry does
+    not recover from (the ranks it stopped do not join), else None."""
+    raw = scoped.try_get(revocation.KEY)
+    if not raw:
+        return None
+    try:
+        rev = revocation.decode(raw)
+    except CclError:
+        return None
+    mine = rev.comm in ("", comm.id) and rev.epoch >= comm.failure.epoch
+    return rev if mine and rev.kind not in RETRIED_KINDS else None
 
 
 def decide(rank: int, entries: dict[int, Ask]) -> Plan:
