@@ -193,8 +193,8 @@ def _agree(scoped: ScopedStore, prefix: str, comm: Communicator, ask: Ask) -> di
 
 
 def _job_failure(scoped: ScopedStore, comm: Communicator) -> revocation.Revocation | None:
-    """The job's record where it is a failure of ``comm``'s present life that a retry does
-    not recover from (the ranks it stopped do not join), else None."""
+    """The job's record where it is a failure of ``comm``'s present life (an operator's of
+    any epoch) that a retry does not recover from (the ranks it stopped do not join)."""
     raw = scoped.try_get(revocation.KEY)
     if not raw:
         return None
@@ -202,8 +202,8 @@ def _job_failure(scoped: ScopedStore, comm: Communicator) -> revocation.Revocati
         rev = revocation.decode(raw)
     except CclError:
         return None
-    mine = rev.comm in ("", comm.id) and rev.epoch >= comm.failure.epoch
-    return rev if mine and rev.kind not in RETRIED_KINDS else None
+    present = rev.origin == revocation.OPERATOR or rev.epoch >= comm.failure.epoch
+    return rev if rev.comm in ("", comm.id) and present and rev.kind not in RETRIED_KINDS else None
 
 
 def decide(rank: int, entries: dict[int, Ask]) -> Plan:
