@@ -157,6 +157,32 @@ def test_the_calls_whose_result_differs_by_rank_ride_through_a_cut_link(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
+def test_a_rank_a_reduce_ahead_runs_it_again_with_the_ranks_behind(tmp_path: Path) -> None:
+    """The root enters the reduce (seq 3) a second late; rank 1, a leaf, hands over its part
+    meanwhile, goes on to the all_reduce and cuts its link to the root there. The root and
+    rank 2 are behind in the reduce, whose result differs by rank: rank 1 runs seq 3 again
+    with them from the input it kept, then all re-run seq 4. Every result is exact."""
+    count, calls = 4096, ("sum", "sum", "reduce", "sum")
+    fault = "sleep:rank=0:seq=3:secs=1;link:rank=1:seq=4:peer=0"
+    env = _env(tmp_path, fault, calls=",".join(calls)) | {"ITERS": "1", "COUNT": str(count)}
+    out = subprocess.run(_cmd(), env=env, capture_output=True, text=True, timeout=80)
+    assert out.returncode == 0, out.stdout + out.stderr
+    xs = [rank_input(r, count) for r in range(WORLD)]
+    total = _digest(np.sum([x.astype(np.float64) for x in xs], axis=0))
+    for rank in range(WORLD):
+        lines = _lines(out.stdout, rank)
+        results = [ln.split()[1:] for ln in lines if ln.startswith("result ")]
+        shown = [c for c in calls if c != "reduce" or rank == 0]
+        assert results == [["0", call, total] for call in shown], lines
+    doc = json.loads((tmp_path / f"cclctl-{JOB}-rank1.json").read_text())
+    runs = [(r["seq"], r["attempt"], r["epoch"], r["state"]) for r in doc["records"]]
+    assert runs[2:] == [
+        (3, 1, 0, "completed"), (4, 1, 0, "failed"), (3, 2, 1, "completed"), (4, 2, 1, "completed")
+    ], runs  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
 def test_a_cut_link_in_a_send_fails_the_ranks_in_an_all_reduce_at_once(tmp_path: Path) -> None:
     """Rank 0's send to rank 1 loses its link while rank 2, which makes no point-to-point
     call, goes on to the next all_reduce: the ranks of the pair fail with the link's error
