@@ -5,10 +5,11 @@ an all_gather (out of place, then in place), a broadcast in place and a barrier 
 (``CCLCTL_FAULT=link:...``, each striking its seq's first attempt only): every result is
 the exact one, every rank counts four retries and its records hold each faulted seq's
 attempts. So do a reduce_scatter, a reduce and an all_to_all, whose results differ by
-rank, and a reduce that left a rank a call ahead runs again with it. A link cut in a send, which a retry does not re-run, fails the pair with the link's
-error and tells the next epoch's agreement so: a rank that made no point-to-point call
-then fails its all_reduce's retry at once, naming the pair. And the plan the ranks make
-from their entries. Needs no root.
+rank, and a reduce that left a rank a call ahead runs again with it. A link cut in a
+send, which a retry does not re-run, fails the pair with the link's error and tells the
+next epoch's agreement so: a rank that made no point-to-point call then fails its
+all_reduce's retry at once, naming the pair. And the plan the ranks make from their
+entries, and a retry the job's other failure ends. Needs no root.
 """
 
 from __future__ import annotations
