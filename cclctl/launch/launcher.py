@@ -24,6 +24,7 @@ from cclctl.launch.output import LineSink
 from cclctl.launch.ranks import FailureHook, LaunchResult, RankExit, RankJob
 from cclctl.launch.witness import StoreSeen, Witness
 from cclctl.runtime.job.store_process import spawn_store
+from cclctl.store.linger import FIRST_RANK_S
 
 __all__ = [
     "MAX_PROCS",
@@ -84,7 +85,7 @@ def launch(
     try:
         store = spawn_store(
             "127.0.0.1", port, token, store_server_from_env(), job=job_name,
-            folder=str(token_file.parent),
+            folder=str(token_file.parent), first_rank_s=FIRST_RANK_S,
         )  # fmt: skip
     except StoreError as exc:
         token_file.unlink()

@@ -37,7 +37,8 @@ FRESH_S = 10.0
 
 def read_spec(stream: BinaryIO) -> dict[str, Any]:
     """The starter's one line: ``bind``, ``port``, ``token``, ``max_frame``, ``linger_s``,
-    ``report_key``, ``job``, ``folder`` (for the pid file; empty: none); a ValueError says
+    ``report_key``, ``job``, ``folder`` (for the pid file; empty: none) and, optional,
+    ``first_rank_s`` (see :class:`~cclctl.store.linger.Linger`); a ValueError says
     what is wrong with it."""
     line = stream.readline(MAX_SPEC_BYTES)
     spec = json.loads(line) if line.strip() else None
@@ -52,6 +53,9 @@ def read_spec(stream: BinaryIO) -> dict[str, Any]:
             raise ValueError(f"{name} is missing or not a {kind.__name__}")
     if not isinstance(spec.get("linger_s"), (int, float)) or spec["linger_s"] <= 0:
         raise ValueError("linger_s is missing or not a positive number")
+    first = spec.setdefault("first_rank_s", 0.0)
+    if not isinstance(first, (int, float)) or first < 0:
+        raise ValueError("first_rank_s is not a number of seconds")
     return spec
 
 
@@ -62,7 +66,7 @@ def build(spec: dict[str, Any]) -> StoreServer:
         spec["port"],
         token=spec["token"] or None,
         limits=StoreLimits(max_frame=spec["max_frame"]),
-        linger=Linger(float(spec["linger_s"]), spec["report_key"]),
+        linger=Linger(float(spec["linger_s"]), spec["report_key"], float(spec["first_rank_s"])),
     )
 
 

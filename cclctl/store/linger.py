@@ -1,7 +1,8 @@
 """How a store that outlives the rank which started it ends: a grace after the last rank.
 
 A detached job store (see :mod:`cclctl.store.detached`) serves while any rank is connected
-and for ``seconds`` after the last one left (or after it started, if none ever came), so
+and for ``seconds`` after the last one left (or after it started, if none came: at least
+``first_rank_s`` then, which a launcher's store, started before its ranks, asks for), so
 ``cclctl top`` and ``cclctl diagnose hang --store`` still answer once the job died; readers
 never keep it alive. It also keeps its own counts (what it turned away) under a key of the
 job, where the rank that started it reads them for its metrics. Once its last rank left it
@@ -25,14 +26,19 @@ if TYPE_CHECKING:
 
 #: Set (outside every job's scope) once a lingering store's last rank left.
 ENDED_KEY = "cclctl/store/ended"
+#: The least a launcher's store waits for its first rank: the ranks of a loaded machine
+#: take a while to start, and the ones that came after the grace found no store.
+FIRST_RANK_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Linger:
-    """Serve ``seconds`` past the last rank; publish the store's counts under ``report_key``."""
+    """Serve ``seconds`` past the last rank (at least ``first_rank_s`` past the start while
+    none came); publish the store's counts under ``report_key``."""
 
     seconds: float
     report_key: str = ""
+    first_rank_s: float = 0.0
 
     @property
     def tick_s(self) -> float:
@@ -56,15 +62,20 @@ def report(server: StoreServer, linger: Linger) -> bytes:
 
 
 async def watch(server: StoreServer, linger: Linger) -> None:
-    """On the store's loop: stop the server ``linger.seconds`` after it last had a rank."""
+    """On the store's loop: stop the server ``linger.seconds`` after it last had a rank
+    (at least ``linger.first_rank_s`` after it started, while no rank came)."""
     last_member = server.now()
     published = b""
+    came = False
     while True:
         now = server.now()
         if server.members:
             last_member = now
+            came = True
+        came = came or bool(server.member_left)
         last_member = max(last_member, server.member_left)  # to the moment, not the tick
-        if not server.members and now - last_member >= linger.seconds:
+        grace = linger.seconds if came else max(linger.seconds, linger.first_rank_s)
+        if not server.members and now - last_member >= grace:
             server.stop_serving()
             return
         if linger.report_key:

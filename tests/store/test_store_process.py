@@ -4,6 +4,7 @@ sockets; every wait polls with a deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ from cclctl.config import StoreServerConfig
 from cclctl.errors import StoreError, StoreTimeout
 from cclctl.runtime.job.store_process import DetachedStore, spawn_store
 from cclctl.store.client import StoreClient
+from cclctl.store.linger import FIRST_RANK_S, Linger, watch
 
 TOKEN = "store-process-token-0123456789abcdefgh"
 
@@ -109,3 +111,48 @@ def test_the_grace_is_read_from_the_environment_and_checked() -> None:
     for bad in ("0", "-1", "soon", "1e9"):
         with pytest.raises(ConfigError, match="CCLCTL_STORE_LINGER="):
             store_server_from_env({"CCLCTL_STORE_LINGER": bad})
+
+
+class _Watched:
+    """What :func:`linger.watch` reads of a store, on a clock the test moves (seconds)."""
+
+    def __init__(self, members_at: dict[float, int]) -> None:
+        self.clock = 0.0
+        self.members_at = members_at  # from this time on, this many ranks are connected
+        self.member_left = 0.0
+        self.stopped_at: float | None = None
+
+    def now(self) -> float:
+        self.clock += 5.0
+        return self.clock
+
+    @property
+    def members(self) -> int:
+        times = [t for t in self.members_at if t <= self.clock]
+        count = self.members_at[max(times)] if times else 0
+        if not count and times and not self.member_left:
+            self.member_left = max(times)  # the rank left at that time
+        return count
+
+    def stop_serving(self) -> None:
+        self.stopped_at = self.clock
+
+
+@pytest.mark.parametrize(
+    ("members_at", "stops_at"),
+    [
+        ({}, FIRST_RANK_S + 5),  # no rank came: the first rank's wait, not the 1 s grace
+        ({20.0: 1, 40.0: 0}, 45.0),  # a rank came and left at 40: the grace after it
+    ],
+)
+def test_a_store_waits_for_its_first_rank_then_lingers_its_grace(
+    members_at: dict[float, int], stops_at: float
+) -> None:
+    """A launcher's store starts before its ranks, which a loaded machine starts slowly: it
+    waits at least ``first_rank_s`` for the first one (a grace of 1 s once ended it at 5 s
+    here, and the ranks that came then found no store); once ranks came and left, the
+    grace. (Without ``first_rank_s``, a store no rank came to leaves after its grace:
+    ``test_with_no_rank_it_exits_after_its_grace_though_readers_stay_connected``.)"""
+    store = _Watched(members_at)
+    asyncio.run(watch(store, Linger(1.0, first_rank_s=FIRST_RANK_S)))  # type: ignore[arg-type]
+    assert store.stopped_at == stops_at

@@ -110,9 +110,11 @@ class DetachedStore:
 
 
 def spawn_store(
-    bind: str, port: int, token: str, hosting: StoreServerConfig, *, job: str, folder: str
-) -> DetachedStore:
-    """Start the job's store process on ``bind:port``; return it once it is bound.
+    bind: str, port: int, token: str, hosting: StoreServerConfig, *, job: str, folder: str,
+    first_rank_s: float = 0.0,
+) -> DetachedStore:  # fmt: skip
+    """Start the job's store process on ``bind:port``; return it once it is bound. While
+    no rank came it serves at least ``first_rank_s`` (a launcher's store starts first).
 
     A port it cannot bind is a StoreError naming the address, as for a store in-process,
     unless a lingering store of this user holds it with no rank connected: that store is
@@ -121,7 +123,7 @@ def spawn_store(
     deadline = time.monotonic() + store_retire.RETIRE_TIMEOUT_S
     while True:
         try:
-            return _spawn(bind, port, token, hosting, job=job, folder=folder)
+            return _spawn(bind, port, token, hosting, job=job, folder=folder, first=first_rank_s)
         except StoreError as exc:
             if port == 0 or exc.fields.get("errno") != errno.EADDRINUSE:
                 raise
@@ -138,8 +140,9 @@ def spawn_store(
 
 
 def _spawn(
-    bind: str, port: int, token: str, hosting: StoreServerConfig, *, job: str, folder: str
-) -> DetachedStore:
+    bind: str, port: int, token: str, hosting: StoreServerConfig, *, job: str, folder: str,
+    first: float,
+) -> DetachedStore:  # fmt: skip
     """One start of the store process; a StoreError (with the bind's ``errno``) if it
     could not bind."""
     log = _open_log(folder)  # creates the job's folder, where the pid file goes
@@ -149,6 +152,7 @@ def _spawn(
         "token": token,
         "max_frame": hosting.max_frame,
         "linger_s": hosting.linger_s,
+        "first_rank_s": first,
         "report_key": job_prefix(job) + REPORT_KEY,
         "job": job,
         "folder": folder if log != subprocess.DEVNULL else "",
