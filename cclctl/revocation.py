@@ -73,6 +73,11 @@ class Revocation:
     by: str = ""
     time_ns: int = dataclasses.field(default_factory=time.time_ns)
 
+    def of_life(self, comm: str, epoch: int) -> bool:
+        """A record for ``comm``'s present life (its ``epoch``): an operator's (any epoch),
+        or one of this epoch or later (an older one is a failure a retry already got past)."""
+        return self.comm in ("", comm) and (self.origin == OPERATOR or self.epoch >= epoch)
+
     # ------------------------------------------------------------------ words
     def who(self, rank: int | None = None, host: str | None = None, pid: int | None = None) -> str:
         """``rank 6 (pid 3630 on vm)``: the origin, or ``rank`` with what is known of it."""

@@ -26,6 +26,7 @@ from cclctl.ranges import fold_ranks
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.comm.retrying import RERUNS, RETRIED_KINDS, SHARED, Ask, Plan
 from cclctl.runtime.job.rendezvous import Rendezvous
+from cclctl.runtime.job.revoke_key import read_record
 from cclctl.runtime.job.shrink import ShrinkExchange
 from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.hybrid import build_transport
@@ -145,19 +146,14 @@ def clear_revoke_key(scoped: ScopedStore, comm_id: str, epoch: int, rank: int) -
     """Remove the job's record if it is what this retry (into ``epoch``) got past: a link
     fault of an earlier epoch of ``comm_id``, or an operator's retry; and this rank's ack.
     Every rank has written its entry by now, so none writes a record of the old life."""
-    raw = scoped.try_get(revocation.KEY)
-    if raw:
-        try:
-            rev = revocation.decode(raw)
-        except CclError:
-            rev = None
-        if (
-            rev is not None
-            and rev.kind in RETRIED_KINDS
-            and rev.comm in ("", comm_id)
-            and (rev.origin == revocation.OPERATOR or rev.epoch < epoch)
-        ):
-            scoped.delete(revocation.KEY)
+    rev = read_record(scoped)
+    if (
+        rev is not None
+        and rev.kind in RETRIED_KINDS
+        and rev.comm in ("", comm_id)
+        and (rev.origin == revocation.OPERATOR or rev.epoch < epoch)
+    ):
+        scoped.delete(revocation.KEY)
     scoped.delete(revocation.ack_key(rank))
 
 
@@ -195,15 +191,10 @@ def _agree(scoped: ScopedStore, prefix: str, comm: Communicator, ask: Ask) -> di
 def _job_failure(scoped: ScopedStore, comm: Communicator) -> revocation.Revocation | None:
     """The job's record where it is a failure of ``comm``'s present life (an operator's of
     any epoch) that a retry does not recover from (the ranks it stopped do not join)."""
-    raw = scoped.try_get(revocation.KEY)
-    if not raw:
+    rev = read_record(scoped)
+    if rev is None or rev.kind in RETRIED_KINDS:
         return None
-    try:
-        rev = revocation.decode(raw)
-    except CclError:
-        return None
-    present = rev.origin == revocation.OPERATOR or rev.epoch >= comm.failure.epoch
-    return rev if rev.comm in ("", comm.id) and present and rev.kind not in RETRIED_KINDS else None
+    return rev if rev.of_life(comm.id, comm.failure.epoch) else None
 
 
 def decide(rank: int, entries: dict[int, Ask]) -> Plan:

@@ -31,6 +31,18 @@ _GIVE_UP_AFTER = 5  # store errors in a row before a listener stops (the store i
 _WHERE = "the job's revoke record"
 
 
+def read_record(scoped: ScopedStore) -> Revocation | None:
+    """The job's record in ``scoped``; None if there is none or it cannot be read (a
+    record this rank cannot read is none it can act on)."""
+    raw = scoped.try_get(revocation.KEY)
+    if not raw:
+        return None
+    try:
+        return revocation.decode(raw, _WHERE)
+    except CclError:
+        return None
+
+
 def _client(address: tuple[str, int], token: str, timeout_s: float) -> StoreClient:
     host, port = address
     return StoreClient(

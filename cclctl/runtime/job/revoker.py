@@ -111,10 +111,8 @@ class Revoker:
             self._renewed.clear()
 
     def _fresh(self, rev: Revocation) -> bool:
-        """A record for this communicator's present life: an operator's (any epoch), or one
-        of this epoch or later (an older one is a failure a retry already got past)."""
-        mine = rev.comm in ("", self.failure.comm)
-        return mine and (rev.origin == revocation.OPERATOR or rev.epoch >= self.failure.epoch)
+        """A record for this communicator's present life (:meth:`Revocation.of_life`)."""
+        return rev.of_life(self.failure.comm, self.failure.epoch)
 
     def _as_adopted(self, rev: Revocation) -> Revocation:
         """An operator's retry where this communicator cannot retry is an abort by them."""

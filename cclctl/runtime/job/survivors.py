@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from cclctl import revocation
 from cclctl.config import RuntimeConfig
-from cclctl.errors import CclError, CommError
+from cclctl.errors import CommError
 from cclctl.ranges import fold_ranks
 from cclctl.records import CollectiveRecord
-from cclctl.revocation import Revocation
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.comm.shrinking import ShrinkInfo
 from cclctl.runtime.job.rendezvous import Rendezvous
+from cclctl.runtime.job.revoke_key import read_record
 from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.shrink import Agreement, Joined, ShrinkExchange, agree
 from cclctl.runtime.transport.base import Transport
@@ -146,17 +146,11 @@ def clear_shrunk_record(scoped: ScopedStore, old: Communicator, job_rank: int) -
     acknowledgement of it: the key then serves the shrunk communicator's failures. Every
     survivor has joined the shrink, so each has failed and none writes a record of the
     old communicator after this."""
-    raw = scoped.try_get(revocation.KEY)
-    first = old.failure.first
-    if raw:
-        try:
-            rev: Revocation | None = revocation.decode(raw)
-        except CclError:
-            rev = None
-        if rev is not None and (
-            rev.comm == old.id or (first is not None and rev.time_ns == first.time_ns)
-        ):
-            scoped.delete(revocation.KEY)
+    rev, first = read_record(scoped), old.failure.first
+    if rev is not None and (
+        rev.comm == old.id or (first is not None and rev.time_ns == first.time_ns)
+    ):
+        scoped.delete(revocation.KEY)
     scoped.delete(revocation.ack_key(job_rank))
 
 
