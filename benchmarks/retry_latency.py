@@ -4,11 +4,13 @@ One job of 4 ranks on two network-namespace hosts (tests/support/netns_job.py, r
 h1, 2-3 on h2, the hybrid transport) runs in-place all_reduces back to back
 (tests/support/retry_worker.py, ``CCLCTL_RETRY_BUDGET=20``). Every other call, as rank 2
 announces it, ``ss -K`` resets the TCP connections between the hosts. A call's time is
-from rank 2's ``iter`` line to the last rank's ``digest`` line, as this process reads them;
-the added latency of a survived reset is a reset call's time minus the median time of the
-calls without one. Then, in trials of their own, the veth goes down for 2 s mid call: the
-time from ``ip link set up`` to the last rank's completion of that call, and to the last
-rank's start of its re-run (the reconnect and the agreement, without the re-run itself).
+from the last rank's start of it to the last rank's return from it, by the wall-clock times
+the ranks print (the namespaces share the clock; the ranks' hashing of the result and the pipe
+to this process are not in it); the added latency of a survived reset is a reset call's
+time minus the median time of the calls without one. Then, in trials of their own, the
+veth goes down for 2 s mid call: the time from ``ip link set up`` to the last rank's return
+from that call, and to the last rank's start of its re-run (the reconnect and the
+agreement, without the re-run itself).
 
 Printed: p50, p99 and max with 95% bootstrap intervals, and whether every result was the
 exact sum. Targets: added latency p99 <= 150 ms; link-up to completion <= 300 ms (which at
@@ -63,15 +65,16 @@ class Reader:
     def next(self) -> tuple[int, float, str]:
         return self.later.pop(0) if self.later else self.events.get(timeout=60)
 
-    def until(self, rank: int, line: str) -> float:
-        """When ``rank`` printed ``line`` (a prefix); the other lines are put aside."""
+    def until(self, rank: int, line: str) -> None:
+        """Wait until ``rank`` printed a line starting ``line``; every line read is left
+        for the next look (that one included)."""
         aside = []
         while True:
             r, at, got = self.next()
+            aside.append((r, at, got))
             if r == rank and got.startswith(line):
                 self.later[:0] = aside
-                return at
-            aside.append((r, at, got))
+                return
 
 
 def _job(hosts: TwoHosts, tmp: Path, iters: int) -> NetJob:
@@ -83,19 +86,24 @@ def _job(hosts: TwoHosts, tmp: Path, iters: int) -> NetJob:
     return NetJob(hosts, tmp, port, timeout_s=60, iters=iters, worker=WORKER, extra=extra)
 
 
-def _call_done(reader: Reader, i: int, start: float, digests: list[str]) -> float:
-    """Seconds from ``start`` until every rank printed its digest of call ``i``."""
-    done: dict[int, float] = {}
+def _call_done(reader: Reader, i: int, digests: list[str]) -> tuple[int, int]:
+    """When the last rank started call ``i`` and when the last rank returned from it
+    (wall-clock ns, as the ranks' ``iter`` and ``digest`` lines say)."""
+    started: dict[int, int] = {}
+    done: dict[int, int] = {}
     aside = []
-    while len(done) < 4:
+    while len(done) < 4 or len(started) < 4:
         rank, at, line = reader.next()
-        if line.startswith(f"digest {i} "):
-            done[rank] = at
-            digests.append(line.split()[2])
+        if line.startswith(f"iter {i} "):
+            started[rank] = int(line.split()[2])
+        elif line.startswith(f"digest {i} "):
+            _, _, digest, returned = line.split()
+            done[rank] = int(returned)
+            digests.append(digest)
         else:
             aside.append((rank, at, line))
     reader.later[:0] = aside
-    return max(done.values()) - start
+    return max(started.values()), max(done.values())
 
 
 def resets(hosts: TwoHosts, tmp: Path, n: int) -> tuple[list[float], list[float], list[str]]:
@@ -105,10 +113,11 @@ def resets(hosts: TwoHosts, tmp: Path, n: int) -> tuple[list[float], list[float]
     flt = f"( dst {ADDRS['h1']} and not dport = :{job.port} )"
     try:
         for i in range(2 * n + 2):
-            start = reader.until(2, f"iter {i}")
+            reader.until(2, f"iter {i} ")
             if i % 2 and i > 1:
                 sh(*hosts.exec("h2", "ss", "-K", "-tn", "state", "established", flt))
-            took = _call_done(reader, i, start, digests)
+            start_ns, end_ns = _call_done(reader, i, digests)
+            took = (end_ns - start_ns) / 1e9
             if i % 2 and i > 1:
                 reset.append(took)
             elif i > 0:  # the first call opens the links
@@ -140,12 +149,12 @@ def outage(hosts: TwoHosts, tmp: Path) -> tuple[float, float, list[str]]:
     reader, digests = Reader(job), []
     dev = ["ip", "-n", hosts.ns["h2"], "link", "set", hosts.devs[1]]
     try:
-        reader.until(2, "iter 1")
+        reader.until(2, "iter 1 ")
         sh(*dev, "down")
         time.sleep(2.0)  # the outage
         sh(*dev, "up")
-        up, up_ns = time.monotonic(), time.time_ns()
-        took = _call_done(reader, 1, up, digests)
+        up_ns = time.time_ns()
+        took = (_call_done(reader, 1, digests)[1] - up_ns) / 1e9
         rerun = (max(_reruns(reader, 1)) - up_ns) / 1e9
         return took, rerun, digests
     finally:

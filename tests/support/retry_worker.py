@@ -2,7 +2,9 @@
 
 Each rank's input is whole numbers drawn from a generator seeded by its rank, so the sum is
 exact in any order and a test can compute it. Before each call the rank prints
-``iter <i>``, after it ``digest <i> <sha256 of the result>``, and after a call that was
+``iter <i> <wall ns>``, after it ``digest <i> <sha256 of the result> <wall ns>`` (the times
+just before the call and as it returned, so a benchmark times the call without this
+process's hashing or the pipe), and after a call that was
 retried ``rerun <i> <seq> <attempt> <start_ns>`` (its last attempt, from the flight
 recorder); at the end its epoch (how many retries renewed its links) and ``done``. A failed
 call prints ``failed <i> <sha256 of what the buffer holds> <error>``, so a test can tell the
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -47,15 +50,16 @@ def main() -> int:
     epoch = comm.failure.epoch
     for i in range(ITERS):
         buf[:] = x0
-        print(f"iter {i}", flush=True)
+        print(f"iter {i} {time.time_ns()}", flush=True)
         try:
             comm.all_reduce(buf)
+            returned = time.time_ns()
         except CclError as exc:
             held = hashlib.sha256(buf.tobytes()).hexdigest()
             print(f"failed {i} {held} {exc}", flush=True)
             print(f"rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
             return 1
-        print(f"digest {i} {hashlib.sha256(buf.tobytes()).hexdigest()}", flush=True)
+        print(f"digest {i} {hashlib.sha256(buf.tobytes()).hexdigest()} {returned}", flush=True)
         if comm.failure.epoch != epoch:
             epoch = comm.failure.epoch
             print(f"rerun {i} {_last_attempt(comm)}", flush=True)
