@@ -2,8 +2,11 @@
 
 One job of 4 ranks on two network-namespace hosts (tests/support/netns_job.py, ranks 0-1 on
 h1, 2-3 on h2, the hybrid transport) runs in-place all_reduces back to back
-(tests/support/retry_worker.py, ``CCLCTL_RETRY_BUDGET=20``). Every other call, as rank 2
-announces it, ``ss -K`` resets the TCP connections between the hosts. A call's time is
+(tests/support/retry_worker.py, ``CCLCTL_RETRY_BUDGET=20``). Every other call, a random
+0 to ``--spread`` ms after rank 2 announces it (so resets land on idle links and mid
+transfer alike), ``ss -K`` resets the TCP connections between the hosts; a reset is
+survived by resuming the links in the step (nothing re-runs) or, where a message was lost
+past resending, by a retry (the epoch's count tells them apart). A call's time is
 from the last rank's start of it to the last rank's return from it, by the wall-clock times
 the ranks print (the namespaces share the clock; the ranks' hashing of the result and the pipe
 to this process are not in it); the added latency of a survived reset is a reset call's
@@ -16,7 +19,7 @@ Printed: p50, p99 and max with 95% bootstrap intervals, and whether every result
 exact sum. Targets: added latency p99 <= 150 ms; link-up to completion <= 300 ms (which at
 64 MiB includes a whole re-run: the re-run's start shows the reconnect alone). Needs root.
 
-    python benchmarks/retry_latency.py [--resets 10] [--outages 3] [--json F]
+    python benchmarks/retry_latency.py [--resets 10] [--outages 3] [--spread 150] [--json F]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import hashlib
 import json
 import queue
+import random
 import socket
 import statistics
 import subprocess
@@ -106,15 +110,20 @@ def _call_done(reader: Reader, i: int, digests: list[str]) -> tuple[int, int]:
     return max(started.values()), max(done.values())
 
 
-def resets(hosts: TwoHosts, tmp: Path, n: int) -> tuple[list[float], list[float], list[str]]:
-    """Call times with a reset and without one, and every digest."""
+def resets(
+    hosts: TwoHosts, tmp: Path, n: int, spread_s: float
+) -> tuple[list[float], list[float], list[str], int]:
+    """Call times with a reset and without one, every digest, and how many retries
+    (renewed links) rank 2 made: the resets not survived by a resume."""
     job = _job(hosts, tmp, 2 * n + 2)
     reader, reset, clean, digests = Reader(job), [], [], []
     flt = f"( dst {ADDRS['h1']} and not dport = :{job.port} )"
+    rng = random.Random(7)
     try:
         for i in range(2 * n + 2):
             reader.until(2, f"iter {i} ")
             if i % 2 and i > 1:
+                time.sleep(rng.uniform(0, spread_s))
                 sh(*hosts.exec("h2", "ss", "-K", "-tn", "state", "established", flt))
             start_ns, end_ns = _call_done(reader, i, digests)
             took = (end_ns - start_ns) / 1e9
@@ -122,10 +131,13 @@ def resets(hosts: TwoHosts, tmp: Path, n: int) -> tuple[list[float], list[float]
                 reset.append(took)
             elif i > 0:  # the first call opens the links
                 clean.append(took)
+        reader.until(2, "epoch ")
+        retries = int(next(ln for r, _, ln in reader.later if r == 2 and ln.startswith("epoch ")
+                           ).split()[1])  # fmt: skip
     finally:
         job.kill_ranks()
         hosts.kill_all()
-    return reset, clean, digests
+    return reset, clean, digests, retries
 
 
 def _reruns(reader: Reader, i: int) -> list[int]:
@@ -179,6 +191,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resets", type=int, default=10)
     parser.add_argument("--outages", type=int, default=3)
+    parser.add_argument("--spread", type=float, default=150.0,
+                        help="a reset lands 0 to this many ms into its call")  # fmt: skip
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     inputs = [rank_input(r, COUNT).astype(np.float64) for r in range(4)]
@@ -186,7 +200,9 @@ def main() -> int:
     hosts = TwoHosts()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            reset, clean, digests = resets(hosts, Path(tmp) / "resets", args.resets)
+            reset, clean, digests, retries = resets(
+                hosts, Path(tmp) / "resets", args.resets, args.spread / 1000
+            )
             ups, reruns = [], []
             for k in range(args.outages):
                 took, rerun, more = outage(hosts, Path(tmp) / f"outage{k}")
@@ -197,7 +213,10 @@ def main() -> int:
         hosts.close()
     base = statistics.median(clean)
     print(f"clean call: median {base * 1000:.0f} ms over {len(clean)}")
+    print(f"resets survived by resuming the links: {len(reset) - retries}, by a retry: {retries}")
     report = {
+        "resumed": len(reset) - retries,
+        "retried": retries,
         "added": summary("added latency of a survived reset", [t - base for t in reset]),
         "link_up": summary("link-up to completion (2 s outage)", ups),
         "link_up_to_rerun": summary("link-up to the re-run's start (2 s outage)", reruns),

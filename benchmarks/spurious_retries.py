@@ -3,15 +3,18 @@
 One job of 4 ranks on two network-namespace hosts (tests/support/netns_job.py, ranks 0-1 on
 h1, 2-3 on h2, the hybrid transport, ``CCLCTL_RETRY_BUDGET=30``) runs in-place all_reduces
 back to back (tests/support/retry_worker.py) for ``--seconds``, while both ends of the veth
-delay every packet by 20 ms +- 10 ms (``tc netem``, which also reorders them) and
-``--load`` busy processes compete for the CPUs. Nothing breaks, so every retry (a
-``rerun`` line: the links were renewed) is spurious: a stall seen where there was none.
+delay every packet by 20 ms +- 10 ms (``tc netem``, which also reorders them), each end
+drops ``--loss`` percent of the packets it receives (``iptables -m statistic``, which
+works where the kernel has no netem) and ``--load`` busy processes compete for the CPUs.
+Nothing breaks, so every retry (a ``rerun`` line: the links were renewed) is spurious: a
+stall seen where there was none (a lost packet's retransmission backs off, so loss tests
+the stall threshold harder than jitter does).
 
 Printed: calls completed by every rank, how many were exact, retries and failures, and the
 spread of call times. The goal from the fault-tolerance issue: 0 retries in 10 minutes.
 Needs root.
 
-    python benchmarks/spurious_retries.py [--seconds 600] [--load 2] [--count 262144]
+    python benchmarks/spurious_retries.py [--seconds 600] [--load 2] [--count 262144] [--loss 1]
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ def _netem(hosts: TwoHosts) -> str:
     return f"netem {' '.join(NETEM)} on both ends"
 
 
+def _loss(hosts: TwoHosts, percent: float) -> str:
+    """Drop ``percent`` of the packets each end of the veth receives; in words."""
+    if percent <= 0:
+        return "no loss"
+    for host, dev in zip(hosts.ns, hosts.devs, strict=True):
+        sh(*hosts.exec(host, "iptables", "-A", "INPUT", "-i", dev, "-m", "statistic",
+                       "--mode", "random", "--probability", f"{percent / 100:.6f}", "-j",
+                       "DROP"))  # fmt: skip
+    return f"{percent:g}% loss each way (iptables statistic)"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -94,12 +108,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=600.0, help="how long the job runs")
     parser.add_argument("--load", type=int, default=2, help="busy processes beside the job")
     parser.add_argument("--count", type=int, default=1 << 18, help="float32 per all_reduce")
+    parser.add_argument("--loss", type=float, default=1.0, help="percent of packets dropped")
     args = parser.parse_args()
     exact = _exact(args.count)
     hosts = TwoHosts()
     hogs: list[subprocess.Popen[bytes]] = []
     try:
-        jitter = _netem(hosts)
+        jitter = f"{_netem(hosts)}, {_loss(hosts, args.loss)}"
         with tempfile.TemporaryDirectory() as tmp:
             job = NetJob(
                 hosts, Path(tmp), _free_port(), timeout_s=60.0, iters=10**9, worker=WORKER,

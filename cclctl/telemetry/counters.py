@@ -169,6 +169,8 @@ class MetricsView:
     link_auth_failures: int = 0  # link handshakes refused (see runtime/transport/tcp_links.py)
     store_reconnects: int = 0  # the publisher's store connection, reopened after a loss
     store_gap_s: float = 0.0  # the last gap between two good publishes (see status.py)
+    #: peer -> its links made again after a reset (see runtime/transport/tcp_resume.py)
+    link_resumes: dict[int, int] = dataclasses.field(default_factory=dict)
     #: On the rank that hosts the job's store: its closed connections by reason, and the
     #: requests it refused to clients without the token; None elsewhere.
     store: StoreCounts | None = None
@@ -196,6 +198,7 @@ def summarize(view: MetricsView) -> dict[str, object]:
         "bytes": sum(st.bytes for st in ops),
         "errors": sum(st.error_count for st in ops),
         "retries": sum(st.retries for st in ops),
+        "link_resumes": sum(view.link_resumes.values()),
         "hangs": sum(st.hangs for st in ops),
         "last_busbw_gbps": busbw,
         "publish_errors": view.publish_errors,

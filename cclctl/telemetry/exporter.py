@@ -157,10 +157,17 @@ def _link_bytes(view: MetricsView, base: list[str]) -> Iterator[Metric]:
         "Bytes received from a peer rank.",
         labels=_PEER_LABELS,
     )
+    resumes = CounterMetricFamily(
+        "cclctl_link_resumes",
+        "Links to a peer rank made again after a reset, what was lost sent again (no re-run).",
+        labels=_PEER_LABELS,
+    )
     for peer, (s, r) in sorted(view.links.items()):
         sent.add_metric([*base, str(peer)], s)
         received.add_metric([*base, str(peer)], r)
-    yield from (sent, received)
+    for peer, n in sorted(view.link_resumes.items()):
+        resumes.add_metric([*base, str(peer)], n)
+    yield from (sent, received, resumes)
 
 
 def _rank_health(view: MetricsView, base: list[str]) -> Iterator[Metric]:

@@ -70,6 +70,7 @@ class Telemetry(Recorder):
         self._link_sources: list[LinkSource] = []
         self._store_source: Callable[[], StoreCounts] | None = None
         self._auth_failure_sources: list[Callable[[], int]] = []
+        self._resume_sources: list[Callable[[], Sequence[int]]] = []
         self._close_lock = threading.Lock()
         self._closed = False
         #: the job's failure as this rank adopted it (the runtime's), for statuses and dumps
@@ -87,6 +88,11 @@ class Telemetry(Recorder):
                 if s or r:
                     old = links.get(peer, (0, 0))
                     links[peer] = (old[0] + s, old[1] + r)
+        resumes: dict[int, int] = {}
+        for resumed in self._resume_sources:
+            for peer, n in enumerate(resumed()):
+                if n:
+                    resumes[peer] = resumes.get(peer, 0) + n
         publisher = self._publisher
         return MetricsView(
             job=self.cfg.job,
@@ -103,6 +109,7 @@ class Telemetry(Recorder):
             link_auth_failures=sum(source() for source in self._auth_failure_sources),
             store_reconnects=publisher.reconnects if publisher else 0,
             store_gap_s=publisher.gap_s if publisher else 0.0,
+            link_resumes=resumes,
         )
 
     def add_store_source(self, source: Callable[[], StoreCounts]) -> None:
@@ -120,6 +127,10 @@ class Telemetry(Recorder):
     def add_auth_failure_source(self, source: Callable[[], int]) -> None:
         """Read how many link handshakes the transport refused (a stranger, a wrong token)."""
         self._auth_failure_sources.append(source)
+
+    def add_resume_source(self, source: Callable[[], Sequence[int]]) -> None:
+        """Read how many links to each peer the transport made again after a reset."""
+        self._resume_sources.append(source)
 
     def snapshot(self, kind: str = "status", reason: str = "") -> RankSnapshot:
         """This rank's state as a status record (the calls in flight and the last finished

@@ -104,6 +104,23 @@ def test_counters_are_read_at_scrape_time(make_tel):
 
 
 @pytest.mark.timeout(20)
+def test_link_resumes_are_summed_over_the_links_of_every_epoch_at_scrape_time(make_tel):
+    """Each epoch's links count their own resumes; a scrape and a status add them up."""
+    tel = make_tel(rank=1)
+    first, renewed = [0, 0, 2], [1, 0, 0]
+    tel.add_resume_source(lambda: first)
+    tel.add_resume_source(lambda: renewed)
+    url = tel.serve_metrics(0)
+    assert url is not None
+    renewed[2] = 3  # read when scraped, not when added
+    got = scrape(url)
+    assert got[key("cclctl_link_resumes_total", peer="2")] == 5
+    assert got[key("cclctl_link_resumes_total", peer="0")] == 1
+    assert key("cclctl_link_resumes_total", peer="1") not in got
+    assert tel.snapshot().counters["link_resumes"] == 6
+
+
+@pytest.mark.timeout(20)
 def test_names_and_labels_follow_the_conventions(make_tel):
     tel = make_tel(rank=1)
     run(tel, "w", 1, state=FAILED)
@@ -127,6 +144,7 @@ def test_names_and_labels_follow_the_conventions(make_tel):
         "cclctl_collective_inflight_start_timestamp_seconds",
         "cclctl_link_sent_bytes",
         "cclctl_link_received_bytes",
+        "cclctl_link_resumes",
         "cclctl_status_heartbeat_timestamp_seconds",
         "cclctl_status_publish_errors",
         "cclctl_link_auth_failures",

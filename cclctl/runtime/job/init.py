@@ -87,6 +87,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
     comm_id = world_comm_id(rdzv.world_size)
     telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id, transport)
     telemetry.add_auth_failure_source(lambda: links.auth_failures)
+    telemetry.add_resume_source(lambda: links.resumed)
     signals = ScopedStore.for_job(status_client, rdzv.job)
     dump_requests = DumpRequests(signals, telemetry, rdzv.rank).start()
     watchdog: Watchdog | None = None

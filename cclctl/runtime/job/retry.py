@@ -69,6 +69,7 @@ def world_links(rank: int, size: int, cfg: RuntimeConfig, store_host: str, token
         mac=cfg.link_mac,
         epoch=epoch,
         stall_s=stall_s(cfg),
+        resume_s=stall_s(cfg),  # a reset's new link: within what a stall takes to count
     )
 
 
@@ -130,6 +131,7 @@ class Retry:
     ) -> Transport:
         rank, size, cfg = comm.rank, comm.world_size, self.cfg
         links = world_links(rank, size, cfg, self.store_host, self.rdzv.token, epoch)
+        self.telemetry.add_resume_source(lambda: links.resumed)
         left = max(0.05, deadline - time.monotonic())
         return build_transport(  # takes over links: closes them on failure
             rank,

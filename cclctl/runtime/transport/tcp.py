@@ -4,42 +4,91 @@ One thread moves all transfers of a step: it pushes and pulls bytes on every soc
 make progress and only then blocks in ``poll``. Payloads go straight from and into the
 caller's buffers (``sendmsg`` with the header, ``recv_into`` a memoryview), so large messages
 are never copied in user space. On links with a MAC session (``CCLCTL_LINK_MAC=1``) every
-message is followed by its tag, checked before the payload counts as received.
+message is followed by its tag, checked before the payload counts as received. A link that
+a reset breaks mid-step is made again and its lost messages sent again whole
+(:mod:`~cclctl.runtime.transport.tcp_resume`) where the links allow it (``resume_s``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import select
+import socket
 import threading
 import time
 from collections.abc import Sequence
 
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.revocation import Revocation
-from cclctl.runtime.transport import stall, wire
+from cclctl.runtime.peer_process import exit_reason
+from cclctl.runtime.transport import stall, tcp_resume, wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT
 from cclctl.runtime.transport.drive import DrivenAlone
+from cclctl.runtime.transport.link_auth import HandshakeRefused
 from cclctl.runtime.transport.tcp_links import Links
 from cclctl.runtime.transport.tcp_messages import MacRecv, MacSend, Recv, Send
+from cclctl.runtime.transport.tcp_resume import Cursor
+
+log = logging.getLogger("cclctl.links")
 
 _POLL_SLICE_S = 0.5  # how often a blocked step re-checks its deadline and abort flag
 _STALL_LOOK_S = 0.1  # how often a waiting step reads its links' TCP_INFO for a stall
 
 
+def _send(links: Links, sock: socket.socket, peer: int, header: bytes, view: memoryview) -> Send:
+    session = links.session(peer)
+    if session is None:
+        return Send(sock, peer, header, view)
+    return MacSend(sock, peer, header, view, session)
+
+
+def _recv(links: Links, sock: socket.socket, peer: int, view: memoryview, call: wire.Call,
+          step: int) -> Recv:  # fmt: skip
+    session = links.session(peer)
+    if session is None:
+        return Recv(sock, peer, view, call, step, links.rank)
+    return MacRecv(sock, peer, view, call, step, links.rank, session)
+
+
 class TcpStep:
-    """The TCP share of one step (a :class:`~cclctl.runtime.transport.base.Progress`)."""
+    """The TCP share of one step (a :class:`~cclctl.runtime.transport.base.Progress`).
 
-    __slots__ = ("call", "done", "links", "look_at", "pending", "rank")
+    It keeps every transfer of the step, finished or not, so a link that a reset breaks
+    can be made again and what the peer lacks sent again (:meth:`_resume`)."""
 
-    def __init__(self, links: Links, call: wire.Call, pending: list[Send | Recv]) -> None:
+    __slots__ = (
+        "call", "done", "links", "look_at", "pending", "rank", "recvd", "recvs", "sends",
+        "step", "wait",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        links: Links,
+        call: wire.Call,
+        step: int,
+        wait: Wait,
+        sends: dict[int, tuple[int, bytes, memoryview]],
+        recvs: dict[int, memoryview],
+    ) -> None:
+        """``sends``: peer -> (the message's index on the link, header, payload);
+        ``recvs``: peer -> the buffer its message goes into."""
         self.links = links
         self.rank = links.rank
         self.call = call
-        self.pending = pending
-        self.done = not pending
+        self.step = step
+        self.wait = wait
+        self.sends = sends
+        self.recvs = recvs
+        self.recvd: set[int] = set()  # peers whose message of the step arrived whole
+        self.pending: list[Send | Recv] = []
+        for peer, (_, header, view) in sends.items():
+            self.pending.append(_send(links, links.socks[peer], peer, header, view))
+        for peer, view in recvs.items():
+            self.pending.append(_recv(links, links.socks[peer], peer, view, call, step))
+        self.done = not self.pending
         self.look_at = 0.0  # when a wait next looks for a stalled link (time.monotonic())
 
     def advance(self) -> bool:
@@ -47,12 +96,16 @@ class TcpStep:
         pending = self.pending
         progressed = False
         for item in list(pending):
+            if item not in pending:
+                continue  # replaced by a resume of its link
             try:
                 moved = item.advance()
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError as exc:
                 self._broken(item, exc)
+                progressed = True
+                continue
             except ProtocolError:
                 # Half a foreign message is on the wire: the failure's announce closes
                 # every link, so the peer fails at once instead of waiting for a reply.
@@ -61,6 +114,9 @@ class TcpStep:
             progressed = True
             if moved < 0:
                 pending.remove(item)
+                if isinstance(item, Recv):
+                    self.links.received[item.peer] += 1
+                    self.recvd.add(item.peer)
         self.done = not pending
         return progressed
 
@@ -102,11 +158,20 @@ class TcpStep:
                 self._broken(item, OSError(errno.ETIMEDOUT, why))
 
     def _broken(self, item: Send | Recv, exc: OSError) -> None:
+        """Resume the link of ``item`` where a reset broke it and the links allow; else (or
+        when that fails) drop it and raise the fault, for the retry or the caller."""
+        why = exc.strerror or str(exc)
+        if self.links.resume_s > 0 and tcp_resume.resumable(exc):
+            try:
+                self._resume(item.peer)
+                return
+            except (OSError, HandshakeRefused) as failed:
+                why += f"; not resumed: {_why(failed)}"
         self.links.drop(item.peer)
-        self.pending.remove(item)
+        if item in self.pending:
+            self.pending.remove(item)
         what = "receiving from" if isinstance(item, Recv) else "sending to"
         call = self.call
-        why = exc.strerror or str(exc)
         raise PeerError(
             f"rank {self.rank}: link to rank {item.peer} broke while {what} it in "
             f"{call.describe()}: {why}",
@@ -116,6 +181,57 @@ class TcpStep:
             op=call.op,
             why=why,
         ) from None
+
+    def _resume(self, peer: int) -> None:
+        """Make the link to ``peer`` again, agree on what was lost with it, and go on with
+        this step's transfers to it: each sent again whole where the other side lacks it."""
+        links = self.links
+        held = self.sends.get(peer)
+        mine, theirs = resume(links, peer, self.call, self.wait, held[0] if held else -1)
+        sock = links.socks[peer]
+        self.pending[:] = [p for p in self.pending if p.peer != peer]
+        if held is not None and tcp_resume.resend(mine, theirs):
+            self.pending.append(_send(links, sock, peer, held[1], held[2]))
+        if peer in self.recvs and peer not in self.recvd:
+            self.pending.append(_recv(links, sock, peer, self.recvs[peer], self.call, self.step))
+        self.done = not self.pending
+
+
+def resume(
+    links: Links, peer: int, call: wire.Call, wait: Wait, held: int
+) -> tuple[Cursor, Cursor]:
+    """Make the link to ``peer`` again within the links' ``resume_s`` and exchange cursors
+    (``held``: the index of this side's message of the step to ``peer``, -1: none); (this
+    side's cursor, the peer's). Raises OSError when the messages cannot be made whole."""
+    deadline = time.monotonic() + links.resume_s
+    sock = links.reopen(peer, call, wait, deadline, lambda: _gone(wait, peer))
+    mine = Cursor(links.started[peer], held, links.received[peer])
+    theirs = tcp_resume.exchange(sock, mine, links.session(peer), call, peer, wait, deadline)
+    problem = tcp_resume.problem(mine, theirs, links.rank, peer)
+    if problem:
+        raise OSError(errno.EPROTO, problem)
+    links.resumed[peer] += 1
+    log.warning(
+        "rank %d: the link to rank %d was reset in %s; made again, %s",
+        links.rank, peer, call.describe(),
+        "its lost message sent again" if theirs.received == held >= 0 else "nothing was lost",
+    )  # fmt: skip
+    return mine, theirs
+
+
+def _gone(wait: Wait, peer: int) -> bool:
+    """``peer``'s process is known to be gone (it ran on this host and exited)."""
+    failure = wait.failure
+    if not 0 <= peer < len(failure.peers) or not failure.host:
+        return False
+    host, pid = failure.peers[peer]
+    return host == failure.host and exit_reason(pid) is not None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, HandshakeRefused):
+        return f"the peer refused the new link: {exc.why}"
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
 class TcpTransport(DrivenAlone):
@@ -150,29 +266,37 @@ class TcpTransport(DrivenAlone):
     ) -> TcpStep:
         """The transfers of one step, linked but not yet moved."""
         self._owner = threading.get_ident()
-        pending: list[Send | Recv] = []
         links = self._links
+        outgoing: dict[int, tuple[int, bytes, memoryview]] = {}
+        incoming: dict[int, memoryview] = {}
         for peer, view in sends:
-            sock = links.get(peer, call, wait)
-            header = wire.pack(call, step, len(view))
-            session = links.session(peer)
-            pending.append(
-                Send(sock, peer, header, view)
-                if session is None
-                else MacSend(sock, peer, header, view, session)
-            )
+            self._link(peer, call, wait)
+            outgoing[peer] = (links.started[peer], wire.pack(call, step, len(view)), view)
+            links.started[peer] += 1
             self._sent[peer] += len(view)
         for peer, view in recvs:
-            sock = links.get(peer, call, wait)
-            session = links.session(peer)
-            pending.append(
-                Recv(sock, peer, view, call, step, self.rank)
-                if session is None
-                else MacRecv(sock, peer, view, call, step, self.rank, session)
-            )
+            if peer not in outgoing:
+                self._link(peer, call, wait)
+            incoming[peer] = view
             self._received[peer] += len(view)
-        self._step = step_ = TcpStep(self._links, call, pending)
+        self._step = step_ = TcpStep(links, call, step, wait, outgoing, incoming)
         return step_
+
+    def _link(self, peer: int, call: wire.Call, wait: Wait) -> None:
+        """Link to ``peer``; where it linked again (its side of the link broke), first
+        resume the link between steps."""
+        links = self._links
+        links.get(peer, call, wait)
+        if links.resume_s > 0 and links.has_fresh(peer):
+            try:
+                resume(links, peer, call, wait, -1)
+            except (OSError, HandshakeRefused) as failed:
+                links.drop(peer)
+                why = f"it linked again, and the link was not resumed: {_why(failed)}"
+                raise PeerError(
+                    f"rank {self.rank}: link to rank {peer} broke before {call.describe()}: {why}",
+                    rank=self.rank, peer=peer, seq=call.seq, op=call.op, why=why,
+                ) from None  # fmt: skip
 
     def drop_link(self, peer: int) -> None:
         self._links.drop(peer)

@@ -7,16 +7,20 @@ job's token, and the acceptor files the link under the rank that proof establish
 under whoever connected first. A thread of its own answers every newcomer, so a connector
 never waits on what its acceptor is doing, and a stranger's connection (bad proof, wrong
 job, a rank already linked, garbage, silence past the deadline) is closed, counted and
-named in the log while the real peer still links.
+named in the log while the real peer still links. With ``resume_s``, a link that a reset
+broke is made again in its epoch (:meth:`Links.reopen`, :mod:`~.tcp_resume`): a linked
+rank that proves itself again is kept aside for that.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from cclctl.errors import CommError, PeerError
 from cclctl.runtime.transport import link_auth, stall
@@ -32,6 +36,7 @@ HANDSHAKE_TIMEOUT_S = 10.0
 #: Handshakes answered at once; more newcomers than this are turned away.
 MAX_PENDING_HANDSHAKES = 64
 _ACCEPT_POLL_S = 0.2  # how often the accept thread looks whether the links were closed
+_RELINK_LOOK_S = 0.05  # how often a link made again looks at the failure state, or retries
 
 
 def local_address_towards(host: str) -> str:
@@ -53,11 +58,15 @@ def local_address_towards(host: str) -> str:
         probe.close()
 
 
-def _tune(sock: socket.socket) -> None:
+def _prepare(sock: socket.socket, stall_ms: int) -> None:
+    """A linked socket as steps use it: no Nagle, large buffers, probed, non-blocking."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         with contextlib.suppress(OSError):  # a capped limit is fine, just slower
             sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
+    if stall_ms:
+        stall.keep_probing(sock, stall_ms)
+    sock.setblocking(False)
 
 
 class Links:
@@ -77,10 +86,13 @@ class Links:
         epoch: int = 0,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         stall_s: float = 0.0,
+        resume_s: float = 0.0,
     ) -> None:
         """``stall_s``: a link whose bytes in flight stay unacknowledged this long while a
         step waits on it is broken, and an idle one whose peer's kernel stops answering
-        keepalives about as soon (:mod:`~cclctl.runtime.transport.stall`); 0: never."""
+        keepalives about as soon (:mod:`~cclctl.runtime.transport.stall`); 0: never.
+        ``resume_s``: how long a link that a reset broke may take to be made again
+        (:mod:`~cclctl.runtime.transport.tcp_resume`); 0: never, the fault fails the step."""
         if not token:
             raise CommError(f"rank {rank}: no token for the job's links", rank=rank)
         self.rank = rank
@@ -89,6 +101,7 @@ class Links:
         self._token = token
         self._epoch = epoch
         self.stall_ms = int(stall_s * 1000)
+        self.resume_s = resume_s
         self._flags = link_auth.FLAG_MAC if mac else 0
         self._connect_timeout_s = connect_timeout_s
         self._handshake_s = min(handshake_timeout_s, connect_timeout_s)
@@ -97,6 +110,13 @@ class Links:
         self.sessions: dict[int, Session] = {}
         #: peers whose link broke or was closed in this epoch: never linked again in it
         self.dropped: set[int] = set()
+        #: messages started to and received whole from each peer in this epoch (a resume's
+        #: cursors), and the links to each that were resumed
+        self.started = [0] * world_size
+        self.received = [0] * world_size
+        self.resumed = [0] * world_size
+        #: new links from linked peers (their side of the link broke), for a resume to take
+        self._fresh: dict[int, tuple[socket.socket, Session | None]] = {}
         self.auth_failures = 0  # handshakes refused since the links opened
         self._linked = threading.Condition()
         self._pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
@@ -183,6 +203,70 @@ class Links:
                 self._linked.wait(min(left, 0.5))
             return self.socks[peer]
 
+    def has_fresh(self, peer: int) -> bool:
+        """``peer`` linked again while its old link is still here: that one is dead."""
+        return peer in self._fresh
+
+    def reopen(
+        self, peer: int, call: Call, wait: Wait, deadline: float, gone: Callable[[], bool]
+    ) -> socket.socket:
+        """A new link to ``peer`` in place of one that a reset broke (closed here): the lower
+        rank connects again until ``deadline``, the higher one takes what its accept thread
+        files. Raises OSError at once where ``peer`` refuses connections (its links are
+        gone) or ``gone()`` (its process is), or :class:`HandshakeRefused` when it turns
+        the new link away."""
+        with self._linked:
+            old = self.socks.pop(peer, None)
+            self.sessions.pop(peer, None)
+            fresh = self._fresh.pop(peer, None)
+            if fresh is not None:
+                self._file(peer, *fresh)
+        if old is not None:
+            old.close()
+        if self.rank < peer:
+            return self._connect_again(peer, call, wait, deadline)
+        wait.blocked_on(peer, "recv")
+        with self._linked:
+            while peer not in self.socks:
+                wait.check(call, peer, "recv")
+                if gone():
+                    raise OSError(errno.ESRCH, f"rank {peer}'s process is gone")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OSError(errno.ETIMEDOUT, f"rank {peer} did not link again in time")
+                self._linked.wait(min(left, _RELINK_LOOK_S))
+            return self.socks[peer]
+
+    def _connect_again(self, peer: int, call: Call, wait: Wait, deadline: float) -> socket.socket:
+        host, _, port = self.peers[peer].rpartition(":")
+        wait.blocked_on(peer, "send")
+        while True:
+            wait.check(call, peer, "send")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError(errno.ETIMEDOUT, f"could not link to rank {peer} again in time")
+            try:
+                sock = socket.create_connection((host, int(port)), timeout=min(left, 1.0))
+            except ConnectionRefusedError:
+                raise  # nothing listens there: the peer's links of this epoch are gone
+            except OSError:
+                time.sleep(min(_RELINK_LOOK_S, left))
+                continue
+            try:
+                sock.settimeout(max(0.05, min(left, self._handshake_s)))
+                session = link_auth.connect(
+                    sock, self._token, self._job, self._epoch, self.rank, peer,
+                    self.world_size, self._flags,
+                )  # fmt: skip
+            except OSError:
+                sock.close()
+                continue
+            except HandshakeRefused:
+                sock.close()
+                raise
+            self._keep(peer, sock, session)
+            return sock
+
     def _serve(self) -> None:
         """The accept thread: hand every newcomer to a handshake of its own."""
         while not self._closed.is_set():
@@ -213,10 +297,20 @@ class Links:
                 if self._closed.is_set():
                     sock.close()
                     return
-                if claimed in self.socks:
+                if claimed in self.dropped:
+                    raise HandshakeRefused("its link was closed earlier in this epoch", claimed)
+                if claimed in self.socks and not self.resume_s:
                     raise HandshakeRefused("that rank is already linked", claimed)
                 link_auth.confirm(sock, self._token, ctx)
-                self._keep(claimed, sock, ctx.session(self._token, self.rank))
+                session = ctx.session(self._token, self.rank)
+                if claimed in self.socks:  # its side broke: kept for this side's resume
+                    _prepare(sock, self.stall_ms)
+                    stale = self._fresh.pop(claimed, None)
+                    if stale is not None:
+                        stale[0].close()
+                    self._fresh[claimed] = (sock, session)
+                else:
+                    self._keep(claimed, sock, session)
                 self._linked.notify_all()
         except HandshakeRefused as exc:
             sock.close()
@@ -228,10 +322,10 @@ class Links:
             self._pending.release()
 
     def _keep(self, peer: int, sock: socket.socket, session: Session | None) -> None:
-        _tune(sock)
-        if self.stall_ms:
-            stall.keep_probing(sock, self.stall_ms)
-        sock.setblocking(False)
+        _prepare(sock, self.stall_ms)
+        self._file(peer, sock, session)
+
+    def _file(self, peer: int, sock: socket.socket, session: Session | None) -> None:
         if session is not None:
             self.sessions[peer] = session
         self.socks[peer] = sock
@@ -249,8 +343,10 @@ class Links:
             self.dropped.add(peer)
             self.sessions.pop(peer, None)
             sock = self.socks.pop(peer, None)
-        if sock is not None:
-            sock.close()
+            fresh = self._fresh.pop(peer, None)
+        for s in (sock, fresh[0] if fresh else None):
+            if s is not None:
+                s.close()
 
     def open_links(self) -> list[tuple[int, socket.socket]]:
         with self._linked:
@@ -260,20 +356,23 @@ class Links:
         """Close every link (a failure: what is on them can no longer be trusted); the
         listener stays, so a later close is the same as ever."""
         with self._linked:
-            socks = list(self.socks.values())
+            socks = [*self.socks.values(), *(s for s, _ in self._fresh.values())]
             self.dropped.update(self.socks)
+            self.dropped.update(self._fresh)
             self.socks.clear()
             self.sessions.clear()
+            self._fresh.clear()
         for sock in socks:
             sock.close()
 
     def close(self) -> None:
         self._closed.set()
         with self._linked:
-            for sock in self.socks.values():
+            for sock in [*self.socks.values(), *(s for s, _ in self._fresh.values())]:
                 sock.close()
             self.socks.clear()
             self.sessions.clear()
+            self._fresh.clear()
         with contextlib.suppress(OSError):  # wakes the accept thread at once
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()

@@ -1,0 +1,147 @@
+"""Resuming a TCP link that a reset broke mid-step: the lost messages go again, nothing re-runs.
+
+A connection that a reset ended (``ss -K``, a NIC or middlebox reset, a peer's kernel
+dropping it) loses what was in flight, while both ranks live and the route works. Each side
+counts the messages it started on the link and the ones it received whole; after a new
+connection (the lower rank connects, the handshake of
+:mod:`~cclctl.runtime.transport.link_auth` as ever) both send those counts and which message
+they still hold: the one of the step they are in, whose buffer stays untouched until the
+step ends. A message the peer did not receive whole is sent again from its first byte, the
+same bytes, so the result is the one a fault-free run gives. If its sender has moved past
+it (its step ended with the bytes in a kernel buffer the reset dropped), the link cannot be
+resumed, and the fault goes on to the retry (:mod:`cclctl.runtime.comm.retrying`), which
+re-runs the call. A stalled link (nothing acknowledged) is never resumed here: the retry's
+budget bounds that wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import select
+import socket
+import struct
+import time
+
+from cclctl.errors import ProtocolError
+from cclctl.runtime.transport.base import Wait
+from cclctl.runtime.transport.link_auth import TAG_BYTES, Session, tag_of
+from cclctl.runtime.transport.wire import Call
+
+#: The errors of a connection that a reset or close ended (not a stall, not a refusal).
+RESUMED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+_FRAME = struct.Struct("<4sQqQ")  # magic, messages started, message held (-1: none), received
+_MAGIC = b"CCLr"
+_SLICE_S = 0.05  # how often a resume that waits looks at the failure state
+
+
+def resumable(exc: OSError) -> bool:
+    """True for a connection that a reset or a close ended, which a new one may replace."""
+    return exc.errno in RESUMED_ERRNOS or isinstance(exc, ConnectionError)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cursor:
+    """One side's messages on a link: how many it started to the peer, the one it still
+    holds (its index; -1: none), and how many it received whole from the peer."""
+
+    started: int
+    held: int
+    received: int
+
+    def pack(self) -> bytes:
+        return _FRAME.pack(_MAGIC, self.started, self.held, self.received)
+
+    @classmethod
+    def unpack(cls, data: bytes, peer: int) -> Cursor:
+        magic, started, held, received = _FRAME.unpack(data)
+        if magic != _MAGIC or not -1 <= held < started:  # a message held was started
+            raise ProtocolError(f"rank {peer} sent a malformed resume frame", peer=peer)
+        return cls(started, held, received)
+
+
+def lost(sender: Cursor, receiver: Cursor) -> bool:
+    """The receiver's next message from ``sender`` is gone: started, and no longer held."""
+    return sender.started > receiver.received and sender.held != receiver.received
+
+
+def problem(mine: Cursor, theirs: Cursor, rank: int, peer: int) -> str:
+    """Why the link cannot be resumed from these cursors ("" when it can); both sides
+    read the same two cursors, so both come to the same answer."""
+    if theirs.received > mine.started or mine.received > theirs.started:
+        return f"rank {peer}'s count of messages disagrees with rank {rank}'s"
+    for sender, receiver, (s, r) in ((mine, theirs, (rank, peer)), (theirs, mine, (peer, rank))):
+        if lost(sender, receiver):
+            return (
+                f"message {receiver.received} from rank {s} to rank {r} was lost with the "
+                f"connection after rank {s} had moved on"
+            )
+    return ""
+
+
+def resend(mine: Cursor, theirs: Cursor) -> bool:
+    """The peer still needs the message this side holds: send it again, whole."""
+    return mine.held >= 0 and theirs.received == mine.held
+
+
+def exchange(
+    sock: socket.socket, mine: Cursor, session: Session | None, call: Call, peer: int,
+    wait: Wait, deadline: float,
+) -> Cursor:  # fmt: skip
+    """Send ``mine`` on the new connection and read the peer's cursor, each followed by its
+    MAC on a link with a session (the new connection's first message each way). Waits at
+    most until ``deadline`` and gives up at once if the communicator fails; raises
+    OSError (``ETIMEDOUT``) when the peer does not answer in time."""
+    frame = mine.pack()
+    if session is not None:
+        mac = session.send_mac()
+        mac.update(frame)
+        frame += tag_of(mac)
+    size = _FRAME.size + (TAG_BYTES if session is not None else 0)
+    _send_all(sock, frame, call, peer, wait, deadline)
+    got = _recv_exact(sock, size, call, peer, wait, deadline)
+    if session is not None:
+        seq, mac = session.recv_mac()
+        mac.update(got[: _FRAME.size])
+        session.check(seq, mac, got[_FRAME.size :])
+    return Cursor.unpack(got[: _FRAME.size], peer)
+
+
+def _ready(sock: socket.socket, event: int, call: Call, peer: int, what: str, wait: Wait,
+           deadline: float) -> None:  # fmt: skip
+    """Until ``sock`` can move (``event``), looking at the failure state every slice."""
+    poller = select.poll()
+    poller.register(sock.fileno(), event)
+    while True:
+        wait.check(call, peer, what)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise OSError(errno.ETIMEDOUT, f"rank {peer} did not resume the link in time")
+        if poller.poll(int(min(left, _SLICE_S) * 1000) + 1):
+            return
+
+
+def _send_all(sock: socket.socket, data: bytes, call: Call, peer: int, wait: Wait,
+              deadline: float) -> None:  # fmt: skip
+    view = memoryview(data)
+    while view:
+        _ready(sock, select.POLLOUT, call, peer, "send", wait, deadline)
+        try:
+            view = view[sock.send(view) :]
+        except (BlockingIOError, InterruptedError):
+            continue
+
+
+def _recv_exact(sock: socket.socket, size: int, call: Call, peer: int, wait: Wait,
+                deadline: float) -> bytes:  # fmt: skip
+    data = bytearray()
+    while len(data) < size:
+        _ready(sock, select.POLLIN, call, peer, "recv", wait, deadline)
+        try:
+            chunk = sock.recv(size - len(data))
+        except (BlockingIOError, InterruptedError):
+            continue
+        if not chunk:
+            raise ConnectionResetError("the peer closed the new connection")
+        data += chunk
+    return bytes(data)

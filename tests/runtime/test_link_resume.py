@@ -1,0 +1,285 @@
+"""A TCP link that a reset ends mid-step is made again in the step and its lost message sent
+again whole, so nothing re-runs; where a message was lost past resending, or the peer closed
+the link for good, the step fails as before and the retry takes over.
+
+Two thread ranks on loopback drive real TCP transports; the test ends a connection with
+``shutdown`` on one side (a reset's effect on the socket: the next send fails, the peer
+reads an end) at a point the test chooses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from cclctl.errors import PeerError, ProtocolError
+from cclctl.runtime.transport import wire
+from cclctl.runtime.transport.base import Wait
+from cclctl.runtime.transport.tcp import TcpTransport
+from cclctl.runtime.transport.tcp_links import Links
+from cclctl.runtime.transport.tcp_messages import Send
+from cclctl.runtime.transport.tcp_resume import Cursor, lost, problem, resend
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN = "the-job-token-for-these-tests-0123456789"
+JOB = "resume-test"
+BIG = 32 << 20  # far more than the sockets' buffers hold: the send is mid-message for long
+
+
+def _pair(mac: bool = False, resume_s: float = 10.0) -> tuple[list[Links], list[TcpTransport]]:
+    links = [
+        Links(r, 2, JOB, "127.0.0.1", 10.0, token=TOKEN, mac=mac, resume_s=resume_s)
+        for r in range(2)
+    ]
+    for one in links:
+        one.peers = [x.address for x in links]
+    return links, [TcpTransport(one) for one in links]
+
+
+def _call(seq: int, count: int) -> wire.Call:
+    return wire.Call(comm=7, epoch=0, seq=seq, op="all_reduce", dtype="uint8", count=count)
+
+
+def _payload(rank: int, n: int) -> np.ndarray:
+    return np.random.default_rng(rank).integers(0, 256, n, dtype=np.uint8)
+
+
+class Rank(threading.Thread):
+    """One rank's step on a thread of its own: its error, if it raised one."""
+
+    def __init__(self, body: Callable[[], None]) -> None:
+        super().__init__(daemon=True)
+        self.body = body
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.body()
+        except BaseException as exc:
+            self.error = exc
+
+
+def _exchange(t: TcpTransport, peer: int, call: wire.Call, step: int, send: np.ndarray | None,
+              recv: np.ndarray | None) -> Callable[[], None]:  # fmt: skip
+    sends = [] if send is None else [(peer, send.data.cast("B"))]
+    recvs = [] if recv is None else [(peer, recv.data.cast("B"))]
+    return lambda: t.exchange(call, step, sends, recvs, Wait(rank=t.rank))
+
+
+def _wait_until(done: Callable[[], bool], what: str) -> None:
+    """Until ``done()`` (a state the ranks reach), failing after 20 s."""
+    ev = threading.Event()
+    for _ in range(2000):
+        if done():
+            return
+        ev.wait(0.01)
+    raise AssertionError(f"never saw {what}")
+
+
+def _mid_send(t: TcpTransport) -> bool:
+    step = t._step
+    return step is not None and any(isinstance(p, Send) and p.begun for p in step.pending)
+
+
+def _close(transports: list[TcpTransport]) -> None:
+    for t in transports:
+        t.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    """``ss -K`` on ``sock``'s connection, this side only: the kernel destroys the socket
+    with what it had received, and the peer gets a reset."""
+    (lhost, lport), (rhost, rport) = sock.getsockname(), sock.getpeername()
+    subprocess.run(
+        ["ss", "-K", "-tn", "src", f"{lhost}:{lport}", "dst", f"{rhost}:{rport}"],
+        check=True, capture_output=True, timeout=10,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mac", [False, True], ids=["plain", "mac"])
+def test_a_connection_ended_mid_message_is_made_again_and_the_message_sent_again(
+    mac: bool,
+) -> None:
+    links, ts = _pair(mac=mac)
+    try:
+        warm = [np.zeros(8, np.uint8) for _ in range(2)]
+        ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
+                 for r in range(2)]  # fmt: skip
+        for r in ranks:
+            r.start()
+        for r in ranks:
+            r.join(20)
+        data = [_payload(r, BIG) for r in range(2)]
+        got = [np.zeros(BIG, np.uint8) for _ in range(2)]
+        first = Rank(_exchange(ts[0], 1, _call(2, BIG), 0, data[0], got[0]))
+        first.start()
+        _wait_until(lambda: _mid_send(ts[0]), "rank 0 mid send")
+        links[0].socks[1].shutdown(socket.SHUT_RDWR)  # its connection ends mid message
+        second = Rank(_exchange(ts[1], 0, _call(2, BIG), 0, data[1], got[1]))
+        second.start()
+        for r in (first, second):
+            r.join(40)
+            assert r.error is None, r.error
+        assert np.array_equal(got[0], data[1]) and np.array_equal(got[1], data[0])
+        assert links[0].resumed == [0, 1] and links[1].resumed == [1, 0]
+    finally:
+        _close(ts)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ss"), reason="needs root and ss")
+def test_a_message_its_sender_moved_past_is_lost_and_both_ranks_raise() -> None:
+    """Rank 0's message is larger than rank 1's receive buffer but fits the two buffers,
+    so rank 0's step ends with the message's tail in its send queue; that socket is then
+    reset (its queue dies with it): nobody holds the tail any more, and both ranks say so."""
+    links, ts = _pair()
+    try:
+        warm = [np.zeros(8, np.uint8) for _ in range(2)]
+        ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
+                 for r in range(2)]  # fmt: skip
+        for r in ranks:
+            r.start()
+        for r in ranks:
+            r.join(20)
+        sock0, sock1 = links[0].socks[1], links[1].socks[0]
+        rcvbuf = sock1.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        sndbuf = sock0.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        n = rcvbuf + sndbuf // 4
+        only = Rank(_exchange(ts[0], 1, _call(2, n), 0, _payload(0, n), None))
+        only.start()
+        only.join(20)
+        assert only.error is None and links[0].started[1] == 2, only.error
+        _reset(sock0)
+        ranks = [
+            Rank(_exchange(ts[0], 1, _call(3, 8), 0, None, np.zeros(8, np.uint8))),
+            Rank(_exchange(ts[1], 0, _call(2, n), 0, None, np.zeros(n, np.uint8))),
+        ]
+        for r in ranks:
+            r.start()
+        for r in ranks:
+            r.join(30)
+        for r in ranks:
+            assert isinstance(r.error, PeerError), [x.error for x in ranks]
+            assert "message 1 from rank 0 to rank 1 was lost" in str(r.error), r.error
+    finally:
+        _close(ts)
+
+
+def test_a_peer_that_closed_the_link_for_good_refuses_the_new_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As the plan's ``link`` fault does: rank 1 drops the link, and its accept thread
+    turns away rank 0's new one, so rank 0's step fails at once, saying why."""
+    links, ts = _pair()
+    try:
+        warm = [np.zeros(8, np.uint8) for _ in range(2)]
+        ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
+                 for r in range(2)]  # fmt: skip
+        for r in ranks:
+            r.start()
+        for r in ranks:
+            r.join(20)
+        links[1].drop(0)
+        alone = Rank(_exchange(ts[0], 1, _call(2, 8), 0, None, np.zeros(8, np.uint8)))
+        alone.start()
+        alone.join(30)
+        assert isinstance(alone.error, PeerError), alone.error
+        assert "not resumed: the peer refused the new link" in str(alone.error)
+        assert "claiming rank 0: its link was closed earlier in this epoch" in caplog.text
+        assert links[0].resumed == [0, 0]
+    finally:
+        _close(ts)
+
+
+def test_a_peer_whose_links_are_gone_fails_the_step_without_waiting_for_it() -> None:
+    _, ts = _pair(resume_s=600.0)  # a wait for it would outlast the test's timeout
+    try:
+        warm = [np.zeros(8, np.uint8) for _ in range(2)]
+        ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
+                 for r in range(2)]  # fmt: skip
+        for r in ranks:
+            r.start()
+        for r in ranks:
+            r.join(20)
+        ts[1].close()  # its listener too: nothing takes a new connection
+        alone = Rank(_exchange(ts[0], 1, _call(2, 8), 0, None, np.zeros(8, np.uint8)))
+        alone.start()
+        alone.join(30)
+        assert isinstance(alone.error, PeerError), alone.error
+        assert "not resumed" in str(alone.error) and "refused" in str(alone.error)
+    finally:
+        _close(ts)
+
+
+def test_without_resume_a_reset_fails_the_step_as_before() -> None:
+    links, ts = _pair(resume_s=0.0)
+    try:
+        data = [_payload(r, BIG) for r in range(2)]
+        first = Rank(_exchange(ts[0], 1, _call(1, BIG), 0, data[0], np.zeros(BIG, np.uint8)))
+        first.start()
+        _wait_until(lambda: _mid_send(ts[0]), "rank 0 mid send")
+        links[0].socks[1].shutdown(socket.SHUT_RDWR)
+        first.join(30)
+        assert isinstance(first.error, PeerError), first.error
+        assert "not resumed" not in str(first.error)
+    finally:
+        _close(ts)
+
+
+# -- the cursors -------------------------------------------------------------------------
+
+
+def test_a_held_message_the_peer_lacks_is_sent_again() -> None:
+    mine, theirs = Cursor(started=3, held=2, received=5), Cursor(started=5, held=-1, received=2)
+    assert problem(mine, theirs, 0, 1) == ""
+    assert resend(mine, theirs)
+
+
+def test_a_held_message_the_peer_has_whole_is_not_sent_again() -> None:
+    mine, theirs = Cursor(started=3, held=2, received=5), Cursor(started=6, held=5, received=3)
+    assert problem(mine, theirs, 0, 1) == ""
+    assert not resend(mine, theirs)
+    assert resend(theirs, mine)  # the peer's held message 5 is what this side lacks
+
+
+def test_a_message_not_yet_started_is_not_lost() -> None:
+    assert not lost(Cursor(started=2, held=-1, received=0), Cursor(2, -1, 2))
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "why"),
+    [
+        (Cursor(3, -1, 0), Cursor(0, -1, 2), "message 2 from rank 0 to rank 1 was lost"),
+        (Cursor(3, 2, 0), Cursor(0, -1, 1), "message 1 from rank 0 to rank 1 was lost"),
+        (Cursor(0, -1, 0), Cursor(4, 3, 0), "message 0 from rank 1 to rank 0 was lost"),
+        (Cursor(1, 0, 0), Cursor(0, -1, 2), "count of messages disagrees"),
+    ],
+)
+def test_cursors_that_cannot_be_made_whole_say_why(mine: Cursor, theirs: Cursor, why: str) -> None:
+    assert why in problem(mine, theirs, 0, 1)
+    assert problem(theirs, mine, 1, 0)  # the other side comes to the same answer
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        Cursor(2, 2, 0).pack(),  # holds a message it never started
+        Cursor(2, -2, 0).pack(),
+        b"XXXX" + Cursor(2, 1, 0).pack()[4:],
+    ],
+)
+def test_a_malformed_resume_frame_is_a_protocol_error(frame: bytes) -> None:
+    with pytest.raises(ProtocolError, match="malformed resume frame"):
+        Cursor.unpack(frame, 1)
+
+
+def test_a_cursor_travels_whole() -> None:
+    c = Cursor(started=12, held=11, received=9)
+    assert Cursor.unpack(c.pack(), 1) == c
