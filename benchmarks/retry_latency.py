@@ -53,18 +53,26 @@ WORKER = str(ROOT / "tests" / "support" / "retry_worker.py")
 
 
 class Reader:
-    """Every rank's stdout lines with the time each arrived, in one queue."""
+    """Every rank's stdout lines with the time each arrived, in one queue; its stderr is
+    drained too (a full pipe would stop the rank), its lines kept in ``logs``."""
 
     def __init__(self, job: NetJob) -> None:
         self.events: queue.Queue[tuple[int, float, str]] = queue.Queue()
         self.later: list[tuple[int, float, str]] = []  # read, put aside for the next look
+        self.logs: list[tuple[int, str]] = []
         for rank, proc in enumerate(job.procs):
             threading.Thread(target=self._read, args=(rank, proc), daemon=True).start()
+            threading.Thread(target=self._drain, args=(rank, proc), daemon=True).start()
 
     def _read(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         for raw in proc.stdout:
             self.events.put((rank, time.monotonic(), raw.decode().strip()))
+
+    def _drain(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            self.logs.append((rank, raw.decode(errors="replace").strip()))
 
     def next(self) -> tuple[int, float, str]:
         return self.later.pop(0) if self.later else self.events.get(timeout=60)
@@ -134,6 +142,9 @@ def resets(
         reader.until(2, "epoch ")
         retries = int(next(ln for r, _, ln in reader.later if r == 2 and ln.startswith("epoch ")
                            ).split()[1])  # fmt: skip
+        for rank, line in reader.logs:
+            if "not made again" in line:  # why a reset went on to a retry
+                print(f"  rank {rank}: {line[line.index('rank ') :][:300]}")
     finally:
         job.kill_ranks()
         hosts.kill_all()
@@ -213,10 +224,12 @@ def main() -> int:
         hosts.close()
     base = statistics.median(clean)
     print(f"clean call: median {base * 1000:.0f} ms over {len(clean)}")
+    control = summary("a clean call's own spread (the control)", [t - base for t in clean])
     print(f"resets survived by resuming the links: {len(reset) - retries}, by a retry: {retries}")
     report = {
         "resumed": len(reset) - retries,
         "retried": retries,
+        "control": control,
         "added": summary("added latency of a survived reset", [t - base for t in reset]),
         "link_up": summary("link-up to completion (2 s outage)", ups),
         "link_up_to_rerun": summary("link-up to the re-run's start (2 s outage)", reruns),

@@ -167,6 +167,8 @@ class TcpStep:
                 return
             except (OSError, HandshakeRefused) as failed:
                 why += f"; not resumed: {_why(failed)}"
+                log.warning("rank %d: the link to rank %d was reset in %s; not made again: %s",
+                            self.rank, item.peer, self.call.describe(), _why(failed))  # fmt: skip
         self.links.drop(item.peer)
         if item in self.pending:
             self.pending.remove(item)
@@ -293,6 +295,10 @@ class TcpTransport(DrivenAlone):
             except (OSError, HandshakeRefused) as failed:
                 links.drop(peer)
                 why = f"it linked again, and the link was not resumed: {_why(failed)}"
+                log.warning(
+                    "rank %d: the link to rank %d was reset before %s; not made again: %s",
+                    self.rank, peer, call.describe(), _why(failed),
+                )  # fmt: skip
                 raise PeerError(
                     f"rank {self.rank}: link to rank {peer} broke before {call.describe()}: {why}",
                     rank=self.rank, peer=peer, seq=call.seq, op=call.op, why=why,
