@@ -201,6 +201,36 @@ def test_a_cut_link_in_a_send_fails_the_ranks_in_an_all_reduce_at_once(tmp_path:
     assert "rank(s) 0-1 were in recv, send, which is not re-run" in failed[2], failed
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_rank_that_closes_after_a_link_fault_tells_the_retry_at_once(tmp_path: Path) -> None:
+    """The link between ranks 0 and 1 is cut in an all_reduce rank 2 never enters: rank 2
+    hears of the fault between calls and closes. Its close writes its refusal, so the
+    others' retry fails at once, naming it, instead of waiting for it until the budget."""
+    hold = tmp_path / "release"
+    env = _env(tmp_path, "link:rank=0:seq=1:peer=1", calls="leave") | {"HOLD": str(hold)}
+    env["CCLCTL_RETRY_BUDGET"] = "60"  # far past the test's wait: only a refusal ends it sooner
+    proc = subprocess.Popen(
+        _cmd(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen: dict[int, str] = {}
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            rank, _, text = line.partition("] ")
+            if text.startswith(("failed ", "left")):
+                seen[int(rank.rpartition(" ")[2])] = text.strip()
+            if len(seen) == WORLD:
+                break
+    finally:
+        hold.touch()
+        proc.wait(timeout=60)
+    assert seen.get(2) == "left", seen
+    for rank in (0, 1):
+        assert seen[rank].startswith("failed 0 leave "), seen
+        assert "rank(s) 2 were in close, which is not re-run" in seen[rank], seen
+
+
 def _failures(proc: subprocess.Popen[str], hold: Path) -> dict[int, str]:
     """Each rank's ``failed ...`` line, once every rank has printed one; then the ranks are
     let go (``HOLD``) and the job must fail."""

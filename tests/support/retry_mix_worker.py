@@ -7,7 +7,9 @@ inputs the test can compute (``retry_worker.rank_input``); the others of :data:`
 name. Before each call the rank prints ``call <i> <call>``; after each that gives this rank
 a result, ``result <i> <call> <sha256 of the result>``; at the end ``epoch <n>`` and
 ``done``. A failed call prints ``failed <i> <call> <error>`` (and, with ``HOLD`` set, waits
-for that file before it exits).
+for that file before it exits). ``leave`` is an all_reduce on every rank but the last,
+which waits between calls until the job's failure reaches it, closes, prints ``left`` and
+exits 0.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ CALLS = ("gather", "gather_in_place", "bcast_in_place", "bcast", "barrier", "sum
 OPS = {
     "gather": "all_gather", "gather_in_place": "all_gather", "bcast_in_place": "broadcast",
     "bcast": "broadcast", "barrier": "barrier", "sum": "all_reduce", "scatter": "reduce_scatter",
-    "reduce": "reduce", "alltoall": "all_to_all", "pair": "send",
+    "reduce": "reduce", "alltoall": "all_to_all", "pair": "send", "leave": "all_reduce",
 }  # fmt: skip
 
 
@@ -92,10 +94,20 @@ def main() -> int:
         elif rank == 1:
             comm.recv(np.empty_like(x0), 0)
 
+    def leave() -> np.ndarray | None:
+        if rank != last:
+            return total()
+        deadline = time.monotonic() + 60
+        while comm.failure.first is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the failure reaches this rank through the store's listener
+        comm.close()
+        print("left", flush=True)
+        sys.exit(0)
+
     runs: dict[str, Callable[[], np.ndarray | None]] = {
         "gather": gather, "gather_in_place": gather_in_place, "bcast_in_place": bcast_in_place,
         "bcast": bcast, "barrier": barrier, "sum": total, "scatter": scatter, "reduce": reduce,
-        "alltoall": alltoall, "pair": pair,
+        "alltoall": alltoall, "pair": pair, "leave": leave,
     }  # fmt: skip
     calls = os.environ.get("CALLS", ",".join(CALLS)).split(",")
     for i in range(ITERS):

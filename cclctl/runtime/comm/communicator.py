@@ -146,9 +146,12 @@ class Communicator(Collectives):
         self._calls.failure.abort(reason)
 
     def close(self) -> None:
-        """Refuse every later call, tell the peers and close the links (idempotent)."""
+        """Refuse every later call, tell the peers and close the links (idempotent); a
+        retry the others are in is told this rank will not re-run."""
         if not self._calls.failure.close():
             return
+        if self._retrier is not None and not self._shrinks():
+            retrying.closing(self)
         self.transport.close()
         if self._on_close is not None:
             self._on_close()

@@ -176,14 +176,31 @@ def not_rerun(comm: Communicator, call: str, attempt: Callable[[], Any]) -> Any:
     try:
         return attempt()
     except CommError as exc:
-        if retryable(exc) and comm._retrier is not None:
-            deadline = time.monotonic() + comm.cfg.retry_budget_s
-            ask = Ask(call, comm._calls.completed + 1, comm._kept.seq, 1, deadline)
-            try:
-                comm._retrier.refuse(comm, ask)
-            except CclError as why:  # the error the caller gets is the fault's own
-                log.debug("rank %d: could not tell the retry of %s: %s", comm.rank, call, why)
+        if retryable(exc):
+            refuse(comm, call)
         raise
+
+
+def closing(comm: Communicator) -> None:
+    """``comm`` closes: where a retried fault reached it between calls (the others are in
+    or on their way to its agreement), tell the agreement it will not re-run, so they fail
+    at once naming this rank instead of waiting for it until the budget."""
+    first = comm.failure.first
+    if first is not None and first.kind in RETRIED_KINDS and enabled(comm):
+        refuse(comm, "close")
+
+
+def refuse(comm: Communicator, call: str) -> None:
+    """Write this rank's refusal (its ``call`` is not re-run) into the next epoch's
+    agreement, without waiting for the others; a store out of reach is only logged."""
+    if comm._retrier is None:
+        return
+    deadline = time.monotonic() + comm.cfg.retry_budget_s
+    ask = Ask(call, comm._calls.completed + 1, comm._kept.seq, 1, deadline)
+    try:
+        comm._retrier.refuse(comm, ask)
+    except CclError as why:  # the error the caller gets is the fault's own
+        log.debug("rank %d: could not tell the retry of %s: %s", comm.rank, call, why)
 
 
 def _run(comm: Communicator, call: str, attempt: Callable[[], Any], inputs: Inputs,

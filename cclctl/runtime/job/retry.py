@@ -38,6 +38,10 @@ from cclctl.telemetry.hub import Telemetry
 
 #: The longest a link's sent bytes may stay unacknowledged before it counts as stalled.
 STALL_MAX_S = 1.0
+#: The longest a reset link may take to be made again in the step before its fault goes on
+#: to the retry: a peer in the same call links again within milliseconds, a busy one when
+#: it next uses the link, a dead one never.
+RESUME_MAX_S = 2.0
 #: The longest pause between a retry's tries to reach the store: a store behind the broken
 #: route answers within this of the route's return (a refused try costs the kernel
 #: microseconds, so 20 a second is no busy loop).
@@ -56,6 +60,12 @@ def stall_s(cfg: RuntimeConfig) -> float:
     return min(STALL_MAX_S, cfg.retry_budget_s / 10) if cfg.retry_budget_s > 0 else 0.0
 
 
+def resume_s(cfg: RuntimeConfig) -> float:
+    """How long a reset link may take to be made again (a tenth of the budget, at most
+    :data:`RESUME_MAX_S`); 0 (never: the fault fails the step) with retry off."""
+    return min(RESUME_MAX_S, cfg.retry_budget_s / 10) if cfg.retry_budget_s > 0 else 0.0
+
+
 def world_links(rank: int, size: int, cfg: RuntimeConfig, store_host: str, token: str,
                 epoch: int) -> Links:  # fmt: skip
     """This rank's links of ``epoch``, as the job's transport opens them."""
@@ -69,7 +79,7 @@ def world_links(rank: int, size: int, cfg: RuntimeConfig, store_host: str, token
         mac=cfg.link_mac,
         epoch=epoch,
         stall_s=stall_s(cfg),
-        resume_s=stall_s(cfg),  # a reset's new link: within what a stall takes to count
+        resume_s=resume_s(cfg),
     )
 
 
