@@ -94,10 +94,12 @@ def _job(
     return job, Lines(job)
 
 
-def _reset_links(job: NetJob) -> None:
-    """``ss -K`` on h2: every TCP connection to h1 but the store's is reset."""
+def _reset_links(job: NetJob) -> int:
+    """``ss -K`` on h2: every TCP connection to h1 but the store's is reset; how many were
+    (none where a retry's new links are not made yet: they are made on first use)."""
     flt = f"( dst {ADDRS['h1']} and not dport = :{job.port} )"
-    sh(*job.hosts.exec("h2", "ss", "-K", "-tn", "state", "established", flt))
+    out = sh(*job.hosts.exec("h2", "ss", "-K", "-H", "-tn", "state", "established", flt))
+    return sum(1 for line in out.stdout.splitlines() if line.strip())
 
 
 def _link(hosts: TwoHosts, state: str) -> None:
@@ -142,7 +144,7 @@ def test_a_reset_as_a_call_starts_is_resumed_in_the_step(
     try:
         for i in (1, 3):
             lines.wait(2, rf"iter {i} ")
-            _reset_links(job)
+            assert _reset_links(job) == 1  # the leaders' link
         _finished(job, lines, iters, expected[0])
         assert _epochs(lines) == [0] * 4, lines.seen  # nothing re-ran
         assert [_resumes(job, r) for r in LEADERS] == [2, 2]
@@ -157,17 +159,18 @@ def test_resets_mid_transfer_give_the_exact_result(
 ) -> None:
     """Resets a while into calls (mid transfer, or as a leader finishes its last step and a
     message is lost past resending): each is survived, by a resume or by a retry."""
-    iters, resets = 5, (1, 2, 3)
+    iters, hits = 5, 0
     job, lines = _job(hosts, tmp_path, iters, budget_s=20)
     try:
-        for i in resets:
+        for i in (1, 2, 3):
             lines.wait(2, rf"iter {i} ")
             time.sleep(0.04 * i)  # where in the call it lands is what this case varies
-            _reset_links(job)
+            hits += _reset_links(job) > 0
         _finished(job, lines, iters, expected[0])
         epochs = _epochs(lines)
+        assert hits
         for rank in LEADERS:
-            assert _resumes(job, rank) + epochs[rank] >= len(resets), (rank, epochs)
+            assert _resumes(job, rank) + epochs[rank] >= hits, (rank, epochs, hits)
     finally:
         job.kill_ranks()
         hosts.kill_all()
@@ -207,10 +210,11 @@ def test_resets_mid_all_gather_and_broadcast_give_the_exact_result(
     xs = [rank_input(r, count) for r in range(4)]
     want = {"gather": _digest(np.concatenate(xs)), "bcast_in_place": _digest(xs[-1])}
     want["gather_in_place"] = want["gather"]
+    hits = 0
     try:
         for i, call in ((0, "gather"), (0, "bcast_in_place"), (1, "gather_in_place")):
             lines.wait(2, rf"call {i} {call}$")
-            _reset_links(job)
+            hits += _reset_links(job) > 0
         for rank in range(4):
             lines.wait(rank, r"done$")
             results = [ln.split()[1:] for ln in lines.seen[rank] if ln.startswith("result ")]
@@ -218,10 +222,11 @@ def test_resets_mid_all_gather_and_broadcast_give_the_exact_result(
                 f"rank {rank}: {lines.seen[rank]}"
             )
             assert job.procs[rank].wait(30) == 0
-        # Each reset survived, by a resume or by a retry. The ring of the all_gather
-        # crosses the hosts twice (1-2, 3-0), so which ranks resume depends on the call.
+        # The resets were survived, by a resume or by a retry. The all_gather's ring
+        # crosses the hosts twice (1-2, 3-0), so which ranks resume depends on the call,
+        # and a link a reset cut that no later call used is never noticed.
         epochs, resumes = _epochs(lines), [_resumes(job, r) for r in range(4)]
-        assert max(resumes) + max(epochs) >= 3, (resumes, epochs)
+        assert hits and max(resumes) + max(epochs) >= 1, (resumes, epochs, hits)
     finally:
         job.kill_ranks()
         hosts.kill_all()
@@ -239,6 +244,10 @@ def _retries_recorded(job: NetJob, lines: Lines) -> None:
         for _, _, seq, attempt, _ in reruns:
             runs = [r for r in doc["records"] if r["seq"] == int(seq) and r["peer"] is None]
             if attempt == "1":
+                if not runs and doc["reason"] == "finished":
+                    # No call of this rank failed (the failure reached it between calls),
+                    # so its final document is the clean status: the last records only.
+                    continue
                 _ran_once_after_the_failure(doc["records"], int(seq), runs)
                 continue
             first = [r for r in runs if r["attempt"] == 1]
