@@ -22,7 +22,7 @@ import pytest
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.tcp import TcpTransport
+from cclctl.runtime.transport.tcp import TAIL_MIN_BYTES, TcpTransport
 from cclctl.runtime.transport.tcp_links import Links
 from cclctl.runtime.transport.tcp_messages import Send
 from cclctl.runtime.transport.tcp_resume import Cursor, lost, problem, resend
@@ -134,29 +134,74 @@ def test_a_connection_ended_mid_message_is_made_again_and_the_message_sent_again
         _close(ts)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ss"), reason="needs root and ss")
-def test_a_message_its_sender_moved_past_is_lost_and_both_ranks_raise() -> None:
-    """Rank 0's message is larger than rank 1's receive buffer but fits the two buffers,
-    so rank 0's step ends with the message's tail in its send queue; that socket is then
-    reset (its queue dies with it): nobody holds the tail any more, and both ranks say so."""
+def _tail_left_in_the_queue(links: list[Links], ts: list[TcpTransport]) -> tuple[np.ndarray, int]:
+    """Link the pair, then have rank 0 send a message larger than rank 1's receive buffer
+    but within the two buffers, while rank 1 reads nothing: rank 0's step ends with the
+    message's tail in its send queue. Returns the message and its size."""
+    warm = [np.zeros(8, np.uint8) for _ in range(2)]
+    ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
+             for r in range(2)]  # fmt: skip
+    for r in ranks:
+        r.start()
+    for r in ranks:
+        r.join(20)
+    rcvbuf = links[1].socks[0].getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    sndbuf = links[0].socks[1].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    n = rcvbuf + sndbuf // 4
+    if n < TAIL_MIN_BYTES:
+        pytest.skip(f"socket buffers of {rcvbuf} and {sndbuf} bytes: no message both fits "
+                    "them and keeps a tail")  # fmt: skip
+    message = _payload(0, n)
+    only = Rank(_exchange(ts[0], 1, _call(2, n), 0, message, None))
+    only.start()
+    only.join(20)
+    assert only.error is None and links[0].started[1] == 2, only.error
+    return message, n
+
+
+needs_ss = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("ss"), reason="needs root and ss"
+)
+
+
+@needs_ss
+def test_a_tail_still_in_the_senders_queue_is_sent_again_from_the_byte_reached() -> None:
+    """Rank 0's step ended with its message's tail unacknowledged; ``ss -K`` then destroys
+    rank 0's socket and its queue. The tail rank 0 kept goes again from the byte rank 1
+    reached, and both ranks go on with the next call on the new link."""
     links, ts = _pair()
     try:
-        warm = [np.zeros(8, np.uint8) for _ in range(2)]
-        ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
-                 for r in range(2)]  # fmt: skip
+        message, n = _tail_left_in_the_queue(links, ts)
+        assert 1 in links[0].tails  # the tail was kept: the peer had not acknowledged it
+        _reset(links[0].socks[1])
+        got, back, sent_back = np.zeros(n, np.uint8), np.zeros(8, np.uint8), _payload(1, 8)
+        mine = np.zeros(8, np.uint8)
+
+        def rank1() -> None:
+            _exchange(ts[1], 0, _call(2, n), 0, None, got)()
+            _exchange(ts[1], 0, _call(3, 8), 0, sent_back, mine)()
+
+        ranks = [Rank(_exchange(ts[0], 1, _call(3, 8), 0, _payload(0, 8), back)), Rank(rank1)]
         for r in ranks:
             r.start()
         for r in ranks:
-            r.join(20)
-        sock0, sock1 = links[0].socks[1], links[1].socks[0]
-        rcvbuf = sock1.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        sndbuf = sock0.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
-        n = rcvbuf + sndbuf // 4
-        only = Rank(_exchange(ts[0], 1, _call(2, n), 0, _payload(0, n), None))
-        only.start()
-        only.join(20)
-        assert only.error is None and links[0].started[1] == 2, only.error
-        _reset(sock0)
+            r.join(30)
+            assert r.error is None and not r.is_alive(), r.error
+        assert np.array_equal(got, message)
+        assert np.array_equal(back, sent_back) and np.array_equal(mine, _payload(0, 8))
+        assert links[0].resumed == [0, 1] and links[1].resumed == [1, 0]
+    finally:
+        _close(ts)
+
+
+@needs_ss
+def test_a_message_its_sender_moved_past_is_lost_and_both_ranks_raise() -> None:
+    """The same on links with MACs, which keep no tail (a message's tag covers all of it,
+    so it goes again whole or not at all): nobody holds the tail, and both ranks say so."""
+    links, ts = _pair(mac=True)
+    try:
+        _, n = _tail_left_in_the_queue(links, ts)
+        _reset(links[0].socks[1])
         ranks = [
             Rank(_exchange(ts[0], 1, _call(3, 8), 0, None, np.zeros(8, np.uint8))),
             Rank(_exchange(ts[1], 0, _call(2, n), 0, None, np.zeros(n, np.uint8))),
@@ -192,6 +237,7 @@ def test_a_peer_that_closed_the_link_for_good_refuses_the_new_one(
         alone.join(30)
         assert isinstance(alone.error, PeerError), alone.error
         assert "not resumed: the peer refused the new link" in str(alone.error)
+        _wait_until(lambda: links[1].auth_failures == 1, "rank 1 count its refusal")
         assert "claiming rank 0: its link was closed earlier in this epoch" in caplog.text
         assert links[0].resumed == [0, 0]
     finally:

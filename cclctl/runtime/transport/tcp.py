@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import select
 import socket
+import struct
+import termios
 import threading
 import time
 from collections.abc import Sequence
@@ -35,6 +38,10 @@ from cclctl.runtime.transport.tcp_resume import Cursor
 log = logging.getLogger("cclctl.links")
 
 _POLL_SLICE_S = 0.5  # how often a blocked step re-checks its deadline and abort flag
+#: Messages from this size on keep their unacknowledged tail as their step ends (a copy of
+#: at most a socket buffer, small beside the message); a smaller one whose tail a reset
+#: drops goes to the retry instead, whose re-run costs little at that size.
+TAIL_MIN_BYTES = 1 << 20
 _STALL_LOOK_S = 0.1  # how often a waiting step reads its links' TCP_INFO for a stall
 
 
@@ -53,11 +60,34 @@ def _recv(links: Links, sock: socket.socket, peer: int, view: memoryview, call: 
     return MacRecv(sock, peer, view, call, step, links.rank, session)
 
 
+def _stream(parts: list[memoryview], offset: int) -> list[memoryview]:
+    """``parts`` (a message's bytes in order) from byte ``offset`` on, empty parts dropped."""
+    out = []
+    for part in parts:
+        if offset >= len(part):
+            offset -= len(part)
+            continue
+        out.append(part[offset:])
+        offset = 0
+    return out
+
+
+def _unacked(sock: socket.socket) -> int:
+    """Bytes in ``sock``'s send queue that the peer's kernel has not acknowledged."""
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", raw)[0])
+
+
 class TcpStep:
     """The TCP share of one step (a :class:`~cclctl.runtime.transport.base.Progress`).
 
     It keeps every transfer of the step, finished or not, so a link that a reset breaks
-    can be made again and what the peer lacks sent again (:meth:`_resume`)."""
+    can be made again and what the peer lacks sent again (:meth:`_resume`); with resume on,
+    a large message on a plain link whose bytes the peer's kernel has not all acknowledged
+    as the step ends leaves a copy of those (its tail) for a resume after the step."""
 
     __slots__ = (
         "call", "done", "links", "look_at", "pending", "rank", "recvd", "recvs", "sends",
@@ -85,7 +115,14 @@ class TcpStep:
         self.recvd: set[int] = set()  # peers whose message of the step arrived whole
         self.pending: list[Send | Recv] = []
         for peer, (_, header, view) in sends.items():
-            self.pending.append(_send(links, links.socks[peer], peer, header, view))
+            item = _send(links, links.socks[peer], peer, header, view)
+            owed = links.owed.pop(peer, None)
+            if owed is not None:  # a resume between steps owes the peer a tail: first
+                item.bufs[:0] = [memoryview(owed)]
+            self.pending.append(item)
+        for peer, owed in links.owed.items():
+            self.pending.append(Send(links.socks[peer], peer, owed, memoryview(b"")))
+        links.owed.clear()
         for peer, view in recvs.items():
             self.pending.append(_recv(links, links.socks[peer], peer, view, call, step))
         self.done = not self.pending
@@ -118,7 +155,29 @@ class TcpStep:
                     self.links.received[item.peer] += 1
                     self.recvd.add(item.peer)
         self.done = not pending
+        if self.done and self.sends and self.links.resume_s:
+            self._keep_tails()
         return progressed
+
+    def _keep_tails(self) -> None:
+        """As the step ends: keep a copy of the bytes of each message it sent that the
+        peer's kernel has not yet acknowledged (plain links only: a MAC link's message goes
+        again whole), the only bytes of it a later reset can lose once the buffer is the
+        caller's again."""
+        links = self.links
+        for peer, (index, header, view) in self.sends.items():
+            if len(view) < TAIL_MIN_BYTES:
+                links.tails.pop(peer, None)
+                continue
+            sock = links.socks.get(peer)
+            unacked = _unacked(sock) if sock is not None and peer not in links.sessions else 0
+            if unacked <= 0:
+                links.tails.pop(peer, None)
+                continue
+            total = len(header) + len(view)
+            start = total - min(unacked, total)
+            tail = b"".join(_stream([memoryview(header), view], start))
+            links.tails[peer] = (index, start, tail)
 
     def waiting_on(self) -> tuple[int, str]:
         first = next((p for p in self.pending if isinstance(p, Recv)), self.pending[0])
@@ -186,37 +245,70 @@ class TcpStep:
 
     def _resume(self, peer: int) -> None:
         """Make the link to ``peer`` again, agree on what was lost with it, and go on with
-        this step's transfers to it: each sent again whole where the other side lacks it."""
+        this step's transfers to it: on a plain link from the byte the other side reached
+        (a kept tail first), on a MAC link each message again whole."""
         links = self.links
         held = self.sends.get(peer)
-        mine, theirs = resume(links, peer, self.call, self.wait, held[0] if held else -1)
+        plain = links.session(peer) is None
+        recv = next((p for p in self.pending if p.peer == peer and isinstance(p, Recv)), None)
+        partial = recv.got if recv is not None and plain else 0
+        mine, theirs = resume(
+            links, peer, self.call, self.wait, held[0] if held else -1, partial
+        )
         sock = links.socks[peer]
         self.pending[:] = [p for p in self.pending if p.peer != peer]
+        owed = links.owed.pop(peer, None)
         if held is not None and tcp_resume.resend(mine, theirs):
-            self.pending.append(_send(links, sock, peer, held[1], held[2]))
-        if peer in self.recvs and peer not in self.recvd:
+            item = _send(links, sock, peer, held[1], held[2])
+            if plain:  # from the byte the peer reached, after what it lacks of the last
+                at = theirs.partial if theirs.received == held[0] else 0
+                item.bufs = ([memoryview(owed)] if owed else []) + _stream(item.bufs, at)
+            self.pending.append(item)
+        elif owed:
+            self.pending.append(Send(sock, peer, owed, memoryview(b"")))
+        if recv is not None and plain:
+            recv.sock = sock  # it goes on where it was: the peer sends from that byte
+            self.pending.append(recv)
+        elif peer in self.recvs and peer not in self.recvd:
             self.pending.append(_recv(links, sock, peer, self.recvs[peer], self.call, self.step))
         self.done = not self.pending
 
 
 def resume(
-    links: Links, peer: int, call: wire.Call, wait: Wait, held: int
+    links: Links, peer: int, call: wire.Call, wait: Wait, held: int, partial: int = 0
 ) -> tuple[Cursor, Cursor]:
     """Make the link to ``peer`` again within the links' ``resume_s`` and exchange cursors
-    (``held``: the index of this side's message of the step to ``peer``, -1: none); (this
-    side's cursor, the peer's). Raises OSError when the messages cannot be made whole."""
-    deadline = time.monotonic() + links.resume_s
+    (``held``: the index of this side's message of the step to ``peer``, -1: none;
+    ``partial``: the bytes in hand of the message it is receiving); (this side's cursor,
+    the peer's). Where the peer lacks part of this side's kept tail, that part is left in
+    ``links.owed`` for the step to send first. Raises OSError when the messages cannot be
+    made whole."""
+    began = time.monotonic()
+    deadline = began + links.resume_s
+    tail = links.tails.pop(peer, None)
     sock = links.reopen(peer, call, wait, deadline, lambda: _gone(wait, peer))
-    mine = Cursor(links.started[peer], held, links.received[peer])
+    mine = Cursor(links.started[peer], held, links.received[peer], partial,
+                  *((tail[0], tail[1]) if tail else (-1, 0)))  # fmt: skip
     theirs = tcp_resume.exchange(sock, mine, links.session(peer), call, peer, wait, deadline)
     problem = tcp_resume.problem(mine, theirs, links.rank, peer)
     if problem:
         raise OSError(errno.EPROTO, problem)
+    if tail is not None and tcp_resume.from_tail(mine, theirs):
+        links.owed[peer] = tail[2][theirs.partial - tail[1] :]  # the step sends it first
     links.resumed[peer] += 1
+    from_tail = tail is not None and tcp_resume.from_tail(mine, theirs)
+    lacks = [
+        what
+        for what, lacked in (
+            ("the end of its last message", from_tail),
+            ("its message in flight", tcp_resume.resend(mine, theirs)),
+        )
+        if lacked
+    ]
     log.warning(
-        "rank %d: the link to rank %d was reset in %s; made again, %s",
-        links.rank, peer, call.describe(),
-        "its lost message sent again" if theirs.received == held >= 0 else "nothing was lost",
+        "rank %d: the link to rank %d was reset in %s; made again in %.0f ms, %s",
+        links.rank, peer, call.describe(), (time.monotonic() - began) * 1000,
+        f"sending {' and '.join(lacks)} again" if lacks else "nothing was lost",
     )  # fmt: skip
     return mine, theirs
 

@@ -115,6 +115,10 @@ class Links:
         self.started = [0] * world_size
         self.received = [0] * world_size
         self.resumed = [0] * world_size
+        #: peer -> (message index, first byte, bytes): the unacknowledged end of the last
+        #: message sent whole to it on a plain link; and what a resume owes it of that
+        self.tails: dict[int, tuple[int, int, bytes]] = {}
+        self.owed: dict[int, bytes] = {}
         #: new links from linked peers (their side of the link broke), for a resume to take
         self._fresh: dict[int, tuple[socket.socket, Session | None]] = {}
         self.auth_failures = 0  # handshakes refused since the links opened

@@ -4,14 +4,17 @@ A connection that a reset ended (``ss -K``, a NIC or middlebox reset, a peer's k
 dropping it) loses what was in flight, while both ranks live and the route works. Each side
 counts the messages it started on the link and the ones it received whole; after a new
 connection (the lower rank connects, the handshake of
-:mod:`~cclctl.runtime.transport.link_auth` as ever) both send those counts and which message
-they still hold: the one of the step they are in, whose buffer stays untouched until the
-step ends. A message the peer did not receive whole is sent again from its first byte, the
-same bytes, so the result is the one a fault-free run gives. If its sender has moved past
-it (its step ended with the bytes in a kernel buffer the reset dropped), the link cannot be
-resumed, and the fault goes on to the retry (:mod:`cclctl.runtime.comm.retrying`), which
-re-runs the call. A stalled link (nothing acknowledged) is never resumed here: the retry's
-budget bounds that wait.
+:mod:`~cclctl.runtime.transport.link_auth` as ever) both send a :class:`Cursor`: those
+counts, the bytes in hand of the message being received, and what the side can still send:
+the message of the step it is in (its buffer stays untouched until the step ends) and,
+where a step ended with the last bytes of a message still unacknowledged in the kernel's
+send queue, a copy of those bytes (the tail). What the peer lacks goes again, the same
+bytes, so the result is the one a fault-free run gives: on a plain link from the byte the
+receiver reached, on a link with MACs (whose tag covers the whole message) the message
+whole, under the new link's session. A message its sender no longer holds makes the link
+one that cannot be resumed, and the fault goes on to the retry
+(:mod:`cclctl.runtime.comm.retrying`), which re-runs the call. A stalled link (nothing
+acknowledged) is never resumed here: the retry's budget bounds that wait.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from cclctl.runtime.transport.wire import Call
 
 #: The errors of a connection that a reset or close ended (not a stall, not a refusal).
 RESUMED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
-_FRAME = struct.Struct("<4sQqQ")  # magic, messages started, message held (-1: none), received
+#: magic, messages started, message held (-1: none), messages received, bytes in hand of
+#: the next, message of the kept tail (-1: none), the tail's first byte in that message
+_FRAME = struct.Struct("<4sQqQQqQ")
 _MAGIC = b"CCLr"
 _SLICE_S = 0.05  # how often a resume that waits looks at the failure state
 
@@ -43,26 +48,46 @@ def resumable(exc: OSError) -> bool:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Cursor:
     """One side's messages on a link: how many it started to the peer, the one it still
-    holds (its index; -1: none), and how many it received whole from the peer."""
+    holds whole (its index; -1: none), how many it received whole from the peer and the
+    bytes in hand of the next (``partial``: header and payload as they came), and the
+    message whose tail it kept (-1: none) with the tail's first byte (``tail_from``)."""
 
     started: int
     held: int
     received: int
+    partial: int = 0
+    tail: int = -1
+    tail_from: int = 0
 
     def pack(self) -> bytes:
-        return _FRAME.pack(_MAGIC, self.started, self.held, self.received)
+        return _FRAME.pack(_MAGIC, self.started, self.held, self.received, self.partial,
+                           self.tail, self.tail_from)  # fmt: skip
 
     @classmethod
     def unpack(cls, data: bytes, peer: int) -> Cursor:
-        magic, started, held, received = _FRAME.unpack(data)
-        if magic != _MAGIC or not -1 <= held < started:  # a message held was started
+        magic, started, held, received, partial, tail, tail_from = _FRAME.unpack(data)
+        if magic != _MAGIC or not -1 <= held < started or not -1 <= tail < started:
             raise ProtocolError(f"rank {peer} sent a malformed resume frame", peer=peer)
-        return cls(started, held, received)
+        return cls(started, held, received, partial, tail, tail_from)
+
+
+def from_tail(sender: Cursor, receiver: Cursor) -> bool:
+    """The receiver's next message from ``sender`` is the one whose tail the sender kept,
+    and it has every byte before the tail."""
+    return sender.tail == receiver.received and sender.tail_from <= receiver.partial
 
 
 def lost(sender: Cursor, receiver: Cursor) -> bool:
-    """The receiver's next message from ``sender`` is gone: started, and no longer held."""
-    return sender.started > receiver.received and sender.held != receiver.received
+    """The receiver's next message from ``sender`` is gone: started, and neither held nor
+    kept from a byte the receiver reached (or something after it is missing too)."""
+    need = receiver.received
+    if sender.started == need:  # not started: nothing of it can be in hand
+        return receiver.partial != 0
+    if sender.held == need:
+        return False
+    if from_tail(sender, receiver):  # then the held message, if any, follows whole
+        return not (sender.started == need + 1 or sender.held == need + 1)
+    return True
 
 
 def problem(mine: Cursor, theirs: Cursor, rank: int, peer: int) -> str:
@@ -80,8 +105,8 @@ def problem(mine: Cursor, theirs: Cursor, rank: int, peer: int) -> str:
 
 
 def resend(mine: Cursor, theirs: Cursor) -> bool:
-    """The peer still needs the message this side holds: send it again, whole."""
-    return mine.held >= 0 and theirs.received == mine.held
+    """The peer still needs the message this side holds (all of it, or from its tail on)."""
+    return mine.held >= 0 and theirs.received <= mine.held
 
 
 def exchange(
