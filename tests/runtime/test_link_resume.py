@@ -25,7 +25,7 @@ from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp import TAIL_MIN_BYTES, TcpTransport
 from cclctl.runtime.transport.tcp_links import Links
 from cclctl.runtime.transport.tcp_messages import Send
-from cclctl.runtime.transport.tcp_resume import Cursor, lost, problem, resend
+from cclctl.runtime.transport.tcp_resume import Cursor, from_tail, lost, problem, resend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -295,6 +295,36 @@ def test_a_held_message_the_peer_has_whole_is_not_sent_again() -> None:
     assert resend(theirs, mine)  # the peer's held message 5 is what this side lacks
 
 
+def test_a_kept_tail_covers_a_receiver_that_reached_it() -> None:
+    sender = Cursor(started=3, held=-1, received=0, tail=2, tail_from=100)
+    receiver = Cursor(started=0, held=-1, received=2, partial=150)
+    assert problem(sender, receiver, 0, 1) == "" and from_tail(sender, receiver)
+    assert not resend(sender, receiver)  # nothing held: the tail alone goes again
+
+
+def test_a_kept_tail_is_followed_by_the_message_held_whole() -> None:
+    sender = Cursor(started=4, held=3, received=0, tail=2, tail_from=100)
+    receiver = Cursor(started=0, held=-1, received=2, partial=100)
+    assert problem(sender, receiver, 0, 1) == ""
+    assert from_tail(sender, receiver) and resend(sender, receiver)
+
+
+@pytest.mark.parametrize(
+    "receiver",
+    [
+        Cursor(0, -1, received=2, partial=99),  # short of the tail's first byte
+        Cursor(0, -1, received=1, partial=500),  # an earlier message, not kept
+    ],
+)
+def test_a_tail_that_does_not_reach_what_the_receiver_lacks_is_lost(receiver: Cursor) -> None:
+    sender = Cursor(started=3, held=-1, received=0, tail=2, tail_from=100)
+    assert "was lost" in problem(sender, receiver, 0, 1)
+
+
+def test_bytes_in_hand_of_a_message_never_started_are_a_loss() -> None:
+    assert lost(Cursor(started=2, held=-1, received=0), Cursor(0, -1, received=2, partial=8))
+
+
 def test_a_message_not_yet_started_is_not_lost() -> None:
     assert not lost(Cursor(started=2, held=-1, received=0), Cursor(2, -1, 2))
 
@@ -318,6 +348,7 @@ def test_cursors_that_cannot_be_made_whole_say_why(mine: Cursor, theirs: Cursor,
     [
         Cursor(2, 2, 0).pack(),  # holds a message it never started
         Cursor(2, -2, 0).pack(),
+        Cursor(2, -1, 0, tail=2).pack(),  # keeps the tail of a message it never started
         b"XXXX" + Cursor(2, 1, 0).pack()[4:],
     ],
 )
@@ -327,5 +358,5 @@ def test_a_malformed_resume_frame_is_a_protocol_error(frame: bytes) -> None:
 
 
 def test_a_cursor_travels_whole() -> None:
-    c = Cursor(started=12, held=11, received=9)
+    c = Cursor(started=12, held=11, received=9, partial=4096, tail=10, tail_from=77)
     assert Cursor.unpack(c.pack(), 1) == c

@@ -45,7 +45,11 @@ def test_a_killed_torch_rank_is_the_one_origin_every_survivor_reports(tmp_path: 
     cmd = [
         CCLCTL, "run", "--job", job, "--",
         TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(WORLD), "--master-addr",
-        "127.0.0.1", "--master-port", str(port), str(HERE / "death_job.py"), str(tmp_path),
+        "127.0.0.1", "--master-port", str(port),
+        # torchrun stops the survivors once it sees rank 2 gone; looking every 0.1 s (its
+        # default), it stopped them under load before their gloo calls had failed
+        "--monitor-interval", "5",
+        str(HERE / "death_job.py"), str(tmp_path),
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=env)
     assert out.returncode != 0, out.stdout + out.stderr
