@@ -74,6 +74,18 @@ def _exchange(t: TcpTransport, peer: int, call: wire.Call, step: int, send: np.n
     return lambda: t.exchange(call, step, sends, recvs, Wait(rank=t.rank))
 
 
+def _link(ts: list[TcpTransport]) -> None:
+    """One 8-byte exchange at seq 1: the pair is linked, one message each way."""
+    got = [np.zeros(8, np.uint8) for _ in range(2)]
+    ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), got[r]))
+             for r in range(2)]  # fmt: skip
+    for r in ranks:
+        r.start()
+    for r in ranks:
+        r.join(20)
+        assert r.error is None, r.error
+
+
 def _wait_until(done: Callable[[], bool], what: str) -> None:
     """Until ``done()`` (a state the ranks reach), failing after 20 s."""
     ev = threading.Event()
@@ -110,13 +122,7 @@ def test_a_connection_ended_mid_message_is_made_again_and_the_message_sent_again
 ) -> None:
     links, ts = _pair(mac=mac)
     try:
-        warm = [np.zeros(8, np.uint8) for _ in range(2)]
-        ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
-                 for r in range(2)]  # fmt: skip
-        for r in ranks:
-            r.start()
-        for r in ranks:
-            r.join(20)
+        _link(ts)
         data = [_payload(r, BIG) for r in range(2)]
         got = [np.zeros(BIG, np.uint8) for _ in range(2)]
         first = Rank(_exchange(ts[0], 1, _call(2, BIG), 0, data[0], got[0]))
@@ -138,13 +144,7 @@ def _tail_left_in_the_queue(links: list[Links], ts: list[TcpTransport]) -> tuple
     """Link the pair, then have rank 0 send a message larger than rank 1's receive buffer
     but within the two buffers, while rank 1 reads nothing: rank 0's step ends with the
     message's tail in its send queue. Returns the message and its size."""
-    warm = [np.zeros(8, np.uint8) for _ in range(2)]
-    ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
-             for r in range(2)]  # fmt: skip
-    for r in ranks:
-        r.start()
-    for r in ranks:
-        r.join(20)
+    _link(ts)
     rcvbuf = links[1].socks[0].getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
     sndbuf = links[0].socks[1].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
     n = rcvbuf + sndbuf // 4
@@ -224,13 +224,7 @@ def test_a_peer_that_closed_the_link_for_good_refuses_the_new_one(
     turns away rank 0's new one, so rank 0's step fails at once, saying why."""
     links, ts = _pair()
     try:
-        warm = [np.zeros(8, np.uint8) for _ in range(2)]
-        ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
-                 for r in range(2)]  # fmt: skip
-        for r in ranks:
-            r.start()
-        for r in ranks:
-            r.join(20)
+        _link(ts)
         links[1].drop(0)
         alone = Rank(_exchange(ts[0], 1, _call(2, 8), 0, None, np.zeros(8, np.uint8)))
         alone.start()
@@ -247,13 +241,7 @@ def test_a_peer_that_closed_the_link_for_good_refuses_the_new_one(
 def test_a_peer_whose_links_are_gone_fails_the_step_without_waiting_for_it() -> None:
     _, ts = _pair(resume_s=600.0)  # a wait for it would outlast the test's timeout
     try:
-        warm = [np.zeros(8, np.uint8) for _ in range(2)]
-        ranks = [Rank(_exchange(ts[r], 1 - r, _call(1, 8), 0, _payload(r, 8), warm[r]))
-                 for r in range(2)]  # fmt: skip
-        for r in ranks:
-            r.start()
-        for r in ranks:
-            r.join(20)
+        _link(ts)
         ts[1].close()  # its listener too: nothing takes a new connection
         alone = Rank(_exchange(ts[0], 1, _call(2, 8), 0, None, np.zeros(8, np.uint8)))
         alone.start()
