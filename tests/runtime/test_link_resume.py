@@ -195,6 +195,35 @@ def test_a_tail_still_in_the_senders_queue_is_sent_again_from_the_byte_reached()
 
 
 @needs_ss
+def test_a_peer_that_linked_again_first_leaves_the_old_link_read_to_its_end() -> None:
+    """As above, but rank 0 has linked again before rank 1's step begins: rank 1 reads
+    what its old socket still holds of the message before it takes the new link, so the
+    kept tail covers the rest."""
+    links, ts = _pair()
+    try:
+        message, n = _tail_left_in_the_queue(links, ts)
+        _reset(links[0].socks[1])
+        back, got, mine = np.zeros(8, np.uint8), np.zeros(n, np.uint8), np.zeros(8, np.uint8)
+        first = Rank(_exchange(ts[0], 1, _call(3, 8), 0, _payload(0, 8), back))
+        first.start()
+        _wait_until(lambda: links[1].has_fresh(0), "rank 0 link again")
+
+        def rank1() -> None:
+            _exchange(ts[1], 0, _call(2, n), 0, None, got)()
+            _exchange(ts[1], 0, _call(3, 8), 0, _payload(1, 8), mine)()
+
+        second = Rank(rank1)
+        second.start()
+        for r in (first, second):
+            r.join(30)
+            assert r.error is None and not r.is_alive(), r.error
+        assert np.array_equal(got, message) and np.array_equal(back, _payload(1, 8))
+        assert links[0].resumed == [0, 1] and links[1].resumed == [1, 0]
+    finally:
+        _close(ts)
+
+
+@needs_ss
 def test_a_message_its_sender_moved_past_is_lost_and_both_ranks_raise() -> None:
     """The same on links with MACs, which keep no tail (a message's tag covers all of it,
     so it goes again whole or not at all): nobody holds the tail, and both ranks say so."""

@@ -115,14 +115,7 @@ class TcpStep:
         self.recvd: set[int] = set()  # peers whose message of the step arrived whole
         self.pending: list[Send | Recv] = []
         for peer, (_, header, view) in sends.items():
-            item = _send(links, links.socks[peer], peer, header, view)
-            owed = links.owed.pop(peer, None)
-            if owed is not None:  # a resume between steps owes the peer a tail: first
-                item.bufs[:0] = [memoryview(owed)]
-            self.pending.append(item)
-        for peer, owed in links.owed.items():
-            self.pending.append(Send(links.socks[peer], peer, owed, memoryview(b"")))
-        links.owed.clear()
+            self.pending.append(_send(links, links.socks[peer], peer, header, view))
         for peer, view in recvs.items():
             self.pending.append(_recv(links, links.socks[peer], peer, view, call, step))
         self.done = not self.pending
@@ -132,6 +125,8 @@ class TcpStep:
         """Push and pull what the sockets take now; drop finished items; True if any moved."""
         pending = self.pending
         progressed = False
+        if self.links.has_fresh():  # a peer linked again: its side of the old link broke
+            self._relinked()
         for item in list(pending):
             if item not in pending:
                 continue  # replaced by a resume of its link
@@ -158,6 +153,32 @@ class TcpStep:
         if self.done and self.sends and self.links.resume_s:
             self._keep_tails()
         return progressed
+
+    def _relinked(self) -> None:
+        """Resume each link of the step whose peer linked again (it found the old one
+        broken, so whatever this side sends on it is lost), after reading what the old
+        socket still holds."""
+        for item in list(self.pending):
+            if item in self.pending and self.links.has_fresh(item.peer):
+                why = f"rank {item.peer} linked again: its side of the link broke"
+                self._broken(item, ConnectionResetError(errno.ECONNRESET, why))
+
+    def _drain(self, peer: int) -> Recv | None:
+        """Read what the broken link's socket still holds (what the peer's kernel had and
+        the reset left) into this step's receive from ``peer``, so a resume goes on from
+        there; the receive, unless that completed it."""
+        recv = next((p for p in self.pending if p.peer == peer and isinstance(p, Recv)), None)
+        while recv is not None:
+            try:
+                moved = recv.advance()
+            except OSError:  # drained (or no more to read)
+                return recv
+            if moved < 0:
+                self.pending.remove(recv)
+                self.links.received[peer] += 1
+                self.recvd.add(peer)
+                return None
+        return None
 
     def _keep_tails(self) -> None:
         """As the step ends: keep a copy of the bytes of each message it sent that the
@@ -250,14 +271,16 @@ class TcpStep:
         links = self.links
         held = self.sends.get(peer)
         plain = links.session(peer) is None
-        recv = next((p for p in self.pending if p.peer == peer and isinstance(p, Recv)), None)
+        if plain:
+            recv = self._drain(peer)
+        else:  # its message goes again whole: what the old socket holds is of no use
+            recv = next((p for p in self.pending if p.peer == peer and isinstance(p, Recv)), None)
         partial = recv.got if recv is not None and plain else 0
-        mine, theirs = resume(
+        mine, theirs, owed = resume(
             links, peer, self.call, self.wait, held[0] if held else -1, partial
         )
         sock = links.socks[peer]
         self.pending[:] = [p for p in self.pending if p.peer != peer]
-        owed = links.owed.pop(peer, None)
         if held is not None and tcp_resume.resend(mine, theirs):
             item = _send(links, sock, peer, held[1], held[2])
             if plain:  # from the byte the peer reached, after what it lacks of the last
@@ -276,13 +299,12 @@ class TcpStep:
 
 def resume(
     links: Links, peer: int, call: wire.Call, wait: Wait, held: int, partial: int = 0
-) -> tuple[Cursor, Cursor]:
+) -> tuple[Cursor, Cursor, bytes]:
     """Make the link to ``peer`` again within the links' ``resume_s`` and exchange cursors
     (``held``: the index of this side's message of the step to ``peer``, -1: none;
     ``partial``: the bytes in hand of the message it is receiving); (this side's cursor,
-    the peer's). Where the peer lacks part of this side's kept tail, that part is left in
-    ``links.owed`` for the step to send first. Raises OSError when the messages cannot be
-    made whole."""
+    the peer's, what the peer lacks of this side's kept tail: to send first). Raises
+    OSError when the messages cannot be made whole."""
     began = time.monotonic()
     deadline = began + links.resume_s
     tail = links.tails.pop(peer, None)
@@ -293,10 +315,9 @@ def resume(
     problem = tcp_resume.problem(mine, theirs, links.rank, peer)
     if problem:
         raise OSError(errno.EPROTO, problem)
-    if tail is not None and tcp_resume.from_tail(mine, theirs):
-        links.owed[peer] = tail[2][theirs.partial - tail[1] :]  # the step sends it first
-    links.resumed[peer] += 1
     from_tail = tail is not None and tcp_resume.from_tail(mine, theirs)
+    owed = tail[2][theirs.partial - tail[1] :] if tail is not None and from_tail else b""
+    links.resumed[peer] += 1
     lacks = [
         what
         for what, lacked in (
@@ -310,7 +331,7 @@ def resume(
         links.rank, peer, call.describe(), (time.monotonic() - began) * 1000,
         f"sending {' and '.join(lacks)} again" if lacks else "nothing was lost",
     )  # fmt: skip
-    return mine, theirs
+    return mine, theirs, owed
 
 
 def _gone(wait: Wait, peer: int) -> bool:
@@ -364,37 +385,16 @@ class TcpTransport(DrivenAlone):
         outgoing: dict[int, tuple[int, bytes, memoryview]] = {}
         incoming: dict[int, memoryview] = {}
         for peer, view in sends:
-            self._link(peer, call, wait)
+            links.get(peer, call, wait)
             outgoing[peer] = (links.started[peer], wire.pack(call, step, len(view)), view)
             links.started[peer] += 1
             self._sent[peer] += len(view)
         for peer, view in recvs:
-            if peer not in outgoing:
-                self._link(peer, call, wait)
+            links.get(peer, call, wait)
             incoming[peer] = view
             self._received[peer] += len(view)
         self._step = step_ = TcpStep(links, call, step, wait, outgoing, incoming)
         return step_
-
-    def _link(self, peer: int, call: wire.Call, wait: Wait) -> None:
-        """Link to ``peer``; where it linked again (its side of the link broke), first
-        resume the link between steps."""
-        links = self._links
-        links.get(peer, call, wait)
-        if links.resume_s > 0 and links.has_fresh(peer):
-            try:
-                resume(links, peer, call, wait, -1)
-            except (OSError, HandshakeRefused) as failed:
-                links.drop(peer)
-                why = f"it linked again, and the link was not resumed: {_why(failed)}"
-                log.warning(
-                    "rank %d: the link to rank %d was reset before %s; not made again: %s",
-                    self.rank, peer, call.describe(), _why(failed),
-                )  # fmt: skip
-                raise PeerError(
-                    f"rank {self.rank}: link to rank {peer} broke before {call.describe()}: {why}",
-                    rank=self.rank, peer=peer, seq=call.seq, op=call.op, why=why,
-                ) from None  # fmt: skip
 
     def drop_link(self, peer: int) -> None:
         self._links.drop(peer)

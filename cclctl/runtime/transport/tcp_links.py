@@ -116,9 +116,8 @@ class Links:
         self.received = [0] * world_size
         self.resumed = [0] * world_size
         #: peer -> (message index, first byte, bytes): the unacknowledged end of the last
-        #: message sent whole to it on a plain link; and what a resume owes it of that
+        #: large message sent whole to it on a plain link, for a resume
         self.tails: dict[int, tuple[int, int, bytes]] = {}
-        self.owed: dict[int, bytes] = {}
         #: new links from linked peers (their side of the link broke), for a resume to take
         self._fresh: dict[int, tuple[socket.socket, Session | None]] = {}
         self.auth_failures = 0  # handshakes refused since the links opened
@@ -207,9 +206,10 @@ class Links:
                 self._linked.wait(min(left, 0.5))
             return self.socks[peer]
 
-    def has_fresh(self, peer: int) -> bool:
-        """``peer`` linked again while its old link is still here: that one is dead."""
-        return peer in self._fresh
+    def has_fresh(self, peer: int | None = None) -> bool:
+        """``peer`` (any peer: None) linked again while its old link is still here: that
+        one is dead."""
+        return bool(self._fresh) if peer is None else peer in self._fresh
 
     def reopen(
         self, peer: int, call: Call, wait: Wait, deadline: float, gone: Callable[[], bool]
