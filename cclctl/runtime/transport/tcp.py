@@ -5,7 +5,7 @@ make progress and only then blocks in ``poll``. Payloads go straight from and in
 caller's buffers (``sendmsg`` with the header, ``recv_into`` a memoryview), so large messages
 are never copied in user space. On links with a MAC session (``CCLCTL_LINK_MAC=1``) every
 message is followed by its tag, checked before the payload counts as received. A link that
-a reset breaks mid-step is made again and its lost messages sent again whole
+a reset breaks mid-step is made again and what the peer lacks sent again
 (:mod:`~cclctl.runtime.transport.tcp_resume`) where the links allow it (``resume_s``).
 """
 
@@ -163,11 +163,15 @@ class TcpStep:
                 why = f"rank {item.peer} linked again: its side of the link broke"
                 self._broken(item, ConnectionResetError(errno.ECONNRESET, why))
 
+    def _receiving(self, peer: int) -> Recv | None:
+        """This step's receive from ``peer`` while it is not complete."""
+        return next((p for p in self.pending if p.peer == peer and isinstance(p, Recv)), None)
+
     def _drain(self, peer: int) -> Recv | None:
         """Read what the broken link's socket still holds (what the peer's kernel had and
         the reset left) into this step's receive from ``peer``, so a resume goes on from
         there; the receive, unless that completed it."""
-        recv = next((p for p in self.pending if p.peer == peer and isinstance(p, Recv)), None)
+        recv = self._receiving(peer)
         while recv is not None:
             try:
                 moved = recv.advance()
@@ -271,10 +275,8 @@ class TcpStep:
         links = self.links
         held = self.sends.get(peer)
         plain = links.session(peer) is None
-        if plain:
-            recv = self._drain(peer)
-        else:  # its message goes again whole: what the old socket holds is of no use
-            recv = next((p for p in self.pending if p.peer == peer and isinstance(p, Recv)), None)
+        # On a MAC link the message goes again whole: what the old socket holds is no use.
+        recv = self._drain(peer) if plain else self._receiving(peer)
         partial = recv.got if recv is not None and plain else 0
         mine, theirs, owed = resume(
             links, peer, self.call, self.wait, held[0] if held else -1, partial
