@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import select
 import socket
-import struct
-import termios
 import threading
 import time
 from collections.abc import Sequence
 
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.revocation import Revocation
-from cclctl.runtime.peer_process import exit_reason
 from cclctl.runtime.transport import stall, tcp_resume, wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT
@@ -33,7 +29,7 @@ from cclctl.runtime.transport.drive import DrivenAlone
 from cclctl.runtime.transport.link_auth import HandshakeRefused
 from cclctl.runtime.transport.tcp_links import Links
 from cclctl.runtime.transport.tcp_messages import MacRecv, MacSend, Recv, Send
-from cclctl.runtime.transport.tcp_resume import Cursor
+from cclctl.runtime.transport.tcp_resume import stream_from, unacked, why_not
 
 log = logging.getLogger("cclctl.links")
 
@@ -58,27 +54,6 @@ def _recv(links: Links, sock: socket.socket, peer: int, view: memoryview, call: 
     if session is None:
         return Recv(sock, peer, view, call, step, links.rank)
     return MacRecv(sock, peer, view, call, step, links.rank, session)
-
-
-def _stream(parts: list[memoryview], offset: int) -> list[memoryview]:
-    """``parts`` (a message's bytes in order) from byte ``offset`` on, empty parts dropped."""
-    out = []
-    for part in parts:
-        if offset >= len(part):
-            offset -= len(part)
-            continue
-        out.append(part[offset:])
-        offset = 0
-    return out
-
-
-def _unacked(sock: socket.socket) -> int:
-    """Bytes in ``sock``'s send queue that the peer's kernel has not acknowledged."""
-    try:
-        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
-    except OSError:
-        return 0
-    return int(struct.unpack("i", raw)[0])
 
 
 class TcpStep:
@@ -195,13 +170,13 @@ class TcpStep:
                 links.tails.pop(peer, None)
                 continue
             sock = links.socks.get(peer)
-            unacked = _unacked(sock) if sock is not None and peer not in links.sessions else 0
-            if unacked <= 0:
+            pending = unacked(sock) if sock is not None and peer not in links.sessions else 0
+            if pending <= 0:
                 links.tails.pop(peer, None)
                 continue
             total = len(header) + len(view)
-            start = total - min(unacked, total)
-            tail = b"".join(_stream([memoryview(header), view], start))
+            start = total - min(pending, total)
+            tail = b"".join(stream_from([memoryview(header), view], start))
             links.tails[peer] = (index, start, tail)
 
     def waiting_on(self) -> tuple[int, str]:
@@ -250,9 +225,11 @@ class TcpStep:
                 self._resume(item.peer)
                 return
             except (OSError, HandshakeRefused) as failed:
-                why += f"; not resumed: {_why(failed)}"
-                log.warning("rank %d: the link to rank %d was reset in %s; not made again: %s",
-                            self.rank, item.peer, self.call.describe(), _why(failed))  # fmt: skip
+                why += f"; not resumed: {why_not(failed)}"
+                log.warning(
+                    "rank %d: the link to rank %d was reset in %s; not made again: %s",
+                    self.rank, item.peer, self.call.describe(), why_not(failed),
+                )  # fmt: skip
         self.links.drop(item.peer)
         if item in self.pending:
             self.pending.remove(item)
@@ -278,7 +255,7 @@ class TcpStep:
         # On a MAC link the message goes again whole: what the old socket holds is no use.
         recv = self._drain(peer) if plain else self._receiving(peer)
         partial = recv.got if recv is not None and plain else 0
-        mine, theirs, owed = resume(
+        mine, theirs, owed = tcp_resume.resume(
             links, peer, self.call, self.wait, held[0] if held else -1, partial
         )
         sock = links.socks[peer]
@@ -287,7 +264,7 @@ class TcpStep:
             item = _send(links, sock, peer, held[1], held[2])
             if plain:  # from the byte the peer reached, after what it lacks of the last
                 at = theirs.partial if theirs.received == held[0] else 0
-                item.bufs = ([memoryview(owed)] if owed else []) + _stream(item.bufs, at)
+                item.bufs = ([memoryview(owed)] if owed else []) + stream_from(item.bufs, at)
             self.pending.append(item)
         elif owed:
             self.pending.append(Send(sock, peer, owed, memoryview(b"")))
@@ -297,58 +274,6 @@ class TcpStep:
         elif peer in self.recvs and peer not in self.recvd:
             self.pending.append(_recv(links, sock, peer, self.recvs[peer], self.call, self.step))
         self.done = not self.pending
-
-
-def resume(
-    links: Links, peer: int, call: wire.Call, wait: Wait, held: int, partial: int = 0
-) -> tuple[Cursor, Cursor, bytes]:
-    """Make the link to ``peer`` again within the links' ``resume_s`` and exchange cursors
-    (``held``: the index of this side's message of the step to ``peer``, -1: none;
-    ``partial``: the bytes in hand of the message it is receiving); (this side's cursor,
-    the peer's, what the peer lacks of this side's kept tail: to send first). Raises
-    OSError when the messages cannot be made whole."""
-    began = time.monotonic()
-    deadline = began + links.resume_s
-    tail = links.tails.pop(peer, None)
-    sock = links.reopen(peer, call, wait, deadline, lambda: _gone(wait, peer))
-    mine = Cursor(links.started[peer], held, links.received[peer], partial,
-                  *((tail[0], tail[1]) if tail else (-1, 0)))  # fmt: skip
-    theirs = tcp_resume.exchange(sock, mine, links.session(peer), call, peer, wait, deadline)
-    problem = tcp_resume.problem(mine, theirs, links.rank, peer)
-    if problem:
-        raise OSError(errno.EPROTO, problem)
-    from_tail = tail is not None and tcp_resume.from_tail(mine, theirs)
-    owed = tail[2][theirs.partial - tail[1] :] if tail is not None and from_tail else b""
-    links.resumed[peer] += 1
-    lacks = [
-        what
-        for what, lacked in (
-            ("the end of its last message", from_tail),
-            ("its message in flight", tcp_resume.resend(mine, theirs)),
-        )
-        if lacked
-    ]
-    log.warning(
-        "rank %d: the link to rank %d was reset in %s; made again in %.0f ms, %s",
-        links.rank, peer, call.describe(), (time.monotonic() - began) * 1000,
-        f"sending {' and '.join(lacks)} again" if lacks else "nothing was lost",
-    )  # fmt: skip
-    return mine, theirs, owed
-
-
-def _gone(wait: Wait, peer: int) -> bool:
-    """``peer``'s process is known to be gone (it ran on this host and exited)."""
-    failure = wait.failure
-    if not 0 <= peer < len(failure.peers) or not failure.host:
-        return False
-    host, pid = failure.peers[peer]
-    return host == failure.host and exit_reason(pid) is not None
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, HandshakeRefused):
-        return f"the peer refused the new link: {exc.why}"
-    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
 class TcpTransport(DrivenAlone):

@@ -21,15 +21,22 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
+import logging
 import select
 import socket
 import struct
+import termios
 import time
 
 from cclctl.errors import ProtocolError
+from cclctl.runtime.peer_process import exit_reason
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.link_auth import TAG_BYTES, Session, tag_of
+from cclctl.runtime.transport.link_auth import TAG_BYTES, HandshakeRefused, Session, tag_of
+from cclctl.runtime.transport.tcp_links import Links
 from cclctl.runtime.transport.wire import Call
+
+log = logging.getLogger("cclctl.links")
 
 #: The errors of a connection that a reset or close ended (not a stall, not a refusal).
 RESUMED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
@@ -170,3 +177,77 @@ def _recv_exact(sock: socket.socket, size: int, call: Call, peer: int, wait: Wai
             raise ConnectionResetError("the peer closed the new connection")
         data += chunk
     return bytes(data)
+
+
+def stream_from(parts: list[memoryview], offset: int) -> list[memoryview]:
+    """``parts`` (a message's bytes in order) from byte ``offset`` on, empty parts dropped."""
+    out = []
+    for part in parts:
+        if offset >= len(part):
+            offset -= len(part)
+            continue
+        out.append(part[offset:])
+        offset = 0
+    return out
+
+
+def unacked(sock: socket.socket) -> int:
+    """Bytes in ``sock``'s send queue that the peer's kernel has not acknowledged."""
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", raw)[0])
+
+
+def resume(
+    links: Links, peer: int, call: Call, wait: Wait, held: int, partial: int = 0
+) -> tuple[Cursor, Cursor, bytes]:
+    """Make the link to ``peer`` again within the links' ``resume_s`` and exchange cursors
+    (``held``: the index of this side's message of the step to ``peer``, -1: none;
+    ``partial``: the bytes in hand of the message it is receiving); (this side's cursor,
+    the peer's, what the peer lacks of this side's kept tail: to send first). Raises
+    OSError when the messages cannot be made whole."""
+    began = time.monotonic()
+    deadline = began + links.resume_s
+    tail = links.tails.pop(peer, None)
+    sock = links.reopen(peer, call, wait, deadline, lambda: _gone(wait, peer))
+    mine = Cursor(links.started[peer], held, links.received[peer], partial,
+                  *((tail[0], tail[1]) if tail else (-1, 0)))  # fmt: skip
+    theirs = exchange(sock, mine, links.session(peer), call, peer, wait, deadline)
+    why = problem(mine, theirs, links.rank, peer)
+    if why:
+        raise OSError(errno.EPROTO, why)
+    tail_first = tail is not None and from_tail(mine, theirs)
+    owed = tail[2][theirs.partial - tail[1] :] if tail is not None and tail_first else b""
+    links.resumed[peer] += 1
+    lacks = [
+        what
+        for what, lacked in (
+            ("the end of its last message", tail_first),
+            ("its message in flight", resend(mine, theirs)),
+        )
+        if lacked
+    ]
+    log.warning(
+        "rank %d: the link to rank %d was reset in %s; made again in %.0f ms, %s",
+        links.rank, peer, call.describe(), (time.monotonic() - began) * 1000,
+        f"sending {' and '.join(lacks)} again" if lacks else "nothing was lost",
+    )  # fmt: skip
+    return mine, theirs, owed
+
+
+def _gone(wait: Wait, peer: int) -> bool:
+    """``peer``'s process is known to be gone (it ran on this host and exited)."""
+    failure = wait.failure
+    if not 0 <= peer < len(failure.peers) or not failure.host:
+        return False
+    host, pid = failure.peers[peer]
+    return host == failure.host and exit_reason(pid) is not None
+
+
+def why_not(exc: BaseException) -> str:
+    """Why a link was not made again, in words."""
+    if isinstance(exc, HandshakeRefused):
+        return f"the peer refused the new link: {exc.why}"
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
