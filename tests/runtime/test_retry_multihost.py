@@ -267,6 +267,31 @@ def _ran_once_after_the_failure(records: list[dict], seq: int, runs: list[dict])
     assert before and runs[0]["epoch"] > min(before), (before, runs)
 
 
+def test_lost_packets_give_the_exact_result(
+    hosts: TwoHosts, tmp_path: Path, expected: tuple[str, list[str]]
+) -> None:
+    """Each end of the veth drops 2% of the packets it receives (``iptables -m statistic``,
+    this kernel having no netem): TCP retransmits, every result is exact, no rank fails."""
+    rules = [
+        (host, ["INPUT", "-i", dev, "-m", "statistic", "--mode", "random", "--probability",
+                "0.02", "-j", "DROP"])
+        for host, dev in zip(hosts.ns, hosts.devs, strict=True)
+    ]  # fmt: skip
+    for host, rule in rules:
+        sh(*hosts.exec(host, "iptables", "-A", *rule))
+    iters = 3
+    job, lines = _job(hosts, tmp_path, iters, budget_s=20)
+    try:
+        _finished(job, lines, iters, expected[0])
+        dropped = sh(*hosts.exec("h2", "iptables", "-L", "INPUT", "-v", "-n", "-x")).stdout
+        assert int(dropped.splitlines()[2].split()[0]) > 0, dropped  # packets were dropped
+    finally:
+        for host, rule in rules:  # the hosts stay for the module's other tests
+            sh(*hosts.exec(host, "iptables", "-D", *rule), check=False)
+        job.kill_ranks()
+        hosts.kill_all()
+
+
 @pytest.mark.parametrize("down_s", [0.5, 2.0])
 def test_a_link_down_for_a_while_finishes_after_it_returns(
     hosts: TwoHosts, tmp_path: Path, expected: tuple[str, list[str]], down_s: float
