@@ -150,7 +150,7 @@ class Communicator(Collectives):
         retry the others are in is told this rank will not re-run."""
         if not self._calls.failure.close():
             return
-        if self._retrier is not None and not self._shrinks():
+        if self._retries():
             retrying.closing(self)
         self.transport.close()
         if self._on_close is not None:

@@ -182,11 +182,12 @@ def not_rerun(comm: Communicator, call: str, attempt: Callable[[], Any]) -> Any:
 
 
 def closing(comm: Communicator) -> None:
-    """``comm`` closes: where a retried fault reached it between calls (the others are in
-    or on their way to its agreement), tell the agreement it will not re-run, so they fail
-    at once naming this rank instead of waiting for it until the budget."""
+    """``comm``, whose calls retry, closes: where a retried fault reached it between calls
+    (the others are in or on their way to its agreement), tell the agreement it will not
+    re-run, so they fail at once naming this rank instead of waiting for it until the
+    budget."""
     first = comm.failure.first
-    if first is not None and first.kind in RETRIED_KINDS and enabled(comm):
+    if first is not None and first.kind in RETRIED_KINDS:
         refuse(comm, "close")
 
 

@@ -54,16 +54,21 @@ REFUSE_S = 5.0
 AGREE_LOOK_S = 0.25
 
 
+def _tenth_of_budget(cfg: RuntimeConfig, most_s: float) -> float:
+    """A tenth of the retry budget, at most ``most_s``; 0 with retry off."""
+    return min(most_s, cfg.retry_budget_s / 10) if cfg.retry_budget_s > 0 else 0.0
+
+
 def stall_s(cfg: RuntimeConfig) -> float:
     """How long a stalled link takes to fail with retry on (a tenth of the budget, at most
     :data:`STALL_MAX_S`); 0 (the kernel's own, minutes) with retry off."""
-    return min(STALL_MAX_S, cfg.retry_budget_s / 10) if cfg.retry_budget_s > 0 else 0.0
+    return _tenth_of_budget(cfg, STALL_MAX_S)
 
 
 def resume_s(cfg: RuntimeConfig) -> float:
     """How long a reset link may take to be made again (a tenth of the budget, at most
     :data:`RESUME_MAX_S`); 0 (never: the fault fails the step) with retry off."""
-    return min(RESUME_MAX_S, cfg.retry_budget_s / 10) if cfg.retry_budget_s > 0 else 0.0
+    return _tenth_of_budget(cfg, RESUME_MAX_S)
 
 
 def world_links(rank: int, size: int, cfg: RuntimeConfig, store_host: str, token: str,

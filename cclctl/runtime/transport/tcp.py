@@ -170,7 +170,8 @@ class TcpStep:
                 links.tails.pop(peer, None)
                 continue
             sock = links.socks.get(peer)
-            pending = unacked(sock) if sock is not None and peer not in links.sessions else 0
+            plain = links.session(peer) is None
+            pending = unacked(sock) if sock is not None and plain else 0
             if pending <= 0:
                 links.tails.pop(peer, None)
                 continue
