@@ -89,9 +89,9 @@ def diagnose(
         unreadable=unreadable,
         opts=opts,
     )
-    views = _check_comms(verdicts, states, opts, rank_notes)
-    replaced = successors(views, {s.rank for v in verdicts for s in v.suspects})
+    views, replaced = _check_comms(verdicts, states, opts, rank_notes)
     note_shrinks(verdicts, replaced, views)
+    verdicts.sort(key=Verdict.sort_key)  # what a shrink left out goes after what runs now
     all_notes = [*remarks, *general] + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
     return Diagnosis(
         job=job,
@@ -107,11 +107,12 @@ def diagnose(
 
 def _check_comms(
     verdicts: list[Verdict], states: dict[int, RankState], opts: Options, notes: dict[int, str]
-) -> list[CommView]:
+) -> tuple[list[CommView], dict[str, CommView]]:
     """Add the verdicts of the per-communicator checks to liveness's ``verdicts`` (or the
     healthy one when there are none), each with its stacks and notes, in verdict order;
-    return the communicators' views. With revoke records, the origin's verdict comes first
-    and takes every other finding as its evidence."""
+    return the communicators' views and those a shrink replaced (see :func:`successors`).
+    With revoke records, the origin's verdict comes first and takes every other finding as
+    its evidence (but those of the communicators that replaced the record's)."""
     explained = {s.rank: v for v in verdicts for s in v.suspects}
     revoked = read_records(states)
     origin = origin_verdict(revoked, states, explained) if revoked is not None else None
@@ -129,8 +130,9 @@ def _check_comms(
             verdicts += check_left_behind(cv, states, explained, opts.stuck_after_s)
     place_unplaced(verdicts, states)
     found.fold(explained)
+    replaced = successors(views, {s.rank for v in verdicts for s in v.suspects})
     if revoked is not None:
-        settle(revoked, verdicts, states)
+        settle(revoked, verdicts, states, replaced)
     retried = retried_seqs(states)
     for verdict in verdicts:
         _show_stacks(verdict, states)
@@ -144,7 +146,7 @@ def _check_comms(
     if not verdicts:
         verdicts.append(_healthy(views, states))
     verdicts.sort(key=Verdict.sort_key)
-    return views
+    return views, replaced
 
 
 def _show_stacks(verdict: Verdict, states: dict[int, RankState]) -> None:

@@ -112,6 +112,9 @@ class Verdict:
     stacks: dict[int, list[ThreadStack]] = dataclasses.field(default_factory=dict)
     look_at: list[int] = dataclasses.field(default_factory=list)
     origin: bool = False  # the origin of the job's revoke record: the verdict, ahead of all
+    #: the communicator the survivors run on without the suspects (a shrink left them out):
+    #: history, reported after the faults of the communicators that run now
+    shrunk_away: str | None = None
     pg_name: str | None = None  # a torch job's process group and its own seq for the call
     torch_seq: int | None = None  # (Flight Recorder's process_group name, collective_seq_id)
 
@@ -124,12 +127,13 @@ class Verdict:
         """The suspects folded: ``"2,5-7"``."""
         return fold_ranks(s.rank for s in self.suspects)
 
-    def sort_key(self) -> tuple[bool, int, str, int, int]:
+    def sort_key(self) -> tuple[bool, bool, int, str, int, int]:
         priority = _PRIORITY[self.kind]
         if self.kind == MISSING and self.corroborated:
             priority = _CORROBORATED_MISSING
         first = self.suspects[0].rank if self.suspects else -1
-        return (not self.origin, priority, self.comm or "", self.seq or 0, first)
+        past = self.shrunk_away is not None
+        return (past, not self.origin, priority, self.comm or "", self.seq or 0, first)
 
     def add(self, line: str) -> None:
         """Add evidence once (several checks may notice the same thing)."""
@@ -166,6 +170,7 @@ class Verdict:
                 str(rank): [s.to_dict() for s in stacks] for rank, stacks in self.stacks.items()
             },
             "origin": self.origin,
+            "shrunk_away": self.shrunk_away,
         }
         if self.torch_seq is not None:  # a torch job's call: the join with Flight Recorder
             doc.update(pg_name=self.pg_name, torch_seq=self.torch_seq)

@@ -21,6 +21,7 @@ stopped for) is the verdict, with the death as its evidence.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 from cclctl.diagnose import links, text
 from cclctl.diagnose.model import (
@@ -109,10 +110,26 @@ def origin_verdict(
     return verdict
 
 
-def settle(revoked: Revoked, verdicts: list[Verdict], states: dict[int, RankState]) -> None:
+def settle(
+    revoked: Revoked,
+    verdicts: list[Verdict],
+    states: dict[int, RankState],
+    replaced: Collection[str] = (),
+) -> None:
     """Make the origin's verdict the one verdict: a hang takes the verdict that names its
-    origin (or one of its own), and every other finding becomes a line of its evidence."""
+    origin (or one of its own), and every other finding becomes a line of its evidence.
+    Where a shrink replaced the record's communicator (``replaced``: such communicators),
+    the failure is behind the survivors: the findings of the communicators they run on
+    now stay verdicts of their own."""
     record = revoked.record
+    if record.comm in replaced:
+        past: list[Verdict] = []
+        present: list[Verdict] = []
+        for v in verdicts:
+            (present if v.comm is not None and v.comm not in replaced else past).append(v)
+        settle(revoked, past, states)
+        verdicts[:] = past + present
+        return
     verdict = revoked.verdict
     if verdict is None and _teardown(record):
         before = [v for v in verdicts if v.fault and record.origin not in _ranks(v)]
@@ -233,7 +250,7 @@ def _adopters(verdict: Verdict, revoked: Revoked, states: dict[int, RankState]) 
         lines += _waiting(revoked.record, states)
     lines += text.grouped(
         [r for r in revoked.adopters if r != revoked.record.origin],
-        lambda r: f"adopted it {_where(states[r])}",
+        lambda r: f"adopted it {_where(states[r], revoked.record.comm)}",
     )
     later = {r for _, ranks in revoked.others for r in ranks}
     without = [r for r in sorted(states) if r not in adopted and r not in later]
@@ -272,10 +289,15 @@ def _why_first(first: Revocation, other: Revocation) -> str:
     return "the verdict's record is older by its time_ns, a tie-break only (clocks differ)"
 
 
-def _where(st: RankState) -> str:
-    """The call a rank was in (in flight, or its last one that did not complete)."""
-    calls = list(st.inflight)
-    calls += [c for comm in sorted(st.tail) if (c := st.last(comm)) and c.state != COMPLETED]
+def _where(st: RankState, comm: str) -> str:
+    """The call a rank was in (in flight, or its last one that did not complete), of
+    ``comm`` where it names one (a rank that shrank past it runs in another now)."""
+    calls = [c for c in st.inflight if comm in ("", c.comm)]
+    calls += [
+        c
+        for name in sorted(st.tail)
+        if comm in ("", name) and (c := st.last(name)) and c.state != COMPLETED
+    ]
     return f"in {text.call(calls[0])}" if calls else "between calls"
 
 

@@ -5,11 +5,13 @@ failed, its members' last started and completed seqs apart) and goes on in a new
 ``<n>:<survivors>``. The old one is not hung: it was shrunk. A communicator ``B`` replaced
 ``A`` when it was created later (a higher creation index), its members are ``A``'s minus
 ranks the diagnosis already explains (dead, stopped, stale, missing, the revoke record's
-origin), and every member of ``B`` seen has started a call on it.
+origin), and every member of ``B`` seen has started a call on it. What the shrink left out is then
+history: a hang of ``B`` is the fault to report first.
 """
 
 from __future__ import annotations
 
+from cclctl.diagnose import text
 from cclctl.diagnose.model import Verdict
 from cclctl.diagnose.view import CommView
 from cclctl.ranges import fold_ranks
@@ -39,14 +41,26 @@ def successors(views: list[CommView], explained: set[int]) -> dict[str, CommView
 def note_shrinks(
     verdicts: list[Verdict], replaced: dict[str, CommView], views: list[CommView]
 ) -> None:
-    """Add to each verdict naming a rank a shrink left out that the survivors run on."""
+    """Add to each verdict naming a rank a shrink left out that the survivors run on; one
+    that names only such ranks is history (``shrunk_away``), reported after the faults of
+    the communicators that run now, and its next step no longer asks for the shrink."""
     members = {cv.comm: cv.member_set for cv in views}
     for old, new in replaced.items():
         left = members[old] - new.member_set
+        ranks = f"{'rank' if len(left) == 1 else 'ranks'} {fold_ranks(left)}"
         line = (
-            f"comm {old} shrank to {new.comm} without {'rank' if len(left) == 1 else 'ranks'} "
-            f"{fold_ranks(left)}: the survivors run on (up to seq {max(new.position.values())})"
+            f"comm {old} shrank to {new.comm} without {ranks}: the survivors run on "
+            f"(up to seq {max(new.position.values())})"
         )
         for verdict in verdicts:
-            if any(s.rank in left for s in verdict.suspects) and line not in verdict.evidence:
-                verdict.add(line)
+            named = {s.rank for s in verdict.suspects}
+            if not named & left:
+                continue
+            verdict.add(line)
+            if named <= left and verdict.shrunk_away is None:
+                verdict.shrunk_away = new.comm
+                whom = ", ".join(text.who(s) for s in verdict.suspects)
+                verdict.next_step = (
+                    f"the survivors run on without {ranks} in comm {new.comm} (nothing to "
+                    f"restart); the log and exit status of {whom} say why it left"
+                )

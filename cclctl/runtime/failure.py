@@ -47,12 +47,16 @@ Resolver = Callable[[Revocation], Revocation]
 
 
 class FailureState:
-    """The failure state of communicator ``comm`` at ``rank``.
+    """The failure state of communicator ``comm`` at ``rank``, this process's rank in the job.
 
     ``status`` is :data:`OK` until the first failure; ``first`` is that failure's record and
     ``later`` counts the failures after it. ``epoch`` numbers the communicator's lives: calls
-    carry it on the wire and in their records. ``peers`` holds every rank's (host, pid) once
-    the job is joined, so a record names its origin's process.
+    carry it on the wire and in their records. ``peers`` holds every job rank's (host, pid)
+    once the job is joined, so a record names its origin's process.
+
+    Records, errors and the live record's ``waiting_on`` name the job's ranks, whatever the
+    communicator: ``members`` maps the ranks its transport numbers (a shrunk communicator's
+    0..n-1) to the job's, and :meth:`job_rank` applies it where a transport's rank comes in.
     """
 
     __slots__ = (
@@ -68,17 +72,26 @@ class FailureState:
         "first",
         "host",
         "later",
+        "members",
         "peers",
         "rank",
         "resolve",
         "status",
     )
 
-    def __init__(self, rank: int = -1, comm: str = "", announce: Announce | None = None) -> None:
+    def __init__(
+        self,
+        rank: int = -1,
+        comm: str = "",
+        announce: Announce | None = None,
+        members: Sequence[int] = (),
+    ) -> None:
         """``announce(status, record)``: tells this rank's peers it is ``broken`` (why:
-        ``record``) or ``closed``, by the transport's own means."""
+        ``record``) or ``closed``, by the transport's own means. ``members``: the job's rank
+        of each of the communicator's ranks (empty: they are the same)."""
         self.rank = rank
         self.comm = comm
+        self.members = tuple(members)
         self.epoch = 0
         self.status = OK
         self.first: Revocation | None = None
@@ -230,8 +243,14 @@ class FailureState:
         return self.status is CLOSED
 
     # ------------------------------------------------------------------ records
+    def job_rank(self, rank: int) -> int:
+        """The job's rank of the communicator's ``rank`` (as its transport numbers it)."""
+        members = self.members
+        return members[rank] if members and 0 <= rank < len(members) else rank
+
     def record(self, kind: str, reason: str, origin: int, **fields: Any) -> Revocation:
-        """A record of a failure seen here, its origin's host and pid filled in."""
+        """A record of a failure seen here (``origin`` and a ``peer`` field are job ranks),
+        its origin's host and pid filled in."""
         host, pid = self.peers[origin] if 0 <= origin < len(self.peers) else ("", 0)
         return Revocation(
             kind,
@@ -274,7 +293,8 @@ class FailureState:
 
     def stop(self, call: str, op: str, seq: int, peer: int, what: str, elapsed: float) -> NoReturn:
         """Raise for call ``op`` ``seq`` (``call``: in words), blocked ``elapsed`` seconds on
-        ``peer`` when the state failed: a timeout, an abort, another rank's failure, a close."""
+        job rank ``peer`` when the state failed: a timeout, an abort, another rank's failure,
+        a close."""
         raise failure_errors.stopped(self, call, op, seq, peer, what, elapsed)
 
     def error(self, first: Revocation, where: str, **fields: Any) -> CommError:

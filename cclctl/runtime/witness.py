@@ -5,7 +5,8 @@ deadline. A link to a peer on this host whose process is gone (or goes within
 :data:`PEER_EXIT_GRACE_S`: a dying process closes its sockets before it turns zombie) is
 that peer's death, with its signal where the zombie still shows it; a mismatch names the
 peer and both calls; a hang names the peer the call waits on (stopped, where ``/proc``
-says so).
+says so). Origins are the job's ranks: a transport's error names the communicator's, which
+are turned into the job's here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def witnessed(
     at = {"seq": rec.seq, "op": rec.op, "call": call}
     fields = exc.fields if isinstance(exc, CclError) else {}
     peer = fields.get("peer")
+    if isinstance(exc, (ProtocolError, PeerError)) and isinstance(peer, int):
+        peer = state.job_rank(peer)  # a transport's error numbers the communicator's ranks
     if isinstance(exc, ProtocolError) and isinstance(peer, int) and "theirs" in fields:
         why = f"called {fields['theirs']} where rank {state.rank} called {fields['mine']}"
         why += str(fields.get("hint", ""))
@@ -49,8 +52,8 @@ def witnessed(
 
 
 def _peer_failed(state: FailureState, peer: int, why: str, at: dict[str, Any]) -> Revocation:
-    """A link to ``peer`` broke: it died (its process is gone from this host), or the
-    link broke under two live ranks (as far as this rank can tell)."""
+    """A link to job rank ``peer`` broke: it died (its process is gone from this host), or
+    the link broke under two live ranks (as far as this rank can tell)."""
     local = 0 <= peer < len(state.peers) and state.peers[peer][0] == state.host and state.host
     gone = gone_within(state.peers[peer][1], PEER_EXIT_GRACE_S) if local else None
     if gone is None and why == GONE:
@@ -62,7 +65,8 @@ def _peer_failed(state: FailureState, peer: int, why: str, at: dict[str, Any]) -
 
 
 def hang(state: FailureState, rec: CollectiveRecord) -> Revocation:
-    """A hang as this rank alone sees it: the peer its call waits on is the origin."""
+    """A hang as this rank alone sees it: the peer its call waits on (``waiting_on``, a job
+    rank) is the origin."""
     peer = rec.waiting_on if rec.waiting_on is not None else state.rank
     pid = state.peers[peer][1] if 0 <= peer < len(state.peers) else 0
     local = 0 <= peer < len(state.peers) and state.peers[peer][0] == state.host

@@ -86,7 +86,7 @@ def test_json_document_is_stable_and_independent_of_file_order(tmp_path: Path):
     )  # fmt: skip
     assert list(doc["verdicts"][0]) == [
         "kind", "summary", "suspects", "suspect_ranks", "link", "comm", "seq", "op", "evidence",
-        "next_step", "where", "stacks", "origin",
+        "next_step", "where", "stacks", "origin", "shrunk_away",
     ]  # fmt: skip
     assert doc["comms"] == [
         {

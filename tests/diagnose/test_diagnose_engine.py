@@ -36,6 +36,7 @@ def test_idle_job_is_healthy():
             "where": [],
             "stacks": {},
             "origin": False,
+            "shrunk_away": None,
         }
     ]
 
@@ -173,6 +174,7 @@ def test_rank_that_never_entered_golden():
                 ]
             },
             "origin": False,
+            "shrunk_away": None,
         }
     ]
 
@@ -251,6 +253,7 @@ def test_mismatched_op_golden():
         "where": [],
         "stacks": {},
         "origin": False,
+        "shrunk_away": None,
     }
 
 

@@ -24,6 +24,8 @@ from cclctl.records import ABORTED, CollectiveRecord
 from cclctl.revocation import Revocation
 from cclctl.runtime.failure import ABORTED as STATE_ABORTED
 from cclctl.runtime.failure import BROKEN, CLOSED, OK, PEER, FailureState
+from cclctl.runtime.transport.base import Wait
+from cclctl.runtime.transport.wire import Call
 
 LINK = Revocation("link", 3, "connection reset", seq=7, op="all_reduce", seen_by=0, peer=0)
 
@@ -206,6 +208,43 @@ def test_a_mismatch_names_the_peer_and_both_calls() -> None:
     first = state.call_failed(exc, _rec(), "all_reduce(count 8)")
     assert first is not None and first.kind == "mismatch" and first.origin == 1
     assert first.reason == "called broadcast(count 8) where rank 0 called all_reduce(count 8)"
+
+
+def _shrunk() -> FailureState:
+    """Job rank 5, the shrunk communicator 1:0,2-5's rank 3 (rank 1 was shrunk away), with
+    the job's table of processes."""
+    state = FailureState(5, "1:0,2-5", members=[0, 2, 3, 5, 6])
+    state.host = "vm"
+    state.peers = [("vm", os.getpid())] * 7
+    return state
+
+
+def test_a_shrunk_communicators_failures_name_the_jobs_ranks() -> None:
+    """Its transport numbers the members 0-4; records name the job's ranks."""
+    state = _shrunk()
+    exc = PeerError("link broke", rank=3, peer=2, seq=4, op="all_reduce", why="reset")
+    first = state.call_failed(exc, _rec(), "all_reduce(float32, sum, count 8)")
+    assert first is not None and (first.kind, first.origin, first.peer, first.seen_by) == (
+        "link", 3, 5, 5,
+    )  # fmt: skip  # the communicator's 2 is the job's 3
+    mismatch = _shrunk().witnessed(
+        ProtocolError("mismatch", peer=4, mine="all_reduce(count 8)", theirs="broadcast(count 8)"),
+        _rec(), "all_reduce(count 8)",
+    )  # fmt: skip
+    assert (mismatch.origin, mismatch.peer) == (6, 5)
+    assert mismatch.reason == "called broadcast(count 8) where rank 5 called all_reduce(count 8)"
+
+
+def test_a_shrunk_communicators_waits_and_timeouts_name_the_jobs_ranks() -> None:
+    state = _shrunk()
+    rec = _rec()
+    wait = Wait(state.rank, rec, deadline=0.0, failure=state)
+    wait.blocked_on(1, "recv")  # the communicator's rank 1: the job's 2
+    assert (rec.waiting_on, rec.waiting_for) == (2, "recv")
+    with pytest.raises(CollectiveTimeout, match=r"rank 5: all_reduce seq 4 .*from rank 2") as got:
+        wait.check(Call(0, 0, 4, "all_reduce"), 1, "recv")
+    hang = state.witnessed(got.value, rec, "all_reduce")
+    assert (hang.kind, hang.origin, hang.seen_by) == ("hang", 2, 5)
 
 
 def test_a_failure_from_elsewhere_is_raised_as_revoked_naming_its_origin() -> None:

@@ -2,9 +2,10 @@
 
 Real jobs on shared memory and on TCP: a rank SIGKILLed from outside in the middle of a
 loop of all_reduces (``CCLCTL_ON_FAILURE=shrink``: the interrupted call re-runs by itself),
-an explicit ``comm.shrink()`` after a revoked call, and a stopped rank left out at the
-agreement's deadline. Every rank contributes ``(rank + 1) * (i + 1)`` to iteration ``i``,
-so a result says exactly which ranks it summed.
+an explicit ``comm.shrink()`` after a revoked call, a stopped rank left out at the
+agreement's deadline, and a hang in the shrunk communicator, which every status, dump and
+verdict names by the job's rank. Every rank contributes ``(rank + 1) * (i + 1)`` to
+iteration ``i``, so a result says exactly which ranks it summed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 from fault_job import TOKEN
 from shrink_job import ShrinkJob, contribution
 
+from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
 
@@ -169,3 +171,80 @@ def test_an_operators_abort_reaches_every_survivor_of_a_shrink(
         ]  # fmt: skip
         refused = "on communicator 1:0-2 refused: aborted by operator" in doc["reason"]
         assert in_flight or refused, (rank, doc["reason"], doc["records"][-3:])
+
+
+#: Seconds in a call that make it hung, for the diagnoses of the hang after a shrink.
+STUCK_AFTER = 1
+
+
+def _hung_after_shrink(job: ShrinkJob, comm: str, skipper: int) -> JobStatuses:
+    """The job's statuses once every survivor but ``skipper`` has waited inside seq 6 of
+    ``comm`` on a peer for longer than :data:`STUCK_AFTER` by its own clock (each status is
+    an event: the loop ends at the first that shows it; pytest-timeout bounds a job that
+    never gets there)."""
+    with StoreClient.from_address(job.store, token=TOKEN) as client:
+        while True:
+            seen = fetch(client, job.job)
+            waiting = {
+                rank: snap.inflight
+                for rank, snap in seen.statuses.items()
+                if snap.inflight is not None and snap.inflight.comm == comm
+                and snap.inflight.seq == 6 and snap.inflight.waiting_on is not None
+                and snap.time_ns - snap.inflight.start_ns > 1.5 * STUCK_AFTER * 1e9
+            }  # fmt: skip
+            if set(waiting) == {0, 2, 3, 5} and seen.statuses[skipper].inflight is None:
+                return seen
+
+
+def _diagnosis(*where: str) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
+    said = subprocess.run(
+        [sys.executable, "-m", "cclctl", "diagnose", "hang", *where, "--json",
+         "--stuck-after", str(STUCK_AFTER)],
+        env=env | {"CCLCTL_TOKEN": TOKEN}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert said.returncode == 3, said.stdout + said.stderr
+    doc: dict[str, object] = json.loads(said.stdout)
+    return doc
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_hang_after_a_shrink_is_named_by_the_jobs_rank(tmp_path: Path, transport: str) -> None:
+    """Rank 1 dies and the survivors shrink to ``1:0,2-5``, where rank 4 (the shrunk
+    communicator's rank 3) never enters seq 6. The ranks waiting on it say rank 4 in their
+    statuses and dumps, and the diagnosis, live and post-mortem, names rank 4 first, then
+    rank 1's death (the record the survivors keep) as shrunk away."""
+    comm, skipper = "1:0,2-5", 4
+    job = ShrinkJob(
+        tmp_path, 6, iters=12, CCLCTL_ON_FAILURE="shrink", CCLCTL_ON_HANG="wait",
+        CCLCTL_TRANSPORT=transport,
+        CCLCTL_FAULT=f"kill:rank=1:seq=3:comm=0:0-5;skip:rank={skipper}:seq=6:comm={comm}",
+    )  # fmt: skip
+    try:
+        seen = _hung_after_shrink(job, comm, skipper)
+        live = _diagnosis("--store", job.store, "--job", job.job)
+        for rank in (0, 2, 3, 4, 5):
+            job.kill(rank, signal.SIGTERM)  # each dumps on its way out
+        for rank in (0, 2, 3, 4, 5):
+            job.procs[rank].wait(30)
+        post = _diagnosis(str(job.out))
+    finally:
+        job.finish()
+    waits_on = {r: seen.statuses[r].inflight.waiting_on for r in (0, 2, 3, 5)}  # type: ignore[union-attr]
+    for rank in waits_on:  # every chain of waits, in the job's ranks, ends at rank 4
+        chain = [rank]
+        while chain[-1] != skipper and len(chain) <= len(waits_on):
+            chain.append(waits_on.get(chain[-1], -1))  # type: ignore[arg-type]
+        assert chain[-1] == skipper, (chain, waits_on)
+    for rank in waits_on:  # rank 1's death, as history: its comm is the one shrunk past
+        past = seen.statuses[rank].revoke
+        assert past is not None and (past.kind, past.origin, past.comm) == ("died", 1, "0:0-5")
+    for doc in (live, post):
+        first, second = doc["verdicts"][:2]  # type: ignore[index]
+        assert (first["kind"], first["suspects"], first["comm"], first["seq"]) == (
+            "not_entered", str(skipper), comm, 6,
+        ), first  # fmt: skip
+        waits = f"wait on rank {skipper} in all_reduce seq 6 of comm {comm}"
+        assert any(waits in line for line in first["evidence"]), first["evidence"]
+        assert (second["kind"], second["suspects"], second["shrunk_away"]) == ("dead", "1", comm)
+        assert "nothing to restart" in second["next_step"], second

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -32,6 +32,8 @@ from cclctl.telemetry.recorder import FOLD_BATCH
 class Calls:
     """The calls of one communicator (``comm_id``, this process's ``rank`` of
     ``world_size``), over ``transport``; ``scratch`` is the algorithms' reusable memory.
+    ``members``: each of its ranks' rank in the job (empty: the same), which records,
+    errors and fault plans name.
 
     ``watchdog``: a watchdog thread expires hung calls through the failure state (see
     :meth:`FailureState.hung`), so calls wait without a deadline of their own.
@@ -47,6 +49,7 @@ class Calls:
         cfg: RuntimeConfig,
         scratch: Scratch,
         watchdog: bool,
+        members: Sequence[int] = (),
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -54,7 +57,9 @@ class Calls:
         self.transport = transport
         self.scratch = scratch
         #: every call checks it when it opens and whenever it blocks
-        self.failure = FailureState(rank, comm_id, transport.announce)
+        self.failure = FailureState(
+            members[rank] if members else rank, comm_id, transport.announce, members
+        )
         self._tag = comm_tag(comm_id)
         self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s
         self._faults = faults.parse(cfg.fault)
@@ -117,7 +122,7 @@ class Calls:
             seq = self._seq
         count, nbytes, dtype = self._sized(arr, count, nbytes)
         attempt = self._attempt if seq <= self._rerun_upto and peer is None else 1
-        fault = self._faults.at(self.rank, seq, self.id) if self._faults else None
+        fault = self._faults.at(failure.rank, seq, self.id) if self._faults else None
         if fault is not None and attempt == 1:  # an injected incident strikes once per seq
             op, count, dtype = faults.strike(fault, op, count, dtype, self.transport.drop_link)
         epoch = failure.epoch
@@ -128,8 +133,8 @@ class Calls:
             dtype=dtype,
             count=count,
             nbytes=nbytes,
-            root=root if root >= 0 else None,
-            peer=peer,
+            root=failure.job_rank(root) if root >= 0 else None,
+            peer=None if peer is None else failure.job_rank(peer),
             epoch=epoch,
             attempt=attempt,
             algo=algo,
@@ -138,7 +143,7 @@ class Calls:
         call = Call(self._tag, epoch, seq, op, dtype, redop, root, count, shared)
         self._call = call
         now = time.monotonic()
-        wait = Wait(self.rank, rec, now + self._timeout_s, now, failure)
+        wait = Wait(failure.rank, rec, now + self._timeout_s, now, failure)
         step = Step(self.transport, self.rank, self.world_size, call, wait, self.scratch)
         return Traced(self._trace, rec, step, self._finished)
 
@@ -170,7 +175,7 @@ class Calls:
         if not isinstance(exc, CclError):
             return exc  # not ours to rename (KeyboardInterrupt, a bug): it is recorded
         exc.fields.setdefault("comm", self.id)
-        exc.fields.setdefault("rank", self.rank)
+        exc.fields.setdefault("rank", self.failure.rank)
         final: CclError = exc
         own_words = (  # this rank's own account of its failure (a peer's relay of it is not)
             exc.revocation is first
@@ -179,7 +184,7 @@ class Calls:
             and not isinstance(exc, CommRevoked)
         )
         if first is not None and not own_words:
-            where = f"rank {self.rank}: {call.what()} seq {call.seq}"  # else: its own words
+            where = f"rank {self.failure.rank}: {call.what()} seq {call.seq}"  # else: its own
             waited = {  # what the record knows of the wait, where the error does not say
                 "elapsed": round((time.time_ns() - rec.start_ns) / 1e9, 3),
                 "what": rec.waiting_for,

@@ -11,6 +11,7 @@ does (raise, retry, shrink) is the :class:`~cclctl.runtime.comm.communicator.Com
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,10 +44,13 @@ class Collectives:
         comm_id: str,
         tracer: Tracer | None = None,
         watchdog: bool = False,
+        members: Sequence[int] | None = None,
     ) -> None:
-        """``watchdog``: a watchdog thread expires hung calls (through :attr:`failure`)."""
+        """``watchdog``: a watchdog thread expires hung calls (through :attr:`failure`).
+        ``members``: each rank's rank in the job (None: the same)."""
         self.rank = rank
         self.world_size = world_size
+        self.members = list(range(world_size) if members is None else members)
         self.id = comm_id
         self.cfg = cfg
         self._scratch = Scratch()
@@ -59,6 +63,7 @@ class Collectives:
             cfg=cfg,
             scratch=self._scratch,
             watchdog=watchdog,
+            members=() if members is None else members,
         )
         self._calls.tracer = tracer
         self._call = self._calls.open  # every call opens here: one bound method

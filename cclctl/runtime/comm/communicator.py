@@ -53,9 +53,8 @@ class Communicator(Collectives):
         ``retrier`` renews the links after a link fault (``CCLCTL_RETRY_BUDGET``)."""
         super().__init__(
             rank=rank, world_size=world_size, transport=transport, cfg=cfg, comm_id=comm_id,
-            tracer=tracer, watchdog=watchdog,
+            tracer=tracer, watchdog=watchdog, members=members,
         )  # fmt: skip
-        self.members = list(range(world_size) if members is None else members)
         #: how the survivors agreed on this communicator (None: it is not a shrink's)
         self.shrink_info: shrinking.ShrinkInfo | None = None
         self._shrinker = shrinker

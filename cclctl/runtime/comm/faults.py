@@ -15,7 +15,8 @@ A plan is a ``;``-separated list of faults, each ``KIND:key=value:...``::
     dtype:rank=2:seq=5:to=float64     ... with a different dtype
     link:rank=2:seq=5:peer=3          the rank closes its link to rank 3 before seq 5
 
-``comm=ID``, last, restricts a fault to one communicator (default: any).
+``rank`` is the job's rank, in a shrunk communicator too; ``comm=ID``, last, restricts a
+fault to one communicator (default: any).
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         no_retry=lambda: retrying.why_not(comm),
     )
     survivors.revoker = revoker  # a shrunk communicator's failures go through the store too
-    telemetry.revoke_source = lambda: failure.first
+    telemetry.revoke_source = lambda: survivors.revoke_record(comm)
 
     def expired(rec: CollectiveRecord, why: str) -> None:
         """The policy decides what becomes of the call, naming the rank the hang waits

@@ -48,6 +48,8 @@ class Survivors:
         self.store_host = store_host
         self.telemetry = telemetry
         self.current: Communicator | None = None  # the one whose hung calls the watchdog fails
+        #: the failure the last shrink got past, which documents keep as history
+        self.got_past: revocation.Revocation | None = None
         #: the job's end of its revoke record, which follows the current communicator
         self.revoker: Revoker | None = None
 
@@ -58,11 +60,12 @@ class Survivors:
         n = creation_index(comm.id) + 1
         excluded = set(exclude)
         first = comm.failure.first
-        if first is not None and first.kind == "died" and 0 <= first.origin < comm.world_size:
-            excluded.add(first.origin)
+        if first is not None and first.kind == "died" and first.origin in comm.members:
+            excluded.add(comm.members.index(first.origin))  # origins are the job's ranks
         if comm.rank in excluded:
             raise CommError(f"rank {comm.rank}: cannot shrink {comm.id} without itself")
         kept = comm._kept.seq
+        self.got_past = comm.failure.first or self.got_past
         mine = Joined(comm.rank, comm._calls.completed, kept, call)
         comm.release()  # nothing after this waits on the old communicator's peers
         with StoreClient(
@@ -125,9 +128,15 @@ class Survivors:
         failure.epoch = n
         failure.host = cfg.hostname
         failure.evidence = old.failure.evidence
-        failure.peers = [old.failure.peers[r] for r in agreement.members]
+        failure.peers = old.failure.peers  # by the job's rank, as every origin is
         self.current = new
         return new
+
+    def revoke_record(self, world: Communicator) -> revocation.Revocation | None:
+        """The failure a rank's documents carry: the current communicator's, else the one
+        the last shrink got past (the diagnosis reads it as history once the survivors run
+        on: ``comm 0:0-7 shrank to 1:0-5,7``)."""
+        return (self.current or world).failure.first or self.got_past
 
     def expired(self, rec: CollectiveRecord, why: str) -> bool:
         """The watchdog expired ``rec`` of a shrunk communicator: its failure state applies

@@ -37,7 +37,9 @@ class Wait:
     ``record`` is the collective's live trace record: transports set its ``waiting_on`` and
     ``waiting_for`` before they block, which is what the watchdog, ``cclctl top`` and
     ``cclctl diagnose hang`` read. ``failure`` is the communicator's failure state: once it
-    fails (an abort, the watchdog, a close), a blocked step gives up promptly.
+    fails (an abort, the watchdog, a close), a blocked step gives up promptly. Transports
+    name peers as the communicator numbers them; what leaves here (the record, a timeout)
+    names the job's ranks (``failure.job_rank``), as ``rank`` is.
     """
 
     rank: int
@@ -49,7 +51,7 @@ class Wait:
     def blocked_on(self, peer: int, what: str) -> None:
         rec = self.record
         if rec is not None:
-            rec.waiting_on = peer
+            rec.waiting_on = self.failure.job_rank(peer)
             rec.waiting_for = what
 
     def check(self, call: Call, peer: int, what: str) -> float:
@@ -57,9 +59,10 @@ class Wait:
         failure = self.failure
         if failure.status is not OK:
             elapsed = time.monotonic() - self.started
-            failure.stop(call.what(), call.op, call.seq, peer, what, elapsed)
+            failure.stop(call.what(), call.op, call.seq, failure.job_rank(peer), what, elapsed)
         now = time.monotonic()
         if now >= self.deadline:
+            peer = failure.job_rank(peer)
             timeout_error(self.rank, call.op, call.seq, peer, what, now - self.started)
         return self.deadline - now
 
