@@ -66,6 +66,7 @@ class RankView:
     collectives: int = 0
     errors: int = 0
     retries: int = 0
+    resumes: int = 0  # links made again inside a call after a reset (nothing re-run)
     hangs: int = 0
     error: str = ""
     metrics_url: str = ""
@@ -244,6 +245,7 @@ def _rank_view(
         collectives=int(counters.get("collectives", 0)),
         errors=errors,
         retries=int(counters.get("retries", 0)),
+        resumes=_count(counters.get("link_resumes")),
         hangs=hangs,
         error=(rec.error or f"collective {rec.state}") if rec is not None and failed else "",
         metrics_url=snap.metrics_url,
@@ -265,6 +267,7 @@ def _done(snap: RankSnapshot, now_ns: int) -> RankView:
         collectives=_count(counters.get("collectives")),
         errors=_count(counters.get("errors")),
         retries=_count(counters.get("retries")),
+        resumes=_count(counters.get("link_resumes")),
         hangs=_count(counters.get("hangs")),
         metrics_url=snap.metrics_url,
     )

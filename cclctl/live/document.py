@@ -89,6 +89,7 @@ def rank_document(rank: RankView, culprits: Culprits) -> dict[str, Any]:
         "collectives": rank.collectives,
         "errors": rank.errors,
         "retries": rank.retries,
+        "link_resumes": rank.resumes,
         "hangs": rank.hangs,
         "store_reconnects": rank.store_reconnects,
         "store_gap_s": rank.store_gap_s,

@@ -33,10 +33,22 @@ COLUMNS = (
     "busbw GB/s",
     "errors",
     "retries",
+    "resumes",
     "store",
 )
 NUMERIC = frozenset(
-    ("rank", "pid", "heartbeat", "seq", "size", "age", "busbw GB/s", "errors", "retries")
+    (
+        "rank",
+        "pid",
+        "heartbeat",
+        "seq",
+        "size",
+        "age",
+        "busbw GB/s",
+        "errors",
+        "retries",
+        "resumes",
+    )
 )
 #: Which columns stay when the width runs out, first to last; rank and state always stay.
 PRIORITY = (
@@ -53,12 +65,16 @@ PRIORITY = (
     "size",
     "errors",
     "retries",
+    "resumes",
     "busbw GB/s",
     "store",
 )
-#: The same order when a rank has retried calls: its retries column comes right after
-#: the culprit's own columns, since a retried link is what such a screen is about.
-RETRIED_PRIORITY = (*PRIORITY[:5], "retries", *(c for c in PRIORITY[5:] if c != "retries"))
+#: The columns of link faults ridden through: calls re-run, links made again mid-call. One
+#: that counts any comes right after the culprit's own columns, since a faulty link is
+#: what such a screen is about.
+RIDDEN = ("retries", "resumes")
+#: How many of :data:`PRIORITY`'s first columns (the culprit's own) stay ahead of them.
+CULPRIT_COLUMNS = 5
 ALWAYS = frozenset(("rank", "state"))
 #: Short forms of collectives (as NCCL users write them), used when full names do not fit.
 SHORT_OPS = {
@@ -117,6 +133,17 @@ class Table:
         return dataclasses.replace(self, columns=columns, rows=rows)
 
 
+def _order(model: Table) -> tuple[str, ...]:
+    """:data:`PRIORITY`, with the :data:`RIDDEN` columns that count anything moved up."""
+    counted = [
+        name
+        for i, name in enumerate(model.columns)
+        if name in RIDDEN and any(r.cells[i] not in ("0", "-") for r in model.rows)
+    ]
+    head = PRIORITY[:CULPRIT_COLUMNS]
+    return (*head, *counted, *(c for c in PRIORITY[CULPRIT_COLUMNS:] if c not in counted))
+
+
 def _fit_columns(model: Table, width: int) -> tuple[set[str], bool]:
     """Greedy by priority: a column is kept if it fits whole; ops shorten before they go."""
     widths = {
@@ -129,9 +156,7 @@ def _fit_columns(model: Table, width: int) -> tuple[set[str], bool]:
     keep: set[str] = set()
     used = -COLUMN_GAP
     short = False
-    retries = model.columns.index("retries") if "retries" in model.columns else -1
-    retried = retries >= 0 and any(r.cells[retries] not in ("0", "-") for r in model.rows)
-    order = RETRIED_PRIORITY if retried else PRIORITY
+    order = _order(model)
     for name in sorted(model.columns, key=lambda name: _priority(name, order)):
         need = widths[name] + COLUMN_GAP
         if name == "op" and used + need > width and used + short_op + COLUMN_GAP <= width:
@@ -252,6 +277,7 @@ def _row(rank: RankView, culprits: Culprits, busbw_op: str) -> Row:
         "-" if busbw is None else f"{busbw:.2f}",
         str(rank.errors) if known else "-",
         str(rank.retries) if known else "-",
+        str(rank.resumes) if known else "-",
         store_text(rank),
     )
     return Row(rank.rank, cells, severity)

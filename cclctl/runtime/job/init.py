@@ -10,6 +10,7 @@ from cclctl.errors import UsageError
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.comm import retrying
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
+from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.retry import Retry, world_links
 from cclctl.runtime.job.revoker import Revoker
@@ -86,8 +87,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
     )
     comm_id = world_comm_id(rdzv.world_size)
     telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id, transport)
-    telemetry.add_auth_failure_source(lambda: links.auth_failures)
-    telemetry.add_resume_source(lambda: links.resumed)
+    link_telemetry.watch(telemetry, transport, links)
     signals = ScopedStore.for_job(status_client, rdzv.job)
     dump_requests = DumpRequests(signals, telemetry, rdzv.rank).start()
     watchdog: Watchdog | None = None
@@ -174,7 +174,6 @@ def _start_telemetry(
     )
     telemetry.remove_stale_dumps()
     telemetry.register_comm(comm_id, list(range(rdzv.world_size)))
-    telemetry.add_link_source(transport.link_bytes)
     server = rdzv.server
     if server is not None:  # the rank that hosts the store shows what it turned away
         telemetry.add_store_source(lambda: StoreCounts(server.rejected, server.refused))

@@ -25,6 +25,7 @@ from cclctl.errors import CclError, CommError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.comm.retrying import RERUNS, RETRIED_KINDS, SHARED, Ask, Plan
+from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
 from cclctl.runtime.job.shrink import ShrinkExchange
@@ -117,7 +118,6 @@ class Retry:
                 raise
             raise CommError(f"rank {comm.rank}: retry of {comm.id}: {exc}") from exc
         comm._use(transport)
-        self.telemetry.add_link_source(transport.link_bytes)
         comm.failure.bump_epoch(transport.announce)
         self.telemetry.count_retry(comm.id, ask.call)  # cclctl_collective_retries_total
         return plan
@@ -146,9 +146,8 @@ class Retry:
     ) -> Transport:
         rank, size, cfg = comm.rank, comm.world_size, self.cfg
         links = world_links(rank, size, cfg, self.store_host, self.rdzv.token, epoch)
-        self.telemetry.add_resume_source(lambda: links.resumed)
         left = max(0.05, deadline - time.monotonic())
-        return build_transport(  # takes over links: closes them on failure
+        transport = build_transport(  # takes over links: closes them on failure
             rank,
             size,
             cfg.job,
@@ -157,6 +156,8 @@ class Retry:
             choice=cfg.transport,
             host=f"{cfg.hostname}|{host_key()}",
         )
+        link_telemetry.watch(self.telemetry, transport, links)
+        return transport
 
 
 def clear_revoke_key(scoped: ScopedStore, comm_id: str, epoch: int, rank: int) -> None:

@@ -18,11 +18,11 @@ from cclctl.ranges import fold_ranks
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.comm.shrinking import ShrinkInfo
+from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
 from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.shrink import Agreement, Joined, ShrinkExchange, agree
-from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.runtime.transport.tcp_links import Links, local_address_towards
@@ -110,7 +110,7 @@ class Survivors:
         )
         comm_id = f"{n}:{fold_ranks(members)}"
         self.telemetry.register_comm(comm_id, members)
-        self.telemetry.add_link_source(lambda: _by_global_rank(transport, members, self.rdzv))
+        link_telemetry.watch(self.telemetry, transport, links, members, self.rdzv.world_size)
         new = Communicator(
             rank=rank,
             world_size=size,
@@ -161,17 +161,6 @@ def clear_shrunk_record(scoped: ScopedStore, old: Communicator, job_rank: int) -
     ):
         scoped.delete(revocation.KEY)
     scoped.delete(revocation.ack_key(job_rank))
-
-
-def _by_global_rank(
-    transport: Transport, members: list[int], rdzv: Rendezvous
-) -> tuple[list[int], list[int]]:
-    """The new transport's bytes per peer, indexed by the job's ranks (as the world's are)."""
-    sent, received = transport.link_bytes()
-    by_rank = ([0] * rdzv.world_size, [0] * rdzv.world_size)
-    for i, rank in enumerate(members):
-        by_rank[0][rank], by_rank[1][rank] = sent[i], received[i]
-    return by_rank
 
 
 def _info(old: Communicator, agreement: Agreement) -> ShrinkInfo:

@@ -1,0 +1,48 @@
+"""What a rank's telemetry reads of a communicator's links, in the job's ranks.
+
+Every transport a job builds (the world's, a retry's renewed one, a shrunk communicator's)
+registers the same three sources, read only when metrics or a status are built: bytes to
+and from each peer, links to each peer made again after a reset, and link handshakes it
+refused. A shrunk communicator numbers its peers 0..n-1; its counts are filed under the
+job's ranks, as every other count is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.tcp_links import Links
+from cclctl.telemetry.hub import Telemetry
+
+
+def watch(
+    telemetry: Telemetry,
+    transport: Transport,
+    links: Links,
+    members: Sequence[int] | None = None,
+    world_size: int = 0,
+) -> None:
+    """Count ``transport``'s bytes and ``links``' resumes and refusals on ``telemetry``
+    (``members``: each peer's job rank, of ``world_size`` ranks; None: they are the same)."""
+    if members is None:
+        telemetry.add_link_source(transport.link_bytes)
+        telemetry.add_resume_source(lambda: links.resumed)
+    else:
+        job = list(members)
+
+        def link_bytes() -> tuple[list[int], list[int]]:
+            sent, received = transport.link_bytes()
+            return by_job_rank(sent, job, world_size), by_job_rank(received, job, world_size)
+
+        telemetry.add_link_source(link_bytes)
+        telemetry.add_resume_source(lambda: by_job_rank(links.resumed, job, world_size))
+    telemetry.add_auth_failure_source(lambda: links.auth_failures)
+
+
+def by_job_rank(counts: Sequence[int], members: Sequence[int], world_size: int) -> list[int]:
+    """Per-peer ``counts`` of a communicator, indexed by the job's ranks instead."""
+    out = [0] * world_size
+    for i, rank in enumerate(members):
+        out[rank] = counts[i]
+    return out
