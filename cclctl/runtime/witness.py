@@ -27,6 +27,7 @@ from cclctl.runtime.peer_process import (
 if TYPE_CHECKING:
     from cclctl.runtime.failure import FailureState
 
+
 def witnessed(
     state: FailureState, exc: BaseException, rec: CollectiveRecord, call: str
 ) -> Revocation:

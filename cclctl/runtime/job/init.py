@@ -17,7 +17,6 @@ from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.signals import DumpRequests, request_dump
 from cclctl.runtime.job.survivors import Survivors
 from cclctl.runtime.job.token import resolve_token
-from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.store.client import StoreClient, parse_address
@@ -86,7 +85,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         host=f"{cfg.hostname}|{host_key()}",
     )
     comm_id = world_comm_id(rdzv.world_size)
-    telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id, transport)
+    telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id)
     link_telemetry.watch(telemetry, transport, links)
     signals = ScopedStore.for_job(status_client, rdzv.job)
     dump_requests = DumpRequests(signals, telemetry, rdzv.rank).start()
@@ -162,7 +161,7 @@ def _in_call(telemetry: Telemetry) -> str:
 
 
 def _start_telemetry(
-    rdzv: Rendezvous, cfg: RuntimeConfig, comm_id: str, transport: Transport
+    rdzv: Rendezvous, cfg: RuntimeConfig, comm_id: str
 ) -> tuple[Telemetry, StoreClient]:
     """Counters and flight recorder always; the exporter when a port is configured; the
     status publisher on a store connection of its own, so a rank blocked on the store in
