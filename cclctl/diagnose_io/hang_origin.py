@@ -37,8 +37,8 @@ def hang_suspect(
     except CclError:
         return None
     for verdict in diagnosis.faults:
-        if not verdict.suspects or verdict.kind not in _WORDS:
-            continue
+        if not verdict.suspects or verdict.kind not in _WORDS or verdict.shrunk_away:
+            continue  # a rank a shrink left out holds up nothing the survivors run
         kind, words = _WORDS[verdict.kind]
         call = f"{verdict.op} seq {verdict.seq}" if verdict.op else "the collective"
         peer = None

@@ -248,3 +248,29 @@ def test_a_hang_after_a_shrink_is_named_by_the_jobs_rank(tmp_path: Path, transpo
         assert any(waits in line for line in first["evidence"]), first["evidence"]
         assert (second["kind"], second["suspects"], second["shrunk_away"]) == ("dead", "1", comm)
         assert "nothing to restart" in second["next_step"], second
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_hang_after_a_shrink_is_every_survivors_error_naming_the_rank(
+    tmp_path: Path, transport: str
+) -> None:
+    """The same hang under the default policy: the first watchdog to expire a call asks
+    the live diagnosis, as in the world's communicator, and every survivor raises naming
+    rank 4, not the neighbour it waited on."""
+    comm, skipper = "1:0,2-5", 4
+    job = ShrinkJob(
+        tmp_path, 6, iters=12, CCLCTL_ON_FAILURE="shrink", CCLCTL_TIMEOUT="3",
+        CCLCTL_TRANSPORT=transport,
+        CCLCTL_FAULT=f"kill:rank=1:seq=3:comm=0:0-5;skip:rank={skipper}:seq=6:comm={comm}",
+    )  # fmt: skip
+    errors = {}
+    try:
+        for rank in (0, 2, 3, 5):
+            _, err = job.procs[rank].communicate(timeout=60)
+            errors[rank] = err.decode(errors="replace")
+            assert job.procs[rank].returncode != 0, errors[rank]
+    finally:
+        job.finish()
+    origin = rf"rank {skipper} \(pid \d+ on [^)]+\) has not entered all_reduce seq 6"
+    wrong = {r: e[-600:] for r, e in errors.items() if not re.search(origin, e)}
+    assert not wrong, wrong

@@ -139,15 +139,14 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
     telemetry.revoke_source = lambda: survivors.revoke_record(comm)
 
     def expired(rec: CollectiveRecord, why: str) -> None:
-        """The policy decides what becomes of the call, naming the rank the hang waits
-        on; every rank of the job dumps. A shrunk communicator's call is its own."""
-        if survivors.expired(rec, why):
-            request_dump(signals, rdzv.rank, why)
-            return
+        """The policy decides what becomes of the call, naming the rank the hang waits on
+        as the job agrees it (the live diagnosis of its statuses), in the world's
+        communicator or the one a shrink made; every rank of the job dumps."""
+        state = survivors.failure_of(rec, comm)
         origin = None
-        if cfg.on_hang == "raise" and not rec.end_ns:
-            origin = revoker.hang_origin(rec, failure.hang_record(rec))
-        failure.hung(rec, why, cfg.on_hang, origin)
+        if cfg.on_hang == "raise" and not rec.end_ns and rec.comm == state.comm:
+            origin = revoker.hang_origin(rec, state.hang_record(rec))
+        state.hung(rec, why, cfg.on_hang, origin)
         request_dump(signals, rdzv.rank, why)
 
     watchdog = Watchdog(telemetry, cfg.timeout_s, cfg.on_hang, on_expire=expired).start()

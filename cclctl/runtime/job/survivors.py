@@ -18,6 +18,7 @@ from cclctl.ranges import fold_ranks
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.comm.shrinking import ShrinkInfo
+from cclctl.runtime.failure import FailureState
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
@@ -138,15 +139,11 @@ class Survivors:
         on: ``comm 0:0-7 shrank to 1:0-5,7``)."""
         return (self.current or world).failure.first or self.got_past
 
-    def expired(self, rec: CollectiveRecord, why: str) -> bool:
-        """The watchdog expired ``rec`` of a shrunk communicator: its failure state applies
-        ``CCLCTL_ON_HANG`` (the job's revoke record belongs to the world communicator, so
-        the origin is the peer this rank waits on). False if ``rec`` is not the current's."""
+    def failure_of(self, rec: CollectiveRecord, world: Communicator) -> FailureState:
+        """The failure state a hung ``rec`` fails: the current shrunk communicator's, where
+        it is one of its calls, else the world's (whose ``hung`` leaves another's alone)."""
         comm = self.current
-        if comm is None or rec.comm != comm.id:
-            return False
-        comm.failure.hung(rec, why, self.cfg.on_hang)
-        return True
+        return comm.failure if comm is not None and rec.comm == comm.id else world.failure
 
 
 def clear_shrunk_record(scoped: ScopedStore, old: Communicator, job_rank: int) -> None:
