@@ -274,3 +274,29 @@ def test_a_hang_after_a_shrink_is_every_survivors_error_naming_the_rank(
     origin = rf"rank {skipper} \(pid \d+ on [^)]+\) has not entered all_reduce seq 6"
     wrong = {r: e[-600:] for r, e in errors.items() if not re.search(origin, e)}
     assert not wrong, wrong
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_second_death_shrinks_the_shrunk_communicator_again(
+    tmp_path: Path, transport: str
+) -> None:
+    """Rank 1 dies in the world's seq 3, rank 4 (the shrunk communicator's rank 3, named
+    by its job rank in the plan) in seq 6 of ``1:0,2-5``: the four left end in
+    ``2:0,2-3,5`` with every iteration exact, and each was told of both shrinks."""
+    iters, first, second = 10, 1, 4
+    job = ShrinkJob(
+        tmp_path, 6, iters=iters, CCLCTL_ON_FAILURE="shrink", CCLCTL_TRANSPORT=transport,
+        CCLCTL_FAULT=f"kill:rank={first}:seq=3:comm=0:0-5;kill:rank={second}:seq=6:comm=1:0,2-5",
+    )  # fmt: skip
+    try:
+        docs = job.outcome([0, 2, 3, 5])
+    finally:
+        job.finish()
+    world = list(range(6))
+    once = [r for r in world if r != first]
+    twice = [r for r in once if r != second]
+    sums = [contribution(world)] * 2 + [contribution(once)] * 5 + [contribution(twice)] * 3
+    for doc in docs.values():
+        assert doc["results"] == [(i + 1) * s for i, s in enumerate(sums)], doc["results"]
+        assert (doc["comm"], doc["members"]) == ("2:0,2-3,5", twice)
+        assert doc["shrinks"] == [[first], [second]]
