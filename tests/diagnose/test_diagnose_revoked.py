@@ -216,16 +216,21 @@ def test_a_later_subgroup_without_an_explained_rank_replaces_nothing():
     assert {c.comm: c.shrunk_to for c in diag.comms} == {"0:0-7": None, "1:0-3": None}
 
 
+def skipped_after_shrink(job: Job, survivors: list[int]) -> Job:
+    """The survivors of rank 6 run on ``1:0-5,7``, where rank 4 never enters seq 5 and the
+    others wait on it."""
+    job.add_comm("1:0-5,7", survivors, done=4)
+    waiting = [r for r in survivors if r != 4]
+    return job.enter(waiting, 5, comm="1:0-5,7", waiting_on=dict.fromkeys(waiting, 4))
+
+
 def test_a_hang_after_a_shrink_comes_before_the_rank_the_shrink_left_out():
     """Rank 6 died and the survivors run on ``1:0-5,7`` (their documents no longer carry
     its record), where rank 4 never enters seq 5: that hang is the first verdict, and rank
     6 comes after it as shrunk away, with nothing left to restart."""
     survivors = [0, 1, 2, 3, 4, 5, 7]
     job = Job(8).enter(survivors, 11, state=FAILED, age_s=60, end_ns=-NS)
-    job.add_comm("1:0-5,7", survivors, done=4)
-    waiting = [0, 1, 2, 3, 5, 7]
-    job.enter(waiting, 5, comm="1:0-5,7", waiting_on=dict.fromkeys(waiting, 4))
-    diag = diagnose(job.snapshots(without=[6]))
+    diag = diagnose(skipped_after_shrink(job, survivors).snapshots(without=[6]))
     assert kinds(diag.verdicts) == [("not_entered", "4"), ("missing", "6")]
     hang, left = diag.verdicts
     assert (hang.comm, hang.seq, hang.shrunk_away) == ("1:0-5,7", 5, None)
@@ -242,10 +247,7 @@ def test_the_record_a_shrink_got_past_stays_the_dead_ranks_verdict_after_a_prese
     """The survivors keep rank 6's record after they shrank past it: it names rank 6 dead,
     as history, and the hang of the communicator they run on stays a verdict of its own."""
     job, survivors = killed_rank_6()
-    job.add_comm("1:0-5,7", survivors, done=4)
-    waiting = [0, 1, 2, 3, 5, 7]
-    job.enter(waiting, 5, comm="1:0-5,7", waiting_on=dict.fromkeys(waiting, 4))
-    diag = diagnose(job.snapshots(without=[6]))
+    diag = diagnose(skipped_after_shrink(job, survivors).snapshots(without=[6]))
     assert kinds(diag.verdicts) == [("not_entered", "4"), ("dead", "6")]
     hang, dead = diag.verdicts
     assert not hang.origin and not any("rank 6" in line for line in hang.evidence)

@@ -291,44 +291,34 @@ def test_a_finished_rank_is_done_not_stale_or_missing() -> None:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_retries_show_beside_the_culprit_once_a_rank_retried(width: int) -> None:
-    """A retried call moves the retries column up (after the culprit's own columns), and
-    the screen still fits with the suspect first and its reason whole."""
+@pytest.mark.parametrize(
+    ("counter", "column", "rank", "count"),
+    [("retries", "retries", 0, 3), ("link_resumes", "resumes", 1, 2)],
+    ids=["retried", "resumed"],
+)
+def test_ridden_link_faults_show_beside_the_culprit(
+    width: int, counter: str, column: str, rank: int, count: int
+) -> None:
+    """A retried call, or a link made again after a reset, moves its column up (after the
+    culprit's own columns; the other one, all 0, stays where it was), and the screen still
+    fits with the suspect first and its reason whole; a calm job keeps both low."""
     docs = hung_job(7)
-    docs[0] = status(
-        0, started=7, completed=6, inflight=in_flight(7, 12.0), counters={"retries": 3}
+    docs[rank] = status(
+        rank, started=7, completed=6, inflight=in_flight(7, 12.0), counters={counter: count}
     )
     shown = screen(docs)
     _, _, rows = check_layout(shown, width)
     fitted = table.build_table(shown.view, shown.culprits).fit(width)
-    assert "retries" in fitted.columns and "retries" in rows[0].split(), rows[0]
+    assert column in fitted.columns and column in rows[0].split(), rows[0]
     assert rows[1].split()[0] == "2" and "never entered all_reduce seq 7" in rows[1]
     if width >= 200:  # every column, each under its own title
         assert fitted.columns[-6:] == (
             "waiting on", "busbw GB/s all_reduce", "errors", "retries", "resumes", "store"
         )  # fmt: skip
-    at = fitted.columns.index("retries")
-    assert {row.rank: row.cells[at] for row in fitted.rows} == {0: "3", 1: "0", 2: "0", 3: "0"}
-    calm = screen(hung_job(7))  # no retries: the column keeps its low place
-    assert "retries" not in table.build_table(calm.view, calm.culprits).fit(80).columns
-
-
-@pytest.mark.parametrize("width", WIDTHS)
-def test_resumed_links_show_beside_the_culprit_once_a_rank_resumed(width: int) -> None:
-    """A link made again after a reset (nothing re-run) moves the resumes column up (the
-    retries, all 0, stay where they were); rows show each rank's count, and a calm job
-    keeps it low."""
-    docs = hung_job(7)
-    docs[1] = status(
-        1, started=7, completed=6, inflight=in_flight(7, 12.0), counters={"link_resumes": 2}
-    )
-    shown = screen(docs)
-    _, _, rows = check_layout(shown, width)
-    fitted = table.build_table(shown.view, shown.culprits).fit(width)
-    assert "resumes" in fitted.columns and "resumes" in rows[0].split(), rows[0]
-    assert rows[1].split()[0] == "2" and "never entered all_reduce seq 7" in rows[1]
-    at = fitted.columns.index("resumes")
-    assert {row.rank: row.cells[at] for row in fitted.rows} == {0: "0", 1: "2", 2: "0", 3: "0"}
-    assert {r.rank: r.resumes for r in shown.view.ranks} == {0: 0, 1: 2, 2: 0, 3: 0}
+    at = fitted.columns.index(column)
+    expected = {r: str(count) if r == rank else "0" for r in range(4)}
+    assert {row.rank: row.cells[at] for row in fitted.rows} == expected
     calm = screen(hung_job(7))
-    assert "resumes" not in table.build_table(calm.view, calm.culprits).fit(80).columns
+    assert not {"retries", "resumes"} & set(
+        table.build_table(calm.view, calm.culprits).fit(80).columns
+    )

@@ -175,6 +175,17 @@ def test_an_operators_abort_reaches_every_survivor_of_a_shrink(
 
 #: Seconds in a call that make it hung, for the diagnoses of the hang after a shrink.
 STUCK_AFTER = 1
+#: The hang after a shrink: rank 1 dies in the world's seq 3, the survivors shrink to
+#: SHRUNK, where SKIPPER (its rank 3) never enters seq 6.
+SHRUNK, SKIPPER = "1:0,2-5", 4
+
+
+def _skip_after_shrink(tmp: Path, transport: str, **env: str) -> ShrinkJob:
+    return ShrinkJob(
+        tmp, 6, iters=12, CCLCTL_ON_FAILURE="shrink", CCLCTL_TRANSPORT=transport,
+        CCLCTL_FAULT=f"kill:rank=1:seq=3:comm=0:0-5;skip:rank={SKIPPER}:seq=6:comm={SHRUNK}",
+        **env,
+    )  # fmt: skip
 
 
 def _hung_after_shrink(job: ShrinkJob, comm: str, skipper: int) -> JobStatuses:
@@ -214,12 +225,8 @@ def test_a_hang_after_a_shrink_is_named_by_the_jobs_rank(tmp_path: Path, transpo
     communicator's rank 3) never enters seq 6. The ranks waiting on it say rank 4 in their
     statuses and dumps, and the diagnosis, live and post-mortem, names rank 4 first, then
     rank 1's death (the record the survivors keep) as shrunk away."""
-    comm, skipper = "1:0,2-5", 4
-    job = ShrinkJob(
-        tmp_path, 6, iters=12, CCLCTL_ON_FAILURE="shrink", CCLCTL_ON_HANG="wait",
-        CCLCTL_TRANSPORT=transport,
-        CCLCTL_FAULT=f"kill:rank=1:seq=3:comm=0:0-5;skip:rank={skipper}:seq=6:comm={comm}",
-    )  # fmt: skip
+    comm, skipper = SHRUNK, SKIPPER
+    job = _skip_after_shrink(tmp_path, transport, CCLCTL_ON_HANG="wait")
     try:
         seen = _hung_after_shrink(job, comm, skipper)
         live = _diagnosis("--store", job.store, "--job", job.job)
@@ -257,12 +264,8 @@ def test_a_hang_after_a_shrink_is_every_survivors_error_naming_the_rank(
     """The same hang under the default policy: the first watchdog to expire a call asks
     the live diagnosis, as in the world's communicator, and every survivor raises naming
     rank 4, not the neighbour it waited on."""
-    comm, skipper = "1:0,2-5", 4
-    job = ShrinkJob(
-        tmp_path, 6, iters=12, CCLCTL_ON_FAILURE="shrink", CCLCTL_TIMEOUT="3",
-        CCLCTL_TRANSPORT=transport,
-        CCLCTL_FAULT=f"kill:rank=1:seq=3:comm=0:0-5;skip:rank={skipper}:seq=6:comm={comm}",
-    )  # fmt: skip
+    skipper = SKIPPER
+    job = _skip_after_shrink(tmp_path, transport, CCLCTL_TIMEOUT="3")
     errors = {}
     try:
         for rank in (0, 2, 3, 5):
