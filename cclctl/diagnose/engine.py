@@ -90,8 +90,6 @@ def diagnose(
         opts=opts,
     )
     views, replaced = _check_comms(verdicts, states, opts, rank_notes)
-    note_shrinks(verdicts, replaced, views)
-    verdicts.sort(key=Verdict.sort_key)  # what a shrink left out goes after what runs now
     all_notes = [*remarks, *general] + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
     return Diagnosis(
         job=job,
@@ -143,6 +141,7 @@ def _check_comms(
         for suspect in verdict.suspects:
             if suspect.rank in notes:
                 verdict.add(f"rank {suspect.rank}: {notes[suspect.rank]}")
+    note_shrinks(verdicts, replaced, views)  # what a shrink left out goes after what runs now
     if not verdicts:
         verdicts.append(_healthy(views, states))
     verdicts.sort(key=Verdict.sort_key)

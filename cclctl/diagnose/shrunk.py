@@ -5,8 +5,8 @@ failed, its members' last started and completed seqs apart) and goes on in a new
 ``<n>:<survivors>``. The old one is not hung: it was shrunk. A communicator ``B`` replaced
 ``A`` when it was created later (a higher creation index), its members are ``A``'s minus
 ranks the diagnosis already explains (dead, stopped, stale, missing, the revoke record's
-origin), and every member of ``B`` seen has started a call on it. What the shrink left out is then
-history: a hang of ``B`` is the fault to report first.
+origin), and every member of ``B`` seen has started a call on it. What the shrink left out
+is then history: a hang of ``B`` is the fault to report first.
 """
 
 from __future__ import annotations
