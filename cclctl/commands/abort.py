@@ -10,30 +10,22 @@ token (and then nothing is written).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import os
-import pwd
-import socket
 import time
 
 import typer
 from rich.text import Text
 
-from cclctl import auth, ui
-from cclctl.commands.checks import store_to_read
-from cclctl.commands.store_access import connect, store_option
-from cclctl.config import client_token, job_dir
-from cclctl.diagnose.model import Diagnosis, Options
+from cclctl import ui
+from cclctl.commands.operator_job import liveness_diagnosis, operator, operator_job
+from cclctl.commands.store_access import store_option
 from cclctl.diagnose.text import ranks_word
-from cclctl.diagnose_io.live import diagnose_live
-from cclctl.errors import BadInput, ConfigError, FaultFound, StoreError, StoreTimeout, UsageError
+from cclctl.errors import BadInput, FaultFound, StoreTimeout
 from cclctl.live.acks import AbortReport, Ack, Silent, acks_in, silent_ranks, to_document
 from cclctl.live.classify import DEFAULT_STALE_S, Thresholds, classify
 from cclctl.live.culprit import read_culprits
-from cclctl.live.snapshot import JobStatuses, fetch, job_prefix, parse
+from cclctl.live.snapshot import job_prefix, parse
 from cclctl.revocation import KEY, OPERATOR, Revocation, ack_key, decode
-from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
 
 HELP = (
@@ -66,6 +58,7 @@ SHOWN_SILENT = 16
 #: How long abort waits for the acknowledgements before it looks again at who is silent.
 ACK_LOOK_S = 0.25
 
+
 def register(app: typer.Typer) -> None:
     app.command("abort", help=HELP)(abort)
 
@@ -88,17 +81,11 @@ def abort(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the cclctl.abort document."),
 ) -> None:
-    address = store_to_read("abort", store)
-    check_waits(wait, stale)
-    name = job if job is not None else only_job(address)
-    token = job_token(name)
-    with operator_connect(address, token, name) as client:
-        scoped = ScopedStore.for_job(client, name)
-        before = parse(name, address, client.list(job_prefix(name)))
-        world_size = classify(before).world_size
-        if world_size == 0:  # a mistyped --job: write nothing into an empty namespace
-            raise UsageError(f"job {name!r} has published no status to {address} yet")
-        report = _revoke(scoped, name, world_size, reason or DEFAULT_REASON, wait, stale)
+    with operator_job("abort", store, job, wait, stale) as target:
+        name = target.name
+        report = _revoke(
+            target.scoped, name, target.world_size, reason or DEFAULT_REASON, wait, stale
+        )
     if as_json:
         ui.write_result(json.dumps(to_document(report), indent=2) + "\n")
     else:
@@ -109,23 +96,6 @@ def abort(
             f"{ranks_word(live)} of job {name!r} did not acknowledge the abort within {wait:g}s",
             ranks=live,
         )
-
-
-def check_waits(wait: float, stale: float) -> None:
-    """An operator verb's ``--wait`` (zero or more) and ``--stale`` (positive)."""
-    if not wait >= 0:
-        raise ConfigError(f"--wait must be zero or more, not {wait!r}", flag="--wait")
-    if not stale > 0:
-        raise ConfigError(f"--stale must be positive, not {stale!r}", flag="--stale")
-
-
-def operator() -> str:
-    """``user@host``: who aborts, as every rank's error names them (no environment read)."""
-    try:
-        user = pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
 
 
 def operator_record(reason: str) -> Revocation:
@@ -139,45 +109,6 @@ def operator_record(reason: str) -> Revocation:
         reason=reason,
         comm="",
     )
-
-
-def only_job(address: str) -> str:
-    """The store's only job, read as top reads it (statuses are readable without a token)."""
-    with operator_connect(address, client_token(), None) as reader:
-        return fetch(reader, None).job
-
-
-def job_token(job: str, verb: str = "abort") -> str:
-    """CCLCTL_TOKEN, else the job's token file on this host; else refused (exit 2)."""
-    given = client_token()
-    if given:
-        return given
-    folder = job_dir(job)
-    found = auth.read_token_file(folder)
-    if found is None:
-        raise UsageError(
-            f"{verb} needs job {job!r}'s token to write to its store: set CCLCTL_TOKEN, or run "
-            f"it on the host whose {auth.token_path(folder)} holds it (none there); nothing "
-            "was changed",
-            variable="CCLCTL_TOKEN",
-        )
-    return found
-
-
-def operator_connect(
-    address: str, token: str | None, job: str | None, verb: str = "abort"
-) -> StoreClient:
-    try:
-        return connect(address, token=token or "")
-    except StoreError as exc:
-        if exc.fields.get("reason") != "token":
-            raise
-        whose = f"job {job!r}'s" if job is not None else "the job's"
-        raise UsageError(
-            f"{verb} needs {whose} token and the store at {address} refused this one "
-            f"({exc}); nothing was changed",
-            variable="CCLCTL_TOKEN",
-        ) from None
 
 
 def _revoke(
@@ -215,18 +146,6 @@ def _revoke(
             break
     return AbortReport(
         job, scoped.address, view.world_size, record, written, wait_s, acked, silent, unreadable
-    )
-
-
-def liveness_diagnosis(statuses: JobStatuses, stale_s: float) -> Diagnosis | None:
-    """The live diagnosis whose liveness verdicts name the silent ranks (None: no status)."""
-    if not statuses.statuses and not statuses.bad:
-        return None
-    # Without the records the ranks adopted: the job's record (this abort, or the failure
-    # before it) would be the one verdict, and the silent ranks are named by their liveness.
-    plain = {r: dataclasses.replace(s, revoke=None) for r, s in statuses.statuses.items()}
-    return diagnose_live(
-        dataclasses.replace(statuses, statuses=plain), None, Options(stale_after_s=stale_s)
     )
 
 

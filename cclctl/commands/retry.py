@@ -17,18 +17,10 @@ import typer
 from rich.text import Text
 
 from cclctl import ui
-from cclctl.commands.abort import (
-    check_waits,
-    job_token,
-    liveness_diagnosis,
-    only_job,
-    operator,
-    operator_connect,
-)
-from cclctl.commands.checks import store_to_read
+from cclctl.commands.operator_job import liveness_diagnosis, operator, operator_job
 from cclctl.commands.store_access import store_option
 from cclctl.diagnose.text import ranks_word
-from cclctl.errors import BadInput, FaultFound, UsageError
+from cclctl.errors import BadInput, FaultFound
 from cclctl.live.acks import Ack, acks_in, silent_ranks
 from cclctl.live.classify import DEFAULT_STALE_S, Thresholds, classify
 from cclctl.live.culprit import read_culprits
@@ -83,16 +75,9 @@ def retry(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the cclctl.retry document."),
 ) -> None:
-    address = store_to_read("retry", store)
-    check_waits(wait, stale)
-    name = job if job is not None else only_job(address)
-    token = job_token(name, "retry")
-    with operator_connect(address, token, name, "retry") as client:
-        scoped = ScopedStore.for_job(client, name)
-        world_size = classify(parse(name, address, client.list(job_prefix(name)))).world_size
-        if world_size == 0:  # a mistyped --job: write nothing into an empty namespace
-            raise UsageError(f"job {name!r} has published no status to {address} yet")
-        report = _retry(scoped, name, world_size, reason, wait, stale)
+    with operator_job("retry", store, job, wait, stale) as target:
+        name = target.name
+        report = _retry(target.scoped, name, target.world_size, reason, wait, stale)
     if as_json:
         ui.write_result(json.dumps(to_document(report), indent=2) + "\n")
     else:

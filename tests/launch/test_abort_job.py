@@ -15,7 +15,7 @@ import pytest
 from abort_job import AbortJob
 
 from cclctl import auth
-from cclctl.commands.abort import operator
+from cclctl.commands.operator_job import operator
 from cclctl.config import job_dir
 from cclctl.revocation import KEY
 from cclctl.store.client import StoreClient

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from abort_job import AbortJob
 
-from cclctl.commands.abort import operator
+from cclctl.commands.operator_job import operator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
