@@ -48,7 +48,8 @@ HELP = (
     'dimmed, summed up in one line ("ranks 0-1,3 wait on rank 2 ...") and show the suspect '
     "under 'waiting on' as \"2 (inferred)\" where their own record names no peer (gloo, "
     "NCCL). Other ranks that look wrong (a heartbeat older than --stale, a collective older "
-    "than --slow, a failed call, errors or hangs counted) follow in yellow.\n\n"
+    "than --slow, a failed call, hangs or errors counted beyond the calls a retry re-ran) "
+    "follow in yellow.\n\n"
     "Columns that do not fit the terminal are dropped whole (bus bandwidth, counts, size, host "
     "and pid go first; rank and state always stay); op names shorten first (ar, ag, rs, a2a, "
     "bcast).\n\n"

@@ -209,6 +209,7 @@ def _rank_view(
     rec_age = _age_s(now_ns, rec.start_ns) if rec else None
     counters = snap.counters
     errors, hangs = int(counters.get("errors", 0)), int(counters.get("hangs", 0))
+    retries = int(counters.get("retries", 0))
     failed = rec is not None and (rec.state != STARTED or bool(rec.error))
     flags = [
         name
@@ -217,7 +218,9 @@ def _rank_view(
             ("failed", failed),
             ("slow", rec_age is not None and rec_age > limits.slow_s),
             ("behind", bool(behind)),
-            ("errors", errors > 0),
+            # a retry re-ran the call each failed attempt was: a job that rode through a
+            # link fault does not look wrong for good
+            ("errors", errors > retries),
             ("hangs", hangs > 0),
         )
         if on
@@ -244,7 +247,7 @@ def _rank_view(
         busbw_gbps={str(k): float(v) for k, v in counters.get("last_busbw_gbps", {}).items()},
         collectives=int(counters.get("collectives", 0)),
         errors=errors,
-        retries=int(counters.get("retries", 0)),
+        retries=retries,
         resumes=_count(counters.get("link_resumes")),
         hangs=hangs,
         error=(rec.error or f"collective {rec.state}") if rec is not None and failed else "",

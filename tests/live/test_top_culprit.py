@@ -322,3 +322,16 @@ def test_ridden_link_faults_show_beside_the_culprit(
     assert not {"retries", "resumes"} & set(
         table.build_table(calm.view, calm.culprits).fit(80).columns
     )
+
+
+def test_errors_a_retry_re_ran_do_not_make_a_rank_look_wrong() -> None:
+    """A job that rode through a link fault (each rank's failed attempt re-run by a retry)
+    is all fine; an error beyond the calls retries re-ran still flags its rank."""
+    docs = {r: status(r, started=10, completed=10, counters={"errors": 2, "retries": 2})
+            for r in range(4)}  # fmt: skip
+    healed = screen(docs).view
+    assert [(r.rank, r.flags, r.errors) for r in healed.ranks] == [(r, (), 2) for r in range(4)]
+    assert healed.wrong == 0
+    docs[3] = status(3, started=10, completed=10, counters={"errors": 3, "retries": 2})
+    one_more = {r.rank: r.flags for r in screen(docs).view.ranks}
+    assert one_more == {0: (), 1: (), 2: (), 3: ("errors",)}
