@@ -189,8 +189,9 @@ class CommView:
         return rec is not None and not in_flight(rec)
 
     def resolve(self, peer: int) -> int:
-        """``waiting_on`` as a global rank. It is one already when it names a member; a value
-        that cannot be (a sub-group's index into its members) is mapped through them.
+        """``waiting_on`` as a global rank. cclctl and its torch integration write one; a
+        value that cannot be (an index into the members, as documents of older versions
+        held for a sub-group or a shrunk communicator) is mapped through them.
         """
         if peer in self.member_set or not 0 <= peer < len(self.members):
             return peer
