@@ -37,7 +37,7 @@ def test_the_world_and_a_shrunk_communicator_count_under_the_jobs_ranks() -> Non
         _watch(tel, _Transport([0, 10, 20, 30], [0, 11, 21, 31]), world)
         # rank 1 was shrunk away: the survivors 0, 2, 3 are the new communicator's 0, 1, 2
         shrunk = _Links(resumed=[0, 0, 5], auth_failures=2)
-        _watch(tel, _Transport([0, 100, 200], [0, 101, 201]), shrunk, [0, 2, 3], 4)
+        _watch(tel, _Transport([0, 100, 200], [0, 101, 201]), shrunk, [0, 2, 3])
         view = tel.metrics_view()
     finally:
         tel.close()

@@ -17,14 +17,10 @@ from cclctl.telemetry.hub import Telemetry
 
 
 def watch(
-    telemetry: Telemetry,
-    transport: Transport,
-    links: Links,
-    members: Sequence[int] | None = None,
-    world_size: int = 0,
+    telemetry: Telemetry, transport: Transport, links: Links, members: Sequence[int] | None = None
 ) -> None:
     """Count ``transport``'s bytes and ``links``' resumes and refusals on ``telemetry``
-    (``members``: each peer's job rank, of ``world_size`` ranks; None: they are the same)."""
+    (``members``: each peer's job rank; None: they are the same)."""
     if members is None:
         telemetry.add_link_source(transport.link_bytes)
         telemetry.add_resume_source(lambda: links.resumed)
@@ -33,16 +29,17 @@ def watch(
 
         def link_bytes() -> tuple[list[int], list[int]]:
             sent, received = transport.link_bytes()
-            return by_job_rank(sent, job, world_size), by_job_rank(received, job, world_size)
+            return by_job_rank(sent, job), by_job_rank(received, job)
 
         telemetry.add_link_source(link_bytes)
-        telemetry.add_resume_source(lambda: by_job_rank(links.resumed, job, world_size))
+        telemetry.add_resume_source(lambda: by_job_rank(links.resumed, job))
     telemetry.add_auth_failure_source(lambda: links.auth_failures)
 
 
-def by_job_rank(counts: Sequence[int], members: Sequence[int], world_size: int) -> list[int]:
-    """Per-peer ``counts`` of a communicator, indexed by the job's ranks instead."""
-    out = [0] * world_size
+def by_job_rank(counts: Sequence[int], members: Sequence[int]) -> list[int]:
+    """Per-peer ``counts`` of a communicator, indexed by the job's ranks instead (up to the
+    highest member: telemetry reads per-peer lists of any length)."""
+    out = [0] * (max(members, default=-1) + 1)
     for i, rank in enumerate(members):
         out[rank] = counts[i]
     return out

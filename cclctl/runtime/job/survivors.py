@@ -111,7 +111,7 @@ class Survivors:
         )
         comm_id = f"{n}:{fold_ranks(members)}"
         self.telemetry.register_comm(comm_id, members)
-        link_telemetry.watch(self.telemetry, transport, links, members, self.rdzv.world_size)
+        link_telemetry.watch(self.telemetry, transport, links, members)
         new = Communicator(
             rank=rank,
             world_size=size,
