@@ -174,6 +174,37 @@ def test_a_rerun_on_the_fixed_port_of_a_lingering_store_starts(
 
 
 @pytest.mark.timeout(120)
+def test_a_rerun_rank_never_joins_the_ended_store_its_rank0_did_not_replace(
+    tmp_path: Path, store_pids: list[int]
+) -> None:
+    """A rerun's rank 1 reaches the lingering store of the run before, whose claims are that
+    run's; with no rank 0 of its own to replace it, it waits out its connect timeout and
+    fails naming that store, instead of claiming a rank there."""
+    first = FaultJob(tmp_path, 2, iters=2, pause_s=0.05, job=JOB, rank0_hosts=True,
+                     linger_s=600, dump_dir=tmp_path / "first")  # fmt: skip
+    try:
+        old = int(str(store_report(first.store)["pid"]))
+        store_pids.append(old)
+        assert first.wait_all_exited(60) == [0, 0]
+    finally:
+        first.finish()
+    alone = FaultJob(tmp_path, 2, iters=2, job=JOB, rank0_hosts=True, port=first.port,
+                     ranks=[1], dump_dir=tmp_path / "alone",
+                     extra={"CCLCTL_CONNECT_TIMEOUT": "2"})  # fmt: skip
+    try:
+        error = alone.errors([0])[0]
+    finally:
+        alone.finish()
+    assert alone.procs[0].returncode != 0
+    assert f"the store on {first.store} belongs to a run that ended" in error, error
+    assert "rank 0 did not replace it within 2s" in error
+    assert "claimed twice" not in error
+    assert not gone(old)  # untouched: nobody asked it to leave
+    os.kill(old, signal.SIGUSR1)
+    until("the old store gone", lambda: gone(old), 30)
+
+
+@pytest.mark.timeout(120)
 def test_a_second_job_on_the_port_of_a_running_job_fails_naming_it(
     tmp_path: Path, store_pids: list[int]
 ) -> None:

@@ -17,9 +17,7 @@ from cclctl.store.linger import ENDED_KEY
 
 #: How long a rank whose token the store refused waits before reading the token file again.
 TOKEN_REREAD_S = 0.2
-#: How long a rank waits for a store that is not an ended run's (a rerun's rank 0 needs up
-#: to ``store_retire.RETIRE_TIMEOUT_S`` to retire that one), and how often it looks.
-ENDED_WAIT_S = 15.0
+#: How often a rank that reached an ended run's store looks again for this run's.
 ENDED_POLL_S = 0.1
 
 
@@ -45,20 +43,27 @@ def connect(host: str, port: int, cfg: RuntimeConfig, source: TokenSource) -> St
 
 def connect_live(host: str, port: int, cfg: RuntimeConfig, source: TokenSource) -> StoreClient:
     """:func:`connect`, past a store whose job ended: a rank of a rerun that reaches the
-    previous run's lingering store waits (up to ``ENDED_WAIT_S``) for the store this run's
-    rank 0 starts once that one left; after that it joins the store it reaches."""
-    deadline = time.monotonic() + ENDED_WAIT_S
-    client = connect(host, port, cfg, source)
-    while time.monotonic() < deadline:
+    previous run's lingering store waits for the store this run's rank 0 starts once that
+    one left (rank 0 retires it: ``store_retire.py``). It never joins the ended store, whose
+    claims are the previous run's; a StoreError says so after the connect timeout."""
+    deadline = time.monotonic() + cfg.connect_timeout_s
+    while True:
+        client = connect(host, port, cfg, source)
         try:
             if client.try_get(ENDED_KEY) is None:
                 return client
         except StoreError:
             pass  # the ended store left under us: connect again
         client.close()
+        if time.monotonic() >= deadline:
+            raise StoreError(
+                f"the store on {host}:{port} belongs to a run that ended (its ranks all left), "
+                f"and this run's rank 0 did not replace it within {cfg.connect_timeout_s:g}s: "
+                "start rank 0 with the same MASTER_ADDR and MASTER_PORT, or stop that store",
+                address=f"{host}:{port}",
+                reason="ended",
+            )
         time.sleep(ENDED_POLL_S)
-        client = connect(host, port, cfg, source)
-    return client
 
 
 def bind_host(host: str, bind: str = "") -> str:
