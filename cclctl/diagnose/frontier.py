@@ -37,16 +37,12 @@ def check_frontier(
         if started < frontier and rank not in cv.inside:
             behind.setdefault(started, []).append(rank)
     where = text.call_at(cv.ops.get(frontier), frontier, cv.comm)
-    waiting = cv.waiters(frontier)
-    waits_line = (
-        f"{text.ranks_word(waiting)} {text.verb(waiting, 'waits', 'wait')} in {where} "
-        f"(the longest for {text.seconds(cv.longest_wait_s(states, frontier))})"
-    )
+    waits_line = _held_at(cv, states, frontier, where)
     verdicts: list[Verdict] = []
     floor = max((c for c in cv.completed.values() if cv.ops.get(c) in NEEDS_ALL), default=0)
     for rank in sorted(r for r in cv.position if r in explained):
         if explained[rank].kind in (DEAD, STOPPED, STALE):
-            _tie(cv, explained[rank], rank, (floor, frontier), waits_line if waiting else "")
+            _tie(cv, explained[rank], rank, (floor, frontier), waits_line)
     for started in sorted(behind):
         ranks = [r for r in sorted(behind[started]) if r not in explained and not cv.failed(r)]
         if ranks and started < hung:
@@ -55,6 +51,26 @@ def check_frontier(
             for rank in ranks:
                 explained[rank] = verdict
     return verdicts
+
+
+def _held_at(cv: CommView, states: dict[int, RankState], seq: int, where: str) -> str:
+    """Who is held at ``seq``: the members in flight there (with the longest wait), then the
+    members whose call there ended in an error (revoked or aborted: they wait no more)."""
+    held = cv.waiters(seq)
+    inside = [r for r in held if not cv.failed(r)]
+    failed = [r for r in held if cv.failed(r)]
+    parts = []
+    if inside:
+        longest = max(states[r].age_s(cv.open[r]) for r in inside)
+        parts.append(
+            f"{text.ranks_word(inside)} {text.verb(inside, 'waits', 'wait')} in {where} "
+            f"(the longest for {text.seconds(longest)})"
+        )
+    if failed:
+        ended = ", ".join(sorted({cv.open[r].state for r in failed}))
+        it = "it" if parts else where
+        parts.append(f"{text.ranks_word(failed)} left {it} with an error ({ended})")
+    return "; ".join(parts)
 
 
 def _tie(cv: CommView, known: Verdict, rank: int, bounds: tuple[int, int], waits_line: str) -> None:
@@ -98,7 +114,7 @@ def _verdict(
 ) -> Verdict:
     where = text.call_at(op, missed, cv.comm)
     summary = f"{text.ranks_word(ranks)} never entered {where}"
-    evidence = [waits_line]
+    evidence = [waits_line] if waits_line else []
     evidence += text.grouped(ranks, lambda r: _last_on_comm(cv, states[r]))
     evidence += text.grouped(ranks, lambda r: _instead(states[r]))
     suspects = [states[r].suspect for r in ranks]

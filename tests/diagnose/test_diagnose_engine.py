@@ -8,7 +8,7 @@ from diagnose_factory import NS, T0, Job, ring_left
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Options, Verdict
 from cclctl.errors import BadInput, UsageError
-from cclctl.records import FAILED, TIMED_OUT
+from cclctl.records import ABORTED, FAILED, TIMED_OUT
 
 
 def kinds(verdicts: list[Verdict]) -> list[tuple[str, str]]:
@@ -67,6 +67,23 @@ def test_dead_rank_others_wait_on():
     ]
     assert "dmesg -T" in first["next_step"]
     assert kinds(diag.verdicts) == [("dead", "3")]  # the waits are its evidence, not a verdict
+
+
+def test_a_dead_ranks_peers_whose_calls_failed_are_not_said_to_wait():
+    """Revoked calls ended at once: they left the call with an error, they wait no more."""
+    job = Job(4).enter([0, 1], waiting_on=ring_left(4)).enter([2], state=ABORTED, age_s=0.0)
+    first = diagnose(job.snapshots(), proc={3: "gone"}).verdicts[0]
+    assert (first.kind, first.ranks) == ("dead", "3")
+    assert (
+        "ranks 0-1 wait in all_reduce seq 11 of comm 0:0-3 (the longest for 30.0s); "
+        "rank 2 left it with an error (aborted)"
+    ) in first.evidence
+    job = Job(4).enter([0, 1, 2], state=ABORTED, age_s=0.0)
+    first = diagnose(job.snapshots(), proc={3: "gone"}).verdicts[0]
+    assert "ranks 0-2 left all_reduce seq 11 of comm 0:0-3 with an error (aborted)" in (
+        first.evidence
+    )
+    assert not [line for line in first.evidence if " wait in " in line]
 
 
 def test_sigstopped_rank_is_stopped_and_names_kill_cont():
