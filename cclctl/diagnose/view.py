@@ -96,8 +96,8 @@ def rank_state(snap: RankSnapshot) -> RankState:
     in flight. A retried call (same seq, later epoch) replaces the earlier attempt.
     """
     tail: dict[str, dict[int, CollectiveRecord]] = {}
-    records = snap.records
-    if snap.inflight is not None and not any(r is snap.inflight for r in records):
+    records = snap.records  # they hold the call in flight too: a copy of it, once read back
+    if snap.inflight is not None and not any(_same_attempt(r, snap.inflight) for r in records):
         records = [*records, snap.inflight]
     inflight: list[CollectiveRecord] = []
     for rec in records:
@@ -142,6 +142,11 @@ def superseded(rec: CollectiveRecord, done: dict[int, CollectiveRecord]) -> bool
     too (nobody re-runs alone), so its document only predates the re-run; no hang."""
     newer = done.get(rec.seq)
     return newer is not None and rec.epoch < newer.epoch and not in_flight(rec)
+
+
+def _same_attempt(a: CollectiveRecord, b: CollectiveRecord) -> bool:
+    """One attempt of one call, whatever its progress (two copies of it read from JSON)."""
+    return _same_call(a, b) and (a.attempt, a.start_ns) == (b.attempt, b.start_ns)
 
 
 def _same_call(a: CollectiveRecord, b: CollectiveRecord) -> bool:
