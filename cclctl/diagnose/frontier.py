@@ -80,17 +80,23 @@ def _tie(cv: CommView, known: Verdict, rank: int, bounds: tuple[int, int], waits
     every member must take part (all_reduce, all_gather, ...), another member's completing a
     seq proves this rank entered it: that places the verdict. Otherwise its own position is
     only a suggestion, and the wait check (where the others wait on it) places it better.
-    Past the floor it is inside no call of its last status any more.
+    Past the floor it is inside no call of its last status any more; inside the floor's own
+    call (which the others completed: its status lags, or it stopped in the call's last
+    step), it is not what the others wait in either, and the next call is suggested.
     """
     floor, frontier = bounds
     started = cv.position[rank]
     proven = started < floor
+    passed = rank in cv.inside and started == floor
     if proven:
         started = floor
         proof = f"the others completed {text.call_at(cv.ops.get(floor), floor, cv.comm)}"
         known.add(f"rank {rank} took part in seq {floor} ({proof})")
-    if started >= frontier or (rank in cv.inside and not proven):
-        return  # a call it was inside before the proven floor has ended since
+    elif passed:
+        inside = text.call_at(cv.ops.get(floor), floor, cv.comm)
+        known.add(f"rank {rank} was inside {inside} when it last reported; the others completed it")
+    if started >= frontier or (rank in cv.inside and not proven and not passed):
+        return  # the wait check places a rank inside a call the others are in
     missed = started + 1
     where = text.call_at(cv.ops.get(missed), missed, cv.comm)
     if proven:

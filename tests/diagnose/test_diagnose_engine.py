@@ -8,7 +8,7 @@ from diagnose_factory import NS, T0, Job, ring_left
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Options, Verdict
 from cclctl.errors import BadInput, UsageError
-from cclctl.records import ABORTED, FAILED, TIMED_OUT
+from cclctl.records import ABORTED, FAILED, TIMED_OUT, snapshot_from_json
 
 
 def kinds(verdicts: list[Verdict]) -> list[tuple[str, str]]:
@@ -93,6 +93,47 @@ def test_sigstopped_rank_is_stopped_and_names_kill_cont():
     verdict = diag.verdicts[0]
     assert verdict.next_step.startswith("kill -CONT 1002 on host-0")
     assert "rank 3 waits on rank 2 in all_reduce seq 11 of comm 0:0-3" in verdict.evidence[1]
+
+
+@pytest.mark.parametrize("read_back", [False, True], ids=["objects", "json"])
+def test_a_rank_stopped_inside_the_call_the_others_wait_in_is_placed_there(
+    read_back: bool,
+) -> None:
+    """Nobody says whom they wait on (a gloo job); the stopped rank's status shows it inside
+    seq 11, which a status holds twice (in its records and as the call in flight): read back
+    from JSON the two are copies, and they are still one call, in flight."""
+    job = Job(4).enter([0, 1, 3], age_s=3.0).enter([2], age_s=5.0).stale([2], 4.0)
+    statuses = job.snapshots("status")
+    if read_back:
+        statuses = [snapshot_from_json(s.to_json()) for s in statuses]
+    first = diagnose(statuses, now_ns=T0, proc={2: "stopped"}).verdicts[0]
+    assert (first.kind, first.ranks, first.seq, first.op) == ("stopped", "2", 11, "all_reduce")
+    assert "rank 2 stopped inside all_reduce seq 11 of comm 0:0-3" in first.evidence
+
+
+@pytest.mark.parametrize("read_back", [False, True], ids=["objects", "json"])
+def test_a_rank_stopped_inside_a_call_the_others_completed_is_placed_where_they_wait(
+    read_back: bool,
+) -> None:
+    """A DDP job: rank 1's last status shows it inside all_reduce seq 7 (its call ended in
+    torch's work thread after it published), then it stopped; the others completed seq 7
+    and wait in seq 8 on nobody in particular (gloo does not say). The verdict is seq 8,
+    from live statuses as read from the store (JSON) as from the records themselves."""
+    job = Job(4, done=6).complete([0, 2, 3], 7).enter([1], 7, age_s=5.0).stale([1], 4.0)
+    job.enter([0, 2, 3], 8, age_s=3.5, state=TIMED_OUT)
+    statuses = job.snapshots("status")
+    if read_back:
+        statuses = [snapshot_from_json(s.to_json()) for s in statuses]
+    diag = diagnose(statuses, now_ns=T0, proc={1: "stopped"})
+    assert kinds(diag.verdicts) == [("stopped", "1")]
+    first = diag.verdicts[0]
+    assert (first.comm, first.seq, first.op) == ("0:0-3", 8, "all_reduce")
+    assert first.evidence[1:] == [
+        "rank 1 was inside all_reduce seq 7 of comm 0:0-3 when it last reported; the others "
+        "completed it",
+        "rank 1 had not entered all_reduce seq 8 of comm 0:0-3 when it last reported",
+        "ranks 0,2-3 wait in all_reduce seq 8 of comm 0:0-3 (the longest for 3.5s)",
+    ]
 
 
 def test_stale_heartbeat_live():
