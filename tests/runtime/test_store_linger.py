@@ -139,14 +139,8 @@ def rank0_error(job: FaultJob) -> str:
     return proc.stderr.read().decode(errors="replace")
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(("name", "folder"), [(JOB, "first"), (f"{JOB}-rerun", "rerun")])
-def test_a_rerun_on_the_fixed_port_of_a_lingering_store_starts(
-    tmp_path: Path, store_pids: list[int], name: str, folder: str
-) -> None:
-    """A job, then a rerun (the same job, or another name in a folder beside it) on its
-    MASTER_PORT while its store lingers (600 s): the old store leaves (no rank of its job
-    uses it; the rerun's rank 1 waits past it), the rerun's rank 0 binds, the rerun runs."""
+def ended_run(tmp_path: Path, store_pids: list[int]) -> tuple[FaultJob, int]:
+    """A 2-rank run that ended cleanly, and the pid of its store, lingering (600 s)."""
     first = FaultJob(tmp_path, 2, iters=2, pause_s=0.05, job=JOB, rank0_hosts=True,
                      linger_s=600, dump_dir=tmp_path / "first")  # fmt: skip
     try:
@@ -155,6 +149,18 @@ def test_a_rerun_on_the_fixed_port_of_a_lingering_store_starts(
         assert first.wait_all_exited(60) == [0, 0]
     finally:
         first.finish()
+    return first, old
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("name", "folder"), [(JOB, "first"), (f"{JOB}-rerun", "rerun")])
+def test_a_rerun_on_the_fixed_port_of_a_lingering_store_starts(
+    tmp_path: Path, store_pids: list[int], name: str, folder: str
+) -> None:
+    """A job, then a rerun (the same job, or another name in a folder beside it) on its
+    MASTER_PORT while its store lingers (600 s): the old store leaves (no rank of its job
+    uses it; the rerun's rank 1 waits past it), the rerun's rank 0 binds, the rerun runs."""
+    first, old = ended_run(tmp_path, store_pids)
     assert not gone(old)  # lingering, on the port
     rerun = FaultJob(tmp_path, 2, iters=2, pause_s=0.05, job=name, rank0_hosts=True,
                      linger_s=600, port=first.port, dump_dir=tmp_path / folder)  # fmt: skip
@@ -180,14 +186,7 @@ def test_a_rerun_rank_never_joins_the_ended_store_its_rank0_did_not_replace(
     """A rerun's rank 1 reaches the lingering store of the run before, whose claims are that
     run's; with no rank 0 of its own to replace it, it waits out its connect timeout and
     fails naming that store, instead of claiming a rank there."""
-    first = FaultJob(tmp_path, 2, iters=2, pause_s=0.05, job=JOB, rank0_hosts=True,
-                     linger_s=600, dump_dir=tmp_path / "first")  # fmt: skip
-    try:
-        old = int(str(store_report(first.store)["pid"]))
-        store_pids.append(old)
-        assert first.wait_all_exited(60) == [0, 0]
-    finally:
-        first.finish()
+    first, old = ended_run(tmp_path, store_pids)
     alone = FaultJob(tmp_path, 2, iters=2, job=JOB, rank0_hosts=True, port=first.port,
                      ranks=[1], dump_dir=tmp_path / "alone",
                      extra={"CCLCTL_CONNECT_TIMEOUT": "2"})  # fmt: skip
