@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from shm_thread_ranks import CFG, make_transports, run_on, run_ranks
 
 from cclctl.errors import CollectiveTimeout, CommAborted, CommRevoked, PeerError, ProtocolError
 from cclctl.runtime.comm.communicator import Communicator
+from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.hybrid import HybridTransport
 from cclctl.runtime.transport.shm.layout import Layout
 from cclctl.runtime.transport.shm.transport import ShmTransport
@@ -181,6 +183,38 @@ def test_a_peer_that_closes_fails_the_waiting_rank_at_once() -> None:
 
     msg = run_on(transports, body, FAST_FAIL)[0]
     assert "link between rank 0 and rank 1 broke" in msg and "closed its communicator" in msg
+
+
+def test_a_peer_that_answered_then_closed_does_not_fail_the_waiting_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 blocks on rank 1's input; rank 1 then publishes it, completes the call and
+    closes before rank 0 looks at its peers again (as a loaded machine orders it): what rank
+    1 left is there to read, so rank 0's call completes, exact."""
+    transports = make_transports(2)
+    blocked, closed = threading.Event(), threading.Event()
+    check = Wait.check
+
+    def held(self: Wait, call: Any, peer: int, what: str) -> float:
+        if self.rank == 0 and not blocked.is_set():
+            blocked.set()
+            assert closed.wait(10), "rank 1 never closed"
+        return check(self, call, peer, what)
+
+    monkeypatch.setattr(Wait, "check", held)
+
+    def body(comm: Communicator) -> list[float]:
+        buf = np.full(4, comm.rank + 1, np.float32)
+        if comm.rank == 1:
+            assert blocked.wait(10), "rank 0 never blocked"
+            comm.all_reduce(buf)
+            comm.close()
+            closed.set()
+        else:
+            comm.all_reduce(buf)
+        return [float(x) for x in buf]
+
+    assert run_on(transports, body, FAST_FAIL) == [[3.0] * 4, [3.0] * 4]
 
 
 def test_an_abort_ends_a_blocked_wait() -> None:

@@ -52,7 +52,8 @@ class ShmStep:
         return first.peer, first.what
 
     def check(self) -> None:
-        self.group.check_peers(self.call, self.items[0].peer)
+        items = self.items
+        self.group.check_peers(self.call, items[0].peer, lambda: any(i.ready() for i in items))
 
     def block(self, wait: Wait, peer: int, what: str, slice_s: float | None) -> None:
         """Sleep until a chunk of the share can move (at most ``slice_s`` when given)."""

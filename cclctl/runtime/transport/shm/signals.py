@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from cclctl import revocation
-from cclctl.errors import BadInput, PeerError
+from cclctl.errors import BadInput, CclError, PeerError
 from cclctl.revocation import Revocation
 from cclctl.runtime.failure_errors import revoked
 from cclctl.runtime.peer_process import GONE
@@ -123,7 +123,7 @@ class Signals:
                 if ready():
                     return
                 wait.check(call, peer, what)
-                self.check_peers(call, peer)
+                self.check_peers(call, peer, ready)
                 left = until - time.monotonic()
                 if left <= 0:
                     return
@@ -131,9 +131,23 @@ class Signals:
         finally:
             me[W_SLEEPING] = 0
 
-    def check_peers(self, call: wire.Call, peer: int) -> None:
+    def check_peers(
+        self, call: wire.Call, peer: int, ready: Callable[[], bool] | None = None
+    ) -> None:
         """Raise if the awaited peer, or any peer, failed, closed or died: with the record
-        of the job's failure where the peer left one, so the error names its origin."""
+        of the job's failure where the peer left one, so the error names its origin. Not
+        once ``ready()`` holds: a peer that wrote what this rank waits for and then left
+        (it closed after its last call, or died) left that behind, readable."""
+        try:
+            self._check_peers(call)
+        except CclError:
+            if ready is None:
+                raise
+            self.futex.fence()  # the peer wrote before it left: its writes are seen now
+            if not ready():
+                raise
+
+    def _check_peers(self, call: wire.Call) -> None:
         for view in self.others:
             state = view.i[W_STATE]
             if state != STATE_OK:
