@@ -131,9 +131,7 @@ class Signals:
         finally:
             me[W_SLEEPING] = 0
 
-    def check_peers(
-        self, call: wire.Call, peer: int, ready: Callable[[], bool] | None = None
-    ) -> None:
+    def check_peers(self, call: wire.Call, peer: int, ready: Callable[[], bool]) -> None:
         """Raise if the awaited peer, or any peer, failed, closed or died: with the record
         of the job's failure where the peer left one, so the error names its origin. Not
         once ``ready()`` holds: a peer that wrote what this rank waits for and then left
@@ -141,8 +139,6 @@ class Signals:
         try:
             self._check_peers(call)
         except CclError:
-            if ready is None:
-                raise
             self.futex.fence()  # the peer wrote before it left: its writes are seen now
             if not ready():
                 raise
