@@ -17,6 +17,7 @@ from cclctl import limits, revocation
 from cclctl.errors import BadInput, UsageError
 from cclctl.ranges import fold_ranks, parse_ranks
 from cclctl.revocation import Revocation
+from cclctl.signals import Signals, signals_from_dict
 from cclctl.stacks import ThreadStack, stacks_from_list
 
 DUMP_SCHEMA = "cclctl.dump"
@@ -217,6 +218,8 @@ class RankSnapshot:
     revoke: Revocation | None = None
     #: True in the final status of a rank that closed its communicator and exited cleanly
     finished: bool = False
+    #: the rank's slowness signals (see :mod:`cclctl.signals`); None where none were kept
+    signals: Signals | None = None
 
     @property
     def schema(self) -> str:
@@ -245,6 +248,8 @@ class RankSnapshot:
             doc["revoke"] = self.revoke.to_dict()
         if self.finished:
             doc["finished"] = True
+        if self.signals is not None:
+            doc["signals"] = self.signals.to_dict()
         if self.stacks or self.kind == "dump":
             doc["stacks"] = [s.to_dict() for s in self.stacks]
         return doc
@@ -297,6 +302,9 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         if data.get("revoke") is None
         else revocation.from_dict(data["revoke"], f"{where}: revoke"),
         finished=data.get("finished") is True,
+        signals=None
+        if data.get("signals") is None
+        else signals_from_dict(data["signals"], f"{where}: signals"),
     )
 
 

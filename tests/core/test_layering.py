@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 #: the base: standard library only, importable by every layer
 BASE = {
     "records", "revocation", "errors", "config", "config_values", "config_check", "bandwidth",
-    "ranges", "periodic", "stacks", "auth", "limits",
+    "ranges", "periodic", "stacks", "auth", "limits", "signals",
 }
 
 #: what each layer may import of cclctl, besides the base and itself
