@@ -10,10 +10,16 @@ table per refresh when stdout is a pipe (like ``top -b``), or the JSON document 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import select
+import signal
 import sys
-import time
+import threading
+from collections.abc import Iterator
+from types import FrameType
 
 import typer
 from rich import box
@@ -54,7 +60,8 @@ HELP = (
     "and pid go first; rank and state always stay); op names shorten first (ar, ag, rs, a2a, "
     "bcast).\n\n"
     "--once prints one table and exits; --json prints the cclctl.top document (version 1) "
-    "and exits. Without --job the store must hold exactly one job. Ctrl-C quits."
+    "and exits. Without --job the store must hold exactly one job. Ctrl-C (SIGINT) or SIGTERM "
+    "quits, even where the shell that started top ignores Ctrl-C (a background job)."
 )
 
 #: A store that does not answer this fast is reported unreachable (exit 1), not waited for.
@@ -213,7 +220,18 @@ def render(screen: Screen, max_rows: int | None, note: str = "", width: int = 0)
 
 
 class _Watch:
-    """The refresh loop: keeps the last good screen while the store is away."""
+    """The refresh loop: keeps the last good screen while the store is away.
+
+    It ends on SIGINT or SIGTERM through its own handlers, which only set a flag and write
+    a byte to a pipe (no lock: a handler runs on the main thread, maybe inside a lock it
+    holds); between refreshes it waits in ``select`` on that pipe, so the wait ends the
+    moment the signal comes. The signal is never lost, whatever the main thread was doing
+    when it came (a KeyboardInterrupt raised inside a finaliser is only logged), nor ignored
+    because the shell that started top ignores Ctrl-C (Python then raises no
+    KeyboardInterrupt at all).
+    """
+
+    QUIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(
         self, client: StoreClient, screen: Screen, world_size: int | None, limits: Thresholds
@@ -224,13 +242,42 @@ class _Watch:
         self.world_size = world_size
         self.limits = limits
         self.note = ""  # why the screen is not fresh ("" when it is)
+        self.stopped = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
 
     def __enter__(self) -> _Watch:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         if self.client is not None:
             self.client.close()
+
+    @contextlib.contextmanager
+    def _quit_on_signals(self) -> Iterator[None]:
+        """While the loop runs, SIGINT and SIGTERM set :attr:`stopped` (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._quit) for sig in self.QUIT_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _quit(self, signum: int, frame: FrameType | None) -> None:
+        self.stopped = True
+        with contextlib.suppress(OSError):  # full: a byte is there already
+            os.write(self._wake_w, b"q")
+
+    def pause(self, interval: float) -> bool:
+        """Wait ``interval`` seconds between refreshes; True (at once) once told to quit."""
+        if not self.stopped:
+            select.select([self._wake_r], [], [], interval)
+        return self.stopped
 
     def refresh(self) -> Screen:
         """Fetch a new screen; on a store error keep the last one and say why in ``note``."""
@@ -252,23 +299,20 @@ class _Watch:
     def live(self, console: Console, interval: float, rows: int | None) -> None:
         """Redraw in place until Ctrl-C."""
         screen = self.screen
-        with Live(console=console, auto_refresh=False) as live:
-            try:
-                while True:
-                    fit = rows or _fit(console, screen, extra_lines=1 if self.note else 0)
-                    live.update(render(screen, fit, self.note, console.width), refresh=True)
-                    time.sleep(interval)
-                    screen = self.refresh()
-            except KeyboardInterrupt:
-                return
+        with self._quit_on_signals(), Live(console=console, auto_refresh=False) as live:
+            while not self.stopped:
+                fit = rows or _fit(console, screen, extra_lines=1 if self.note else 0)
+                live.update(render(screen, fit, self.note, console.width), refresh=True)
+                if self.pause(interval):
+                    return
+                screen = self.refresh()
 
     def batch(self, console: Console, interval: float, rows: int | None) -> None:
         """Stdout is not a terminal: print a full table per refresh, like ``top -b``."""
         screen = self.screen
-        try:
-            while True:
+        with self._quit_on_signals():
+            while not self.stopped:
                 console.print(render(screen, rows, self.note, console.width))
-                time.sleep(interval)
+                if self.pause(interval):
+                    return
                 screen = self.refresh()
-        except KeyboardInterrupt:
-            return
