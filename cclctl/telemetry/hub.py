@@ -76,6 +76,9 @@ class Telemetry(Recorder):
         #: the job's failure as this rank adopted it (the runtime's), for statuses and dumps
         self.revoke_source: Callable[[], Revocation | None] | None = None
         self._finished = False
+        #: why this process ends other than cleanly, once it knows ("uncaught RuntimeError:
+        #: ...", "terminated by SIGTERM"): its statuses say so from then on, never "closed"
+        self.exit_reason = ""
 
     # -- reading -------------------------------------------------------------------------
 
@@ -149,7 +152,7 @@ class Telemetry(Recorder):
             records = sorted(
                 self.last_finished() + inflight, key=lambda r: (r.start_ns, r.comm, r.seq)
             )
-            reason = reason or ("closed" if self._closed else "")
+            reason = reason or self.exit_reason or ("closed" if self._closed else "")
         else:
             records = self.records()
         return RankSnapshot(
@@ -288,13 +291,19 @@ class Telemetry(Recorder):
         """Close as a rank that is done, so readers see it finished, not missing.
 
         After a clean run (no failed or hung call, no revoke record, no exception on its way
-        out) the last status and a final document in :attr:`dump_dir` (counters and last
-        records, no stacks) carry ``finished=True``; returns that document's path. Otherwise
-        this is :meth:`close`, and the failure's own dump stays the evidence.
+        out, no :attr:`exit_reason`) the last status and a final document in :attr:`dump_dir`
+        (counters and last records, no stacks) carry ``finished=True``; returns that
+        document's path. Otherwise this is :meth:`close`, and the failure's own dump stays
+        the evidence.
         """
         if self._closed:
             return None
-        clean = self.failures() == 0 and self.revoke is None and sys.exc_info()[1] is None
+        clean = (
+            self.failures() == 0
+            and self.revoke is None
+            and sys.exc_info()[1] is None
+            and not self.exit_reason
+        )
         self._finished = clean  # before close: the publisher's last status carries it
         self.close()
         if not clean:

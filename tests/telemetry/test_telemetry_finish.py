@@ -60,6 +60,21 @@ def test_a_close_while_an_exception_leaves_is_not_finished(make_tel, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_an_exit_reason_rides_in_every_later_status_and_is_not_finished(make_tel, tmp_path):
+    """A process that knows why it ends (an uncaught error, a SIGTERM: the torch
+    integration's hooks set it) says so in its statuses, never "closed" (read as done)."""
+    tel = make_tel(trace_dir=str(tmp_path))
+    run(tel, "w", 1)
+    store = DictStore()
+    tel.publish_to(store, interval_s=60)
+    tel.exit_reason = "uncaught RuntimeError: Connection closed by peer"
+    assert tel.snapshot("status").reason == tel.exit_reason
+    assert tel.finish() is None
+    assert os.listdir(tmp_path) == []
+    last = _status(store)
+    assert not last.finished and last.reason == tel.exit_reason
+
+
 def test_the_revoke_record_rides_in_statuses_and_dumps(make_tel, tmp_path):
     tel = make_tel(rank=2, world_size=4, trace_dir=str(tmp_path))
     run(tel, "w", 1, world_size=4)
