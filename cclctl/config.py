@@ -23,6 +23,7 @@ DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 DEFAULT_TRACE_BUFFER = 2000
 DEFAULT_STATUS_INTERVAL_S = 1.0
+DEFAULT_SLOW_WINDOW_S = 5.0  # the slowness signals' window (cclctl/signals.py)
 TRANSPORTS = ("auto", "tcp")
 HANG_POLICIES = ("raise", "abort", "wait")
 DEFAULT_RETRY_BUDGET_S = 30.0  # CCLCTL_RETRY_BUDGET: seconds a link fault is retried
@@ -213,6 +214,7 @@ class RuntimeConfig:
     metrics_port: int = 0  # base port; 0 = no exporter
     metrics_addr: str = "127.0.0.1"
     status_interval_s: float = DEFAULT_STATUS_INTERVAL_S
+    slow_window_s: float = DEFAULT_SLOW_WINDOW_S
     on_hang: str = "raise"
     on_failure: str = "raise"  # "shrink": drop a dead rank and re-run the call
     retry_budget_s: float = DEFAULT_RETRY_BUDGET_S  # link faults retried this long; 0: off
@@ -244,6 +246,9 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
         metrics_addr=env.get("CCLCTL_METRICS_ADDR", "").strip() or "127.0.0.1",
         status_interval_s=values.parse(
             env, "CCLCTL_STATUS_INTERVAL", DEFAULT_STATUS_INTERVAL_S, values.positive_float
+        ),
+        slow_window_s=values.parse(
+            env, "CCLCTL_SLOW_WINDOW", DEFAULT_SLOW_WINDOW_S, values.slow_window
         ),
         on_hang=values.parse(env, "CCLCTL_ON_HANG", "raise", values.choice(HANG_POLICIES)),
         on_failure=values.parse(env, "CCLCTL_ON_FAILURE", "raise", values.choice(FAILURE_POLICIES)),

@@ -45,6 +45,7 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_METRICS_PORT": "base port of the Prometheus exporter",
     "CCLCTL_METRICS_ADDR": "address the exporter listens on",
     "CCLCTL_STATUS_INTERVAL": "seconds between live status updates",
+    "CCLCTL_SLOW_WINDOW": "seconds per window of the slowness signals (5)",
     "CCLCTL_ON_HANG": "raise, abort or wait",
     "CCLCTL_ON_FAILURE": "raise or shrink (drop a dead rank, re-run the call)",
     "CCLCTL_RETRY_BUDGET": "seconds a broken link is retried (30; 0: off)",

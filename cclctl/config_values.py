@@ -53,6 +53,20 @@ def linger_seconds(raw: str) -> float:
     return value
 
 
+#: The shortest and longest window of the slowness signals (``CCLCTL_SLOW_WINDOW``).
+MIN_SLOW_WINDOW_S, MAX_SLOW_WINDOW_S = 0.1, 3600.0
+
+
+def slow_window(raw: str) -> float:
+    """The slowness signals' window in seconds: 0.1 to 3600 (see cclctl/signals.py)."""
+    value = positive_float(raw)
+    if not MIN_SLOW_WINDOW_S <= value <= MAX_SLOW_WINDOW_S:
+        raise ValueError(
+            f"must be {MIN_SLOW_WINDOW_S:g} to {MAX_SLOW_WINDOW_S:g} seconds, not {value:g}"
+        )
+    return value
+
+
 def non_negative_float(raw: str) -> float:
     value = _number(raw, "a number of seconds, 0 or more")
     if value < 0:

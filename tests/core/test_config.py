@@ -230,3 +230,11 @@ def test_retry_budget_is_30_seconds_and_0_turns_it_off() -> None:
 def test_on_failure_is_raise_unless_shrink_is_asked_for() -> None:
     assert runtime_from_env({}).on_failure == "raise"
     assert runtime_from_env({"CCLCTL_ON_FAILURE": "shrink"}).on_failure == "shrink"
+
+
+def test_slow_window_is_5_seconds_and_bounded() -> None:
+    assert runtime_from_env({}).slow_window_s == 5.0
+    assert runtime_from_env({"CCLCTL_SLOW_WINDOW": "0.5"}).slow_window_s == 0.5
+    for bad in ("0", "-1", "0.01", "7200", "soon"):
+        with pytest.raises(ConfigError, match="CCLCTL_SLOW_WINDOW"):
+            runtime_from_env({"CCLCTL_SLOW_WINDOW": bad})
