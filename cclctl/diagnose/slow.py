@@ -1,0 +1,178 @@
+"""``analyse()``: which rank, link or host makes a running job slow, from per-rank windows.
+
+Pure: plain values in (:class:`RankSignals`, one per rank), a :class:`SlowReport` out.
+
+Windows of different ranks are matched by their index (``start_ns // window``: each rank
+cuts them on its own clock at multiples of the window since the epoch), so they line up
+to the clock skew between hosts. Each window is judged on its own (``slow_ranks``: the
+rank, or the host's ranks together, that arrives last and waits least; ``slow_links``:
+the directed links, or a host's every link out or in, whose throughput falls below the
+others of their kind), and a suspect becomes a finding only when it is found in
+``confirm`` consecutive windows (2 by default), every one costing the job at least
+``min_slowdown``. So jitter (no rank is consistently last), a busy machine (it slows every
+rank alike), a GC pause or one long step (one window) are never a finding.
+
+Clock skew: entry times are wall clock, compared across ranks only for the same call
+(communicator and seq). Ranks on one host share a clock. An entry on another host counts
+as later only beyond ``SlowOptions.skew_s`` (2 ms by default, what NTP keeps a LAN to),
+and every finding rests first on clock-free signals: the share of each window spent
+inside calls and the links' bytes over their data-phase waits. Skew beyond the window
+itself misaligns windows and is not tolerated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from cclctl.diagnose import slow_links, slow_ranks, slow_text
+from cclctl.diagnose.slow_model import (
+    HEALTHY,
+    SLOW,
+    UNJUDGED,
+    RankFigures,
+    RankSignals,
+    SlowOptions,
+    SlowReport,
+    span_ns,
+)
+from cclctl.diagnose.slow_stats import median
+from cclctl.signals import Window
+
+#: A suspect: ("rank", (r,)), ("host", name) for its ranks, ("link", (src, dst)),
+#: ("egress" or "ingress", host).
+Key = tuple[str, object]
+
+
+@dataclasses.dataclass
+class Judged:
+    """One window: whether it could be judged, its suspects with their evidence, figures."""
+
+    index: int
+    judged: bool
+    suspects: dict[Key, object]
+    figures: dict[int, RankFigures]
+
+
+def analyse(
+    ranks: Sequence[RankSignals],
+    job: str = "",
+    source: str = "live",
+    options: SlowOptions | None = None,
+    notes: Sequence[str] = (),
+) -> SlowReport:
+    """The slow-job verdict over every rank's windows (see the module doc)."""
+    opts = options or SlowOptions()
+    window_s = median(r.window_s for r in ranks) if ranks else 0.0
+    report = SlowReport(job, source, UNJUDGED, "", [], 0, window_s, len(ranks), {}, opts,
+                        list(notes))  # fmt: skip
+    if not ranks or window_s <= 0:
+        report.reason = "no rank publishes signals (an older cclctl, or none has run a window)"
+        return report
+    hosts = {r.rank: r.host for r in ranks}
+    judged = [_judge(i, views, hosts, opts) for i, views in _aligned(ranks, window_s)]
+    done = [j for j in judged if j.judged]
+    report.windows_judged = len(done)
+    if done:
+        report.figures = done[-1].figures
+    complete = max(len(r.windows) for r in ranks)
+    if complete < opts.confirm:
+        report.reason = (
+            f"too young to judge: {_windows(complete, window_s)} complete; "
+            f"a finding needs {opts.confirm} in a row"
+        )
+        return report
+    if len(done) < opts.confirm:
+        report.reason = (
+            f"too idle to judge: {len(done)} of {len(judged)} windows had {opts.min_calls} calls "
+            "of a communicator on two ranks or a link carrying 1 MiB"
+        )
+        return report
+    runs = _confirmed(judged, opts)
+    report.findings = slow_text.findings(runs, hosts, {r.rank: r.pid for r in ranks}, window_s)
+    report.status = SLOW if report.findings else HEALTHY
+    report.reason = slow_text.reason(report, len(hosts))
+    return report
+
+
+def _windows(count: int, window_s: float) -> str:
+    return f"{count} window{'s' if count != 1 else ''} of {window_s:g}s"
+
+
+def _aligned(ranks: Sequence[RankSignals], window_s: float) -> list[tuple[int, dict[int, Window]]]:
+    """Windows by index, oldest first; each maps rank -> that rank's window."""
+    width = max(1, int(window_s * 1e9))
+    by_index: dict[int, dict[int, Window]] = {}
+    for rank in ranks:
+        for window in rank.windows:
+            by_index.setdefault(window.start_ns // width, {})[rank.rank] = window
+    return sorted(by_index.items())
+
+
+def _judge(
+    index: int, views: Mapping[int, Window], hosts: Mapping[int, str], opts: SlowOptions
+) -> Judged:
+    suspects: dict[Key, object] = {}
+    comms = slow_ranks.comm_views(views, opts) if len(views) >= 2 else []
+    singles = [(r,) for r in sorted(views)]
+    by_host = _host_units(views, hosts)
+    for view in comms:
+        found = slow_ranks.straggler(view, singles, hosts, views, opts)
+        if found is not None:
+            suspects.setdefault(("rank", found.ranks), found)
+        if len(by_host) >= 2:
+            group = slow_ranks.straggler(view, by_host, hosts, views, opts)
+            if group is not None and len(group.ranks) >= 2:
+                suspects.setdefault(("host", hosts[group.ranks[0]]), group)
+    links = slow_links.links(views, hosts)
+    for slow in slow_links.slow_links(links, opts):
+        suspects[("link", (slow.link.src, slow.link.dst))] = slow
+    for edge in slow_links.slow_edges(links, hosts, opts):
+        suspects[("egress" if edge.direction == "out" else "ingress", edge.host)] = edge
+    kinds = [x.kind for x in links]
+    judged = bool(comms) or any(kinds.count(k) >= 2 for k in kinds)
+    return Judged(index, judged, suspects, _figures(views, comms))
+
+
+def _host_units(views: Mapping[int, Window], hosts: Mapping[int, str]) -> list[tuple[int, ...]]:
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(views):
+        groups.setdefault(hosts.get(rank, ""), []).append(rank)
+    return [tuple(g) for g in groups.values()]
+
+
+def _figures(
+    views: Mapping[int, Window], comms: Sequence[slow_ranks.CommView]
+) -> dict[int, RankFigures]:
+    """Each rank's entry lag in the busiest judged communicator and its share inside calls."""
+    lags: dict[int, float] = {}
+    if comms:
+        busiest = max(comms, key=lambda v: (len(next(iter(v.entries.values()))), v.comm))
+        lags = slow_ranks.rank_lags(busiest)
+    out = {}
+    for rank, window in sorted(views.items()):
+        inside = sum(c.inside_ns for c in window.comms.values())
+        out[rank] = RankFigures(lags.get(rank), min(1.0, inside / span_ns(window)))
+    return out
+
+
+def _confirmed(judged: Sequence[Judged], opts: SlowOptions) -> dict[Key, list[object]]:
+    """Suspects found in ``confirm`` consecutive windows: the evidence of each window of
+    their run (the newest run; with ``ongoing``, only runs through the newest judged
+    window). A window that could not be judged, or a gap between indexes, breaks a run."""
+    runs: dict[Key, list[object]] = {}
+    best: dict[Key, list[object]] = {}
+    previous: int | None = None
+    for window in judged:
+        if not window.judged or (previous is not None and window.index != previous + 1):
+            runs = {}
+        previous = window.index
+        runs = {k: [*runs.get(k, []), e] for k, e in window.suspects.items()}
+        for key, run in runs.items():
+            if len(run) >= opts.confirm:
+                best[key] = run
+    if opts.ongoing:
+        newest = next((j for j in reversed(judged) if j.judged), None)
+        best = {k: v for k, v in best.items() if newest is not None and k in newest.suspects
+                and v[-1] is newest.suspects[k]}  # fmt: skip
+    return best

@@ -1,0 +1,148 @@
+"""A slow directed link, or a slow host's egress or ingress, in one window.
+
+A directed link ``src -> dst`` moves the bytes ``src`` sent to ``dst``; its time is what
+both ends spent blocked on each other in the data phase (``src`` sending to ``dst``,
+``dst`` receiving from ``src``, after the other had arrived in the call), so its
+throughput is bytes over that wait: clock-free, and blind to a straggler, whose lateness
+lands in the entry wait instead. Links are compared with links of the same kind only
+(shared memory, TCP within a host, TCP across hosts), in log space: a link is slow when
+its throughput lies below the median of the others of its kind by ``link_ratio`` and by
+more than ``mad_k`` scaled MADs of theirs, and the time it lost against that median is at
+least ``SlowOptions.min_share`` of the window. A host is slow when every one of at least
+two links out of it (or into it) to other hosts is slow against the other hosts' links.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+from cclctl.diagnose.slow_model import SlowOptions, span_ns
+from cclctl.diagnose.slow_stats import below, median
+from cclctl.signals import Window
+
+NS = 1e9
+SHM = "shared memory"
+TCP_LOCAL = "TCP within a host"
+TCP_REMOTE = "TCP across hosts"
+#: A link blocked for less than this is as fast as can be told (its throughput is capped).
+MIN_WAIT_S = 1e-4
+#: Bytes a link must carry in a window to be judged on its throughput.
+MIN_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    src: int
+    dst: int
+    kind: str
+    nbytes: int
+    wait_s: float
+    span_s: float
+
+    @property
+    def throughput(self) -> float:
+        """Bytes per second blocked, in the data phase."""
+        return self.nbytes / max(self.wait_s, MIN_WAIT_S)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlowLink:
+    link: Link
+    reference: float  # the median throughput of the links it was judged against
+    reverse: Link | None
+
+    @property
+    def cost(self) -> float:
+        """The share of the window the link lost against the reference throughput."""
+        lost = self.link.wait_s - self.link.nbytes / self.reference
+        return max(0.0, lost) / self.link.span_s
+
+
+@dataclasses.dataclass(frozen=True)
+class SlowEdge:
+    """Every link out of (``direction`` "out") or into ("in") ``host`` is slow."""
+
+    host: str
+    direction: str
+    links: tuple[SlowLink, ...]
+
+    @property
+    def cost(self) -> float:
+        return max(s.cost for s in self.links)
+
+
+def links(views: Mapping[int, Window], hosts: Mapping[int, str]) -> list[Link]:
+    """Every directed link that carried at least :data:`MIN_BYTES` in the window."""
+    out = []
+    for src in sorted(views):
+        window = views[src]
+        for dst, peer in sorted(window.peers.items()):
+            if peer.sent < MIN_BYTES:
+                continue
+            back = views[dst].peers.get(src) if dst in views else None
+            wait = peer.send_wait_ns + (back.recv_wait_ns if back is not None else 0)
+            out.append(Link(src, dst, _kind(peer.via, src, dst, hosts), peer.sent, wait / NS,
+                            span_ns(window) / NS))  # fmt: skip
+    return out
+
+
+def _kind(via: str, src: int, dst: int, hosts: Mapping[int, str]) -> str:
+    if via == "shm":
+        return SHM
+    return TCP_LOCAL if hosts.get(src) == hosts.get(dst) else TCP_REMOTE
+
+
+def slow_links(found: Sequence[Link], opts: SlowOptions) -> list[SlowLink]:
+    """The links slow against the others of their kind (see module doc)."""
+    by_pair = {(x.src, x.dst): x for x in found}
+    out = []
+    for link in found:
+        others = [x for x in found if x.kind == link.kind and x is not link]
+        judged = _judge(link, others, opts)
+        if judged is not None:
+            out.append(SlowLink(link, judged, by_pair.get((link.dst, link.src))))
+    return out
+
+
+def _judge(link: Link, others: Sequence[Link], opts: SlowOptions) -> float | None:
+    """The reference throughput when ``link`` is slow against ``others``, else None."""
+    if not others:
+        return None
+    logs = [math.log2(x.throughput) for x in others]
+    if not below(math.log2(link.throughput), logs, opts.mad_k, math.log2(opts.link_ratio)):
+        return None
+    reference = 2 ** median(logs)
+    slow = SlowLink(link, reference, None)
+    return reference if slow.cost >= opts.min_share else None
+
+
+def slow_edges(
+    found: Sequence[Link], hosts: Mapping[int, str], opts: SlowOptions
+) -> list[SlowEdge]:
+    """Hosts whose every link out (or in), two or more, is slow against other hosts' links."""
+    remote = [x for x in found if x.kind == TCP_REMOTE]
+    out = []
+    for host in sorted(
+        {hosts.get(x.src, "") for x in remote} | {hosts.get(x.dst, "") for x in remote}
+    ):
+        for direction, end in (("out", "src"), ("in", "dst")):
+            mine = [x for x in remote if hosts.get(getattr(x, end), "") == host]
+            rest = [x for x in remote if x not in mine]
+            if len({(x.src, x.dst) for x in mine}) < 2:
+                continue
+            judged = [(x, _judge(x, rest, opts)) for x in mine]
+            if all(ref is not None for _, ref in judged):
+                slow = tuple(SlowLink(x, ref, None) for x, ref in judged if ref is not None)
+                out.append(SlowEdge(host, direction, slow))
+    return _egress_first(out)
+
+
+def _egress_first(edges: list[SlowEdge]) -> list[SlowEdge]:
+    """A host's slow egress explains the other hosts' slow ingress over the same links."""
+    outs = [e for e in edges if e.direction == "out"]
+    covered = {(s.link.src, s.link.dst) for e in outs for s in e.links}
+    ins = [e for e in edges if e.direction == "in"
+           and not {(s.link.src, s.link.dst) for s in e.links} <= covered]  # fmt: skip
+    return outs + ins

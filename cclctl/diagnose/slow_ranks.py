@@ -1,0 +1,160 @@
+"""A compute straggler in one window: the unit (a rank, or a host's ranks together) that
+arrives last and waits least.
+
+A rank that computes longer enters each collective after the others, who wait for it
+inside the call; it never waits for them. So per communicator, against the other units:
+its share of the window spent inside calls is lower than theirs by more than the job is
+allowed to lose (``SlowOptions.min_share``) and by more than ``mad_k`` scaled MADs of
+their shares (clock-free), and it entered last in at least ``last_share`` of the sampled
+calls every member recorded (entry times are compared on each rank's own wall clock: an
+entry on another host counts as later only beyond ``skew_s``). What the others lose is
+the gap between their share and its share: the job would save that much of each window
+if it kept up, so the estimated slowdown is ``1 / (1 - gap)``.
+
+Durations alone cannot see this: the others' calls last longer, not the straggler's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from cclctl.diagnose.slow_model import SlowOptions, span_ns
+from cclctl.diagnose.slow_stats import below, median
+from cclctl.signals import Window
+
+NS = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Straggle:
+    """A unit found arriving last and waiting least in one communicator of one window."""
+
+    ranks: tuple[int, ...]
+    comm: str
+    share: float  # its share of the window inside the comm's calls
+    others_share: float  # the median of the other units' shares
+    last_frac: float  # of the shared sampled calls, the share it entered last
+    seqs: int  # shared sampled calls
+    lag_s: float  # median of how long after the others' median entry it entered
+    entry_wait_share: float  # others' waits on it before it arrived, over the window
+
+    @property
+    def cost(self) -> float:
+        return self.others_share - self.share
+
+
+@dataclasses.dataclass(frozen=True)
+class CommView:
+    """One communicator of one window: its members' shares inside and shared entries."""
+
+    comm: str
+    shares: dict[int, float]  # by rank
+    entries: dict[int, dict[int, int]]  # rank -> seq -> enter_ns, the shared seqs only
+    span_s: float
+
+
+def comm_views(views: Mapping[int, Window], opts: SlowOptions) -> list[CommView]:
+    """The communicators of one window that can be judged: at least two members that each
+    ended ``min_calls`` of its calls there and share ``min_calls`` sampled entries."""
+    names = sorted({c for w in views.values() for c in w.comms})
+    out = []
+    for name in names:
+        members = [r for r, w in views.items() if _busy(w, name, opts)]
+        if len(members) < 2:
+            continue
+        times = {r: dict(views[r].comms[name].entries) for r in members}
+        shared = set.intersection(*(set(t) for t in times.values()))
+        if len(shared) < opts.min_calls:
+            continue
+        shares = {r: min(1.0, views[r].comms[name].inside_ns / span_ns(views[r])) for r in members}
+        entries = {r: {s: t[s] for s in shared} for r, t in times.items()}
+        span = median(span_ns(views[r]) for r in members) / NS
+        out.append(CommView(name, shares, entries, span))
+    return out
+
+
+def _busy(window: Window, comm: str, opts: SlowOptions) -> bool:
+    cw = window.comms.get(comm)
+    return cw is not None and cw.calls >= opts.min_calls
+
+
+def straggler(
+    view: CommView,
+    units: Sequence[tuple[int, ...]],
+    hosts: Mapping[int, str],
+    peers: Mapping[int, Window],
+    opts: SlowOptions,
+) -> Straggle | None:
+    """The unit that waits least and arrives last in ``view``, if one does by enough."""
+    present = [tuple(r for r in u if r in view.shares) for u in units]
+    present = [u for u in present if u]
+    if len(present) < 2:
+        return None
+    shares = {u: median(view.shares[r] for r in u) for u in present}
+    best: Straggle | None = None
+    for unit in present:
+        others = [shares[v] for v in present if v != unit]
+        if not below(shares[unit], others, opts.mad_k, opts.min_share):
+            continue
+        last, lag = _arrival(view, unit, [v for v in present if v != unit], hosts, opts)
+        if last < opts.last_share or lag <= 0:
+            continue
+        found = Straggle(
+            unit,
+            view.comm,
+            shares[unit],
+            median(others),
+            last,
+            len(next(iter(view.entries.values()))),
+            lag,
+            _entry_waits(unit, peers) / view.span_s,
+        )
+        if best is None or found.cost > best.cost:
+            best = found
+    return best
+
+
+def _arrival(
+    view: CommView,
+    unit: tuple[int, ...],
+    others: Sequence[tuple[int, ...]],
+    hosts: Mapping[int, str],
+    opts: SlowOptions,
+) -> tuple[float, float]:
+    """The share of shared calls ``unit`` entered last, and its median lag in seconds."""
+    seqs = sorted(next(iter(view.entries.values())))
+    skew = int(opts.skew_s * NS)
+    unit_hosts = {hosts.get(r, "") for r in unit}
+    margins = [0 if {hosts.get(r, "") for r in v} == unit_hosts == {hosts.get(unit[0], "")}
+               else skew for v in others]  # fmt: skip
+    last = 0
+    lags = []
+    for seq in seqs:
+        mine = median(view.entries[r][seq] for r in unit)
+        theirs = [median(view.entries[r][seq] for r in v) for v in others]
+        if all(mine > t + m for t, m in zip(theirs, margins, strict=True)):
+            last += 1
+        lags.append((mine - median(theirs)) / NS)
+    return last / len(seqs), median(lags)
+
+
+def _entry_waits(unit: tuple[int, ...], windows: Mapping[int, Window]) -> float:
+    """Seconds the other ranks blocked on the unit's ranks before they arrived in a call."""
+    total = 0
+    for rank, window in windows.items():
+        if rank in unit:
+            continue
+        total += sum(window.peers[r].entry_wait_ns for r in unit if r in window.peers)
+    return total / NS
+
+
+def rank_lags(view: CommView) -> dict[int, float]:
+    """Each member's median lag, in seconds, behind the median entry of the members."""
+    seqs = sorted(next(iter(view.entries.values())))
+    lags: dict[int, list[float]] = {r: [] for r in view.entries}
+    for seq in seqs:
+        centre = median(t[seq] for t in view.entries.values())
+        for rank, times in view.entries.items():
+            lags[rank].append((times[seq] - centre) / NS)
+    return {r: median(v) for r, v in lags.items()}

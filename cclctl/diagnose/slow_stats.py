@@ -1,0 +1,37 @@
+"""Robust statistics for the slow-job analysis: medians and the median absolute deviation.
+
+Means and standard deviations let one long step (a GC pause, a checkpoint) move the
+reference it is judged against; the median and the MAD do not, so an outlier is measured
+against what most ranks or links do.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+#: The MAD of a normal sample times this estimates its standard deviation.
+MAD_SCALE = 1.4826
+
+
+def median(values: Iterable[float]) -> float:
+    """The median; 0.0 for no values."""
+    data = list(values)
+    return float(statistics.median(data)) if data else 0.0
+
+
+def mad(values: Sequence[float]) -> float:
+    """The scaled median absolute deviation (0.0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    centre = median(values)
+    return MAD_SCALE * median(abs(v - centre) for v in values)
+
+
+def below(value: float, others: Sequence[float], k: float, least: float) -> bool:
+    """Whether ``value`` lies below the median of ``others`` by more than ``least`` and by
+    more than ``k`` scaled MADs of them (the spread the others show among themselves)."""
+    if not others:
+        return False
+    gap = median(others) - value
+    return gap > least and gap > k * mad(others)

@@ -1,0 +1,148 @@
+"""Per-rank windows of a modelled job, for the slow-job analysis' tests.
+
+A job of ``n`` ranks runs ``calls`` collectives per window, one every ``period`` seconds;
+each rank spends ``comm_share`` of the window inside them on its own. A straggler enters
+every call ``lag_share`` of a period late, which the others spend waiting inside the call
+(their share grows by it, its own does not), and its ring successor records that wait as
+``entry_wait_ns`` on it. Links carry ``nbytes`` per call at ``rate`` bytes per second of
+data-phase wait; a slow link or a slow host's egress is ``factor`` times slower, and with
+``coupling`` the other links of a ring wait along with it (their receivers wait for data
+the slow link holds back). Entry times get seeded uniform jitter; ``skew`` shifts a host's
+clock. Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Collection, Sequence
+
+from cclctl.diagnose.slow_model import RankSignals
+from cclctl.signals import CommWindow, PeerWindow, Window
+
+NS = 1_000_000_000
+START_NS = 1_733_400_000 * NS
+COMM = "0:0-3"
+
+
+@dataclasses.dataclass
+class Job:
+    n: int = 4
+    hosts: Sequence[str] | None = None
+    windows: int = 4
+    window_s: float = 5.0
+    calls: int = 200
+    comm_share: float = 0.10
+    jitter_s: float = 0.002
+    seed: int = 0
+    # a straggler (or several), and the windows it is slow in (None: all)
+    slow: Collection[int] = ()
+    lag_share: float = 0.25
+    slow_in: Collection[int] | None = None
+    # links: "ring" (r -> r+1) or "all" (every pair, as all_to_all)
+    pattern: str = "ring"
+    nbytes: int = 1 << 20
+    rate: float = 1e9
+    slow_links: Collection[tuple[int, int]] = ()
+    slow_egress: str | None = None
+    factor: float = 8.0
+    coupling: float = 0.0
+    skew: dict[str, float] = dataclasses.field(default_factory=dict)
+    # a busy machine: these ranks get extra random jitter of up to this much per call
+    noisy: Collection[int] = ()
+    noise_s: float = 0.0
+
+    @property
+    def period_s(self) -> float:
+        return self.window_s / self.calls
+
+    def host(self, rank: int) -> str:
+        return self.hosts[rank] if self.hosts else "h0"
+
+    def comm(self) -> str:
+        return f"0:0-{self.n - 1}"
+
+    def active(self, window: int) -> bool:
+        return self.slow_in is None or window in self.slow_in
+
+
+def _edges(job: Job) -> list[tuple[int, int]]:
+    if job.pattern == "ring":
+        return [(r, (r + 1) % job.n) for r in range(job.n)]
+    return [(a, b) for a in range(job.n) for b in range(job.n) if a != b]
+
+
+def _slow_edge(job: Job, src: int, dst: int) -> bool:
+    if (src, dst) in job.slow_links:
+        return True
+    egress = job.slow_egress
+    return egress is not None and job.host(src) == egress and job.host(dst) != egress
+
+
+def _window(job: Job, rank: int, index: int, rng: random.Random) -> Window:
+    start = START_NS + index * int(job.window_s * NS)
+    end = start + int(job.window_s * NS)
+    active = job.active(index)
+    late = rank in job.slow and active
+    lag = job.lag_share if active and job.slow else 0.0
+    share = job.comm_share + (0.0 if late else lag) + rng.uniform(-0.01, 0.01)
+    entries = []
+    skew = job.skew.get(job.host(rank), 0.0)
+    for k in range(job.calls):
+        t = index * job.window_s + k * job.period_s + rng.uniform(0, job.jitter_s) + skew
+        if late:
+            t += job.lag_share * job.period_s
+        if rank in job.noisy:
+            t += rng.uniform(0, job.noise_s)
+        entries.append((index * job.calls + k + 1, START_NS + int(t * NS)))
+    comm = CommWindow(job.calls, int(max(0.0, share) * job.window_s * NS), _sample(entries))
+    return Window(start, end, {job.comm(): comm}, _peers(job, rank, index, rng))
+
+
+def _sample(entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    step = 1
+    while len(entries) > 64:
+        step *= 2
+        entries = [e for e in entries if e[0] % step == 0]
+    return entries
+
+
+def _wait_ns(job: Job, src: int, dst: int, index: int) -> int:
+    """The data-phase wait of link src -> dst over the window (both ends together)."""
+    base = job.calls * job.nbytes / job.rate
+    if not job.active(index):
+        return int(base * NS)
+    if _slow_edge(job, src, dst):
+        return int(base * job.factor * NS)
+    slowed = any(_slow_edge(job, a, b) for a, b in _edges(job))
+    return int(base * (1 + (job.factor - 1) * job.coupling * slowed) * NS)
+
+
+def _peers(job: Job, rank: int, index: int, rng: random.Random) -> dict[int, PeerWindow]:
+    peers: dict[int, PeerWindow] = {}
+    for src, dst in _edges(job):
+        if rank not in (src, dst):
+            continue
+        other = dst if rank == src else src
+        via = "shm" if job.host(src) == job.host(dst) else "tcp"
+        old = peers.get(other, PeerWindow(via))
+        wait = _wait_ns(job, src, dst, index) * rng.uniform(0.9, 1.1)
+        volume = job.calls * job.nbytes
+        if rank == src:
+            old.sent, old.send_wait_ns = volume, int(wait * 0.3)
+        else:
+            old.received, old.recv_wait_ns = volume, int(wait * 0.7)
+            if src in job.slow and job.active(index):
+                old.entry_wait_ns = int(job.calls * job.lag_share * job.period_s * NS)
+        peers[other] = old
+    return peers
+
+
+def signals(job: Job) -> list[RankSignals]:
+    """Every rank's windows, as the analysis reads them."""
+    out = []
+    for rank in range(job.n):
+        rng = random.Random(job.seed * 1000 + rank)
+        windows = tuple(_window(job, rank, i, rng) for i in range(job.windows))
+        out.append(RankSignals(rank, job.host(rank), job.window_s, windows, pid=1000 + rank))
+    return out
