@@ -57,7 +57,7 @@ VARIABLES: dict[str, str] = {
 #: Commands that only read a store use CCLCTL_STORE alone; the others start processes that
 #: inherit the environment, so everything those read is checked, except what the launcher
 #: replaces (its own store and token).
-_CLIENT_COMMANDS = ("top", "diagnose hang", "abort", "retry")
+_CLIENT_COMMANDS = ("top", "diagnose hang", "diagnose slow", "abort", "retry")
 _REPLACED_BY_LAUNCHER = ("CCLCTL_STORE", "CCLCTL_TOKEN")
 
 #: Rules of the options that carry a number; ``None`` means not given.
