@@ -20,8 +20,8 @@ app = typer.Typer(
     help=(
         "Observability and fault diagnosis for collective communication.\n\n"
         "Measure bandwidth (bench), launch local ranks (launch), watch a live job (top) and "
-        "find the rank that hangs a job (diagnose hang), abort a live job (abort), re-run a "
-        "stuck job's interrupted call (retry)."
+        "find the rank that hangs a job (diagnose hang) or slows it (diagnose slow), abort a "
+        "live job (abort), re-run a stuck job's interrupted call (retry)."
     ),
     no_args_is_help=True,
     add_completion=True,

@@ -31,7 +31,7 @@ from cclctl.errors import ConfigError, FaultFound, UsageError
 from cclctl.limits import MAX_WORLD_SIZE
 from cclctl.live.snapshot import JobStatuses, fetch
 
-HELP = "Diagnose a job: find the rank or link that hangs it."
+HELP = "Diagnose a job: the rank or link that hangs it (hang), or that slows it (slow)."
 
 HANG_HELP = (
     "Find the rank or link that hangs a job, from flight-recorder dumps or a live job.\n\n"
@@ -80,6 +80,9 @@ PIPE_WIDTH = 160
 def register(app: typer.Typer) -> None:
     sub = typer.Typer(help=HELP, no_args_is_help=True)
     sub.command("hang", help=HANG_HELP, no_args_is_help=False)(hang)
+    from cclctl.commands import diagnose_slow  # it reads this module's helpers
+
+    diagnose_slow.register(sub)
     app.add_typer(sub, name="diagnose")
 
 

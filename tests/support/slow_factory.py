@@ -18,7 +18,8 @@ import random
 from collections.abc import Collection, Sequence
 
 from cclctl.diagnose.slow_model import RankSignals
-from cclctl.signals import CommWindow, PeerWindow, Window
+from cclctl.records import CommInfo, RankSnapshot
+from cclctl.signals import CommWindow, PeerWindow, Signals, Window
 
 NS = 1_000_000_000
 START_NS = 1_733_400_000 * NS
@@ -145,4 +146,26 @@ def signals(job: Job) -> list[RankSignals]:
         rng = random.Random(job.seed * 1000 + rank)
         windows = tuple(_window(job, rank, i, rng) for i in range(job.windows))
         out.append(RankSignals(rank, job.host(rank), job.window_s, windows, pid=1000 + rank))
+    return out
+
+
+def documents(job: Job, kind: str = "dump", name: str = "j") -> list[RankSnapshot]:
+    """The ranks' dumps (or statuses) carrying their windows, as the hub writes them."""
+    out = []
+    for rank in signals(job):
+        newest = rank.windows[-1].end_ns if rank.windows else START_NS
+        out.append(
+            RankSnapshot(
+                kind=kind,
+                job=name,
+                rank=rank.rank,
+                world_size=job.n,
+                host=rank.host,
+                pid=rank.pid,
+                time_ns=newest,
+                comms={job.comm(): CommInfo(list(range(job.n)), 10, 10)},
+                reason="test",
+                signals=Signals(job.window_s, list(rank.windows)),
+            )
+        )
     return out

@@ -1,0 +1,47 @@
+"""The slow-job verdict from what ``diagnose hang`` reads: dumps or a live job's statuses.
+
+One function per source, so ``cclctl diagnose slow --store`` and ``cclctl top`` show the
+same verdict for the same statuses (:func:`slow_live`), and post-mortem reads the ``signals``
+every dump carries (:func:`slow_from_inputs`). A rank whose document has no signals (an
+older cclctl, a Flight Recorder dump) is named in a note and left out of the comparison.
+"""
+
+from __future__ import annotations
+
+from cclctl.diagnose.slow import analyse
+from cclctl.diagnose.slow_model import RankSignals, SlowOptions, SlowReport
+from cclctl.diagnose.text import ranks_word
+from cclctl.diagnose_io.inputs import Inputs, from_live
+from cclctl.live.snapshot import JobStatuses
+from cclctl.records import RankSnapshot
+
+
+def rank_signals(snapshots: list[RankSnapshot]) -> tuple[list[RankSignals], list[int]]:
+    """The ranks' windows, and the ranks whose documents carry none."""
+    found: list[RankSignals] = []
+    without: list[int] = []
+    for snap in snapshots:
+        if snap.signals is None or not snap.signals.windows:
+            without.append(snap.rank)
+            continue
+        found.append(
+            RankSignals(snap.rank, snap.host, snap.signals.window_s, snap.signals.windows, snap.pid)
+        )
+    return found, without
+
+
+def slow_from_inputs(inputs: Inputs, options: SlowOptions | None = None) -> SlowReport:
+    """The verdict over gathered documents (dumps or statuses)."""
+    found, without = rank_signals(inputs.snapshots)
+    notes = list(inputs.remarks)
+    if without and found:
+        notes.append(f"{ranks_word(without)}: no signals in the document (left out)")
+    for rank, why in sorted(inputs.unreadable.items()):
+        notes.append(f"rank {rank}: unreadable ({why})")
+    job = inputs.snapshots[0].job if inputs.snapshots else ""
+    return analyse(found, job=job, source=inputs.source, options=options, notes=notes)
+
+
+def slow_live(statuses: JobStatuses, options: SlowOptions | None = None) -> SlowReport:
+    """The verdict ``top`` and ``diagnose slow --store`` show for a live job."""
+    return slow_from_inputs(from_live(statuses), options)
