@@ -21,6 +21,8 @@ from cclctl.diagnose.view import (
     PROC_RUNNING,
     PROC_STOPPED,
     PROC_ZOMBIE,
+    TERMINATED,
+    UNCAUGHT,
     RankState,
 )
 from cclctl.records import COMPLETED
@@ -99,7 +101,27 @@ def _missing(ranks: list[int], source: str, seen: int, unreadable: Mapping[int, 
     return Verdict(MISSING, summary, suspects, evidence=evidence, next_step=step)
 
 
+def _first_deaths(dead: list[RankState]) -> tuple[list[RankState], list[RankState]]:
+    """The dead ranks that died first, and those that ended after them.
+
+    A rank that died without a word (killed: SIGKILL, the OOM killer) came before one that
+    said how it ended: an exception (often its call failing as the first one's links
+    closed), which came before one that says it was stopped (a launcher stops every rank
+    once one is gone, as torchrun does with SIGTERM). Only the first of these kinds that
+    has any rank is the origin; with none but stopped ranks, they are."""
+    for first in ("", UNCAUGHT, TERMINATED):
+        origins = [st for st in dead if _kind(st) == first]
+        if origins:
+            return origins, [st for st in dead if st not in origins]
+    return dead, []
+
+
+def _kind(st: RankState) -> str:
+    return next((word for word in (UNCAUGHT, TERMINATED) if st.ended.startswith(word)), "")
+
+
 def _dead(dead: list[RankState], proc: Mapping[int, str], now_ns: int | None) -> Verdict:
+    dead, after = _first_deaths(dead)
     ranks = [st.rank for st in dead]
     suspects = [st.suspect for st in dead]
     names = text.ranks_word(ranks)
@@ -111,6 +133,8 @@ def _dead(dead: list[RankState], proc: Mapping[int, str], now_ns: int | None) ->
         return f"{text.who(st.suspect)}: {state}{age}"
 
     evidence = [line(st) for st in dead]
+    how = {st.rank: st.ended for st in after}
+    evidence += text.grouped(how, lambda r: f"ended after {names}: {how[r]}")
     first = suspects[0]
     step = (
         f"the job cannot finish without {names}: read the log and exit status of "

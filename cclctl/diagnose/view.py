@@ -28,6 +28,10 @@ from cclctl.stacks import ThreadStack
 TAIL = 8
 #: The reason in the last status of a rank that closed cleanly (see telemetry.hub.snapshot).
 CLOSED = "closed"
+#: How the reason of a rank's last document starts when it says how it ended other than
+#: cleanly (``Telemetry.exit_reason``): it was stopped, or an exception ended it.
+TERMINATED, UNCAUGHT = "terminated by ", "uncaught "
+ENDED = (TERMINATED, UNCAUGHT)
 _NS = 1e9
 
 #: A rank's process as the command saw it on this host (None: elsewhere, or not looked at).
@@ -61,6 +65,9 @@ class RankState:
     revoke: Revocation | None = None  # the job's failure as this rank adopted it
     live: bool = False
     proc: str | None = None
+    #: how its last document says it ended, other than cleanly ("terminated by SIGTERM",
+    #: "uncaught RuntimeError: ..."); "" when it does not say
+    ended: str = ""
 
     @property
     def suspect(self) -> Suspect:
@@ -117,6 +124,7 @@ def rank_state(snap: RankSnapshot) -> RankState:
             tail[comm] = {seq: calls[seq] for seq in keep}
     inflight.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
     closed = snap.finished or snap.reason == CLOSED
+    ended = snap.reason if snap.reason.startswith(ENDED) else ""
     return RankState(
         snap.rank,
         snap.host,
@@ -128,6 +136,7 @@ def rank_state(snap: RankSnapshot) -> RankState:
         closed,
         snap.stacks,
         snap.revoke,
+        ended=ended,
     )
 
 

@@ -2,8 +2,9 @@
 
 The state is one word for the eye (ok, in_collective, waiting, stale, missing, error, done:
 a rank that closed its communicators and exited cleanly, whose status then ages as it
-should); the flags are every reason to look at a rank, so a stale rank that is also behind
-shows both.
+should; a rank whose last status says it ended otherwise, by an uncaught exception, a
+signal or after a failed call, is an error, never done); the flags are every reason to
+look at a rank, so a stale rank that is also behind shows both.
 "Behind" is judged against ranks that are stuck, not against the fastest rank: in a healthy
 job ranks publish at different instants and always differ by a few seqs, but a rank whose
 peers have waited longer than ``slow_s`` in a collective it never started is the one to see.
@@ -15,7 +16,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from cclctl.live.snapshot import JobStatuses
-from cclctl.records import STARTED, CollectiveRecord, CommInfo, RankSnapshot
+from cclctl.records import COMPLETED, STARTED, CollectiveRecord, CommInfo, RankSnapshot
 
 OK = "ok"
 IN_COLLECTIVE = "in_collective"
@@ -27,6 +28,9 @@ DONE = "done"
 STATES = (OK, IN_COLLECTIVE, WAITING, STALE, MISSING, ERROR, DONE)
 #: The reason in the last status of a rank that closed cleanly (older writers' ``finished``).
 _CLOSED = "closed"
+#: How the reason of a rank's last status starts when it ended other than cleanly
+#: (``Telemetry.exit_reason``: ``uncaught RuntimeError: ...``, ``terminated by SIGTERM``).
+_ENDED = ("uncaught ", "terminated by ")
 
 #: Flags: each is a reason a rank looks wrong. "failed": its in-flight call failed or timed out.
 FLAGS = ("missing", "bad_status", "stale", "failed", "slow", "behind", "errors", "hangs")
@@ -202,6 +206,9 @@ def _behind(
 def _rank_view(
     snap: RankSnapshot, now_ns: int, limits: Thresholds, behind: dict[str, int]
 ) -> RankView:
+    ended = _ended_badly(snap)
+    if ended:
+        return _ended(snap, now_ns, ended)
     if snap.finished or snap.reason == _CLOSED:
         return _done(snap, now_ns)
     heartbeat_age = _age_s(now_ns, snap.time_ns)
@@ -255,6 +262,29 @@ def _rank_view(
         store_reconnects=_count(counters.get("store_reconnects")),
         store_gap_s=_seconds(counters.get("store_gap_s")),
     )
+
+
+def _ended_badly(snap: RankSnapshot) -> str:
+    """Why a rank that ended did not finish, in words ("" when it finished cleanly or runs
+    on): its own exit reason, or a closed status that still shows a failure (an older
+    writer's, or the runtime's after an error: its last status says "closed" even then)."""
+    if snap.reason.startswith(_ENDED):
+        return snap.reason
+    if snap.finished or snap.reason != _CLOSED:
+        return ""
+    failed = [r for r in snap.records if r.state != STARTED and r.state != COMPLETED]
+    if snap.revoke is not None:
+        return f"closed after the job's failure: {snap.revoke.describe()}"
+    if failed:
+        rec = failed[-1]
+        return f"closed after {rec.op} seq {rec.seq} {rec.state}: {rec.error or rec.state}"
+    return ""
+
+
+def _ended(snap: RankSnapshot, now_ns: int, why: str) -> RankView:
+    """A rank that ended other than cleanly: an error, never stale or behind (it is gone)."""
+    view = _done(snap, now_ns)
+    return dataclasses.replace(view, state=ERROR, flags=("failed",), error=why)
 
 
 def _done(snap: RankSnapshot, now_ns: int) -> RankView:

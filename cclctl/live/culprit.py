@@ -54,6 +54,24 @@ class Culprits:
             return WAITING
         return WARN if rank.wrong else OK
 
+    def looks_wrong(self, rank: RankView) -> bool:
+        """A suspect of the verdict, or a rank with flags (its own status shows trouble).
+        The header, the footer and ``--json``'s ``wrong`` count these, so they never say
+        "all look fine" above a verdict (a dead rank's last status may look fine)."""
+        return rank.wrong or rank.rank in self.reasons
+
+    def standing(self, ranks: list[RankView]) -> str:
+        """The job in a few words for the header: ``2 look wrong``, ``1 finding`` (a verdict
+        that blames no rank, as an operator's abort), or ``all look fine`` (no verdict
+        and no rank that looks wrong)."""
+        wrong = sum(1 for rank in ranks if self.looks_wrong(rank))
+        if wrong:
+            return f"{wrong} look wrong"
+        findings = len(self.faults)
+        if findings:
+            return f"{findings} finding{'s' if findings != 1 else ''}"
+        return "all look fine"
+
 
 def read_culprits(diagnosis: Diagnosis | None, view: JobView) -> Culprits:
     """Map ``diagnosis`` (None: nothing to diagnose yet) onto the ranks of ``view``."""

@@ -31,7 +31,7 @@ def to_document(view: JobView, culprits: Culprits) -> dict[str, Any]:
         "world_size": view.world_size,
         "world_size_source": view.world_size_source,
         "ranks_seen": view.seen,
-        "wrong": view.wrong,
+        "wrong": sum(1 for r in view.ranks if culprits.looks_wrong(r)),
         "stale_after_s": view.thresholds.stale_s,
         "slow_after_s": view.thresholds.slow_s,
         "missing": view.missing,

@@ -182,9 +182,11 @@ def build_table(view: JobView, culprits: Culprits, max_rows: int | None = None) 
         COLUMNS if not busbw_op else (*COLUMNS[:at], f"busbw GB/s {busbw_op}", *COLUMNS[at + 1 :])
     )
     rows = [_row(rank, culprits, busbw_op) for rank in shown]
-    footer = _footer(order[len(shown) :])
+    footer = _footer(order[len(shown) :], culprits)
     verdicts = verdict_lines(culprits)
-    return Table(header(view), columns, rows, footer, verdicts, list(culprits.waiting_lines))
+    return Table(
+        header(view, culprits), columns, rows, footer, verdicts, list(culprits.waiting_lines)
+    )
 
 
 def verdict_lines(culprits: Culprits) -> list[tuple[str, str]]:
@@ -200,22 +202,24 @@ def verdict_lines(culprits: Culprits) -> list[tuple[str, str]]:
     return lines
 
 
-def header(view: JobView) -> str:
+def header(view: JobView, culprits: Culprits) -> str:
+    """The job, its ranks and where it stands: by the verdict and rows below it
+    (:meth:`Culprits.standing`), never by a count of its own."""
     when = datetime.datetime.fromtimestamp(view.fetched_ns / 1e9).strftime("%H:%M:%S")
     size_note = {"flag": " (from --world-size)", "ranks": " (highest rank seen + 1)"}.get(
         view.world_size_source, ""
     )
-    wrong = f"{view.wrong} look wrong" if view.wrong else "all look fine"
     return (
-        f"job {view.job} · {view.seen}/{view.world_size} ranks{size_note} · {wrong} · "
+        f"job {view.job} · {view.seen}/{view.world_size} ranks{size_note} · "
+        f"{culprits.standing(view.ranks)} · "
         f"store {view.address} · {when}"
     )
 
 
-def _footer(rest: list[RankView]) -> str:
+def _footer(rest: list[RankView], culprits: Culprits) -> str:
     if not rest:
         return ""
-    wrong = sum(1 for r in rest if r.wrong)
+    wrong = sum(1 for r in rest if culprits.looks_wrong(r))
     more = f"... and {len(rest)} more rank{'s' if len(rest) != 1 else ''}"
     return f"{more} ok" if not wrong else f"{more} ({wrong} look wrong)"
 
