@@ -30,6 +30,7 @@ from cclctl.telemetry.counters import MetricsView, StoreCounts, summarize
 from cclctl.telemetry.recorder import Recorder
 from cclctl.telemetry.stacks import capture_stacks
 from cclctl.telemetry.status import StatusPublisher, StatusStore
+from cclctl.telemetry.windows import PeerTotals, PeerWaits, Windows
 
 if TYPE_CHECKING:
     from cclctl.telemetry.exporter import MetricsExporter
@@ -79,6 +80,11 @@ class Telemetry(Recorder):
         #: why this process ends other than cleanly, once it knows ("uncaught RuntimeError:
         #: ...", "terminated by SIGTERM"): its statuses say so from then on, never "closed"
         self.exit_reason = ""
+        #: where the runtime's transports add the time they block on each peer
+        self.peer_waits = PeerWaits()
+        self._vias: dict[int, str] = {}
+        #: the slowness signals' windows, fed by every fold (see telemetry/windows.py)
+        self.windows = Windows(cfg.slow_window_s, self._peer_totals)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -127,6 +133,30 @@ class Telemetry(Recorder):
         """
         self._link_sources.append(source)
 
+    def add_vias(self, vias: dict[int, str]) -> None:
+        """Say how each peer (a job rank) is reached, ``shm`` or ``tcp``, for the signals."""
+        self._vias.update(vias)
+
+    def _peer_totals(self) -> PeerTotals:
+        """Each peer's running totals for the signals' windows (see telemetry/windows.py):
+        bytes from the transports' own counters, time blocked from :attr:`peer_waits`."""
+        links: dict[int, tuple[int, int]] = {}
+        for source in self._link_sources:
+            sent, received = source()
+            for peer, (s, r) in enumerate(zip(sent, received, strict=True)):
+                if s or r:
+                    old = links.get(peer, (0, 0))
+                    links[peer] = (old[0] + s, old[1] + r)
+        waits = self.peer_waits.copy()
+        vias = self._vias
+        totals = {}
+        for peer in links.keys() | waits.keys():
+            bytes_sent, bytes_received = links.get(peer, (0, 0))
+            send_wait, recv_wait, entry_wait = waits.get(peer, (0, 0, 0))
+            via = vias.get(peer, "tcp")
+            totals[peer] = (via, bytes_sent, bytes_received, send_wait, recv_wait, entry_wait)
+        return totals
+
     def add_auth_failure_source(self, source: Callable[[], int]) -> None:
         """Read how many link handshakes the transport refused (a stranger, a wrong token)."""
         self._auth_failure_sources.append(source)
@@ -172,6 +202,7 @@ class Telemetry(Recorder):
             stacks=capture_stacks() if kind == "dump" else [],
             revoke=self.revoke,
             finished=self._finished and kind == "status",
+            signals=self.signals(),
         )
 
     @property

@@ -23,7 +23,9 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from cclctl.records import COMPLETED, FINAL_STATES, CollectiveRecord, CommInfo
+from cclctl.signals import Signals
 from cclctl.telemetry.counters import DURATION_BOUNDS_NS, CommState, CommView, OpStats, add_run
+from cclctl.telemetry.windows import Windows
 
 #: How many calls a caller lets queue before it runs :meth:`Recorder.fold` (the runtime's
 #: communicator and the PyTorch integration fold when a record's seq is a multiple of it;
@@ -57,6 +59,8 @@ class Recorder:
         #: ``rec`` has begun: queue it for its ring, and to be counted once it has ended.
         self.start: Callable[[CollectiveRecord], None] = self._queue.append
         self._sources: list[Callable[[], None]] = []
+        #: the slowness signals' windows, fed by every fold (None: none kept)
+        self.windows: Windows | None = None
 
     def _comm(self, comm: str) -> CommState:
         """The state of ``comm``, created on first use; the caller holds the lock."""
@@ -110,12 +114,19 @@ class Recorder:
                 if rec.end_ns:
                     del inflight[key]
                     self._count_one(rec)
+        windows = self.windows
         if self._queue:
-            self._take()
+            taken = self._take()
+            if windows is not None:
+                windows.take(taken)
+        elif windows is not None:
+            windows.take(())
+        if windows is not None:
+            windows.close_due()
 
-    def _take(self) -> None:
+    def _take(self) -> list[CollectiveRecord]:
         """Move every queued record into its ring, counting those that have ended and
-        keeping the rest in flight (the caller holds the lock).
+        keeping the rest in flight (the caller holds the lock); returns them in order.
 
         One pass, summing in locals over each run of records of one (comm, op), written
         back when the run ends: each record is read once, while it is in cache (records
@@ -128,8 +139,11 @@ class Recorder:
         keep, buckets = cs.ring.append, st.buckets
         calls = nbytes = busy = started = done = 0
         last = None
+        taken: list[CollectiveRecord] = []
+        took = taken.append
         for _ in range(len(queue)):
             rec = popleft()
+            took(rec)
             if rec.op is not op or rec.comm is not comm:  # a new run (identity: the usual)
                 add_run(cs, st, self._world_size, calls, nbytes, busy, last, started, done)
                 calls = nbytes = busy = started = done = 0
@@ -161,6 +175,7 @@ class Recorder:
             if seq > done:
                 done = seq
         add_run(cs, st, self._world_size, calls, nbytes, busy, last, started, done)
+        return taken
 
     def _count_one(self, rec: CollectiveRecord) -> None:
         """Count one ended record that an earlier fold left in flight (the caller holds
@@ -253,6 +268,12 @@ class Recorder:
                 name: CommInfo(list(cs.ranks), cs.last_started, cs.last_completed)
                 for name, cs in self._comms.items()
             }
+
+    def signals(self) -> Signals | None:
+        """The slowness signals' complete windows (None: none kept), after a fold."""
+        with self._lock:
+            self._fold()
+            return None if self.windows is None else self.windows.signals()
 
     def failures(self) -> int:
         """Errors plus hangs counted so far (decides whether exit deserves a dump)."""

@@ -73,6 +73,7 @@ class Calls:
         self._call = Call(self._tag, 0, 0, "")  # the call open now, or the last one
         self._tracer: Tracer | None = None
         self._trace: Callable[[CollectiveRecord], None] | None = None
+        self._waits: object = None  # telemetry's PeerWaits: the time blocked on each peer
 
     def rewind(self, seq: int, attempt: int) -> None:
         """The next collective opens as ``seq`` (a retry runs a seq again); the calls at the
@@ -92,6 +93,7 @@ class Calls:
         # objects a call touches, the less it pays in cache misses after a large reduction.
         self._tracer = tracer
         self._trace = None if tracer is None else tracer.start
+        self._waits = getattr(tracer, "peer_waits", None)
 
     def open(
         self,
@@ -143,7 +145,11 @@ class Calls:
         call = Call(self._tag, epoch, seq, op, dtype, redop, root, count, shared)
         self._call = call
         now = time.monotonic()
-        wait = Wait(failure.rank, rec, now + self._timeout_s, now, failure)
+        waits = self._waits
+        wait = Wait(
+            failure.rank, rec, now + self._timeout_s, now, failure, waits, None,
+            None if waits is None else [],
+        )  # fmt: skip
         step = Step(self.transport, self.rank, self.world_size, call, wait, self.scratch)
         return Traced(self._trace, rec, step, self._finished)
 

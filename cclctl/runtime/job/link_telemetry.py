@@ -3,8 +3,9 @@
 Every transport a job builds (the world's, a retry's renewed one, a shrunk communicator's)
 registers the same three sources, read only when metrics or a status are built: bytes to
 and from each peer, links to each peer made again after a reset, and link handshakes it
-refused. A shrunk communicator numbers its peers 0..n-1; its counts are filed under the
-job's ranks, as every other count is.
+refused; and how it reaches each peer (shared memory or TCP), for the slowness signals. A
+shrunk communicator numbers its peers 0..n-1; its counts are filed under the job's ranks,
+as every other count is.
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ def watch(
         telemetry.add_link_source(link_bytes)
         telemetry.add_resume_source(lambda: by_job_rank(links.resumed, job))
     telemetry.add_auth_failure_source(lambda: links.auth_failures)
+    near = local_peers(transport)
+    ranks = list(members) if members is not None else list(range(len(links.resumed)))
+    telemetry.add_vias({rank: "shm" if i in near else "tcp" for i, rank in enumerate(ranks)})
+
+
+def local_peers(transport: Transport) -> set[int]:
+    """The peers ``transport`` reaches over shared memory (as it numbers them)."""
+    shm = transport if getattr(transport, "name", "") == "shm" else getattr(transport, "shm", None)
+    group = getattr(shm, "group", None)
+    return set(group.ranks) if group is not None else set()
 
 
 def by_job_rank(counts: Sequence[int], members: Sequence[int]) -> list[int]:

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
@@ -47,6 +47,11 @@ class Wait:
     deadline: float = math.inf  # time.monotonic() seconds
     started: float = dataclasses.field(default_factory=time.monotonic)
     failure: FailureState = dataclasses.field(default_factory=FailureState)
+    #: where the time blocked on each peer is added (telemetry's ``PeerWaits``; None: off)
+    #: and, per call, the peers that have shown progress in it (see transport/drive.py)
+    waits: Any = None
+    arrived: set[int] | None = None
+    exchanged: list[Sequence[Transfer]] | None = None
 
     def blocked_on(self, peer: int, what: str) -> None:
         rec = self.record

@@ -10,11 +10,15 @@ the share that waits on file descriptors (TCP) last.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from time import perf_counter_ns
 from typing import Any
 
 from cclctl.runtime.transport.base import Progress, Transfer, Wait
 
 MIXED_SLICE_S = 0.001  # with several shares stuck: how long to block on the last one
+#: kinds of time blocked on a peer (telemetry's PeerWaits indices): sending or receiving
+#: after the peer showed progress in the call (the data phase), and before (its entry)
+SEND_WAIT, RECV_WAIT, ENTRY_WAIT = 0, 1, 2
 
 
 def drive(shares: Sequence[Progress], wait: Wait) -> None:
@@ -23,32 +27,101 @@ def drive(shares: Sequence[Progress], wait: Wait) -> None:
         _drive_one(shares[0], wait)
         return
     live = [share for share in shares if not share.done]
+    blocked: Progress | None = None  # the share last blocked on, and its peer
+    peer = -1
     while live:
         moved = False
         for share in live:
             if share.advance():
                 moved = True
+                if share is blocked:  # see _drive_one_timed
+                    arrived(wait, peer)
+                    blocked = None
         live = [share for share in live if not share.done]
         if moved or not live:
             continue
         if len(live) == 1:
-            _block(live[0], wait, None)
+            blocked, peer = live[0], _block(live[0], wait, None)
             continue
         for share in live[:-1]:
             share.check()
-        _block(live[-1], wait, MIXED_SLICE_S)
+        blocked, peer = live[-1], _block(live[-1], wait, MIXED_SLICE_S)
 
 
 def _drive_one(share: Progress, wait: Wait) -> None:
+    if wait.waits is not None:
+        _drive_one_timed(share, wait)
+        return
     while not share.done:
         if not share.advance() and not share.done:
             _block(share, wait, None)
 
 
-def _block(share: Progress, wait: Wait, slice_s: float | None) -> None:
+def _drive_one_timed(share: Progress, wait: Wait) -> None:
+    """:func:`_drive_one`, telling a peer's arrival apart: once a share that blocked on a
+    peer moves again, that peer has shown progress in the call (its bytes came, or it
+    took some)."""
+    blocked = -1
+    while not share.done:
+        if share.advance():
+            if blocked >= 0:
+                arrived(wait, blocked)
+                blocked = -1
+        elif not share.done:
+            blocked = _block(share, wait, None)
+
+
+def _block(share: Progress, wait: Wait, slice_s: float | None) -> int:
+    """Block on the peer ``share`` waits on; returns that peer. With telemetry's
+    ``wait.waits``, the time blocked is added to the peer's (see :func:`account`)."""
     peer, what = share.waiting_on()
     wait.blocked_on(peer, what)
-    share.block(wait, peer, what, slice_s)
+    if wait.waits is None:
+        share.block(wait, peer, what, slice_s)
+        return peer
+    began = perf_counter_ns()
+    try:
+        share.block(wait, peer, what, slice_s)
+    finally:
+        account(wait, peer, what, perf_counter_ns() - began)
+    return peer
+
+
+def account(wait: Wait, peer: int, what: str, ns: int) -> None:
+    """Add ``ns`` blocked on ``peer`` (the communicator's rank) to ``wait.waits``, under the
+    peer's job rank: entry wait while the peer has shown no progress in the call (no byte
+    of it received in a step that completed, no move after a wait on it), else send or
+    receive wait (the data phase)."""
+    arrived_peers = wait.arrived
+    exchanged = wait.exchanged
+    if exchanged:  # the receives of completed steps: their peers had sent
+        if arrived_peers is None:
+            arrived_peers = wait.arrived = set()
+        for recvs in exchanged:
+            arrived_peers.update(p for p, _ in recvs)
+        exchanged.clear()
+    if arrived_peers is None or peer not in arrived_peers:
+        kind = ENTRY_WAIT
+    else:
+        kind = SEND_WAIT if what == "send" else RECV_WAIT
+    wait.waits.add(wait.failure.job_rank(peer), kind, ns)
+
+
+def arrived(wait: Wait, peer: int) -> None:
+    """``peer`` has shown progress in the call: later waits on it are the data phase."""
+    peers = wait.arrived
+    if peers is None:
+        wait.arrived = {peer}
+    else:
+        peers.add(peer)
+
+
+def exchanged(wait: Wait, recvs: Sequence[Transfer]) -> None:
+    """A step completed: the peers it received from have shown progress in the call
+    (kept as the list itself, looked at only if the call blocks later)."""
+    done = wait.exchanged
+    if done is not None and recvs:
+        done.append(recvs)
 
 
 class DrivenAlone:
@@ -63,3 +136,4 @@ class DrivenAlone:
         self, call: Any, step: int, sends: Sequence[Transfer], recvs: Sequence[Transfer], wait: Wait
     ) -> None:
         drive((self.start(call, step, sends, recvs, wait),), wait)
+        exchanged(wait, recvs)

@@ -20,7 +20,7 @@ from cclctl.revocation import Revocation
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Progress, SteppedTransport, Transfer, Transport, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
-from cclctl.runtime.transport.drive import drive
+from cclctl.runtime.transport.drive import drive, exchanged
 from cclctl.runtime.transport.shm.group import ShmGroup
 from cclctl.runtime.transport.shm.layout import Layout
 from cclctl.runtime.transport.shm.segment import host_key
@@ -106,6 +106,7 @@ class HybridTransport:
         wait: Wait,
     ) -> None:
         drive(self._shares(call, step, sends, recvs, wait), wait)
+        exchanged(wait, recvs)
 
     def _shares(
         self,

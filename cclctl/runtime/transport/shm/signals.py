@@ -22,7 +22,7 @@ from cclctl.errors import BadInput, CclError, PeerError
 from cclctl.revocation import Revocation
 from cclctl.runtime.failure_errors import revoked
 from cclctl.runtime.peer_process import GONE
-from cclctl.runtime.transport import wire
+from cclctl.runtime.transport import drive, wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.shm.futex import Futex
 from cclctl.runtime.transport.shm.layout import (
@@ -84,6 +84,21 @@ class Signals:
         q = view.q
         if q[index] >= target:
             return
+        if wait.waits is None:
+            self._await_counter(view, index, target, call, wait, what)
+            return
+        began = time.perf_counter_ns()  # the signals: time blocked on the peer (drive.py)
+        try:
+            self._await_counter(view, index, target, call, wait, what)
+        finally:
+            drive.account(wait, view.rank, what, time.perf_counter_ns() - began)
+        drive.arrived(wait, view.rank)
+
+    def _await_counter(
+        self, view: View, index: int, target: int, call: wire.Call, wait: Wait, what: str
+    ) -> None:
+        """The spin, the yield and the sleep of :meth:`wait_counter`."""
+        q = view.q
         now = time.perf_counter()
         busy, polite = now + self.spin, now + self.spin + self.yield_s
         while True:  # spin: the peer is usually running on another core right now

@@ -1,0 +1,221 @@
+"""The slowness signals of one process, folded into windows (see :mod:`cclctl.signals`).
+
+:class:`Windows` sees every record the recorder folds (once, as it is taken from the queue)
+and adds it to the windows of ``window_s`` seconds it touches, cut on this process's wall
+clock at multiples of the window since the epoch, so every rank's windows line up to the
+clock skew: the calls that ended in each, the time spent inside calls in each (a call that
+spans a boundary is split at it, and one still running when a window closes counts up to
+its end) and, for collectives, sampled entry times ``(seq, start_ns)``. A window closes at
+the first fold after its end (the recorder folds every ``FOLD_BATCH`` calls and before
+every status, at least once a status interval); the per-peer totals (bytes, time blocked)
+are read then, and their growth since the last close is the window's, so a window's peers
+may hold up to a status interval of the next window's. Only the last
+:data:`~cclctl.signals.MAX_WINDOWS` complete windows are kept.
+
+:class:`PeerWaits` is where the runtime's transports add the time they block on a peer.
+The clock is injectable, as the watchdog's, for tests.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from cclctl.records import CollectiveRecord
+from cclctl.signals import (
+    MAX_COMMS,
+    MAX_ENTRIES,
+    MAX_PEERS,
+    MAX_WINDOWS,
+    CommWindow,
+    PeerWindow,
+    Signals,
+    Window,
+)
+
+#: index of each total in :class:`PeerWaits` and in a peer's totals row
+SEND_WAIT, RECV_WAIT, ENTRY_WAIT = 0, 1, 2
+
+#: peer (job rank) -> (via, sent, received, send_wait_ns, recv_wait_ns, entry_wait_ns),
+#: each number a running total since the process started
+PeerTotals = Mapping[int, tuple[str, int, int, int, int, int]]
+
+
+class PeerWaits:
+    """Nanoseconds this process blocked on each peer (a job rank) so far: sending and
+    receiving after the peer showed progress in the call, and before (entry).
+
+    Written by the thread that runs the calls, read by folds on other threads: a reader
+    copies the table at once (``list`` of a dict is one step under the GIL)."""
+
+    __slots__ = ("totals",)
+
+    def __init__(self) -> None:
+        self.totals: dict[int, list[int]] = {}
+
+    def add(self, peer: int, kind: int, ns: int) -> None:
+        """Add ``ns`` blocked on ``peer`` as ``kind`` (SEND_WAIT, RECV_WAIT or ENTRY_WAIT)."""
+        row = self.totals.get(peer)
+        if row is None:
+            row = self.totals[peer] = [0, 0, 0]
+        row[kind] += ns
+
+    def copy(self) -> dict[int, tuple[int, int, int]]:
+        return {peer: (row[0], row[1], row[2]) for peer, row in list(self.totals.items())}
+
+
+class _Comm:
+    """One communicator in an open window: its counts and its sampled entries."""
+
+    __slots__ = ("calls", "entries", "inside", "mask")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.inside = 0
+        self.entries: list[tuple[int, int]] = []
+        self.mask = 0  # keep an entry when seq & mask == 0 (mask = 2**k - 1)
+
+    def enter(self, seq: int, start_ns: int) -> None:
+        if seq & self.mask:
+            return
+        entries = self.entries
+        entries.append((seq, start_ns))
+        while len(entries) > MAX_ENTRIES:  # the next level: keep every other kept seq
+            self.mask = 2 * self.mask + 1
+            entries[:] = [e for e in entries if not e[0] & self.mask]
+
+
+class Windows:
+    """Rolling per-window summaries of one process's calls and peers."""
+
+    def __init__(
+        self,
+        window_s: float,
+        peers: Callable[[], PeerTotals] | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.window_s = window_s
+        self.window_ns = max(1, int(window_s * 1e9))
+        #: the per-peer running totals, read as a window closes (None: no peers)
+        self.peers = peers
+        self._clock = clock
+        self._open: dict[int, dict[str, _Comm]] = {}  # window index -> comms
+        self._done: collections.deque[Window] = collections.deque(maxlen=MAX_WINDOWS)
+        self._running: dict[int, list] = {}  # id(record) -> [record, counted up to (ns)]
+        self._next = clock() // self.window_ns  # the first window not closed yet
+        self._last: dict[int, tuple[str, int, int, int, int, int]] = {}
+
+    # -- feeding (the recorder calls these under its lock) -----------------------------------
+
+    def take(self, records: Iterable[CollectiveRecord]) -> None:
+        """Add records just taken from the recorder's queue (each exactly once), and the
+        end of those taken earlier that have ended since."""
+        running = self._running
+        if running:
+            for key, item in list(running.items()):
+                rec = item[0]
+                if rec.end_ns:
+                    del running[key]
+                    self._inside(rec.comm, item[1], rec.end_ns, True)
+        window_ns, opened = self.window_ns, self._open
+        for rec in records:
+            start = rec.start_ns
+            if rec.peer is None:
+                comms = opened.get(start // window_ns) or self._window(start // window_ns)
+                if comms is not None:
+                    comm = comms.get(rec.comm) or self._comm(comms, rec.comm)
+                    if comm is not None:
+                        comm.enter(rec.seq, start)
+            end = rec.end_ns
+            if end:
+                self._inside(rec.comm, start, end, True)
+            else:
+                running[id(rec)] = [rec, start]
+
+    def _window(self, index: int) -> dict[str, _Comm] | None:
+        """The comms of open window ``index``, opened now; None once it closed (or far
+        ahead of this clock: a record's time from a clock that stepped)."""
+        if index < self._next or index > self._clock() // self.window_ns + 1:
+            return None
+        return self._open.setdefault(index, {})
+
+    @staticmethod
+    def _comm(comms: dict[str, _Comm], name: str) -> _Comm | None:
+        if len(comms) >= MAX_COMMS:
+            return None  # a rank's 33rd communicator is left out of its signals
+        comm = comms[name] = _Comm()
+        return comm
+
+    def _inside(self, name: str, start: int, end: int, ended: bool) -> None:
+        """Add the time ``[start, end)`` inside a call of ``name`` to the windows it
+        spans; ``ended``: the call ended at ``end`` (counted in that window)."""
+        window_ns = self.window_ns
+        end = max(start, end)
+        first = max(start // window_ns, self._next)
+        last = max(start, end - 1) // window_ns
+        for index in range(first, last + 1):
+            comms = self._open.get(index) or self._window(index)
+            if comms is None:
+                continue
+            comm = comms.get(name) or self._comm(comms, name)
+            if comm is None:
+                continue
+            lo, hi = max(start, index * window_ns), min(end, (index + 1) * window_ns)
+            comm.inside += max(0, hi - lo)
+            if ended and index == last:
+                comm.calls += 1
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close_due(self) -> None:
+        """Close every window that ended by now (the recorder calls it at each fold)."""
+        window_ns = self.window_ns
+        now = self._clock() // window_ns
+        if now <= self._next:
+            return
+        if now - self._next > MAX_WINDOWS:  # idle for long, or the clock jumped: skip ahead
+            for index in [i for i in self._open if i < now - MAX_WINDOWS]:
+                del self._open[index]
+            self._next = now - MAX_WINDOWS
+        for item in self._running.values():  # calls still running: up to the last end
+            rec, counted = item
+            until = now * window_ns
+            if counted < until:
+                self._inside(rec.comm, counted, until, False)
+                item[1] = until
+        peers = self._peer_deltas()
+        while self._next < now:
+            index = self._next
+            comms = self._open.pop(index, {})
+            self._next = index + 1
+            self._done.append(
+                Window(
+                    index * window_ns,
+                    (index + 1) * window_ns,
+                    {n: CommWindow(c.calls, c.inside, c.entries) for n, c in comms.items()},
+                    peers if self._next == now else {},
+                )
+            )
+
+    def _peer_deltas(self) -> dict[int, PeerWindow]:
+        """What each peer's totals grew by since the last close (peers that did not grow
+        are left out; at most :data:`MAX_PEERS`, the busiest)."""
+        if self.peers is None:
+            return {}
+        totals = dict(self.peers())
+        last, self._last = self._last, totals
+        grown: dict[int, PeerWindow] = {}
+        for peer, now in totals.items():
+            before = last.get(peer, (now[0], 0, 0, 0, 0, 0))
+            delta = [max(0, a - b) for a, b in zip(now[1:], before[1:], strict=True)]
+            if any(delta):
+                grown[peer] = PeerWindow(now[0], *delta)
+        if len(grown) > MAX_PEERS:
+            busiest = sorted(grown, key=lambda p: -(grown[p].sent + grown[p].received))
+            grown = {p: grown[p] for p in sorted(busiest[:MAX_PEERS])}
+        return grown
+
+    def signals(self) -> Signals:
+        """The complete windows, oldest first (call :meth:`close_due` first)."""
+        return Signals(self.window_s, list(self._done))
