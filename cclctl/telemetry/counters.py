@@ -171,6 +171,9 @@ class MetricsView:
     store_gap_s: float = 0.0  # the last gap between two good publishes (see status.py)
     #: peer -> its links made again after a reset (see runtime/transport/tcp_resume.py)
     link_resumes: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: peer -> nanoseconds blocked on it: (send, recv, entry send, entry recv), see
+    #: telemetry/windows.py; only the peers this rank waited on
+    peer_waits: dict[int, tuple[int, int, int, int]] = dataclasses.field(default_factory=dict)
     #: On the rank that hosts the job's store: its closed connections by reason, and the
     #: requests it refused to clients without the token; None elsewhere.
     store: StoreCounts | None = None

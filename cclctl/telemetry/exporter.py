@@ -168,6 +168,28 @@ def _link_bytes(view: MetricsView, base: list[str]) -> Iterator[Metric]:
     for peer, n in sorted(view.link_resumes.items()):
         resumes.add_metric([*base, str(peer)], n)
     yield from (sent, received, resumes)
+    yield _peer_waits(view, base)
+
+
+def _peer_waits(view: MetricsView, base: list[str]) -> CounterMetricFamily:
+    """Time blocked on each peer rank this rank waited on, by direction and phase: ``entry``
+    before the peer showed progress in the call (it had not arrived), ``data`` after."""
+    waits = CounterMetricFamily(
+        "cclctl_peer_wait_seconds",
+        "Time blocked on a peer rank: direction send or recv; phase entry (before the peer "
+        "showed progress in the call) or data (after).",
+        labels=[*_PEER_LABELS, "direction", "phase"],
+    )
+    for peer, (send, recv, entry_send, entry_recv) in sorted(view.peer_waits.items()):
+        for direction, phase, ns in (
+            ("send", "data", send),
+            ("recv", "data", recv),
+            ("send", "entry", entry_send),
+            ("recv", "entry", entry_recv),
+        ):
+            if ns:
+                waits.add_metric([*base, str(peer), direction, phase], ns / 1e9)
+    return waits
 
 
 def _rank_health(view: MetricsView, base: list[str]) -> Iterator[Metric]:

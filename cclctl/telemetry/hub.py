@@ -119,6 +119,7 @@ class Telemetry(Recorder):
             store_reconnects=publisher.reconnects if publisher else 0,
             store_gap_s=publisher.gap_s if publisher else 0.0,
             link_resumes=resumes,
+            peer_waits=self.peer_waits.copy(),
         )
 
     def add_store_source(self, source: Callable[[], StoreCounts]) -> None:
@@ -152,8 +153,9 @@ class Telemetry(Recorder):
         totals = {}
         for peer in links.keys() | waits.keys():
             bytes_sent, bytes_received = links.get(peer, (0, 0))
-            send_wait, recv_wait, entry_wait = waits.get(peer, (0, 0, 0))
+            send_wait, recv_wait, entry_send, entry_recv = waits.get(peer, (0, 0, 0, 0))
             via = vias.get(peer, "tcp")
+            entry_wait = entry_send + entry_recv
             totals[peer] = (via, bytes_sent, bytes_received, send_wait, recv_wait, entry_wait)
         return totals
 

@@ -34,8 +34,9 @@ from cclctl.signals import (
     Window,
 )
 
-#: index of each total in :class:`PeerWaits` and in a peer's totals row
-SEND_WAIT, RECV_WAIT, ENTRY_WAIT = 0, 1, 2
+#: index of each total in :class:`PeerWaits`: sending, receiving (after the peer showed
+#: progress in the call: the data phase), and before it did (entry), sending or receiving
+SEND_WAIT, RECV_WAIT, ENTRY_SEND_WAIT, ENTRY_RECV_WAIT = 0, 1, 2, 3
 
 #: peer (job rank) -> (via, sent, received, send_wait_ns, recv_wait_ns, entry_wait_ns),
 #: each number a running total since the process started
@@ -43,8 +44,8 @@ PeerTotals = Mapping[int, tuple[str, int, int, int, int, int]]
 
 
 class PeerWaits:
-    """Nanoseconds this process blocked on each peer (a job rank) so far: sending and
-    receiving after the peer showed progress in the call, and before (entry).
+    """Nanoseconds this process blocked on each peer (a job rank) so far, sending and
+    receiving, after the peer showed progress in the call and before (entry).
 
     Written by the thread that runs the calls, read by folds on other threads: a reader
     copies the table at once (``list`` of a dict is one step under the GIL)."""
@@ -55,14 +56,15 @@ class PeerWaits:
         self.totals: dict[int, list[int]] = {}
 
     def add(self, peer: int, kind: int, ns: int) -> None:
-        """Add ``ns`` blocked on ``peer`` as ``kind`` (SEND_WAIT, RECV_WAIT or ENTRY_WAIT)."""
+        """Add ``ns`` blocked on ``peer`` as ``kind`` (an index above)."""
         row = self.totals.get(peer)
         if row is None:
-            row = self.totals[peer] = [0, 0, 0]
+            row = self.totals[peer] = [0, 0, 0, 0]
         row[kind] += ns
 
-    def copy(self) -> dict[int, tuple[int, int, int]]:
-        return {peer: (row[0], row[1], row[2]) for peer, row in list(self.totals.items())}
+    def copy(self) -> dict[int, tuple[int, int, int, int]]:
+        """peer -> (send, recv, entry send, entry recv) nanoseconds."""
+        return {peer: (r[0], r[1], r[2], r[3]) for peer, r in list(self.totals.items())}
 
 
 class _Comm:

@@ -49,7 +49,7 @@ def _wait(members: tuple[int, ...] = ()) -> Wait:
 
 def _kinds(wait: Wait) -> dict[int, tuple[bool, bool, bool]]:
     """Per job rank: (any send wait, any receive wait, any entry wait)."""
-    return {p: (s > 0, r > 0, e > 0) for p, (s, r, e) in wait.waits.copy().items()}
+    return {p: (s > 0, r > 0, es + er > 0) for p, (s, r, es, er) in wait.waits.copy().items()}
 
 
 def test_the_first_wait_on_a_peer_is_its_entry_and_later_ones_the_data_phase() -> None:
@@ -97,4 +97,4 @@ def test_account_folds_completed_steps_once() -> None:
     driving.account(wait, 2, "recv", 5)
     driving.account(wait, 3, "send", 7)
     assert wait.exchanged == [] and wait.arrived == {1, 2}
-    assert wait.waits.copy() == {2: (0, 5, 0), 3: (0, 0, 7)}
+    assert wait.waits.copy() == {2: (0, 5, 0, 0), 3: (0, 0, 7, 0)}

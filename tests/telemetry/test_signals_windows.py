@@ -9,7 +9,14 @@ from typing import Any
 from cclctl.records import COMPLETED, CollectiveRecord, snapshot_from_json
 from cclctl.signals import MAX_ENTRIES, MAX_WINDOWS
 from cclctl.telemetry.recorder import Recorder
-from cclctl.telemetry.windows import ENTRY_WAIT, RECV_WAIT, SEND_WAIT, PeerWaits, Windows
+from cclctl.telemetry.windows import (
+    ENTRY_RECV_WAIT,
+    ENTRY_SEND_WAIT,
+    RECV_WAIT,
+    SEND_WAIT,
+    PeerWaits,
+    Windows,
+)
 
 S = 1_000_000_000
 T0 = 1_733_400_000 * S  # a multiple of the window
@@ -163,16 +170,18 @@ def test_records_from_a_clock_that_stepped_are_left_out() -> None:
 
 def test_peer_waits_add_up_per_kind() -> None:
     waits = PeerWaits()
-    waits.add(3, ENTRY_WAIT, 10)
+    waits.add(3, ENTRY_RECV_WAIT, 10)
     waits.add(3, SEND_WAIT, 1)
     waits.add(3, RECV_WAIT, 2)
-    waits.add(3, ENTRY_WAIT, 5)
-    assert waits.copy() == {3: (1, 2, 15)}
+    waits.add(3, ENTRY_RECV_WAIT, 5)
+    waits.add(3, ENTRY_SEND_WAIT, 4)
+    assert waits.copy() == {3: (1, 2, 4, 15)}
 
 
 def test_a_status_carries_the_signals(make_tel: Any) -> None:
     tel = make_tel(slow_window_s=0.1)
-    tel.peer_waits.add(1, ENTRY_WAIT, 7)
+    tel.peer_waits.add(1, ENTRY_SEND_WAIT, 3)
+    tel.peer_waits.add(1, ENTRY_RECV_WAIT, 4)
     tel.add_link_source(lambda: ([0, 64, 0, 0], [0, 32, 0, 0]))
     tel.add_vias({1: "shm"})
     tel.windows._next -= 3  # as if three windows had passed since it started

@@ -28,6 +28,7 @@ def exposed(make_tel) -> tuple[set[str], set[str]]:
     run(tel, "w", 1)
     run(tel, "w", 2, state=FAILED)
     tel.link_bytes(1, 1, 1)
+    tel.peer_waits.add(1, 0, 1000)  # time blocked sending to rank 1
     tel.add_resume_source(lambda: [0, 1])  # a link to rank 1 made again once
     tel.add_store_source(lambda: StoreCounts({"idle": 1}, 2))  # as on the store's rank
     text = MetricsExporter(tel.metrics_view).render().decode()

@@ -19,10 +19,10 @@ from cclctl.bandwidth import COLLECTIVES
 from cclctl.errors import ConfigError
 from cclctl.records import FAILED, CollectiveRecord
 from cclctl.telemetry.counters import ERROR_REASONS
-from cclctl.telemetry.exporter import JOB_LABEL
+from cclctl.telemetry.exporter import JOB_LABEL, MetricsExporter
 from cclctl.telemetry.hub import Telemetry
 
-ALLOWED_LABELS = {JOB_LABEL, "rank", "comm", "op", "peer", "reason", "le"}
+ALLOWED_LABELS = {JOB_LABEL, "rank", "comm", "op", "peer", "reason", "le", "direction", "phase"}
 #: Labels Prometheus itself puts on every series of a target; with the default
 #: ``honor_labels: false`` a series' own label of that name becomes ``exported_<name>``.
 TARGET_LABELS = {"job", "instance"}
@@ -126,6 +126,7 @@ def test_names_and_labels_follow_the_conventions(make_tel):
     run(tel, "w", 1, state=FAILED)
     run(tel, "w", 2)
     tel.link_bytes(0, 1, 1)
+    tel.peer_waits.add(0, 3, 5)  # blocked receiving from rank 0 before it arrived
     url = tel.serve_metrics(0)
     assert url is not None
     with urllib.request.urlopen(url, timeout=5) as resp:
@@ -145,6 +146,7 @@ def test_names_and_labels_follow_the_conventions(make_tel):
         "cclctl_link_sent_bytes",
         "cclctl_link_received_bytes",
         "cclctl_link_resumes",
+        "cclctl_peer_wait_seconds",
         "cclctl_status_heartbeat_timestamp_seconds",
         "cclctl_status_publish_errors",
         "cclctl_link_auth_failures",
@@ -259,3 +261,17 @@ def test_a_forked_child_neither_serves_nor_holds_the_port(make_tel):
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(read_end)
+
+
+def test_peer_waits_are_served_per_peer_direction_and_phase_only_where_waited(make_tel):
+    tel = make_tel(rank=1)
+    tel.peer_waits.add(0, 0, 2_000_000_000)  # sending to rank 0, data phase
+    tel.peer_waits.add(3, 3, 500_000_000)  # receiving from rank 3 before it arrived
+    families = text_string_to_metric_families(MetricsExporter(tel.metrics_view).render().decode())
+    waits = next(f for f in families if f.name == "cclctl_peer_wait_seconds")
+    got = {
+        (s.labels["peer"], s.labels["direction"], s.labels["phase"]): s.value
+        for s in waits.samples
+        if s.name.endswith("_total")
+    }
+    assert got == {("0", "send", "data"): 2.0, ("3", "recv", "entry"): 0.5}

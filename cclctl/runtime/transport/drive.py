@@ -18,7 +18,7 @@ from cclctl.runtime.transport.base import Progress, Transfer, Wait
 MIXED_SLICE_S = 0.001  # with several shares stuck: how long to block on the last one
 #: kinds of time blocked on a peer (telemetry's PeerWaits indices): sending or receiving
 #: after the peer showed progress in the call (the data phase), and before (its entry)
-SEND_WAIT, RECV_WAIT, ENTRY_WAIT = 0, 1, 2
+SEND_WAIT, RECV_WAIT, ENTRY_SEND_WAIT, ENTRY_RECV_WAIT = 0, 1, 2, 3
 
 
 def drive(shares: Sequence[Progress], wait: Wait) -> None:
@@ -101,7 +101,7 @@ def account(wait: Wait, peer: int, what: str, ns: int) -> None:
             arrived_peers.update(p for p, _ in recvs)
         exchanged.clear()
     if arrived_peers is None or peer not in arrived_peers:
-        kind = ENTRY_WAIT
+        kind = ENTRY_SEND_WAIT if what == "send" else ENTRY_RECV_WAIT
     else:
         kind = SEND_WAIT if what == "send" else RECV_WAIT
     wait.waits.add(wait.failure.job_rank(peer), kind, ns)
