@@ -31,13 +31,16 @@ from rich.text import Text
 from cclctl.commands.checks import store_to_read
 from cclctl.commands.store_access import connect, store_option
 from cclctl.diagnose.model import Options
+from cclctl.diagnose.slow_model import SlowReport
 from cclctl.diagnose_io.live import diagnose_live
+from cclctl.diagnose_io.slow_inputs import slow_live
 from cclctl.errors import ConfigError, StoreError, UsageError
 from cclctl.limits import MAX_WORLD_SIZE
 from cclctl.live import table as rows_of
 from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thresholds, classify
 from cclctl.live.culprit import OK, SUSPECT, WAITING, WARN, Culprits, read_culprits
 from cclctl.live.document import to_document
+from cclctl.live.slow_cells import add_slow_columns
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.store.client import StoreClient
 
@@ -56,6 +59,11 @@ HELP = (
     "NCCL). Other ranks that look wrong (a heartbeat older than --stale, a collective older "
     "than --slow, a failed call, hangs or errors counted beyond the calls a retry re-ran) "
     "follow in yellow.\n\n"
+    "Below it, `cclctl diagnose slow --store`'s verdict for the same statuses (a slow rank, "
+    "link or host, in words; its suspects first when nothing hangs), whose figures fill two "
+    "columns: 'entry lag', how long after the median each rank enters its collectives, and "
+    "'wait share', the share of the time it spends inside them (a straggler enters last and "
+    "waits least).\n\n"
     "Columns that do not fit the terminal are dropped whole (bus bandwidth, counts, size, host "
     "and pid go first; rank and state always stay); op names shorten first (ar, ag, rs, a2a, "
     "bcast).\n\n"
@@ -112,7 +120,9 @@ def top(
         if (once or as_json) and view.world_size == 0:
             raise UsageError(f"job {view.job!r} has published no status to {view.address} yet")
         if as_json:
-            sys.stdout.write(json.dumps(to_document(view, screen.culprits), indent=2) + "\n")
+            doc = to_document(view, screen.culprits)
+            doc["slow"] = screen.slow.to_dict() if screen.slow is not None else None
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
             return
         console = _console()
         if once:
@@ -126,10 +136,12 @@ def top(
 
 @dataclasses.dataclass(frozen=True)
 class Screen:
-    """One refresh: every rank classified, and the diagnosis read onto the rows."""
+    """One refresh: every rank classified, and the diagnosis read onto the rows; ``slow``
+    is ``diagnose slow --store``'s verdict for the same statuses (None before any)."""
 
     view: JobView
     culprits: Culprits
+    slow: SlowReport | None = None
 
 
 def read_screen(
@@ -150,7 +162,8 @@ def screen_of(statuses: JobStatuses, world_size: int | None, limits: Thresholds)
     options = Options(stale_after_s=limits.stale_s, stuck_after_s=limits.slow_s)
     published = bool(statuses.statuses or statuses.bad)
     diagnosis = diagnose_live(statuses, world_size, options) if published else None
-    return Screen(view, read_culprits(diagnosis, view))
+    slow = slow_live(statuses) if published else None
+    return Screen(view, read_culprits(diagnosis, view), slow)
 
 
 def _check(**values: float | None) -> None:
@@ -191,7 +204,9 @@ def render(screen: Screen, max_rows: int | None, note: str = "", width: int = 0)
     """Header, verdicts, who waits on them, the table of the rows that fit (in ``width``
     characters; 0: every column) and the line counting the rest.
     """
-    model = rows_of.build_table(screen.view, screen.culprits, max_rows)
+    model = add_slow_columns(
+        rows_of.build_table(screen.view, screen.culprits, max_rows), screen.slow
+    )
     if width > 0:
         model = model.fit(width)
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections.abc import Collection, Sequence
 
 from cclctl.diagnose.slow_model import RankSignals
@@ -52,6 +53,7 @@ class Job:
     # a busy machine: these ranks get extra random jitter of up to this much per call
     noisy: Collection[int] = ()
     noise_s: float = 0.0
+    start_ns: int = START_NS  # the first window's start (a multiple of the window)
 
     @property
     def period_s(self) -> float:
@@ -81,7 +83,7 @@ def _slow_edge(job: Job, src: int, dst: int) -> bool:
 
 
 def _window(job: Job, rank: int, index: int, rng: random.Random) -> Window:
-    start = START_NS + index * int(job.window_s * NS)
+    start = job.start_ns + index * int(job.window_s * NS)
     end = start + int(job.window_s * NS)
     active = job.active(index)
     late = rank in job.slow and active
@@ -95,7 +97,7 @@ def _window(job: Job, rank: int, index: int, rng: random.Random) -> Window:
             t += job.lag_share * job.period_s
         if rank in job.noisy:
             t += rng.uniform(0, job.noise_s)
-        entries.append((index * job.calls + k + 1, START_NS + int(t * NS)))
+        entries.append((index * job.calls + k + 1, job.start_ns + int(t * NS)))
     comm = CommWindow(job.calls, int(max(0.0, share) * job.window_s * NS), _sample(entries))
     return Window(start, end, {job.comm(): comm}, _peers(job, rank, index, rng))
 
@@ -153,7 +155,7 @@ def documents(job: Job, kind: str = "dump", name: str = "j") -> list[RankSnapsho
     """The ranks' dumps (or statuses) carrying their windows, as the hub writes them."""
     out = []
     for rank in signals(job):
-        newest = rank.windows[-1].end_ns if rank.windows else START_NS
+        newest = rank.windows[-1].end_ns if rank.windows else job.start_ns
         out.append(
             RankSnapshot(
                 kind=kind,
@@ -169,3 +171,11 @@ def documents(job: Job, kind: str = "dump", name: str = "j") -> list[RankSnapsho
             )
         )
     return out
+
+
+def ending_now(**fields: object) -> Job:
+    """A job whose newest window ended just now (statuses a live reader finds fresh)."""
+    job = Job(**fields)  # type: ignore[arg-type]
+    width = int(job.window_s * NS)
+    job.start_ns = (time.time_ns() // width - job.windows) * width
+    return job
