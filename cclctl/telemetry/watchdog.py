@@ -56,10 +56,14 @@ class Watchdog:
         on_expire: Callable[[CollectiveRecord, str], None] | None = None,
         period_s: float | None = None,
         clock: Callable[[], int] = time.time_ns,
+        outcome: str = "",
     ) -> None:
         self._telemetry = telemetry
         self.timeout_ns = int(timeout_s * 1e9)
         self.policy = policy
+        #: what follows an expiry, in words, for the log line ("": ``policy <policy>``);
+        #: the torch integration says what torch does, as nothing of cclctl's can raise there
+        self.outcome = outcome or f"policy {policy}"
         self._on_abort = on_abort
         self._on_expire = on_expire
         self._period_s = period_s if period_s is not None else min(1.0, max(timeout_s / 10, 0.05))
@@ -109,7 +113,7 @@ class Watchdog:
         path = tel.dump("hang")
         tel.publish_now()
         suffix = f"; flight recorder dumped to {path}" if path else ""
-        log.error("cclctl: HANG: %s; policy %s%s", line, self.policy, suffix)
+        log.error("cclctl: HANG: %s; %s%s", line, self.outcome, suffix)
         if self._on_expire is not None:
             self._on_expire(rec, line)
         if self.policy == "abort" and self._on_abort is not None:

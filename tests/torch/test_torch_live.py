@@ -93,6 +93,8 @@ def test_launch_top_and_diagnose_a_hung_instrumented_job(tmp_path: Path) -> None
     assert proc.returncode == 0, output
     assert "released" in output
     assert "HANG: rank 0: all_reduce seq 3 on comm 0:0-1" in output
+    # nothing of cclctl's can raise into a gloo call: the log says what happens instead
+    assert "policy raise" not in output and "until torch's own timeout" in output
 
 
 @pytest.mark.timeout(120)

@@ -30,6 +30,7 @@ log = logging.getLogger("cclctl.torch")
 #: Closes a record: (record, error or None, end_ns or 0 for "now").
 Close = Callable[[CollectiveRecord, BaseException | None, int], None]
 
+
 class _Lane:
     """One communicator's works in issue order, and whether its thread sleeps: a work
     added while the thread waits on an earlier one needs no wake-up (one less switch for

@@ -18,14 +18,18 @@ import logging
 import threading
 
 from cclctl.errors import CclError
+from cclctl.integrations.torch.ending import TERMINATED
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
 from cclctl.runtime.job.revoke_key import LISTEN_SLICE_S, RevokeKey
-from cclctl.runtime.peer_process import PEER_EXIT_GRACE_S, first_gone
+from cclctl.runtime.peer_process import PEER_EXIT_GRACE_S, exit_reason, first_gone
 from cclctl.telemetry.hub import Telemetry
 
 log = logging.getLogger("cclctl.torch")
 
+
+#: The signals a launcher stops a job with (its ranks' exits by them are not faults).
+TEARDOWN = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
 
 #: What gloo (and NCCL's socket layer) says when a peer's end of a connection went away.
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe")
@@ -80,6 +84,20 @@ class TorchRevoke:
             log.warning("cclctl: no origin for the failure: %s", exc)
             return None
 
+    def on_stopped(self, rec: CollectiveRecord | None) -> Revocation | None:
+        """The launcher stops this rank (a SIGTERM; ``rec``: its call in flight, if any).
+        torchrun stops every worker once it sees one gone, often before a survivor's call
+        failed: a rank's process gone on this host died first, so adopt the job's record
+        or write that death as it, seen by this rank via the launcher."""
+        if self.record is not None:
+            return self.record
+        try:
+            found = self._key.stored() or self._dead_peer(rec, "launcher")
+            return None if found is None else self.adopt(self._key.agree(found))
+        except (CclError, ValueError) as exc:
+            log.warning("cclctl: no origin for the failure: %s", exc)
+            return None
+
     def completed(self, rec: CollectiveRecord) -> None:
         """``rec`` completed: a hang record of its call (or an earlier one) is over."""
         record = self.record
@@ -129,34 +147,46 @@ class TorchRevoke:
         snap = statuses.statuses.get(origin)
         return record if snap is None else record.replace(host=snap.host, pid=snap.pid)
 
-    def _dead_peer(self, rec: CollectiveRecord) -> Revocation | None:
-        """The lowest rank on this host whose process is gone, or goes within
-        :data:`PEER_EXIT_GRACE_S` (its sockets close before it turns zombie)."""
+    def _dead_peer(self, rec: CollectiveRecord | None, via: str = "call") -> Revocation | None:
+        """The first rank on this host whose process is gone, or goes within
+        :data:`PEER_EXIT_GRACE_S` (its sockets close before it turns zombie): one that died
+        without a word (killed) before one that said why (an uncaught error), lower ranks
+        first. A rank the launcher stopped (its status says SIGTERM, or its exit does) did
+        not die first: the launcher stops every rank once one is gone."""
         host = self.telemetry.cfg.hostname
         statuses = self._key.statuses().statuses
         local = {
-            snap.pid: rank
+            snap.pid: (bool(snap.reason), rank)
             for rank, snap in statuses.items()
-            if rank != self.rank and snap.host == host and not snap.finished
+            if rank != self.rank
+            and snap.host == host
+            and not snap.finished
+            and not snap.reason.startswith(TERMINATED)
+            and exit_reason(snap.pid) not in TEARDOWN
         }
         found = first_gone(sorted(local, key=local.__getitem__), PEER_EXIT_GRACE_S)
-        if found is None:
+        if found is None or found[1] in TEARDOWN:
             return None
         pid, reason = found
-        rank = local[pid]
-        record = self._record("died", reason, rank, rec, "call")
+        record = self._record("died", reason, local[pid][1], rec, via)
         return record.replace(host=host, pid=pid)
 
     def _record(
-        self, kind: str, reason: str, origin: int, rec: CollectiveRecord, via: str, **more: object
+        self,
+        kind: str,
+        reason: str,
+        origin: int,
+        rec: CollectiveRecord | None,
+        via: str,
+        **more: object,
     ) -> Revocation:
         return Revocation(
             kind=kind,
             origin=origin,
             reason=reason,
-            comm=rec.comm,
-            seq=rec.seq,
-            op=rec.op,
+            comm="" if rec is None else rec.comm,
+            seq=None if rec is None else rec.seq,
+            op=None if rec is None else rec.op,
             seen_by=self.rank,
             via=via,
             **more,  # type: ignore[arg-type]

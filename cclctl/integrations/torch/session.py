@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cclctl.config import RuntimeConfig
+from cclctl.integrations.torch import ending
 from cclctl.integrations.torch.calls import Call
 from cclctl.integrations.torch.folding import FOLD_BACKSTOP, Folder
 from cclctl.integrations.torch.records import TorchComm, dtype_info, error_text, finish_record
@@ -45,6 +46,16 @@ def quietly(fn: Callable[..., object], *args: Any) -> None:
         fn(*args)
     except Exception:
         log.exception("cclctl: torch telemetry failed")
+
+
+def hang_outcome(policy: str, backend: str) -> str:
+    """What follows a hang the watchdog expired, in words for its log line: cclctl cannot
+    raise into a thread blocked in gloo or NCCL, and gloo's abort does not unblock it."""
+    if policy == "abort":
+        if backend == "gloo":
+            return "aborting the process group (gloo's call stays blocked until torch's timeout)"
+        return "aborting the process group"
+    return "the call stays blocked until torch's own timeout (cclctl cannot raise into it)"
 
 
 class Session:
@@ -70,16 +81,13 @@ class Session:
         self.revoke: TorchRevoke | None = None
         self._closed = False
         self._pid = os.getpid()
+        self._undo_dumps: list[Callable[[], None]] = []
 
     def start(self) -> Session:
         """Start the background parts; a failure here is logged, never raised to the job."""
         tel = self.telemetry
         self.comm(self.world)
-        if threading.current_thread() is threading.main_thread():
-            tel.install_signal_dump()
-            if self.cfg.trace_dir:
-                tel.install_termination_dump()
-                tel.install_exit_dump()
+        self._undo_dumps = ending.install(self)  # with no setup: into the job's folder
         try:
             self.store = attach(tel, self.cfg, self.rank, self.world_size)
         except Exception as exc:
@@ -97,6 +105,7 @@ class Session:
             self.cfg.on_hang,
             on_abort=self._abort,
             on_expire=self._expired,
+            outcome=hang_outcome(self.cfg.on_hang, str(self._dist.get_backend())),
         ).start()
         self.folder = Folder(self).start()
         return self
@@ -216,8 +225,19 @@ class Session:
 
     # -- end ------------------------------------------------------------------------------
 
+    def remove_dump_hooks(self) -> None:
+        """Undo the dump triggers (``uninstrument()``); :meth:`close` keeps them on purpose:
+        a ``finally`` that ends the session runs before an uncaught exception's hook."""
+        undo, self._undo_dumps = self._undo_dumps, []
+        for fn in reversed(undo):
+            quietly(fn)
+
     def close(self) -> None:
         """Final status, then stop every thread and leave the job's store. Idempotent.
+
+        The final status says "finished" only after a clean run (:meth:`Telemetry.finish`):
+        not after a failed call, a revoke record, an uncaught exception (the exit hook set
+        :attr:`Telemetry.exit_reason` before this runs at exit) or a SIGTERM.
 
         A forked child (a data loader worker exiting normally) inherits the session but
         none of its threads, and must not speak on the parent's store connections.
@@ -232,7 +252,7 @@ class Session:
         self.completions.poll()
         self.completions.close()
         try:
-            self.telemetry.close()
+            self.telemetry.finish()
         finally:
             if self.revoke is not None:
                 quietly(self.revoke.close)

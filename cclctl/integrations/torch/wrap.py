@@ -87,7 +87,10 @@ def uninstrument() -> None:
         state, _state = _state, None
     if state is None:
         return
+    sess = state.session
     _close_session(state)
+    if sess is not None:
+        sess.remove_dump_hooks()
     state.groups.uninstall()
     c10d = state.dist.distributed_c10d
     for name, original in state.originals.items():
