@@ -65,7 +65,11 @@ def run_command(
         typer.Argument(metavar="-- CMD ARGS", help="The job to run.", show_default=False),
     ] = None,
     trace_dir: str | None = typer.Option(
-        None, "--trace-dir", help="Where ranks write dumps (CCLCTL_TRACE_DIR)."
+        None,
+        "--trace-dir",
+        help="Where ranks write dumps (CCLCTL_TRACE_DIR) \\[default: the job's folder, "
+        "${TMPDIR:-/tmp}/cclctl-<uid>/<job>/]. Every rank dumps there with no setup: on a "
+        "hang, an uncaught error, an exit after errors, SIGTERM and kill -USR1.",
     ),
     timeout: float | None = typer.Option(
         None, "--timeout", help="Seconds before the watchdog calls a collective hung."
