@@ -63,6 +63,8 @@ class Calls:
         self._tag = comm_tag(comm_id)
         self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s
         self._faults = faults.parse(cfg.fault)
+        #: a persistent slowdown the plan gives this rank (``slow``), else None
+        self._slow = self._faults.slowdown(self.failure.rank)
         self._seq = 0
         #: a retry's attempt number, carried by every collective opened at a seq up to
         #: ``_rerun_upto`` (the seqs opened before the retry rewound): 1 beyond it
@@ -125,6 +127,8 @@ class Calls:
         count, nbytes, dtype = self._sized(arr, count, nbytes)
         attempt = self._attempt if seq <= self._rerun_upto and peer is None else 1
         fault = self._faults.at(failure.rank, seq, self.id) if self._faults else None
+        if self._slow is not None and peer is None:
+            self._slow.before(seq, self.id)
         if fault is not None and attempt == 1:  # an injected incident strikes once per seq
             op, count, dtype = faults.strike(fault, op, count, dtype, self.transport.drop_link)
         epoch = failure.epoch
@@ -162,6 +166,8 @@ class Calls:
         return count, nbytes, buffers.dtype_name(arr.dtype)
 
     def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
+        if self._slow is not None:
+            self._slow.ended()
         final = exc if exc is None else self._failed(rec, exc)
         close_record(rec, final)
         if final is None and rec.peer is None:

@@ -14,9 +14,14 @@ A plan is a ``;``-separated list of faults, each ``KIND:key=value:...``::
     count:rank=2:seq=5:to=7           ... the same collective with a different count
     dtype:rank=2:seq=5:to=float64     ... with a different dtype
     link:rank=2:seq=5:peer=3          the rank closes its link to rank 3 before seq 5
+    slow:rank=2:seq=5:delay=0.02      the rank is persistently slow: from seq 5 on it
+                                      enters every collective 20 ms late
+    slow:rank=2:seq=5:factor=0.3      ... late by 0.3 of the time since its previous call
+                                      ended (its step: a compute straggler 30% slower)
 
 ``rank`` is the job's rank, in a shrunk communicator too; ``comm=ID``, last, restricts a
-fault to one communicator (default: any).
+fault to one communicator (default: any). Every fault but ``slow`` strikes one seq; ``slow``
+strikes every collective from its seq on (its retries too), beside any other fault.
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from cclctl.runtime.transport.wire import DTYPE_NAMES
 #: the dump shows a call the rank never really made.
 RESUME_PAUSE_S = 0.5
 
-KINDS = ("kill", "stop", "sleep", "skip", "op", "count", "dtype", "link")
+KINDS = ("kill", "stop", "sleep", "skip", "op", "count", "dtype", "link", "slow")
 _ARGS = {"sleep": "secs", "op": "to", "count": "to", "dtype": "to", "link": "peer"}
+#: ``slow``'s two ways to be slow, one per fault, and the largest value of each
+SLOW_MODES = {"delay": 60.0, "factor": 100.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +56,7 @@ class Fault:
     seq: int
     comm: str = ""
     arg: str = ""
+    mode: str = ""  # slow: "delay" (arg: seconds) or "factor" (arg: a fraction of the step)
 
     def matches(self, rank: int, seq: int, comm: str) -> bool:
         return self.rank == rank and self.seq == seq and (not self.comm or self.comm == comm)
@@ -79,6 +87,8 @@ def _parse_one(item: str) -> Fault:
     if rank < 0 or seq < 1:
         raise _fail(item, "rank must be >= 0 and seq >= 1")
     comm = comm.strip()
+    if kind == "slow":
+        return _parse_slow(item, rank, seq, comm, fields)
     want = _ARGS.get(kind)
     arg = fields.pop(want, "") if want else ""
     if fields:
@@ -87,6 +97,24 @@ def _parse_one(item: str) -> Fault:
         raise _fail(item, f"{kind} needs {want}=")
     _check_arg(item, kind, arg)
     return Fault(kind, rank, seq, comm, arg)
+
+
+def _parse_slow(item: str, rank: int, seq: int, comm: str, fields: dict[str, str]) -> Fault:
+    """``slow``: exactly one of ``delay=SECONDS`` and ``factor=FRACTION``."""
+    modes = [mode for mode in SLOW_MODES if mode in fields]
+    if len(modes) != 1:
+        raise _fail(item, "slow needs one of delay= (seconds) or factor= (a fraction of the step)")
+    mode = modes[0]
+    arg = fields.pop(mode)
+    if fields:
+        raise _fail(item, f"unexpected {', '.join(sorted(fields))}")
+    try:
+        value = float(arg)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= SLOW_MODES[mode]:  # NaN fails too
+        raise _fail(item, f"{mode}={arg!r} must be a number from 0 to {SLOW_MODES[mode]:g}")
+    return Fault("slow", rank, seq, comm, arg, mode)
 
 
 def _check_arg(item: str, kind: str, arg: str) -> None:
@@ -106,7 +134,10 @@ def _check_arg(item: str, kind: str, arg: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class FaultPlan:
+    """The faults that strike one seq (``faults``) and the persistent ones (``slow``)."""
+
     faults: tuple[Fault, ...] = ()
+    slow: tuple[Fault, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.faults)
@@ -114,9 +145,51 @@ class FaultPlan:
     def at(self, rank: int, seq: int, comm: str) -> Fault | None:
         return next((f for f in self.faults if f.matches(rank, seq, comm)), None)
 
+    def slowdown(self, rank: int) -> Slowdown | None:
+        """What slows ``rank``'s calls down (None: nothing does)."""
+        mine = tuple(f for f in self.slow if f.rank == rank)
+        return Slowdown(mine) if mine else None
+
 
 def parse(spec: str) -> FaultPlan:
-    return FaultPlan(tuple(_parse_one(item.strip()) for item in spec.split(";") if item.strip()))
+    found = [_parse_one(item.strip()) for item in spec.split(";") if item.strip()]
+    return FaultPlan(
+        tuple(f for f in found if f.kind != "slow"), tuple(f for f in found if f.kind == "slow")
+    )
+
+
+class Slowdown:
+    """A rank's ``slow`` faults on one communicator: before each collective from a fault's
+    seq on, the rank sleeps ``delay`` seconds, or ``factor`` times the time since its
+    previous call ended (the compute it did between calls), as a straggler would."""
+
+    def __init__(self, faults: tuple[Fault, ...], clock: Callable[[], float] = time.monotonic):
+        self.faults = faults
+        self._clock = clock
+        self._sleep = time.sleep
+        self.last_end: float | None = None  # when this rank's previous call ended
+
+    def delay_s(self, seq: int, comm: str) -> float:
+        """How long the collective at ``seq`` of ``comm`` enters late."""
+        total = 0.0
+        for fault in self.faults:
+            if seq < fault.seq or (fault.comm and fault.comm != comm):
+                continue
+            if fault.mode == "delay":
+                total += float(fault.arg)
+            elif self.last_end is not None:
+                total += float(fault.arg) * max(0.0, self._clock() - self.last_end)
+        return total
+
+    def before(self, seq: int, comm: str) -> None:
+        """Enter the collective at ``seq`` late, as the plan says."""
+        delay = self.delay_s(seq, comm)
+        if delay > 0:
+            self._sleep(delay)
+
+    def ended(self) -> None:
+        """A call of this rank ended now (its next step starts)."""
+        self.last_end = self._clock()
 
 
 def strike(
