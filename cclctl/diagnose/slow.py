@@ -91,7 +91,7 @@ def analyse(
     runs = _confirmed(judged, opts)
     report.findings = slow_text.findings(runs, hosts, {r.rank: r.pid for r in ranks}, window_s)
     report.status = SLOW if report.findings else HEALTHY
-    report.reason = slow_text.reason(report, len(hosts))
+    report.reason = slow_text.reason(report, len(set(hosts.values())))
     return report
 
 
@@ -100,13 +100,20 @@ def _windows(count: int, window_s: float) -> str:
 
 
 def _aligned(ranks: Sequence[RankSignals], window_s: float) -> list[tuple[int, dict[int, Window]]]:
-    """Windows by index, oldest first; each maps rank -> that rank's window."""
+    """Windows by index, oldest first; each maps rank -> that rank's window. Windows newer
+    than some rank's newest are left out: that rank has not published them yet (statuses
+    are read at different moments), and judging without it would compare the others alone.
+    """
     width = max(1, int(window_s * 1e9))
     by_index: dict[int, dict[int, Window]] = {}
+    newest = []
     for rank in ranks:
         for window in rank.windows:
             by_index.setdefault(window.start_ns // width, {})[rank.rank] = window
-    return sorted(by_index.items())
+        if rank.windows:
+            newest.append(rank.windows[-1].start_ns // width)
+    upto = min(newest, default=0)
+    return sorted((i, views) for i, views in by_index.items() if i <= upto)
 
 
 def _judge(

@@ -5,9 +5,13 @@ A rank that computes longer enters each collective after the others, who wait fo
 inside the call; it never waits for them. So per communicator, against the other units:
 its share of the window spent inside calls is lower than theirs by more than the job is
 allowed to lose (``SlowOptions.min_share``) and by more than ``mad_k`` scaled MADs of
-their shares (clock-free), and it entered last in at least ``last_share`` of the sampled
-calls every member recorded (entry times are compared on each rank's own wall clock: an
-entry on another host counts as later only beyond ``skew_s``). What the others lose is
+their shares (clock-free), and it arrives last: it entered last in at least
+``last_share`` of the sampled calls every member recorded (entry times are compared on
+each rank's own wall clock: an entry on another host counts as later only beyond
+``skew_s``), or the others blocked on it before it arrived in their calls (their
+``entry_wait_ns`` on it, clock-free) more than on any other unit, beyond ``mad_k`` MADs.
+The second holds where the sampled seqs miss the late calls (a step of two calls whose
+second starts together on every rank, sampled at even seqs only). What the others lose is
 the gap between their share and its share: the job would save that much of each window
 if it kept up, so the estimated slowdown is ``1 / (1 - gap)``.
 
@@ -38,6 +42,7 @@ class Straggle:
     seqs: int  # shared sampled calls
     lag_s: float  # median of how long after the others' median entry it entered
     entry_wait_share: float  # others' waits on it before it arrived, over the window
+    entered_last: bool = True  # its entry times show it (else the others' entry waits do)
 
     @property
     def cost(self) -> float:
@@ -92,23 +97,29 @@ def straggler(
     if len(present) < 2:
         return None
     shares = {u: median(view.shares[r] for r in u) for u in present}
+    waits = {u: _entry_waits(u, peers) / view.span_s for u in present}
     best: Straggle | None = None
     for unit in present:
-        others = [shares[v] for v in present if v != unit]
-        if not below(shares[unit], others, opts.mad_k, opts.min_share):
+        others = [v for v in present if v != unit]
+        if not below(shares[unit], [shares[v] for v in others], opts.mad_k, opts.min_share):
             continue
-        last, lag = _arrival(view, unit, [v for v in present if v != unit], hosts, opts)
-        if last < opts.last_share or lag <= 0:
+        last, lag = _arrival(view, unit, others, hosts, opts)
+        entered_last = last >= opts.last_share and lag > 0
+        # clock-free: the others blocked on it, before it arrived, more than on anyone else
+        least = opts.min_share / len(others)
+        waited_for = below(-waits[unit], [-waits[v] for v in others], opts.mad_k, least)
+        if not (entered_last or waited_for):
             continue
         found = Straggle(
             unit,
             view.comm,
             shares[unit],
-            median(others),
+            median(shares[v] for v in others),
             last,
             len(next(iter(view.entries.values()))),
             lag,
-            _entry_waits(unit, peers) / view.span_s,
+            waits[unit],
+            entered_last,
         )
         if best is None or found.cost > best.cost:
             best = found

@@ -66,16 +66,23 @@ def _rate(bytes_per_s: float) -> str:
 
 def _arrival(run: Sequence[Straggle]) -> list[str]:
     new = run[-1]
-    lines = [
-        f"entered last in {_pct(median(s.last_frac for s in run))} of the {new.seqs} sampled "
-        f"calls of comm {new.comm} per window, {_ms(median(s.lag_s for s in run))} after the "
-        "others' median entry",
+    lines = []
+    if sum(s.entered_last for s in run) * 2 > len(run):
+        lines.append(
+            f"entered last in {_pct(median(s.last_frac for s in run))} of the {new.seqs} "
+            f"sampled calls of comm {new.comm} per window, {_ms(median(s.lag_s for s in run))} "
+            "after the others' median entry"
+        )
+    lines += [
         f"spent {_pct(median(s.share for s in run))} of each window inside collectives against "
         f"{_pct(median(s.others_share for s in run))} for the others: they wait for it",
     ]
     waited = median(s.entry_wait_share for s in run)
     if waited > 0:
-        lines.append(f"the others blocked on it before it arrived for {_pct(waited)} of a window")
+        lines.append(
+            f"the others blocked on it before it arrived in their calls for {_pct(waited)} of "
+            "a window, together"
+        )
     return lines
 
 

@@ -45,6 +45,27 @@ def test_a_straggler_is_named_at_every_position(n: int) -> None:
         assert finding.host == "h0"
 
 
+def test_a_straggler_the_sampled_entries_miss_is_named_from_the_others_entry_waits() -> None:
+    """Sampled seqs that all start together (a step's second call at even seqs) show no
+    lag; the others' waits on it before it arrived still do, with no clock."""
+    report = run(Job(slow={1}, lag_seen=False))
+    assert kinds(report) == [(SLOW_RANK, [1])]
+    assert not any("entered last" in line for line in report.findings[0].evidence)
+    assert any("blocked on it before it arrived" in line for line in report.findings[0].evidence)
+
+
+def test_waiting_least_without_arriving_last_is_not_a_straggler() -> None:
+    """A rank whose calls are short for another reason (it is a reduce's leaf, say) but
+    which nobody waits for, and which enters on time, is not named."""
+    job = Job(slow={1}, lag_seen=False)
+    ranks = signals(job)
+    for rank in ranks:
+        for window in rank.windows:
+            for peer in window.peers.values():
+                peer.entry_wait_ns = 0
+    assert analyse(ranks, job="j").status == HEALTHY
+
+
 def test_the_straggler_has_the_largest_lag_and_the_smallest_wait_share() -> None:
     report = run(Job(slow={2}))
     figures = report.figures

@@ -41,6 +41,7 @@ class Job:
     slow: Collection[int] = ()
     lag_share: float = 0.25
     slow_in: Collection[int] | None = None
+    lag_seen: bool = True  # False: the sampled entries miss the late calls (aliasing)
     # links: "ring" (r -> r+1) or "all" (every pair, as all_to_all)
     pattern: str = "ring"
     nbytes: int = 1 << 20
@@ -93,7 +94,7 @@ def _window(job: Job, rank: int, index: int, rng: random.Random) -> Window:
     skew = job.skew.get(job.host(rank), 0.0)
     for k in range(job.calls):
         t = index * job.window_s + k * job.period_s + rng.uniform(0, job.jitter_s) + skew
-        if late:
+        if late and job.lag_seen:
             t += job.lag_share * job.period_s
         if rank in job.noisy:
             t += rng.uniform(0, job.noise_s)
