@@ -80,8 +80,9 @@ class Telemetry(Recorder):
         #: why this process ends other than cleanly, once it knows ("uncaught RuntimeError:
         #: ...", "terminated by SIGTERM"): its statuses say so from then on, never "closed"
         self.exit_reason = ""
-        #: where the runtime's transports add the time they block on each peer
-        self.peer_waits = PeerWaits()
+        #: where the runtime's transports add the time they block on each peer (None: not
+        #: measured; a communicator reads it when its tracer is set)
+        self.peer_waits: PeerWaits | None = PeerWaits()
         self._vias: dict[int, str] = {}
         #: the slowness signals' windows, fed by every fold (see telemetry/windows.py)
         self.windows = Windows(cfg.slow_window_s, self._peer_totals)
@@ -119,7 +120,7 @@ class Telemetry(Recorder):
             store_reconnects=publisher.reconnects if publisher else 0,
             store_gap_s=publisher.gap_s if publisher else 0.0,
             link_resumes=resumes,
-            peer_waits=self.peer_waits.copy(),
+            peer_waits=self.peer_waits.copy() if self.peer_waits is not None else {},
         )
 
     def add_store_source(self, source: Callable[[], StoreCounts]) -> None:
@@ -148,7 +149,7 @@ class Telemetry(Recorder):
                 if s or r:
                     old = links.get(peer, (0, 0))
                     links[peer] = (old[0] + s, old[1] + r)
-        waits = self.peer_waits.copy()
+        waits = self.peer_waits.copy() if self.peer_waits is not None else {}
         vias = self._vias
         totals = {}
         for peer in links.keys() | waits.keys():

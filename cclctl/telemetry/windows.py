@@ -78,12 +78,10 @@ class _Comm:
         self.entries: list[tuple[int, int]] = []
         self.mask = 0  # keep an entry when seq & mask == 0 (mask = 2**k - 1)
 
-    def enter(self, seq: int, start_ns: int) -> None:
-        if seq & self.mask:
-            return
+    def thin(self) -> None:
+        """Over :data:`MAX_ENTRIES`: the next level keeps every other kept seq."""
         entries = self.entries
-        entries.append((seq, start_ns))
-        while len(entries) > MAX_ENTRIES:  # the next level: keep every other kept seq
+        while len(entries) > MAX_ENTRIES:
             self.mask = 2 * self.mask + 1
             entries[:] = [e for e in entries if not e[0] & self.mask]
 
@@ -112,7 +110,11 @@ class Windows:
 
     def take(self, records: Iterable[CollectiveRecord]) -> None:
         """Add records just taken from the recorder's queue (each exactly once), and the
-        end of those taken earlier that have ended since."""
+        end of those taken earlier that have ended since.
+
+        The usual record (a collective that started and ended in one open window, of the
+        communicator of the record before it) costs a few attribute reads and adds: folds
+        run in the calling thread, so this is part of what every call pays."""
         running = self._running
         if running:
             for key, item in list(running.items()):
@@ -121,19 +123,36 @@ class Windows:
                     del running[key]
                     self._inside(rec.comm, item[1], rec.end_ns, True)
         window_ns, opened = self.window_ns, self._open
+        at, until = -1, -1  # the window of the record before, and where it ends (ns)
+        comms: dict[str, _Comm] | None = None
+        name: str | None = None
+        comm: _Comm | None = None
         for rec in records:
             start = rec.start_ns
-            if rec.peer is None:
-                comms = opened.get(start // window_ns) or self._window(start // window_ns)
-                if comms is not None:
-                    comm = comms.get(rec.comm) or self._comm(comms, rec.comm)
-                    if comm is not None:
-                        comm.enter(rec.seq, start)
+            if not at * window_ns <= start < until:
+                at = start // window_ns
+                until = (at + 1) * window_ns
+                comms = opened.get(at)
+                if comms is None:
+                    comms = self._window(at)
+                name = None
+            if rec.comm is not name:
+                name = rec.comm
+                comm = None if comms is None else (comms.get(name) or self._comm(comms, name))
+            if comm is not None and rec.peer is None:
+                seq = rec.seq
+                if not seq & comm.mask:
+                    comm.entries.append((seq, start))
+                    if len(comm.entries) > MAX_ENTRIES:
+                        comm.thin()
             end = rec.end_ns
-            if end:
-                self._inside(rec.comm, start, end, True)
-            else:
+            if not end:
                 running[id(rec)] = [rec, start]
+            elif comm is not None and start <= end < until:
+                comm.inside += end - start
+                comm.calls += 1
+            else:
+                self._inside(rec.comm, start, end, True)
 
     def _window(self, index: int) -> dict[str, _Comm] | None:
         """The comms of open window ``index``, opened now; None once it closed (or far
