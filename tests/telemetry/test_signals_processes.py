@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from ports import free_port_block
 
 from cclctl.records import snapshot_from_dict
 from cclctl.signals import Signals
@@ -83,3 +84,46 @@ def test_the_slow_rank_enters_last_waits_least_and_is_waited_on(
     if transport == "auto":  # one host: every rank reads every other's input
         for rank in (0, 1, 2):
             assert waited[rank].most_common(1)[0][0] == 3, waited
+
+
+TORCH_WORKER = """
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1024)
+for _ in range(60):
+    if dist.get_rank() == 1:
+        time.sleep(0.005)  # the behaviour: a rank slower in its own code (its compute)
+    dist.all_reduce(t)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(110)
+def test_a_torch_job_under_cclctl_run_publishes_its_issue_times(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    worker = tmp_path / "worker.py"
+    worker.write_text(TORCH_WORKER)
+    here = Path(sys.executable)
+    port = free_port_block(2)  # torchrun's, and cclctl's store beside it
+    cmd = [
+        str(here.with_name("cclctl")), "run", "--", str(here.with_name("torchrun")),
+        "--nnodes", "1", "--nproc-per-node", "2", "--master-port", str(port), str(worker),
+    ]  # fmt: skip
+    env = dict(
+        os.environ, CCLCTL_TRACE_DIR=str(tmp_path), CCLCTL_SLOW_WINDOW="0.2", OMP_NUM_THREADS="1"
+    )
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-2000:]
+    entries: dict[int, dict[int, int]] = {}
+    for path in tmp_path.glob("cclctl-*-rank*.json"):
+        snap = snapshot_from_dict(json.loads(path.read_text()), str(path))
+        assert snap.signals is not None
+        for window in snap.signals.windows:
+            assert window.peers == {}  # gloo moves the bytes: no peers of cclctl's
+            for comm in window.comms.values():
+                for seq, enter_ns in comm.entries:
+                    entries.setdefault(seq, {})[snap.rank] = enter_ns
+    both = [by for by in entries.values() if len(by) == 2]
+    assert len(both) >= 20
+    late = Counter(max(by, key=by.__getitem__) for by in both)
+    assert late[1] >= 0.8 * len(both), late
