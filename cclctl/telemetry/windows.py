@@ -48,7 +48,8 @@ class PeerWaits:
     receiving, after the peer showed progress in the call and before (entry).
 
     Written by the thread that runs the calls, read by folds on other threads: a reader
-    copies the table at once (``list`` of a dict is one step under the GIL)."""
+    copies the table at once (``list`` of a dict is one step under the GIL). The runtime
+    adds to :attr:`totals` itself (runtime/transport/drive.py), as :meth:`add` does."""
 
     __slots__ = ("totals",)
 

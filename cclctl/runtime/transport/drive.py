@@ -87,24 +87,35 @@ def _block(share: Progress, wait: Wait, slice_s: float | None) -> int:
     return peer
 
 
-def account(wait: Wait, peer: int, what: str, ns: int) -> None:
+def account(wait: Wait, peer: int, what: str, ns: int, arrive: bool = False) -> None:
     """Add ``ns`` blocked on ``peer`` (the communicator's rank) to ``wait.waits``, under the
     peer's job rank: entry wait while the peer has shown no progress in the call (no byte
     of it received in a step that completed, no move after a wait on it), else send or
-    receive wait (the data phase)."""
-    arrived_peers = wait.arrived
+    receive wait (the data phase). ``arrive``: the wait ended with the peer's progress.
+
+    One call per wait, inlined: it runs as the wait ends, on the call's critical path."""
+    peers = wait.arrived
+    if peers is None:
+        peers = wait.arrived = set()
     exchanged = wait.exchanged
     if exchanged:  # the receives of completed steps: their peers had sent
-        if arrived_peers is None:
-            arrived_peers = wait.arrived = set()
         for recvs in exchanged:
-            arrived_peers.update(p for p, _ in recvs)
+            peers.update(p for p, _ in recvs)
         exchanged.clear()
-    if arrived_peers is None or peer not in arrived_peers:
-        kind = ENTRY_SEND_WAIT if what == "send" else ENTRY_RECV_WAIT
+    send = what == "send"
+    if peer in peers:
+        kind = SEND_WAIT if send else RECV_WAIT
     else:
-        kind = SEND_WAIT if what == "send" else RECV_WAIT
-    wait.waits.add(wait.failure.job_rank(peer), kind, ns)
+        kind = ENTRY_SEND_WAIT if send else ENTRY_RECV_WAIT
+        if arrive:
+            peers.add(peer)
+    members = wait.failure.members
+    job = members[peer] if members and 0 <= peer < len(members) else peer
+    totals = wait.waits.totals
+    row = totals.get(job)
+    if row is None:
+        row = totals[job] = [0, 0, 0, 0]
+    row[kind] += ns
 
 
 def arrived(wait: Wait, peer: int) -> None:

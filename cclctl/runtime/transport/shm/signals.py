@@ -90,9 +90,10 @@ class Signals:
         began = time.perf_counter_ns()  # the signals: time blocked on the peer (drive.py)
         try:
             self._await_counter(view, index, target, call, wait, what)
-        finally:
+        except BaseException:
             drive.account(wait, view.rank, what, time.perf_counter_ns() - began)
-        drive.arrived(wait, view.rank)
+            raise
+        drive.account(wait, view.rank, what, time.perf_counter_ns() - began, True)
 
     def _await_counter(
         self, view: View, index: int, target: int, call: wire.Call, wait: Wait, what: str
