@@ -8,7 +8,8 @@ issue #35: at most 1% more time per all_reduce at 1 MiB. ``--transport tcp`` mea
 TCP path (the drive loop's waits) instead of shared memory (the one-copy engine's).
 
     python benchmarks/signals_overhead.py [--ranks 4] [--rounds 60] [--sizes 8 1048576]
-                                          [--transport auto|tcp] [--pin] [--json out.json]
+                                          [--transport auto|tcp] [--part both|windows|waits]
+                                          [--pin] [--json out.json]
 
 Every block runs a multiple of ``FOLD_BATCH`` calls, so each "on" block pays its share of
 folds (where the windows take the records).
@@ -31,7 +32,7 @@ from cclctl.telemetry.recorder import FOLD_BATCH
 SIZES = {8: 4 * FOLD_BATCH, 1 << 20: FOLD_BATCH}
 
 
-def _rank_main(rounds: int, sizes: list[int], pin: bool) -> None:
+def _rank_main(rounds: int, sizes: list[int], pin: bool, part: str) -> None:
     import numpy as np
 
     import cclctl
@@ -43,8 +44,8 @@ def _rank_main(rounds: int, sizes: list[int], pin: bool) -> None:
     windows, waits = telemetry.windows, telemetry.peer_waits
 
     def attach(on: bool) -> None:
-        telemetry.windows = windows if on else None
-        telemetry.peer_waits = waits if on else None
+        telemetry.windows = windows if on and part != "waits" else None
+        telemetry.peer_waits = waits if on and part != "windows" else None
         comm.tracer = telemetry  # the communicator reads peer_waits as its tracer is set
 
     results: dict[int, dict[str, list[float]]] = {}
@@ -79,11 +80,17 @@ def main() -> None:
         help=f"message sizes to measure (of {', '.join(map(str, SIZES))}; default all)",
     )
     parser.add_argument("--transport", choices=("auto", "tcp"), default="auto")
+    parser.add_argument(
+        "--part",
+        choices=("both", "windows", "waits"),
+        default="both",
+        help="what 'on' attaches: the windows (folded records), the per-peer wait timing, or both",
+    )
     parser.add_argument("--json", type=Path, help="also write the summary here")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i")
     args = parser.parse_args()
     if "RANK" in os.environ:
-        _rank_main(args.rounds, args.sizes, args.pin)
+        _rank_main(args.rounds, args.sizes, args.pin, args.part)
         return
     from cclctl.launch.launcher import launch
 
@@ -91,6 +98,7 @@ def main() -> None:
     out: list[str] = []
     result = launch(
         [sys.executable, __file__, "--rounds", str(args.rounds), "--sizes", *map(str, args.sizes)]
+        + ["--part", args.part]
         + (["--pin"] if args.pin else []),
         args.ranks,
         capture_rank0_stdout=out.append,
@@ -98,11 +106,13 @@ def main() -> None:
     if result.returncode != 0 or not out:
         sys.exit(f"benchmark ranks failed (exit {result.returncode})")
     summary = {size: summarize(times) for size, times in json.loads(out[-1]).items()}
-    ranks = f"{args.ranks} ranks, transport {args.transport}" + (", pinned" if args.pin else "")
+    ranks = f"{args.ranks} ranks, transport {args.transport}, part {args.part}"
+    ranks += ", pinned" if args.pin else ""
     print(f"cclctl all_reduce, signals off vs on, {ranks}, {args.rounds} rounds; medians")
     print(render(summary, "off", "on"))
     if args.json:
-        doc = {"ranks": args.ranks, "transport": args.transport, "pinned": args.pin}
+        doc = {"ranks": args.ranks, "transport": args.transport, "part": args.part}
+        doc["pinned"] = args.pin
         args.json.write_text(json.dumps({**doc, "sizes": summary}, indent=2) + "\n")
 
 
