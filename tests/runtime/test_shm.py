@@ -292,3 +292,39 @@ def test_one_copy_collectives_count_link_bytes_both_ways() -> None:
     (sent0, received0), (sent1, received1) = run_ranks(2, body)
     assert (sent0, received0) == ([0, 1000], [0, 1100])
     assert (sent1, received1) == ([1100, 0], [1000, 0])
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min", "prod"])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_two_ranks_reduce_half_each_and_every_rank_gets_the_rank_order_bits(
+    op: str, in_place: bool
+) -> None:
+    """From 1 MiB, 2 ranks run ``shm_rsag``: each reduces its half from its own buffer and
+    the peer's slot, and copies the other half. Every rank's result has the bits of
+    ``op(rank 0's input, rank 1's input)``, signed zeros and NaNs included (which an
+    order-dependent ``min``/``max`` would change), and ``src`` of an out-of-place call
+    stays intact."""
+    count = 300_007  # 1.2 MiB of float32: two rounds of the 1 MiB slot, odd halves
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal(count).astype(np.float32) for _ in range(2)]
+    inputs[0][::5], inputs[1][::5] = np.float32(0.0), np.float32(-0.0)
+    inputs[0][3::7] = np.float32(np.nan)
+    fn = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
+    want = fn(inputs[0], inputs[1])
+    tracer = RecordingTracer()
+
+    def body(comm: Communicator) -> tuple[bytes, bool]:
+        if comm.rank == 0:
+            comm.tracer = tracer
+        src = inputs[comm.rank].copy()
+        if in_place:
+            comm.all_reduce(src, op=op)
+            return src.tobytes(), True
+        got = comm.all_reduce(src, out=np.empty_like(src), op=op)
+        return got.tobytes(), src.tobytes() == inputs[comm.rank].tobytes()
+
+    results = run_ranks(2, body)
+    assert [r.algo for r in tracer.finished if r.peer is None] == ["shm_rsag"]
+    for got, src_intact in results:
+        assert got == want.tobytes()
+        assert src_intact

@@ -5,11 +5,13 @@ the round; peers then reduce or copy directly out of that slot with numpy's ``ou
 is one slot's worth of data; with several slots a fast rank runs ahead while a slow one
 still reads, and a slot is reused only once every peer has finished with it.
 
-- ``all_reduce``, 2 ranks or small messages (*direct*): every rank reduces every input, in
-  rank order, so all ranks get the same bits, in one synchronisation per round.
-- ``all_reduce``, 3+ ranks and large messages (*rsag*): each rank reduces its share of the
-  round into its result slot (reduce-scatter), then every rank copies every share
-  (all-gather); memory traffic per rank stays about 3x the buffer whatever the rank count.
+- ``all_reduce``, small messages (*direct*): every rank reduces every input, in rank
+  order, so all ranks get the same bits, in one synchronisation per round.
+- ``all_reduce``, large messages (*rsag*): each rank publishes the shares its peers reduce,
+  reduces its own share of the round in rank order into its result slot (reduce-scatter),
+  then every rank copies every share (all-gather); with 2 ranks each reduces half and
+  copies the other half, and memory traffic per rank stays under 3x the buffer whatever
+  the rank count.
 - ``all_gather``, ``reduce_scatter`` and ``broadcast`` follow the same pattern.
 
 Every published slot carries the wire header of the call (comm, epoch, seq, op, dtype,
@@ -68,25 +70,32 @@ def _all_reduce_direct(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: st
 
 
 def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str) -> None:
+    """Each rank publishes the shares of the round its peers reduce (not its own: it
+    reduces that one straight from ``src``), reduces its share in rank order into its
+    result slot, then copies every share into ``out``. With 2 ranks each reduces half and
+    copies the other half; every element is reduced by one rank only, so every rank gets
+    the same bits."""
     fn = reducer(redop)
     dtype, isz, n = src.dtype, src.dtype.itemsize, g.size
     rec = ctx.wait.record
     for step, (lo, hi) in enumerate(pieces(src.size, isz, g.layout.slot_bytes)):
         if rec is not None:
             rec.step = step
-        rnd = _publish(ctx, g, src[lo:hi], step)
         parts = chunk_bounds(hi - lo, n)
         a, b = parts[g.local]
-        chunks = [g.input_array(v, rnd, dtype) for v in g.views]
+        rnd = g.claim_round(ctx.call, ctx.wait, step, (hi - lo) * isz)
+        g.publish(rnd, src[lo:hi], skip=(a, b))
+        own = src[lo + a : lo + b]
+        chunks = [own if v is g.me else g.input_array(v, rnd, dtype)[a:b] for v in g.views]
         mine = g.result_array(rnd, a, b, dtype)
         if b > a:
-            fn(chunks[0][a:b], chunks[1][a:b], out=mine)
+            fn(chunks[0], chunks[1], out=mine)
             for chunk in chunks[2:]:
-                fn(mine, chunk[a:b], out=mine)
+                fn(mine, chunk, out=mine)
         g.inputs_read(rnd, notify=False)  # the peers learn it with the result, next
         g.publish_result(rnd)
         for view, (pa, pb) in zip(g.views, parts, strict=True):
-            share = g.peer_result(view, rnd, pa, pb, dtype)
+            share = mine if view is g.me else g.peer_result(view, rnd, pa, pb, dtype)
             if pb > pa:
                 out[lo + pa : lo + pb] = share
         g.results_read(rnd)

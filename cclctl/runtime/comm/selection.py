@@ -3,9 +3,10 @@
 
 Every op has a small- and a large-message algorithm and a threshold between them. On a
 transport with an engine (:class:`~cclctl.runtime.transport.capabilities.Capabilities`)
-each runs there: one-copy shared memory (``shm_direct``, ``shm_rsag`` for 3+ ranks),
-zero-copy on shared buffers from :data:`~cclctl.runtime.algorithms.zero_copy.MIN_BYTES`
-(``shm_zero_copy``), or within hosts then across (``hier_rd``, ``hier_ring``).
+each runs there: one-copy shared memory (``shm_direct``; ``shm_rsag`` for large messages,
+from 1 MiB with 2 ranks), zero-copy on shared buffers from
+:data:`~cclctl.runtime.algorithms.zero_copy.MIN_BYTES` (``shm_zero_copy``), or within
+hosts then across (``hier_rd``, ``hier_ring``).
 
 ``CCLCTL_ALGO`` is a comma list: ``ring`` runs ring wherever an op has it and
 ``all_reduce=rd,broadcast=chain`` per op, as named, over point-to-point steps on any
@@ -33,6 +34,9 @@ ALGORITHMS: dict[str, tuple[str, str, int]] = {
 _RING_NEEDS_ELEMENTS = ("all_reduce", "reduce")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 NEVER = 1 << 62  # a threshold no call reaches
+#: Where 2 ranks on one host switch from reducing everything (``shm_direct``: one
+#: synchronisation per round) to reducing half each (``shm_rsag``: two, half the adds).
+TWO_RANK_RSAG_FROM = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +109,8 @@ def _choice(
         if forced == small:
             return Choice(small, small, NEVER)
         return Choice(small, forced, 0, min_count)
+    if op == "all_reduce" and caps.one_copy is not None and n == 2:
+        default = TWO_RANK_RSAG_FROM
     threshold = sel.thresholds.get(op, default)
     engine_large = _on_engine(op, large, caps, n)
     even = op == "reduce" and engine_large != large  # one-copy reduce-scatter: equal blocks
@@ -123,7 +129,7 @@ def _on_engine(op: str, algo: str, caps: Capabilities, n: int) -> str:
     """What runs ``algo`` for ``op`` on the engine ``caps`` offer (``algo`` itself where none)."""
     if caps.one_copy is not None:
         if op == "all_reduce":
-            return "shm_rsag" if algo == "ring" and n > 2 else "shm_direct"
+            return "shm_rsag" if algo == "ring" else "shm_direct"
         if op in ("broadcast", "all_gather", "reduce_scatter") or (op, algo) == ("reduce", "ring"):
             return "shm_direct"
     if caps.hierarchy is not None and op == "all_reduce":

@@ -91,15 +91,21 @@ class ShmGroup(Signals):
         self._await_all(Q_COLL_USED, rnd.k - self.layout.slots + 1, rnd)
         return rnd
 
-    def publish(self, rnd: Round, src: np.ndarray) -> None:
+    def publish(self, rnd: Round, src: np.ndarray, skip: tuple[int, int] = (0, 0)) -> None:
         """Copy ``src`` (1-d, or a strided 2-d piece) under ``rnd``'s header into this
-        rank's slot, and tell the peers."""
+        rank's slot, and tell the peers; a 1-d ``src``'s elements ``skip`` = ``[a, b)``
+        stay out (a share no peer reads)."""
         me, off = self.me, rnd.offset
         me.mv[off : off + wire.HEADER_SIZE] = rnd.header
         if src.nbytes:
             slot = self.slot_array(me, off + HEADER, src.nbytes, src.dtype)
             if src.ndim == 1:
-                slot[...] = src
+                a, b = skip
+                if b > a:
+                    slot[:a] = src[:a]
+                    slot[b:] = src[b:]
+                else:
+                    slot[...] = src
             else:  # reduce_scatter's round: one strided piece of every block
                 slot.reshape(src.shape)[...] = src
         me.q[Q_COLL_PUB] = rnd.k + 1
