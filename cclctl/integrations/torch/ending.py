@@ -106,7 +106,7 @@ class Termination:
         worker.start()
         worker.join(self.wait_s)
         self._done = True
-        if not callable(self.previous) and self.previous != signal.SIG_IGN:
+        if not callable(self.previous):
             # the default action, from this thread: the main thread may sit in a gloo
             # call for long, and only it runs Python's signal handlers
             _default_action(self.signum)
@@ -141,11 +141,10 @@ def install(session: Session) -> list[Callable[[], None]]:
         return []
     tel, ending = session.telemetry, Ending(session)
     try:
-        return [
-            dumps.install_signal_dump(tel, None),
-            Termination(ending, wait_s=TERMINATION_WAIT_S).restore,
-            dumps.install_exit_dump(ending, None),
-        ]
+        undo = [dumps.install_signal_dump(tel, None), dumps.install_exit_dump(ending, None)]
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_IGN:  # a job that ignores it runs on
+            undo.append(Termination(ending, wait_s=TERMINATION_WAIT_S).restore)
+        return undo
     except (ValueError, OSError) as exc:  # an embedding that forbids signal handlers
         log.warning("cclctl: this rank dumps only on request: %s", exc)
         return []
