@@ -11,7 +11,7 @@ import sys
 import typer
 
 from cclctl import __version__, ui
-from cclctl.commands import abort, bench, diagnose, launch, retry, top
+from cclctl.commands import abort, bench, diagnose, launch, probe, retry, top
 from cclctl.commands import run as run_command
 from cclctl.errors import EXIT_ERROR, CclError
 
@@ -29,7 +29,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for _module in (bench, launch, top, diagnose, abort, retry):
+for _module in (bench, launch, top, diagnose, abort, retry, probe):
     _module.register(app)
 run_command.register(app)
 

@@ -36,10 +36,12 @@ ALLOWED: dict[str, set[str]] = {
     # a torch rank whose watchdog expires a call asks the diagnosis whom the hang waits on
     "integrations": {"runtime", "telemetry", "store", "diagnose_io", "live", "diagnose"},
     "benchmark": {"runtime", "telemetry", "store", "launch", "integrations", "package"},
+    # cclctl probe: pure verdicts over ranks that move bytes on the job's own transport
+    "probe": {"runtime", "telemetry", "store", "launch", "package"},
     "package": {"runtime"},  # cclctl/__init__.py: cclctl.init() and friends
     "commands": {
-        "benchmark", "diagnose", "diagnose_io", "integrations", "launch", "live", "store",
-        "runtime", "telemetry", "ui", "package",
+        "benchmark", "diagnose", "diagnose_io", "integrations", "launch", "live", "probe",
+        "store", "runtime", "telemetry", "ui", "package",
     },
     "cli": {"commands", "ui", "package"},
     "ui": set(),
