@@ -15,7 +15,7 @@ _CELL = 8  # characters per column: "12.3G*" fits with room
 
 def report(run: ProbeRun, verdict: Verdict) -> str:
     """The whole text: what ran, the matrix (or the flagged list), the medians, the findings."""
-    lines = [_headline(run)]
+    lines = _headline(run)
     if len(run.participants) <= MATRIX_MAX:
         lines += matrix(run, verdict)
     else:
@@ -34,14 +34,15 @@ def report(run: ProbeRun, verdict: Verdict) -> str:
     return "\n".join(lines)
 
 
-def _headline(run: ProbeRun) -> str:
+def _headline(run: ProbeRun) -> list[str]:
     per_round = sum(run.round_s) / len(run.round_s) if run.round_s else 0.0
     hosts = len(set(run.hosts[r] for r in run.participants))
-    return (
+    return [
         f"probe: {len(run.participants)} ranks on {hosts} host(s), {run.transport}, "
-        f"pairs {run.pairs}, direction {run.direction}: {run.rounds} rounds, "
-        f"{per_round:.2f} s per round, {sum(run.round_s):.2f} s in all"
-    )
+        f"pairs {run.pairs}, direction {run.direction}",
+        f"schedule: {run.rounds} rounds, {per_round:.2f} s per round, "
+        f"{sum(run.round_s):.2f} s in all",
+    ]
 
 
 def matrix(run: ProbeRun, verdict: Verdict) -> list[str]:
