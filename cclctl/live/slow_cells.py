@@ -4,7 +4,9 @@ Per rank, the entry lag (how long after the median it enters its collectives) an
 wait share (the share of the window it spends inside them): a straggler stands out with
 the largest lag and the smallest share, the ranks waiting for it with the largest shares.
 Above the rows, what is slow in words, and the suspects' rows first when no hang names
-anyone. The figures are the newest judged window's of :func:`cclctl.diagnose.slow.analyse`.
+anyone, and the two columns kept right after the culprit's own when something is slow
+(narrow terminals drop the others first). The figures are the newest judged window's of
+:func:`cclctl.diagnose.slow.analyse`.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def add_slow_columns(model: Table, report: SlowReport | None) -> Table:
         verdicts += [(LABEL, f.summary) for f in report.findings]
     else:
         waiting.append(f"{LABEL}: {slow_report.verdict(report)}")
+    promoted = (*model.promoted, LAG, WAIT) if report.findings else model.promoted
     return dataclasses.replace(
-        model, columns=columns, rows=rows, verdicts=verdicts, waiting=waiting
+        model, columns=columns, rows=rows, verdicts=verdicts, waiting=waiting, promoted=promoted
     )
 
 

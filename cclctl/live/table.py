@@ -116,6 +116,9 @@ class Table:
     footer: str  # "" when every rank has a row
     verdicts: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (label, words)
     waiting: list[str] = dataclasses.field(default_factory=list)
+    #: columns a screen is about (a slow job's entry lag and wait share), kept right after
+    #: the culprit's own columns; any other column not in :data:`PRIORITY` goes last
+    promoted: tuple[str, ...] = ()
 
     def fit(self, width: int) -> Table:
         """The columns that fit ``width`` characters, in display order (see :data:`PRIORITY`)."""
@@ -141,7 +144,8 @@ def _order(model: Table) -> tuple[str, ...]:
         if name in RIDDEN and any(r.cells[i] not in ("0", "-") for r in model.rows)
     ]
     head = PRIORITY[:CULPRIT_COLUMNS]
-    return (*head, *counted, *(c for c in PRIORITY[CULPRIT_COLUMNS:] if c not in counted))
+    rest = (c for c in PRIORITY[CULPRIT_COLUMNS:] if c not in counted)
+    return (*head, *model.promoted, *counted, *rest)
 
 
 def _fit_columns(model: Table, width: int) -> tuple[set[str], bool]:

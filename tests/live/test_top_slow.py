@@ -10,8 +10,12 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from rich.console import Console
 from slow_factory import Job, documents, ending_now
 
+from cclctl.commands.top import render, screen_of
+from cclctl.live.classify import Thresholds
+from cclctl.live.snapshot import fetch
 from cclctl.store.client import StoreClient, StoreServer
 
 
@@ -69,3 +73,15 @@ def test_a_healthy_job_says_so_quietly(store: StoreClient) -> None:
     publish(store, ending_now())
     lines = top(store, "--once").splitlines()
     assert any(line.startswith("slow: not slow: 4 windows of 5s") for line in lines)
+
+
+@pytest.mark.timeout(60)
+def test_at_80_columns_a_slow_jobs_columns_stay(store: StoreClient) -> None:
+    """Drawn for a terminal 80 characters wide: host and pid go, the slow figures stay."""
+    publish(store, ending_now(slow={1}))
+    screen = screen_of(fetch(store, "j"), None, Thresholds())
+    console = Console(width=80, record=True, force_terminal=False)
+    console.print(render(screen, None, width=80))
+    head = next(line for line in console.export_text().splitlines() if line.startswith("rank"))
+    assert "entry lag" in head and "wait share" in head, head
+    assert "host" not in head and "pid" not in head
