@@ -3,10 +3,11 @@
 A measured link is flagged when it is below every bound that applies to it:
 
 - the job-relative bound of its kind (shared memory, TCP within a host, TCP across hosts):
-  ``median - k * MAD`` (the MAD scaled by 1.4826, so ``k`` counts standard deviations of a
-  normal spread) and never above a third of the median, so neither a tight spread nor a
-  loaded machine's noise flags a link at half its peers' speed. It needs
-  :data:`MIN_PEERS` measured links of the kind;
+  ``median - k * MAD`` of the links' log bandwidths (links differ by factors, not amounts, so
+  a few very slow links cannot drag the bound below zero; the MAD scaled by 1.4826, so ``k``
+  counts standard deviations of a normal spread) and never above a third of the median, so
+  neither a tight spread nor a loaded machine's noise flags a link at half its peers' speed.
+  It needs :data:`MIN_PEERS` measured links of the kind;
 - ``--min-bw``, an absolute floor, when given;
 - the baseline, when given: the median of the same kind in an earlier run's document, less
   ``tolerance``.
@@ -20,6 +21,7 @@ its links are then not listed one by one. A pair whose transfers failed is ``unr
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -31,7 +33,7 @@ MAD_SCALE = 1.4826
 RELATIVE_CEILING = 1 / 3
 #: Measured links of one kind needed before the job-relative bound applies.
 MIN_PEERS = 3
-DEFAULT_K = 4.0
+DEFAULT_K = 3.0
 DEFAULT_TOLERANCE = 0.25
 SLOW_LINK, SLOW_HOST, UNREACHABLE_KIND = "slow_link", "slow_host", "unreachable"
 
@@ -51,7 +53,7 @@ class KindStats:
     kind: str
     count: int
     median: float
-    mad: float
+    mad: float  # of the natural logs of the bandwidths: a spread by factors
     bound: float | None  # the relative bound; None below MIN_PEERS links
 
     def to_dict(self) -> dict[str, object]:
@@ -98,10 +100,11 @@ def kind_stats(links: Sequence[Link], k: float = DEFAULT_K) -> dict[str, KindSta
 
 def _stats(kind: str, values: list[float], k: float) -> KindStats:
     median = statistics.median(values)
-    mad = statistics.median(abs(v - median) for v in values)
+    logs = [math.log(v) for v in values if v > 0]
+    mad = statistics.median(abs(x - math.log(median)) for x in logs) if logs and median > 0 else 0.0
     bound = None
     if len(values) >= MIN_PEERS:
-        bound = min(median - k * MAD_SCALE * mad, median * RELATIVE_CEILING)
+        bound = min(median * math.exp(-k * MAD_SCALE * mad), median * RELATIVE_CEILING)
     return KindStats(kind, len(values), median, mad, bound)
 
 
