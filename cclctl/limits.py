@@ -35,8 +35,16 @@ class TooLarge(BadInput):
     """
 
 
+#: Integers in a document (times in ns, pids, counts) fit a signed 64-bit word, as every
+#: writer's do; a larger one (JSON allows thousands of digits) is refused before it is used.
+MAX_INT = (1 << 63) - 1
+
+
 def world_size(size: int, where: str) -> int:
-    """``size`` if it is a world size a reader may allocate for; TooLarge otherwise."""
+    """``size`` if it is a world size a reader may allocate for: BadInput below 1, TooLarge
+    over :data:`MAX_WORLD_SIZE`."""
+    if size < 1:
+        raise BadInput(f"{where}: world size {size} is not a world size (1 or more)", where=where)
     if size > MAX_WORLD_SIZE:
         raise TooLarge(
             f"{where}: world size {size:,} is over the limit of {MAX_WORLD_SIZE:,} ranks",
@@ -47,6 +55,8 @@ def world_size(size: int, where: str) -> int:
 
 def rank(number: int, where: str, what: str = "rank") -> int:
     """``number`` if it can be a rank of a job within :data:`MAX_WORLD_SIZE`."""
+    if number < 0:
+        raise BadInput(f"{where}: {what} {number} is not a rank (0 or more)", where=where)
     if number >= MAX_WORLD_SIZE:
         raise TooLarge(
             f"{where}: {what} {number:,} is over the limit of {MAX_WORLD_SIZE:,} ranks",

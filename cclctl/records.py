@@ -102,9 +102,11 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
             continue
         value = data[name]
         if name in _INT_FIELDS and not _is_int(value):
-            raise _fail(where, f"field {name!r} must be an integer, got {value!r}")
+            raise _fail(where, f"field {name!r} must be an integer, got {_clip(repr(value))}")
         if name in _OPTIONAL_INT_FIELDS and value is not None and not _is_int(value):
             raise _fail(where, f"field {name!r} must be an integer or null, got {value!r}")
+        if _is_int(value) and not -limits.MAX_INT <= value <= limits.MAX_INT:
+            raise _fail(where, f"field {name!r} does not fit 64 bits ({len(str(value))} digits)")
         if name in _STR_FIELDS and not isinstance(value, str):
             raise _fail(where, f"field {name!r} must be a string, got {value!r}")
         kwargs[name] = value
@@ -271,6 +273,8 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
     for key in ("rank", "world_size", "pid", "time_ns"):
         if not _is_int(data.get(key)):
             raise _fail(where, f"field {key!r} must be an integer")
+        if not -limits.MAX_INT <= data[key] <= limits.MAX_INT:
+            raise _fail(where, f"field {key!r} does not fit 64 bits ({len(str(data[key]))} digits)")
     rank, world_size = int(data["rank"]), limits.world_size(int(data["world_size"]), where)
     if not 0 <= rank < max(1, world_size):
         raise _fail(where, f"rank {rank} is outside world size {world_size}")
@@ -298,14 +302,24 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         counters=dict(counters),
         metrics_url=str(data.get("metrics_url", "")),
         stacks=stacks_from_list(data.get("stacks"), where),
-        revoke=None
-        if data.get("revoke") is None
-        else revocation.from_dict(data["revoke"], f"{where}: revoke"),
+        revoke=_revoke(data.get("revoke"), world_size, f"{where}: revoke"),
         finished=data.get("finished") is True,
         signals=None
         if data.get("signals") is None
         else signals_from_dict(data["signals"], f"{where}: signals"),
     )
+
+
+def _revoke(data: object, world_size: int, where: str) -> Revocation | None:
+    """The document's revoke record, whose ranks must be of this job (or the operator)."""
+    if data is None:
+        return None
+    record = revocation.from_dict(data, where)
+    for name in ("origin", "seen_by", "peer"):
+        value = getattr(record, name)
+        if value is not None and value >= world_size:
+            raise _fail(where, f"field {name!r} is rank {value}, outside world size {world_size}")
+    return record
 
 
 def snapshot_from_json(text: str | bytes, where: str = "document") -> RankSnapshot:

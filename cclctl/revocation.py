@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from cclctl import limits
 from cclctl.errors import BadInput
 
 SCHEMA = "cclctl.revoke"
@@ -150,13 +151,28 @@ def _fail(where: str, why: str) -> BadInput:
     return BadInput(f"{where}: {why}")
 
 
-def _int(data: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> int | None:
+def _int(
+    data: Mapping[str, Any], key: str, where: str, *, optional: bool = False, rank: bool = False
+) -> int | None:
+    """The field as an integer: 0 up to a 64-bit word's largest; with ``rank``, a rank
+    below :data:`cclctl.limits.MAX_WORLD_SIZE` or :data:`OPERATOR` (a record is untrusted:
+    an origin of 10**12 must not be shown as a dead rank)."""
     value = data.get(key)
     if value is None and optional:
         return None
     if not isinstance(value, int) or isinstance(value, bool):
         raise _fail(where, f"field {key!r} must be an integer")
+    if rank and not (value == OPERATOR or 0 <= value < limits.MAX_WORLD_SIZE):
+        top = limits.MAX_WORLD_SIZE - 1
+        raise _fail(where, f"field {key!r} is {_short(value)}, not a rank (0 to {top:,}, or -1)")
+    if not rank and not 0 <= value <= limits.MAX_INT:
+        raise _fail(where, f"field {key!r} is {_short(value)}, outside 0 to 2**63-1")
     return value
+
+
+def _short(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
 
 
 def _str(data: Mapping[str, Any], key: str, where: str) -> str:
@@ -187,7 +203,7 @@ def from_dict(data: object, where: str = "revoke record") -> Revocation:
         raise _fail(where, "field 'op' must be a string")
     return Revocation(
         kind=str(kind),
-        origin=_or(_int(data, "origin", where), OPERATOR),
+        origin=_or(_int(data, "origin", where, rank=True), OPERATOR),
         reason=_str(data, "reason", where),
         host=_str(data, "host", where),
         pid=_int(data, "pid", where, optional=True) or 0,
@@ -196,9 +212,9 @@ def from_dict(data: object, where: str = "revoke record") -> Revocation:
         seq=_int(data, "seq", where, optional=True),
         op=None if op is None else op[:64],
         call=_str(data, "call", where),
-        seen_by=_or(_int(data, "seen_by", where, optional=True), OPERATOR),
+        seen_by=_or(_int(data, "seen_by", where, optional=True, rank=True), OPERATOR),
         via=_str(data, "via", where) or "call",
-        peer=_int(data, "peer", where, optional=True),
+        peer=_int(data, "peer", where, optional=True, rank=True),
         by=_str(data, "by", where),
         time_ns=_int(data, "time_ns", where, optional=True) or 0,
     )

@@ -139,3 +139,42 @@ def test_many_statuses_cannot_expand_past_one_reads_share() -> None:
             client.set(f"cclctl/j1/status/{rank}", json.dumps(doc).encode())
         out = cclctl("top", "--json", "--store", srv.address)
         refused(out, "the statuses name over 1,048,576 communicator members in all")
+
+
+def _revoke(**fields: Any) -> dict[str, Any]:
+    record = {"schema": "cclctl.revoke", "version": 1, "kind": "died", "origin": 1}
+    record.update({"reason": "SIGKILL", "seen_by": 0, **fields})
+    return record
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"world_size": -5}, "world size -5 is not a world size (1 or more)"),
+        ({"world_size": 0}, "world size 0 is not a world size (1 or more)"),
+        ({"revoke": _revoke(origin=10**12)}, "field 'origin' is 1000000000000, not a rank"),
+        ({"revoke": _revoke(origin=3)}, "field 'origin' is rank 3, outside world size 2"),
+        ({"revoke": _revoke(seen_by=-7)}, "field 'seen_by' is -7, not a rank"),
+        ({"revoke": _revoke(peer=70_000)}, "field 'peer' is 70000, not a rank"),
+        ({"revoke": _revoke(pid=-1)}, "field 'pid' is -1, outside 0 to 2**63-1"),
+        ({"time_ns": 10**4000}, "field 'time_ns' does not fit 64 bits (4001 digits)"),
+        ({"text": 7 * 10**4999}, "not valid JSON (Exceeds the limit (4300 digits)"),
+    ],
+)
+def test_untrusted_numbers_in_a_dump_are_refused_in_one_line(
+    tmp_path: Path, fields: dict[str, Any], said: str
+) -> None:
+    sys.set_int_max_str_digits(0)  # to write them; the reader keeps Python's default
+    try:
+        text = json.dumps(a_dump(**fields))
+    finally:
+        sys.set_int_max_str_digits(4300)
+    (tmp_path / "cclctl-j1-rank0.json").write_text(text)
+    refused(cclctl("diagnose", "hang", str(tmp_path)), "cclctl-j1-rank0.json", said)
+
+
+def test_a_record_number_beyond_64_bits_is_refused(tmp_path: Path) -> None:
+    doc = a_dump()
+    doc["records"][0]["start_ns"] = 10**300
+    (tmp_path / "cclctl-j1-rank0.json").write_text(json.dumps(doc))
+    refused(cclctl("diagnose", "hang", str(tmp_path)), "field 'start_ns' does not fit 64 bits")
