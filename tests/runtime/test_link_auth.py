@@ -7,6 +7,7 @@ refused, counted and named in rank 1's log, and the job's results stay exact.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -277,7 +278,9 @@ class FlippingProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
+            for s in (src, dst):  # shutdown first: it wakes the other pump's recv, and sends
+                with contextlib.suppress(OSError):  # the FIN a close from here would not
+                    s.shutdown(socket.SHUT_RDWR)
                 s.close()
 
     def close(self) -> None:

@@ -8,6 +8,10 @@ Four messages, the lower rank (the connector) first::
                                             flags, nonce_a, nonce_b)
     ACCEPT     acceptor  -> connector  HMAC(token, "acceptor", the same context)
 
+An acceptor that turns a link away after its HELLO says why before it closes (REFUSE, a
+code from :data:`TOLD`), so the connector's error names the cause; "evicted" (every slot
+taken by connections that proved nothing) asks it to connect again.
+
 The token never crosses the wire, a proof answers one exchange only (both nonces are in it),
 roles are bound (an acceptor's proof is never a connector's), and the connector proves
 itself before the acceptor answers with a proof of its own. Both sides derive the link's
@@ -41,13 +45,54 @@ ACCEPT_MAGIC = b"CCLa"
 TAG_BYTES = 16  # a message's MAC (HMAC-SHA256, truncated)
 
 
-class HandshakeRefused(Exception):
-    """A handshake that failed; ``claimed`` is the rank the newcomer said it was, if any."""
+#: Why a handshake was refused: a fixed set, so that what a stranger sends never makes a new
+#: kind of log line. Each kind's phrase is what the refusal log and the connector say.
+KINDS = {
+    "old_hello": "an unauthenticated (CCL1) handshake",
+    "not_cclctl": "not a cclctl link handshake",
+    "malformed": "a malformed handshake",
+    "version": "another handshake version",
+    "another_job": "another job",
+    "wrong_rank": "meant for another rank or world size",
+    "epoch": "another epoch",
+    "mac": "CCLCTL_LINK_MAC differs",
+    "bad_proof": "bad proof (it does not hold the job's token)",
+    "already_linked": "that rank is already linked",
+    "closed_in_epoch": "its link was closed earlier in this epoch",
+    "evicted": "all handshake slots were taken, and this was the oldest unproven connection",
+    "timeout": "no complete handshake before the deadline",
+    "closed": "closed during the handshake",
+    "socket": "a socket error",
+}
+#: The kinds an acceptor tells the connector (REFUSE's code is the index): what follows a
+#: HELLO, which only a cclctl rank sends. "evicted" asks it to connect again.
+TOLD = (
+    "evicted", "version", "another_job", "wrong_rank", "epoch", "mac", "bad_proof",
+    "already_linked", "closed_in_epoch",
+)  # fmt: skip
+_REFUSE = struct.Struct("<4sB3x")
+REFUSE_MAGIC = b"CCLr"
 
-    def __init__(self, why: str, claimed: int | None = None) -> None:
+
+class HandshakeRefused(Exception):
+    """A handshake that failed: ``why`` in words, ``kind`` one of :data:`KINDS`, ``claimed``
+    the rank the newcomer said it was, if any."""
+
+    def __init__(self, why: str, claimed: int | None = None, kind: str = "malformed") -> None:
         super().__init__(why)
         self.why = why
         self.claimed = claimed
+        self.kind = kind
+
+    @property
+    def busy(self) -> bool:
+        """The acceptor turned this connection away for want of a slot: connect again."""
+        return self.kind == "evicted"
+
+
+def refusal(kind: str) -> bytes:
+    """What an acceptor sends before it closes a refused connection that sent a HELLO."""
+    return _REFUSE.pack(REFUSE_MAGIC, TOLD.index(kind)) if kind in TOLD else b""
 
 
 def job_tag(job: str) -> int:
@@ -151,10 +196,26 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 
 
 def _expect(sock: socket.socket, shape: struct.Struct, magic: bytes, claimed: int | None) -> bytes:
-    fields = shape.unpack(_recv_exact(sock, shape.size))
+    head = _recv_exact(sock, len(magic))
+    if head == REFUSE_MAGIC:  # the acceptor says why it turns this link away
+        (_, code) = _REFUSE.unpack(head + _recv_exact(sock, _REFUSE.size - len(head)))
+        kind = TOLD[code] if code < len(TOLD) else "malformed"
+        raise HandshakeRefused(_told(kind), claimed, kind)
+    fields = shape.unpack(head + _recv_exact(sock, shape.size - len(head)))
     if fields[0] != magic:
         raise HandshakeRefused(f"malformed handshake (got {fields[0]!r})", claimed)
     return bytes(fields[1])
+
+
+def _told(kind: str) -> str:
+    if kind == "evicted":
+        return (
+            "it turned the link away: every handshake slot was taken by connections that "
+            "proved nothing (a flood of connections on its port?)"
+        )
+    if kind == "bad_proof":
+        return "it refused this rank's proof (a different CCLCTL_TOKEN?)"
+    return f"it refused the link: {KINDS[kind]}"
 
 
 def connect(
@@ -177,52 +238,72 @@ def connect(
     )
     try:
         nonce_b = _expect(sock, _CHALLENGE, CHALLENGE_MAGIC, peer)
-    except ConnectionResetError:
-        why = "it closed the link at once (another job, world size or CCLCTL_LINK_MAC?)"
-        raise HandshakeRefused(why, peer) from None
-    ctx = LinkContext(job, epoch, rank, peer, world_size, flags, nonce_a, nonce_b)
-    sock.sendall(_PROOF.pack(PROOF_MAGIC, ctx.proof(token, "connector")))
-    try:
+        ctx = LinkContext(job, epoch, rank, peer, world_size, flags, nonce_a, nonce_b)
+        sock.sendall(_PROOF.pack(PROOF_MAGIC, ctx.proof(token, "connector")))
         answer = _expect(sock, _PROOF, ACCEPT_MAGIC, peer)
-    except ConnectionResetError:
-        why = "it refused this rank's proof (a different CCLCTL_TOKEN?)"
-        raise HandshakeRefused(why, peer) from None
+    except ConnectionError:  # closed without a word: not a refusal this version sends
+        why = "it closed the link during the handshake without saying why"
+        raise HandshakeRefused(why, peer, "closed") from None
     if not hmac.compare_digest(answer, ctx.proof(token, "acceptor")):
-        raise HandshakeRefused("it failed to prove the job's token", peer)
+        raise HandshakeRefused("it failed to prove the job's token", peer, "bad_proof")
     return ctx.session(token, rank)
 
 
-def accept(
-    sock: socket.socket, token: str, job: str, epoch: int, rank: int, world_size: int, flags: int
-) -> LinkContext:
-    """The acceptor's side up to the connector's proof: read a HELLO, challenge, check the
-    proof. Returns the context, whose ``connector`` is the rank the proof established; the
-    caller registers the link (refusing a rank already linked), then sends :func:`confirm`.
-    """
-    magic = _recv_exact(sock, len(_HELLO_MAGIC))  # a stranger is turned away at once
+def hello_size(magic: bytes) -> int:
+    """How many bytes the HELLO that begins with these 4 has; refuses a stranger at once."""
     if magic == _OLD_HELLO_MAGIC:
-        _, claimed, _ = struct.unpack("<III", _recv_exact(sock, 12))
-        raise HandshakeRefused("an unauthenticated (CCL1) handshake", claimed)
+        return len(magic) + 12
     if magic != _HELLO_MAGIC:
-        raise HandshakeRefused(f"not a cclctl link handshake (it began {magic!r})")
-    raw = magic + _recv_exact(sock, _HELLO.size - len(magic))
+        raise HandshakeRefused(
+            f"not a cclctl link handshake (it began {magic!r})", None, "not_cclctl"
+        )
+    return _HELLO.size
+
+
+@dataclasses.dataclass(frozen=True)
+class Challenged:
+    """An acceptor's handshake between its CHALLENGE and the connector's PROOF."""
+
+    context: LinkContext
+    challenge: bytes  # what to send the connector
+
+
+def answer_hello(
+    raw: bytes, job: str, epoch: int, rank: int, world_size: int, flags: int
+) -> Challenged:
+    """The acceptor's answer to a whole HELLO (:func:`hello_size` bytes): a challenge with a
+    fresh nonce, or :class:`HandshakeRefused` naming what in it is not this link's."""
+    if raw[: len(_OLD_HELLO_MAGIC)] == _OLD_HELLO_MAGIC:
+        _, claimed, _ = struct.unpack("<III", raw[len(_OLD_HELLO_MAGIC) :])
+        raise HandshakeRefused("an unauthenticated (CCL1) handshake", claimed, "old_hello")
     _, version, their_flags, _, tag, claimed, to, world, their_epoch, nonce_a = _HELLO.unpack(raw)
     hello = _Hello(version, their_flags, tag, claimed, to, world, their_epoch)
-    why = hello.problem(job=job, epoch=epoch, rank=rank, world_size=world_size, flags=flags)
-    if why:
-        raise HandshakeRefused(why, claimed)
+    kind, why = hello.problem(job=job, epoch=epoch, rank=rank, world_size=world_size, flags=flags)
+    if kind:
+        raise HandshakeRefused(why, claimed, kind)
     nonce_b = auth.nonce()
-    sock.sendall(_CHALLENGE.pack(CHALLENGE_MAGIC, nonce_b))
-    proof = _expect(sock, _PROOF, PROOF_MAGIC, claimed)
     ctx = LinkContext(job, epoch, claimed, rank, world_size, flags, bytes(nonce_a), nonce_b)
+    return Challenged(ctx, _CHALLENGE.pack(CHALLENGE_MAGIC, nonce_b))
+
+
+#: Bytes of the connector's PROOF.
+PROOF_SIZE = _PROOF.size
+
+
+def check_proof(raw: bytes, token: str, ctx: LinkContext) -> None:
+    """Raise :class:`HandshakeRefused` unless ``raw`` (:data:`PROOF_SIZE` bytes) is the
+    connector's proof of the token for this exchange; ``ctx.connector`` is then proven."""
+    magic, proof = _PROOF.unpack(raw)
+    if magic != PROOF_MAGIC:
+        raise HandshakeRefused(f"malformed handshake (got {magic!r})", ctx.connector)
     if not hmac.compare_digest(proof, ctx.proof(token, "connector")):
-        raise HandshakeRefused("bad proof (it does not hold the job's token)", claimed)
-    return ctx
+        why = "bad proof (it does not hold the job's token)"
+        raise HandshakeRefused(why, ctx.connector, "bad_proof")
 
 
-def confirm(sock: socket.socket, token: str, ctx: LinkContext) -> None:
+def confirmation(token: str, ctx: LinkContext) -> bytes:
     """The acceptor's last message: its own proof, once the link is registered."""
-    sock.sendall(_PROOF.pack(ACCEPT_MAGIC, ctx.proof(token, "acceptor")))
+    return _PROOF.pack(ACCEPT_MAGIC, ctx.proof(token, "acceptor"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,18 +316,23 @@ class _Hello:
     world: int
     epoch: int
 
-    def problem(self, *, job: str, epoch: int, rank: int, world_size: int, flags: int) -> str:
-        """Why this HELLO is refused before any proof, or "" when it may go on."""
+    def problem(
+        self, *, job: str, epoch: int, rank: int, world_size: int, flags: int
+    ) -> tuple[str, str]:
+        """The kind and words of why this HELLO is refused before any proof, or ("", "")
+        when it may go on."""
         if self.version != VERSION:
-            return f"handshake version {self.version}, expected {VERSION}"
+            return "version", f"handshake version {self.version}, expected {VERSION}"
         if self.tag != job_tag(job):
-            return "another job"
+            return "another_job", "another job"
         if self.world != world_size or self.to != rank:
-            return f"meant for rank {self.to} of {self.world}, this is rank {rank} of {world_size}"
+            this = f"this is rank {rank} of {world_size}"
+            return "wrong_rank", f"meant for rank {self.to} of {self.world}, {this}"
         if not 0 <= self.claimed < rank:
-            return "a rank that does not connect to this one"
+            return "wrong_rank", "a rank that does not connect to this one"
         if self.epoch != epoch:
-            return f"epoch {self.epoch}, this rank is at epoch {epoch}"
+            return "epoch", f"epoch {self.epoch}, this rank is at epoch {epoch}"
         if self.flags != flags:
-            return f"CCLCTL_LINK_MAC differs (it is {'on' if flags & FLAG_MAC else 'off'} here)"
-        return ""
+            on = "on" if flags & FLAG_MAC else "off"
+            return "mac", f"CCLCTL_LINK_MAC differs (it is {on} here)"
+        return "", ""

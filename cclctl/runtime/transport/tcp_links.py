@@ -4,10 +4,12 @@ Links are made on first use, so a 64-rank ring opens 2 links per rank rather tha
 lower rank of a pair always connects and the higher one accepts. A link is kept only after
 the handshake of :mod:`~cclctl.runtime.transport.link_auth`: both ranks prove they hold the
 job's token, and the acceptor files the link under the rank that proof established, not
-under whoever connected first. A thread of its own answers every newcomer, so a connector
-never waits on what its acceptor is doing, and a stranger's connection (bad proof, wrong
-job, a rank already linked, garbage, silence past the deadline) is closed, counted and
-named in the log while the real peer still links. With ``resume_s``, a link that a reset
+under whoever connected first. A thread of its own answers every newcomer
+(:mod:`~.tcp_accept`), so a connector never waits on what its acceptor is doing, a flood of
+connections that prove nothing never takes a real peer's place, and a stranger's connection
+(bad proof, wrong job, a rank already linked, garbage, silence past the deadline) is closed
+and counted, and told in the log at a bounded rate (:mod:`~.tcp_refusals`), while the real
+peer still links. With ``resume_s``, a link that a reset
 broke is made again in its epoch (:meth:`Links.reopen`, :mod:`~.tcp_resume`): a linked
 rank that proves itself again is kept aside for that.
 """
@@ -25,7 +27,9 @@ from collections.abc import Callable
 from cclctl.errors import CommError, PeerError
 from cclctl.runtime.transport import link_auth, stall
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.link_auth import HandshakeRefused, Session
+from cclctl.runtime.transport.link_auth import HandshakeRefused, LinkContext, Session
+from cclctl.runtime.transport.tcp_accept import POLL_S, Acceptor
+from cclctl.runtime.transport.tcp_refusals import RefusalLog
 from cclctl.runtime.transport.wire import Call
 
 log = logging.getLogger("cclctl.links")
@@ -33,9 +37,8 @@ log = logging.getLogger("cclctl.links")
 _SOCKET_BUFFER = 4 << 20
 #: Longest a handshake may take before the newcomer is dropped.
 HANDSHAKE_TIMEOUT_S = 10.0
-#: Handshakes answered at once; more newcomers than this are turned away.
+#: Handshakes held at once; a newcomer past them takes the place of the oldest unproven one.
 MAX_PENDING_HANDSHAKES = 64
-_ACCEPT_POLL_S = 0.2  # how often the accept thread looks whether the links were closed
 _RELINK_LOOK_S = 0.05  # how often a link made again looks at the failure state, or retries
 
 
@@ -120,9 +123,8 @@ class Links:
         self.tails: dict[int, tuple[int, int, bytes]] = {}
         #: new links from linked peers (their side of the link broke), for a resume to take
         self._fresh: dict[int, tuple[socket.socket, Session | None]] = {}
-        self.auth_failures = 0  # handshakes refused since the links opened
+        self.refusals = RefusalLog(rank)  # handshakes refused since the links opened
         self._linked = threading.Condition()
-        self._pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         self._closed = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -132,12 +134,26 @@ class Links:
             self._listener.close()
             raise CommError(f"rank {rank}: cannot listen on {host}: {exc}", rank=rank) from None
         self._listener.listen(max(128, world_size + 16))
-        self._listener.settimeout(_ACCEPT_POLL_S)
         self.address = "{}:{}".format(*self._listener.getsockname())
+        acceptor = Acceptor(
+            self._listener,
+            rank=rank,
+            link=(token, job, epoch, world_size, self._flags),
+            deadline_s=self._handshake_s,
+            slots=MAX_PENDING_HANDSHAKES,
+            admit=self._admit,
+            refusals=self.refusals,
+            closed=self._closed,
+        )
         self._acceptor = threading.Thread(
-            target=self._serve, name=f"cclctl-links-r{rank}", daemon=True
+            target=acceptor.run, name=f"cclctl-links-r{rank}", daemon=True
         )
         self._acceptor.start()
+
+    @property
+    def auth_failures(self) -> int:
+        """Handshakes refused since the links opened (the telemetry's count)."""
+        return self.refusals.total
 
     def get(self, peer: int, call: Call, wait: Wait) -> socket.socket:
         sock = self.socks.get(peer)
@@ -160,33 +176,43 @@ class Links:
         return self.sessions.get(peer)
 
     def _connect(self, peer: int, call: Call, wait: Wait) -> socket.socket:
+        """Link to ``peer`` until the connect deadline: again where nothing listens yet, or
+        where the peer turned the link away for want of a handshake slot (a flood on its
+        port) or closed it without a word; at once where it refused it for a reason."""
         where = self.peers[peer]
         host, _, port = where.rpartition(":")
         deadline = time.monotonic() + self._connect_timeout_s
         while True:
             try:
                 sock = socket.create_connection((host, int(port)), timeout=5.0)
-                break
             except OSError as exc:
-                wait.blocked_on(peer, "send")
-                wait.check(call, peer, "send")
-                if time.monotonic() > deadline:
-                    what = f"cannot connect to rank {peer} at {where}: {exc}"
-                    raise self._peer_error(peer, call, what) from None
-                time.sleep(0.05)
-        try:
-            sock.settimeout(self._handshake_s)
-            session = link_auth.connect(
-                sock, self._token, self._job, self._epoch, self.rank, peer, self.world_size,
-                self._flags,
-            )  # fmt: skip
-        except (HandshakeRefused, OSError) as exc:
-            sock.close()
-            why = exc.why if isinstance(exc, HandshakeRefused) else str(exc) or "timed out"
-            what = f"the link handshake with rank {peer} at {where} failed: {why}"
-            raise self._peer_error(peer, call, what) from None
-        self._keep(peer, sock, session)
-        return sock
+                what = f"cannot connect to rank {peer} at {where}: {exc}"
+                self._before_again(peer, call, wait, deadline, what)
+                continue
+            try:
+                sock.settimeout(self._handshake_s)
+                session = link_auth.connect(
+                    sock, self._token, self._job, self._epoch, self.rank, peer, self.world_size,
+                    self._flags,
+                )  # fmt: skip
+            except (HandshakeRefused, OSError) as exc:
+                sock.close()
+                why = exc.why if isinstance(exc, HandshakeRefused) else str(exc) or "timed out"
+                what = f"the link handshake with rank {peer} at {where} failed: {why}"
+                if isinstance(exc, HandshakeRefused) and exc.kind in ("evicted", "closed"):
+                    self._before_again(peer, call, wait, deadline, what)
+                    continue
+                raise self._peer_error(peer, call, what) from None
+            self._keep(peer, sock, session)
+            return sock
+
+    def _before_again(self, peer: int, call: Call, wait: Wait, deadline: float, what: str) -> None:
+        """Between two tries to link to ``peer``: fail with ``what`` past the deadline."""
+        wait.blocked_on(peer, "send")
+        wait.check(call, peer, "send")
+        if time.monotonic() > deadline:
+            raise self._peer_error(peer, call, what)
+        time.sleep(0.05)
 
     def _peer_error(self, peer: int, call: Call, what: str) -> PeerError:
         return PeerError(
@@ -265,65 +291,38 @@ class Links:
             except OSError:
                 sock.close()
                 continue
-            except HandshakeRefused:
+            except HandshakeRefused as exc:
                 sock.close()
+                if exc.kind in ("evicted", "closed"):  # no slot for it yet: try again
+                    time.sleep(min(_RELINK_LOOK_S, max(0.0, deadline - time.monotonic())))
+                    continue
                 raise
             self._keep(peer, sock, session)
             return sock
 
-    def _serve(self) -> None:
-        """The accept thread: hand every newcomer to a handshake of its own."""
-        while not self._closed.is_set():
-            try:
-                sock, addr = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return  # the listener was closed
-            if not self._pending.acquire(blocking=False):
-                sock.close()
-                self._refused(addr, None, "too many handshakes in progress")
-                continue
-            threading.Thread(
-                target=self._handshake, args=(sock, addr), name="cclctl-handshake", daemon=True
-            ).start()
-
-    def _handshake(self, sock: socket.socket, addr: tuple[str, int]) -> None:
-        claimed: int | None = None
-        try:
-            sock.settimeout(self._handshake_s)
-            ctx = link_auth.accept(
-                sock, self._token, self._job, self._epoch, self.rank, self.world_size,
-                self._flags,
-            )  # fmt: skip
-            claimed = ctx.connector
-            with self._linked:
-                if self._closed.is_set():
-                    sock.close()
-                    return
-                if claimed in self.dropped:
-                    raise HandshakeRefused("its link was closed earlier in this epoch", claimed)
-                if claimed in self.socks and not self.resume_s:
-                    raise HandshakeRefused("that rank is already linked", claimed)
-                link_auth.confirm(sock, self._token, ctx)
-                session = ctx.session(self._token, self.rank)
-                if claimed in self.socks:  # its side broke: kept for this side's resume
-                    _prepare(sock, self.stall_ms)
-                    stale = self._fresh.pop(claimed, None)
-                    if stale is not None:
-                        stale[0].close()
-                    self._fresh[claimed] = (sock, session)
-                else:
-                    self._keep(claimed, sock, session)
-                self._linked.notify_all()
-        except HandshakeRefused as exc:
-            sock.close()
-            self._refused(addr, exc.claimed, exc.why)
-        except OSError as exc:
-            sock.close()
-            self._refused(addr, claimed, _socket_why(exc))
-        finally:
-            self._pending.release()
+    def _admit(self, sock: socket.socket, ctx: LinkContext) -> None:
+        """File a link whose connector proved the token (the accept thread calls this);
+        raises :class:`HandshakeRefused` where this rank may not link it."""
+        claimed = ctx.connector
+        with self._linked:
+            if self._closed.is_set():
+                raise HandshakeRefused("this rank's links are closing", claimed, "closed")
+            if claimed in self.dropped:
+                why = link_auth.KINDS["closed_in_epoch"]
+                raise HandshakeRefused(why, claimed, "closed_in_epoch")
+            if claimed in self.socks and not self.resume_s:
+                raise HandshakeRefused(link_auth.KINDS["already_linked"], claimed, "already_linked")
+            sock.sendall(link_auth.confirmation(self._token, ctx))  # 36 bytes: never blocks
+            session = ctx.session(self._token, self.rank)
+            if claimed in self.socks:  # its side broke: kept for this side's resume
+                _prepare(sock, self.stall_ms)
+                stale = self._fresh.pop(claimed, None)
+                if stale is not None:
+                    stale[0].close()
+                self._fresh[claimed] = (sock, session)
+            else:
+                self._keep(claimed, sock, session)
+            self._linked.notify_all()
 
     def _keep(self, peer: int, sock: socket.socket, session: Session | None) -> None:
         _prepare(sock, self.stall_ms)
@@ -333,14 +332,6 @@ class Links:
         if session is not None:
             self.sessions[peer] = session
         self.socks[peer] = sock
-
-    def _refused(self, addr: tuple[str, int], claimed: int | None, why: str) -> None:
-        who = "?" if claimed is None else str(claimed)
-        log.warning(
-            "rank %d: refused a link from %s:%s claiming rank %s: %s",
-            self.rank, addr[0], addr[1], who, why,
-        )  # fmt: skip
-        self.auth_failures += 1  # after the log: whoever sees the count can read why
 
     def drop(self, peer: int) -> None:
         with self._linked:
@@ -381,12 +372,5 @@ class Links:
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         if self._acceptor is not threading.current_thread():
-            self._acceptor.join(2 * _ACCEPT_POLL_S + 1.0)
-
-
-def _socket_why(exc: OSError) -> str:
-    if isinstance(exc, TimeoutError):
-        return "no complete handshake before the deadline"
-    if isinstance(exc, ConnectionResetError):
-        return "closed during the handshake"
-    return f"socket error: {exc.strerror or exc}"
+            self._acceptor.join(2 * POLL_S + 1.0)
+        self.refusals.close()
