@@ -24,7 +24,7 @@ from cclctl.diagnose_io.inputs import from_live
 from cclctl.errors import CclError
 from cclctl.launch.launcher import LaunchResult, RankExit, StoreSeen
 from cclctl.live.snapshot import parse
-from cclctl.revocation import Revocation
+from cclctl.revocation import OPERATOR, Revocation
 
 PREFIX = "cclctl launch: "
 #: What a verdict of each kind says of its rank (the call follows).
@@ -143,7 +143,14 @@ def _from_record(record: Revocation, result: LaunchResult) -> Origin:
     if record.kind == "died":
         how = f"died of {ended.signal_name}" if ended and ended.own_signal else "died"
         return Origin(subject, f"{how} ({record.reason})", record.at(), (record.origin,))
+    if record.kind == "retry":  # a rank that cannot retry (shared memory) aborts instead
+        who = f"operator {record.by or 'unknown'}"
+        asked = f" ({record.reason})" if record.reason else ""
+        how = f"was aborted: {who} asked it to retry{asked}, which it cannot do"
+        return Origin("the job", how, record.at())
     if record.kind == "aborted":
+        return Origin("the job", f"was {record.describe()}", record.at())
+    if record.origin == OPERATOR:
         return Origin("the job", record.describe(), record.at())
     how = record.reason if record.kind in (MISMATCH, "hang") else f"failed: {record.reason}"
     return Origin(subject, how, record.at(), (record.origin,))
@@ -227,11 +234,16 @@ def _others(result: LaunchResult, origin: Origin) -> str:
             counts[3] += 1
     total = sum(counts)
     named = [(fate, n) for fate, n in zip(_FATES, counts, strict=True) if n]
+    # no rank is the origin (an operator's abort): every rank is one of "the others"
+    other = "the other " if origin.ranks else ""
     if len(named) == 1:
-        noun = "rank" if total == 1 else f"{total} ranks"
-        return f"the other {noun} {named[0][0][total != 1]}"
+        if total == 1:
+            noun = f"{other or 'the '}rank"
+        else:
+            noun = f"{other}{total} ranks" if other else f"all {total} ranks"
+        return f"{noun} {named[0][0][total != 1]}"
     listed = ", ".join(f"{n} {fate[n != 1]}" for fate, n in named)
-    return f"of the other {total} ranks, {listed}" if named else ""
+    return f"of {other or 'the '}{total} ranks, {listed}" if named else ""
 
 
 def _dumps(folder: str) -> str:
