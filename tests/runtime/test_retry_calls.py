@@ -33,7 +33,7 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CommError
 from cclctl.revocation import Revocation
 from cclctl.runtime.comm.rerun import Kept
-from cclctl.runtime.comm.retrying import RERUNS, Ask, Plan, _recover, not_rerun
+from cclctl.runtime.comm.retrying import REPLAY, RERUNS, Ask, Plan, _recover, not_rerun
 from cclctl.runtime.failure import FailureState
 from cclctl.runtime.job.retry import Retry, decide
 from cclctl.store.client import StoreClient, StoreServer
@@ -226,9 +226,9 @@ def test_a_rank_that_closes_after_a_link_fault_tells_the_retry_at_once(tmp_path:
         hold.touch()
         proc.wait(timeout=60)
     assert seen.get(2) == "left", seen
-    for rank in (0, 1):
-        assert seen[rank].startswith("failed 0 leave "), seen
-        assert "rank(s) 2 were in close, which is not re-run" in seen[rank], seen
+    for r in (0, 1):
+        assert seen[r].startswith("failed 0 leave "), seen
+        assert "rank(s) 2 were in close, which is not re-run" in seen[r], seen
 
 
 def _failures(proc: subprocess.Popen[str], hold: Path) -> dict[int, str]:
@@ -261,7 +261,7 @@ def test_a_call_that_is_not_rerun_tells_the_agreement_at_once(server: StoreServe
     comm = SimpleNamespace(
         id="0:0-2", rank=1, cfg=RuntimeConfig(retry_budget_s=20), _retrier=retry,
         failure=SimpleNamespace(epoch=3), _calls=SimpleNamespace(completed=6),
-        _kept=SimpleNamespace(seq=5),
+        _kept=_kept_at(5),
     )  # fmt: skip
     fault = CommError("link between rank 0 and rank 1 broke")
     fault.revocation = Revocation(kind="link", origin=0, reason="peer closed", seen_by=1)
@@ -282,8 +282,18 @@ def test_a_call_that_is_not_rerun_tells_the_agreement_at_once(server: StoreServe
         decide(0, entries)
 
 
-def _ask(call: str, pending: int, kept: int = 0) -> Ask:
-    return Ask(call, pending, kept, attempt=2, deadline=0.0)
+def _kept_at(seq: int) -> Kept:
+    kept = Kept()
+    kept.keep(seq, np.zeros(1))
+    return kept
+
+
+def _ask(call: str, pending: int, kept: int = 0, ops: str = "") -> Ask:
+    """An entry at ``pending`` that keeps seq ``kept`` (as ``call``), or the seqs up to it
+    that ``ops`` names (oldest first)."""
+    ops = ops or (call if kept else "")
+    n = len(ops.split(",")) if ops else 0
+    return Ask(call, pending, kept, 2, 0.0, kept - n + 1 if n else 0, ops)
 
 
 def test_ranks_at_one_seq_rerun_it_whatever_the_call() -> None:
@@ -295,13 +305,15 @@ def test_ranks_ahead_of_a_call_whose_result_differs_by_rank_run_it_again() -> No
     """The ranks behind are in a reduce (its result differs by rank): the ranks ahead, which
     kept its input, run it again with them, then re-run their own call."""
     for call in ("reduce_scatter", "reduce", "all_to_all"):
-        entries = {0: _ask(call, 4, 3), 1: _ask("all_reduce", 5, 4), 2: _ask(call, 4, 3)}
-        assert decide(2, entries) == Plan(4, replay=True)
+        ahead = _ask("all_reduce", 5, 4, ops=f"all_reduce,{call}")
+        entries = {0: _ask(call, 4, 3), 1: ahead, 2: _ask(call, 4, 3)}
+        assert decide(2, entries) == Plan(4, (REPLAY,))
 
 
 def test_ranks_one_call_apart_are_caught_up_from_the_lowest_rank_ahead() -> None:
-    entries = {0: _ask("all_gather", 4, 3), 1: _ask("barrier", 5, 4), 2: _ask("barrier", 5, 4)}
-    assert decide(0, entries) == Plan(4, root=1)
+    ahead = _ask("barrier", 5, 4, ops="all_gather")
+    entries = {0: _ask("all_gather", 4, 3), 1: ahead, 2: ahead}
+    assert decide(0, entries) == Plan(4, (1,))
 
 
 def test_what_cannot_be_made_exact_is_refused_naming_why() -> None:
@@ -331,11 +343,16 @@ def test_a_rank_ahead_runs_the_call_whose_result_differs_by_rank_again_from_its_
 
     for pending, runs_again in ((5, 1), (4, 0)):
         replayed.clear()
+
+        def retrier(comm: object, ask: Ask) -> Plan:
+            return Plan(4, (REPLAY,))
+
         comm = SimpleNamespace(
             _calls=SimpleNamespace(completed=pending - 1, rewind=rewind), _kept=kept,
-            _retrier=lambda comm, ask: Plan(4, replay=True), rank=0,
+            _retrier=retrier, rank=0, _catchup=None,
         )  # fmt: skip
-        answered, attempt = _recover(comm, "all_reduce", CommError("cut"), 2, 1e18, given)  # type: ignore[arg-type]
+        cut = CommError("cut")
+        answered, attempt = _recover(comm, "all_reduce", pending, cut, 2, 1e18, given)  # type: ignore[arg-type]
         assert (answered, attempt) == (False, 2)
         assert len(replayed) == runs_again
         if runs_again:
@@ -380,8 +397,8 @@ def test_a_failure_the_retry_does_not_recover_from_is_raised_as_it_is() -> None:
 
     comm = SimpleNamespace(
         _calls=SimpleNamespace(completed=6), _kept=Kept(), _retrier=retrier, rank=0,
-        cfg=RuntimeConfig(retry_budget_s=20),
+        cfg=RuntimeConfig(retry_budget_s=20), _catchup=None,
     )  # fmt: skip
     with pytest.raises(CommError) as raised:
-        _recover(comm, "all_reduce", CommError("link broke"), 2, 1e18, np.zeros(1))  # type: ignore[arg-type]
+        _recover(comm, "all_reduce", 7, CommError("link broke"), 2, 1e18, np.zeros(1))  # type: ignore[arg-type]
     assert raised.value is job_failed

@@ -59,7 +59,12 @@ class Communicator(Collectives):
         self.shrink_info: shrinking.ShrinkInfo | None = None
         self._shrinker = shrinker
         self._shrink_callbacks: list[shrinking.OnShrink] = []
+        #: what this rank kept of its completed calls, for ranks a fault leaves behind
         self._kept = rerun.Kept()
+        #: the last retry's plan: the calls a rank behind takes from the ranks ahead
+        self._catchup: retrying.Plan | None = None
+        #: a call's retry failed here: its close serves no retry
+        self._retry_gave_up = False
         self._retrier = retrier
         self._on_close = on_close
 
@@ -145,12 +150,15 @@ class Communicator(Collectives):
         self._calls.failure.abort(reason)
 
     def close(self) -> None:
-        """Refuse every later call, tell the peers and close the links (idempotent); a
-        retry the others are in is told this rank will not re-run."""
-        if not self._calls.failure.close():
+        """Refuse every later call, tell the peers and close the links (idempotent). With
+        retry on, first wait (up to the budget) for every rank to close, serving a retry
+        that ranks behind need meanwhile (:func:`~.retrying.closing`)."""
+        if self._calls.failure.closed:
             return
         if self._retries():
-            retrying.closing(self)
+            retrying.closing(self)  # ranks behind may still need this rank's kept calls
+        if not self._calls.failure.close():
+            return
         self.transport.close()
         if self._on_close is not None:
             self._on_close()

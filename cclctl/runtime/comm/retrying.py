@@ -6,13 +6,18 @@ under the next epoch (:mod:`cclctl.runtime.job.retry`), and the call runs again 
 input: an in-place call keeps a copy of its input while retry is on, so a partly reduced
 buffer is never reduced twice and the result is the one a fault-free run gives.
 
-Every collective re-runs (:data:`RERUNS`). A fault can leave the ranks one call apart (some
-completed seq ``s``, others did not): where seq ``s``'s result is the same on every rank
-(:data:`SHARED`: all_reduce, all_gather, broadcast, barrier) the ranks behind receive it
-from the lowest rank ahead (a broadcast at seq ``s``); where it differs by rank
-(reduce_scatter, reduce, all_to_all) the ranks ahead run seq ``s`` once more from a copy
-of its input, with the ranks behind, and drop what it gives them. Then the ranks ahead
-re-run seq ``s + 1``. Past the budget, counted from the first fault of the call, every
+Every collective re-runs (:data:`RERUNS`). A fault can leave the ranks calls apart (a run
+of broadcasts lets the ranks upstream of a cut link finish calls the ranks downstream never
+got): each seq the ranks ahead completed and others did not is caught up in order, on the
+new links: where its result is the same on every rank (:data:`SHARED`: all_reduce,
+all_gather, broadcast, barrier) the ranks behind receive it from the lowest rank ahead
+(a broadcast at that seq, from what it kept: :class:`~.rerun.Kept`); where it differs by
+rank (reduce_scatter, reduce, all_to_all) the ranks ahead run it once more from a copy of
+its input, with the ranks behind, and drop what it gives them. A rank behind returns from
+its call and meets the next seqs the same way as its program makes them (the agreed
+:class:`Plan` says how each catches up); then every rank re-runs the highest seq. A rank
+that closes with retry on waits for the others to close, and serves a retry meanwhile
+(:func:`closing`). Past the budget, counted from the first fault of the call, every
 rank raises that fault's error (naming its origin), with its in-place buffer holding the
 input again. Point-to-point calls are not re-run: a link fault fails them as with retry
 off, and the rank's refusal goes to the next epoch's agreement (:func:`not_rerun`).
@@ -31,7 +36,7 @@ import numpy as np
 
 from cclctl.errors import CclError, CommError
 from cclctl.runtime.comm import buffers
-from cclctl.runtime.comm.rerun import Inputs, Replay
+from cclctl.runtime.comm.rerun import SYNCING, Inputs, Replay
 
 if TYPE_CHECKING:
     from cclctl.runtime.comm.communicator import Communicator
@@ -49,30 +54,51 @@ RERUNS = (*SHARED, "reduce_scatter", "reduce", "all_to_all")
 #: Revocation kinds a retry recovers from: a link broke or stalled between live ranks, or
 #: an operator asked for a retry (``cclctl retry``).
 RETRIED_KINDS = ("link", "retry")
+#: How long a closing rank waits on the store between looks at its failure state.
+AGREE_WAIT_S = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
 class Ask:
     """What a rank brings to a retry: the call it was in, the collective seq it has not
-    completed (``pending``), the seq of the call it kept (:class:`~.rerun.Kept`), its
-    attempt number and the budget's deadline (``time.monotonic()``)."""
+    completed (``pending``), the seqs of the calls it kept (:class:`~.rerun.Kept`: from
+    ``kept_from`` to ``kept``, their ops in ``kept_ops``), its attempt number and the
+    budget's deadline (``time.monotonic()``)."""
 
     call: str
     pending: int
     kept: int
     attempt: int
     deadline: float
+    kept_from: int = 0
+    kept_ops: str = ""
+
+
+#: A catch-up seq whose result differs by rank: the ranks ahead run it again from its
+#: kept input, with the ranks behind.
+REPLAY = -1
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What every rank agreed: re-run seq ``seq`` (``root`` < 0), or first catch up the
-    ranks behind with seq ``seq``'s result from ``root`` (a broadcast); with ``replay``,
-    the ranks ahead run seq ``seq`` again from its kept input, with the ranks behind."""
+    """What every rank agreed: the calls open again from seq ``seq``. Each seq from there
+    below :attr:`rerun` is one the ranks ahead completed and the ranks behind did not:
+    ``roots[i]`` is the rank whose kept result of seq ``seq + i`` the ranks behind take (a
+    broadcast), or :data:`REPLAY`: the ranks ahead run it again from its kept input, with
+    the ranks behind. Then every rank re-runs seq :attr:`rerun` (a rank closing there has
+    no call to re-run, and goes on closing)."""
 
     seq: int
-    root: int = -1
-    replay: bool = False
+    roots: tuple[int, ...] = ()
+
+    @property
+    def rerun(self) -> int:
+        return self.seq + len(self.roots)
+
+    def step(self, seq: int) -> int | None:
+        """How seq ``seq`` catches up (a root, or :data:`REPLAY`); None: it is no catch-up."""
+        i = seq - self.seq
+        return self.roots[i] if 0 <= i < len(self.roots) else None
 
 
 class Retrier(Protocol):
@@ -84,6 +110,13 @@ class Retrier(Protocol):
 
     def refuse(self, comm: Communicator, ask: Ask) -> None:
         """Tell the agreement, without waiting, that this rank's call is not re-run."""
+
+    def all_closed(self, comm: Communicator, ask: Ask, wait_s: float) -> bool:
+        """Say this rank is closing (after ``ask.pending - 1``) and wait up to ``wait_s``
+        for every rank to say so; True once all have."""
+
+    def leave(self, comm: Communicator, ask: Ask) -> None:
+        """Say this rank closed for good: a retry that needs it fails at once, naming it."""
 
 
 def enabled(comm: Communicator) -> bool:
@@ -177,18 +210,51 @@ def not_rerun(comm: Communicator, call: str, attempt: Callable[[], Any]) -> Any:
         return attempt()
     except CommError as exc:
         if retryable(exc):
+            comm._retry_gave_up = True
             refuse(comm, call)
         raise
 
 
 def closing(comm: Communicator) -> None:
-    """``comm``, whose calls retry, closes: where a retried fault reached it between calls
-    (the others are in or on their way to its agreement), tell the agreement it will not
-    re-run, so they fail at once naming this rank instead of waiting for it until the
-    budget."""
-    first = comm.failure.first
-    if first is not None and first.kind in RETRIED_KINDS:
-        refuse(comm, "close")
+    """``comm``, whose calls retry, closes. A rank behind may still need what this rank
+    kept of its completed calls (a run of broadcasts lets the root finish while a rank
+    downstream of a cut link is calls behind), so the rank waits, up to the budget, until
+    every rank closes; a link fault that reaches it meanwhile (or before) is retried with
+    this rank serving the calls the others lack. If it gives up (another failure, the
+    budget, or its own call's retry that failed), it says so in the store, so a retry
+    that needs it fails at once, naming it, instead of waiting for it until the budget."""
+    retrier = comm._retrier
+    if retrier is None:
+        return
+    budget = comm.cfg.retry_budget_s
+    deadline = time.monotonic() + budget
+    tries = 1
+    try:
+        while not comm._retry_gave_up and time.monotonic() < deadline:
+            first = comm.failure.first
+            if first is not None and first.kind not in RETRIED_KINDS:
+                break  # the job failed otherwise: nothing here will be retried
+            if first is not None:
+                own = comm._calls.completed + 1
+                fault = comm.failure.error(first, f"rank {comm.rank}: close")
+                tries = _recover(comm, "close", own, fault, tries + 1, deadline, None)[1]
+                continue
+            if retrier.all_closed(comm, _ask(comm, "close", 1, deadline), AGREE_WAIT_S):
+                return
+    except CclError as why:
+        log.info("rank %d: closed without serving a retry: %s", comm.rank, why)
+    try:
+        retrier.leave(comm, _ask(comm, "close", 1, deadline))
+    except CclError as why:
+        log.debug("rank %d: could not tell the retry it left: %s", comm.rank, why)
+
+
+def _ask(comm: Communicator, call: str, attempt: int, deadline: float,
+         pending: int | None = None) -> Ask:  # fmt: skip
+    """This rank's entry: ``call`` at ``pending`` (default: after its last completed)."""
+    kept = comm._kept
+    own = comm._calls.completed + 1 if pending is None else pending
+    return Ask(call, own, kept.seq, attempt, deadline, kept.oldest, kept.ops())
 
 
 def refuse(comm: Communicator, call: str) -> None:
@@ -197,9 +263,8 @@ def refuse(comm: Communicator, call: str) -> None:
     if comm._retrier is None:
         return
     deadline = time.monotonic() + comm.cfg.retry_budget_s
-    ask = Ask(call, comm._calls.completed + 1, comm._kept.seq, 1, deadline)
     try:
-        comm._retrier.refuse(comm, ask)
+        comm._retrier.refuse(comm, _ask(comm, call, 1, deadline))
     except CclError as why:  # the error the caller gets is the fault's own
         log.debug("rank %d: could not tell the retry of %s: %s", comm.rank, call, why)
 
@@ -207,15 +272,23 @@ def refuse(comm: Communicator, call: str) -> None:
 def _run(comm: Communicator, call: str, attempt: Callable[[], Any], inputs: Inputs,
          answer: Any, replay: Replay | None = None) -> Any:  # fmt: skip
     """``attempt()`` until it completes, the links renewed and ``inputs`` restored after
-    each retried fault; ``inputs.dst`` is the result every rank holds alike (kept for a
-    rank one call behind), ``answer`` what the call returns when a catch-up answered it.
-    A call whose result differs by rank gives ``replay`` instead: its input is kept, and
-    ``replay(input)`` runs it again for a rank one call behind."""
+    each retried fault; ``inputs.dst`` is the result every rank holds alike (kept for
+    ranks behind), ``answer`` what the call returns when a catch-up answered it. A call
+    whose result differs by rank gives ``replay`` instead: its input is kept, and
+    ``replay(input)`` runs it again for ranks behind. A call that ranks ahead completed
+    before a retry agreed (this rank was behind) takes their result where it is alike."""
+    own = comm._calls.completed + 1  # the seq this call opens at
     first: CommError | None = None
     deadline = 0.0
     tries = 1
     while True:
+        plan = comm._catchup
+        root = None if plan is None else plan.step(own)
         try:
+            if root is not None and root >= 0:  # ranks ahead completed it: take their result
+                comm._broadcast(inputs.dst, root, None)
+                _keep(comm, call, own, inputs, None, False)
+                return answer
             result = attempt()
         except CommError as exc:
             if not retryable(exc):
@@ -223,52 +296,77 @@ def _run(comm: Communicator, call: str, attempt: Callable[[], Any], inputs: Inpu
             if first is None:
                 first, deadline = exc, time.monotonic() + comm.cfg.retry_budget_s
             inputs.restore()  # the input again, whatever happens next
-            answered, tries = _recover(comm, call, first, tries + 1, deadline, inputs.dst)
+            try:
+                answered, tries = _recover(comm, call, own, first, tries + 1, deadline,
+                                           inputs.dst)  # fmt: skip
+            except CommError:
+                comm._retry_gave_up = True  # its close must not wait to serve a retry
+                raise
             if answered:
+                _keep(comm, call, own, inputs, None, False)
                 return answer
             continue
-        done = comm._calls.completed  # what ranks a fault leaves behind get of this call:
-        if replay is None:
-            comm._kept.keep(done, inputs.dst)  # its result
-        else:  # its input, as it was before the call wrote over it
-            comm._kept.keep_input(done, inputs.src if inputs.saved is None else inputs.saved,
-                                  replay)  # fmt: skip
+        _keep(comm, call, own, inputs, replay, inputs.src.size > 0)
         return result
 
 
+def _keep(comm: Communicator, call: str, seq: int, inputs: Inputs, replay: Replay | None,
+          ran: bool) -> None:  # fmt: skip
+    """Keep what ranks a fault leaves behind need of this completed call: its result, or
+    its input as it was before the call wrote over it. ``ran``: its algorithm ran here
+    with data (so a call of :data:`~.rerun.SYNCING` tells every rank entered it)."""
+    kept = comm._kept
+    if replay is None:
+        kept.keep(seq, inputs.dst, call, synced=ran and call in SYNCING)
+    else:
+        src = inputs.src if inputs.saved is None else inputs.saved
+        kept.keep_input(seq, src, replay, call, synced=ran and call in SYNCING)
+
+
 def _recover(
-    comm: Communicator, call: str, first: CommError, attempt: int, deadline: float,
-    dst: np.ndarray,
+    comm: Communicator, call: str, own: int, first: CommError, attempt: int, deadline: float,
+    dst: np.ndarray | None,
 ) -> tuple[bool, int]:  # fmt: skip
-    """Agree and renew the transport for ``attempt``, then catch up a rank one call behind;
-    (True if that answered this rank's call, the attempt it reached). Raises ``first``
-    once the budget is spent."""
-    calls, kept = comm._calls, comm._kept
-    ask = Ask(call, calls.completed + 1, kept.seq, attempt, deadline)
+    """Agree and renew the transport for ``attempt`` of this rank's call at seq ``own``,
+    then catch up the ranks behind; (True if that answered this rank's call, the attempt
+    it reached). Raises ``first`` once the budget is spent."""
+    calls = comm._calls
+    ask = _ask(comm, call, attempt, deadline, own)
     assert comm._retrier is not None
     try:
         plan = comm._retrier(comm, ask)
+        comm._catchup = plan
         calls.rewind(plan.seq, attempt)
-        if plan.replay:
-            if ask.pending != plan.seq:  # a rank ahead: seq plan.seq again, with those behind
-                kept.run_again()
-            return False, attempt
-        if plan.root < 0:
-            return False, attempt
-        behind = ask.pending == plan.seq
-        if behind:
-            comm._broadcast(dst, plan.root, None)
-            return True, attempt
-        assert kept.result is not None
-        target = kept.result if comm.rank == plan.root else np.empty_like(kept.result)
-        comm._broadcast(target, plan.root, None)
+        serve(comm, plan, min(own, plan.rerun))  # the seqs this rank completed, others not
+        if own < plan.rerun:  # behind: this call is one the ranks ahead completed
+            root = plan.step(own)
+            if root is not None and root >= 0 and dst is not None:
+                comm._broadcast(dst, root, None)
+                return True, attempt
+            return False, attempt  # it runs again, the ranks ahead replaying theirs
         return False, attempt
     except CommError as exc:
         if retryable(exc) and time.monotonic() < deadline:
-            return _recover(comm, call, first, attempt + 1, deadline, dst)
+            return _recover(comm, call, own, first, attempt + 1, deadline, dst)
         if exc.revocation is not None and not retryable(exc):
             raise exc from first  # the job failed otherwise (a hang, a death): its origin
         raise _exhausted(first, attempt - 1, comm.cfg.retry_budget_s, exc) from exc
+
+
+def serve(comm: Communicator, plan: Plan, stop: int) -> None:
+    """Run each catch-up seq below ``stop`` (those this rank completed and a rank behind
+    did not) with the ranks behind, from what this rank kept: a broadcast of the kept
+    result (from the plan's root, the others dropping what they receive), or the call
+    again from its kept input."""
+    for seq in range(plan.seq, stop):
+        kept, root = comm._kept.get(seq), plan.step(seq)
+        assert kept is not None and root is not None  # the plan checked every rank keeps it
+        if root == REPLAY:
+            kept.run_again()
+        elif root == comm.rank:
+            comm._broadcast(kept.data, root, None)
+        else:
+            comm._broadcast(np.empty_like(kept.data), root, None)
 
 
 def _exhausted(first: CommError, retries: int, budget_s: float, last: CommError) -> CommError:

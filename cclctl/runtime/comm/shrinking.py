@@ -71,7 +71,8 @@ def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | N
                 return dst if out is None else out
             inputs.restore()  # the re-run starts from the input, never a partial sum
             continue
-        comm._kept.keep(comm._calls.completed, dst)  # for survivors one call behind
+        # for survivors one call behind (an all_reduce: no earlier call is needed again)
+        comm._kept.keep(comm._calls.completed, dst, "all_reduce", synced=True)
         return result
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 
 from cclctl import revocation
@@ -24,7 +25,8 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.comm.retrying import RERUNS, RETRIED_KINDS, SHARED, Ask, Plan
+from cclctl.runtime.comm.rerun import KEEP_MAX_BYTES, KEEP_MAX_CALLS
+from cclctl.runtime.comm.retrying import REPLAY, RERUNS, RETRIED_KINDS, SHARED, Ask, Plan
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
@@ -130,6 +132,31 @@ class Retry:
             scoped = ScopedStore.for_job(client, self.rdzv.job)
             scoped.set(f"{prefix}in/{comm.rank}", json.dumps(dataclasses.asdict(ask)).encode())
 
+    def all_closed(self, comm: Communicator, ask: Ask, wait_s: float) -> bool:
+        """Write ``retry/<comm>/closed/<rank>`` (this rank closes after ``ask.pending - 1``)
+        and wait up to ``wait_s`` for every rank's; a rank whose process on this host is
+        gone counts as closed (it has nothing left to retry)."""
+        prefix = f"retry/{comm.id}/closed/"
+        with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
+            scoped = ScopedStore.for_job(client, self.rdzv.job)
+            scoped.set(f"{prefix}{comm.rank}", json.dumps(dataclasses.asdict(ask)).encode())
+            present = scoped.list(prefix)
+            missing = [f"{prefix}{r}" for r in range(comm.world_size)
+                       if f"{prefix}{r}" not in present and not _gone(comm, r)]  # fmt: skip
+            try:
+                scoped.wait(missing, timeout_s=wait_s)
+            except StoreTimeout:
+                return False
+        return True
+
+    def leave(self, comm: Communicator, ask: Ask) -> None:
+        """Write ``retry/<comm>/left/<rank>``: this rank closed for good, so a retry that
+        waits for it fails at once (:func:`_agree`), naming it."""
+        with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
+            scoped = ScopedStore.for_job(client, self.rdzv.job)
+            entry = json.dumps(dataclasses.asdict(ask)).encode()
+            scoped.set(f"retry/{comm.id}/left/{comm.rank}", entry)
+
     def _client(self, deadline: float) -> StoreClient:
         left = max(0.05, deadline - time.monotonic())
         return StoreClient(
@@ -193,6 +220,7 @@ def _agree(scoped: ScopedStore, prefix: str, comm: Communicator, ask: Ask) -> di
             if failed is not None:
                 where = f"rank {rank}: retry of {ask.call} seq {ask.pending}"
                 raise comm.failure.error(failed, where) from None
+            _left_for_good(scoped, comm, keys, rank, ask)
             if left > AGREE_LOOK_S:
                 continue
             present = scoped.list(f"{prefix}in/")
@@ -206,6 +234,44 @@ def _agree(scoped: ScopedStore, prefix: str, comm: Communicator, ask: Ask) -> di
     return {r: Ask(**json.loads(found[k])) for r, k in enumerate(keys)}
 
 
+def _left_for_good(scoped: ScopedStore, comm: Communicator, keys: list[str], rank: int,
+                   ask: Ask) -> None:  # fmt: skip
+    """Raise at once where a rank the agreement waits for closed for good (it gave up
+    waiting at its close, or a failure ended its waiting): it will never join."""
+    present = scoped.list(f"{_agreement(keys)}")
+    gone = scoped.list(f"retry/{comm.id}/left/")
+    left = sorted(r for r, k in enumerate(keys) if k not in present
+                  and f"retry/{comm.id}/left/{r}" in gone)  # fmt: skip
+    if not left:
+        return
+    after = max(Ask(**json.loads(gone[f"retry/{comm.id}/left/{r}"])).pending - 1 for r in left)
+    raise CommError(
+        f"rank {rank}: cannot retry seq {ask.pending}: rank(s) {fold_ranks(left)} closed "
+        f"after seq {after}, before the fault reached them, and left (they waited for "
+        "every rank to close until the budget ran out, or the job failed otherwise)",
+        rank=rank,
+    )
+
+
+def _agreement(keys: list[str]) -> str:
+    """The prefix of an agreement's entry keys (``.../in/``)."""
+    return keys[0].rpartition("/")[0] + "/"
+
+
+def _gone(comm: Communicator, rank: int) -> bool:
+    """Rank ``rank``'s process ran on this host and is gone."""
+    peers, host = comm.failure.peers, comm.failure.host
+    if not 0 <= rank < len(peers) or not host or peers[rank][0] != host or rank == comm.rank:
+        return False
+    try:
+        os.kill(peers[rank][1], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _job_failure(scoped: ScopedStore, comm: Communicator) -> revocation.Revocation | None:
     """The job's record where it is a failure of ``comm``'s present life (an operator's of
     any epoch) that a retry does not recover from (the ranks it stopped do not join)."""
@@ -216,14 +282,17 @@ def _job_failure(scoped: ScopedStore, comm: Communicator) -> revocation.Revocati
 
 
 def decide(rank: int, entries: dict[int, Ask]) -> Plan:
-    """The plan every rank makes from the same entries: re-run the seq they all left
-    unfinished, or, one call apart, catch the ranks behind up from the lowest rank ahead
-    (which kept that seq's result), or, where that seq's result differs by rank, have the
-    ranks ahead run it again with them (from its kept input); anything else cannot be
-    made exact."""
+    """The plan every rank makes from the same entries. All at one seq: re-run it. Calls
+    apart (the ranks at the highest seq ``hi`` completed the seqs the others did not):
+    each seq from the lowest up to ``hi`` is caught up, the ranks behind taking the
+    result of the lowest rank ahead (a broadcast) or, where the result differs by rank,
+    the ranks ahead running it again with them from its kept input; then all re-run
+    ``hi`` (ranks closing there have nothing to re-run). Anything that cannot be made
+    exact is refused at once, naming why."""
     pending = {r: e.pending for r, e in entries.items()}
     lo, hi = min(pending.values()), max(pending.values())
-    odd = sorted(r for r, e in entries.items() if e.call not in RERUNS)
+    closing = {r for r, e in entries.items() if e.call == "close" and lo < hi == e.pending}
+    odd = sorted(r for r, e in entries.items() if e.call not in RERUNS and r not in closing)
     if odd:
         named = sorted({entries[r].call for r in odd})
         raise CommError(
@@ -231,22 +300,40 @@ def decide(rank: int, entries: dict[int, Ask]) -> Plan:
             f"which is not re-run (only {', '.join(RERUNS)})",
             rank=rank,
         )
-    for seq in {lo, hi}:
-        calls = {e.call for e in entries.values() if e.pending == seq}
-        if len(calls) > 1:
-            raise CommError(
-                f"rank {rank}: cannot retry: the ranks at seq {seq} were in different calls "
-                f"({', '.join(sorted(calls))})",
-                rank=rank,
-            )
-    if lo == hi:
-        return Plan(lo)
-    ahead = sorted(r for r, p in pending.items() if p == hi)
-    if hi - lo > 1 or any(entries[r].kept != lo for r in ahead):
+    roots = tuple(_catch_up(rank, seq, entries) for seq in range(lo, hi))
+    _one_call(rank, hi, {e.call for e in entries.values() if e.pending == hi})
+    return Plan(lo, roots)
+
+
+def _one_call(rank: int, seq: int, calls: set[str]) -> None:
+    if len(calls) > 1:
         raise CommError(
-            f"rank {rank}: cannot retry: the ranks stopped at seqs {lo} to {hi}", rank=rank
+            f"rank {rank}: cannot retry: the ranks at seq {seq} were in different calls "
+            f"({', '.join(sorted(calls))})",
+            rank=rank,
         )
-    behind = next(e.call for e in entries.values() if e.pending == lo)
-    if behind not in SHARED:
-        return Plan(lo, replay=True)
-    return Plan(lo, root=ahead[0])
+
+
+def _catch_up(rank: int, seq: int, entries: dict[int, Ask]) -> int:
+    """How seq ``seq``, which the ranks ahead of it completed, catches up the others: the
+    lowest rank ahead (whose kept result the others take), or :data:`REPLAY`. Every rank
+    ahead must have kept it, as the same call the ranks at it are in."""
+    ahead = sorted(r for r, e in entries.items() if e.pending > seq)
+    lacking = [r for r in ahead if not entries[r].kept_from <= seq <= entries[r].kept]
+    if lacking:
+        e = entries[lacking[0]]
+        held = f"seqs {e.kept_from} to {e.kept}" if e.kept else "none"
+        behind = sorted(r for r, x in entries.items() if x.pending <= seq)
+        stops = [x.pending for x in entries.values()]
+        raise CommError(
+            f"rank {rank}: cannot retry: the ranks stopped at seqs {min(stops)} to "
+            f"{max(stops)}, and rank(s) {fold_ranks(lacking)} "
+            f"no longer keep seq {seq}, which rank(s) {fold_ranks(behind)} lack (rank "
+            f"{lacking[0]} keeps {held}; a communicator keeps its completed calls up to "
+            f"{KEEP_MAX_BYTES >> 20} MiB or {KEEP_MAX_CALLS} calls)",
+            rank=rank,
+        )
+    kept = {e.kept_ops.split(",")[seq - e.kept_from] for r, e in entries.items() if r in ahead}
+    _one_call(rank, seq, kept | {e.call for e in entries.values() if e.pending == seq})
+    (call,) = kept
+    return ahead[0] if call in SHARED else REPLAY
