@@ -39,7 +39,7 @@ EPILOG = """Examples:
 
   cclctl launch -n 4 -- python train.py --epochs 1
 
-  cclctl launch -n 8 --timeout 600 -- cclctl bench --op all_reduce -e 1G
+  cclctl launch -n 8 --timeout 600 -- cclctl bench --collective all_reduce -e 1G
 
 Equivalents elsewhere (same variables, same script):
 
