@@ -1,5 +1,6 @@
 """Real local jobs judged live by `diagnose slow`'s analysis: a compute straggler among 4
-and 8 ranks (more compute per step, or a cgroup CPU quota) is the one suspect; a healthy
+and 8 ranks (more compute per step, a CCLCTL_FAULT slow plan, or a cgroup CPU quota) is
+the one suspect; a healthy
 job under two busy loops is never a finding; the same straggler is found post-mortem from
 the documents the ranks leave."""
 
@@ -42,6 +43,18 @@ def test_a_rank_computing_30_percent_more_is_the_straggler(tmp_path: Path, ranks
     # post-mortem: the documents the ranks left at their clean exit say the same
     after = slow_from_inputs(load([str(tmp_path / "dumps")], job))
     assert [(f.kind, f.ranks) for f in after.findings] == [(SLOW_RANK, [slow])]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["factor=0.3", "delay=0.01"])
+def test_a_rank_slowed_by_plan_is_the_straggler(tmp_path: Path, how: str):
+    """CCLCTL_FAULT's slow: late into every call from seq 10 on, by 0.3 of its step or 10 ms."""
+    job = f"plan-{uuid.uuid4().hex[:6]}"
+    env = worker_env(tmp_path, CCLCTL_JOB=job, CCLCTL_FAULT=f"slow:rank=1:seq=10:{how}")
+    with live_job([sys.executable, WORKER], 4, env, tmp_path / "release") as run:
+        seen = poll(run.store, job, found)
+    assert only_rank(seen[-1]) == [(SLOW_RANK, [1])], seen[-1].to_dict()
+    assert all(not r.findings or only_rank(r) == [(SLOW_RANK, [1])] for r in seen)
 
 
 @pytest.mark.timeout(180)
