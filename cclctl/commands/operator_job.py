@@ -87,9 +87,9 @@ def job_token(job: str, verb: str) -> str:
     found = auth.read_token_file(folder)
     if found is None:
         raise UsageError(
-            f"{verb} needs job {job!r}'s token to write to its store: set CCLCTL_TOKEN, or run "
-            f"it on the host whose {auth.token_path(folder)} holds it (none there); nothing "
-            "was changed",
+            f"{verb} needs the token of job {job!r} to write to its store: set CCLCTL_TOKEN, "
+            f"or run it on the host whose {auth.token_path(folder)} holds it (none there); "
+            "nothing was changed",
             variable="CCLCTL_TOKEN",
         )
     return found
@@ -102,9 +102,9 @@ def operator_connect(address: str, token: str | None, job: str | None, verb: str
     except StoreError as exc:
         if exc.fields.get("reason") != "token":
             raise
-        whose = f"job {job!r}'s" if job is not None else "the job's"
+        whose = f"the token of job {job!r}" if job is not None else "the job's token"
         raise UsageError(
-            f"{verb} needs {whose} token and the store at {address} refused this one "
+            f"{verb} needs {whose} and the store at {address} refused this one "
             f"({exc}); nothing was changed",
             variable="CCLCTL_TOKEN",
         ) from None

@@ -37,7 +37,7 @@ def test_every_rank_raises_naming_the_operator(tmp_path: Path) -> None:
         assert job.wait_for("ready", set(range(4))), job.tail()
         refused = job.abort("--job", job.job, env={"CCLCTL_TOKEN": "not-the-jobs-token"})
         assert refused.returncode == 2, refused.stdout + refused.stderr
-        assert "abort needs job" in refused.stderr and not job.aborted
+        assert "abort needs the token of job" in refused.stderr and not job.aborted
         token = auth.read_token_file(job_dir(job.job))
         with StoreClient.from_address(job.store, token=token, timeout_s=10) as own:
             assert own.try_get(f"cclctl/{job.job}/{KEY}") is None  # nothing was written

@@ -235,7 +235,7 @@ def test_without_the_token_nothing_changes(
     assert out.returncode == 2, out.stdout + out.stderr
     folder = job_dir(JOB, {"TMPDIR": str(tmp_path)})
     assert out.stderr.splitlines() == [
-        f"cclctl: error: abort needs job {JOB!r}'s token to write to its store: set "
+        f"cclctl: error: abort needs the token of job {JOB!r} to write to its store: set "
         f"CCLCTL_TOKEN, or run it on the host whose {folder}/token holds it (none there); "
         "nothing was changed"
     ]
@@ -243,7 +243,9 @@ def test_without_the_token_nothing_changes(
     wrong = cclctl_abort(server.address, "--job", JOB, token="another-jobs-token")
     assert wrong.returncode == 2, wrong.stdout + wrong.stderr
     assert len(wrong.stderr.splitlines()) == 1 and "Traceback" not in wrong.stderr
-    assert wrong.stderr.startswith(f"cclctl: error: abort needs job {JOB!r}'s token and the store")
+    assert wrong.stderr.startswith(
+        f"cclctl: error: abort needs the token of job {JOB!r} and the store"
+    )
     unnamed = cclctl_abort(server.address, token="another-jobs-token")  # no --job either
     assert unnamed.returncode == 2, unnamed.stdout + unnamed.stderr
     assert unnamed.stderr.startswith("cclctl: error: abort needs the job's token and the store")

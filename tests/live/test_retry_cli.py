@@ -109,10 +109,10 @@ def test_bad_input_is_one_line_and_writes_nothing(
         assert (out.returncode, out.stderr) == (2, f"cclctl: error: {message}\n"), args
     out = cclctl_retry(server.address, "--job", JOB, token=None)
     assert out.returncode == 2 and out.stderr.startswith(
-        f"cclctl: error: retry needs job {JOB!r}'s token"
+        f"cclctl: error: retry needs the token of job {JOB!r}"
     ), out.stderr
     out = cclctl_retry(server.address, "--job", JOB, token="not-the-jobs-token")
-    assert out.returncode == 2 and "retry needs job" in out.stderr, out.stderr
+    assert out.returncode == 2 and "retry needs the token of job" in out.stderr, out.stderr
     assert "nothing was changed" in out.stderr and len(out.stderr.splitlines()) == 1
     assert client.try_get(key("revoke")) is None
     out = cclctl_retry("no-port-here", "--job", JOB)
