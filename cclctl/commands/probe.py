@@ -31,8 +31,9 @@ HELP = (
     "keeps every rank busy with one partner per round. Each pair measures latency "
     "(ping-pong of -b bytes) and bandwidth (-e bytes) over the job's own transport, "
     "each direction alone (--direction each) or both at once (both), each figure the "
-    "median of -n repeats. A directed link is flagged when it is below the median minus "
-    "--k MADs of the links of its kind (shared memory, TCP within a host, TCP across hosts; "
+    "median of its repeats (-n round trips; the bandwidth transfers that fit --budget). "
+    "A directed link is flagged when it is below the median minus --k MADs (of log "
+    "bandwidths) of the links of its kind (shared memory, TCP within a host, TCP across hosts; "
     "and never above a third of that median) and below --min-bw and the --baseline, where "
     "given. A host whose links to other hosts are all flagged (egress or ingress) is "
     "named as the host. A partner that does not answer within -T is 'unreachable', and "
@@ -58,10 +59,13 @@ def register(app: typer.Typer) -> None:
 _NRANKS = typer.Option(4, "-g", "--nranks", help="Local ranks to spawn (bare runs only).")
 _SMALL = typer.Option("8", "-b", "--minbytes", help="Latency message size (8, 1K).")
 _LARGE = typer.Option("4M", "-e", "--maxbytes", help="Bandwidth message size (4M, 64M).")
-_ITERS = typer.Option(10, "-n", "--iters", help="Timed repeats per figure (median).")
+_ITERS = typer.Option(10, "-n", "--iters", help="Timed round trips per latency (median).")
 _WARMUP = typer.Option(1, "-w", "--warmup", help="Untimed transfers first.")
 _BUDGET = typer.Option(
-    0.5, "--budget", help="Seconds of timed bandwidth repeats per direction (at least 1)."
+    0.25,
+    "--budget",
+    help="Seconds of timed bandwidth transfers per direction (1 to 64 "
+    "transfers; the figure is their median).",
 )
 _DIRECTION = typer.Option(
     "each", "--direction", help="each: one direction at a time (names the direction); "

@@ -21,15 +21,16 @@ MAX_LARGE = 1 << 30
 @dataclasses.dataclass(frozen=True)
 class ProbeOptions:
     """``small``: the latency message (bytes); ``large``: the bandwidth message; ``iters``
-    timed repeats of each (their median is the figure), fewer for a bandwidth when
-    ``budget_s`` runs out; ``warmup`` untimed transfers first; ``timeout_s``: how long one
-    transfer may take before its link counts as unreachable."""
+    timed round trips for a latency (their median is the figure); a bandwidth is the median
+    of as many timed transfers as fit ``budget_s`` (1 to 64); ``warmup`` untimed transfers
+    first; ``timeout_s``: how long one transfer may take before its link counts as
+    unreachable."""
 
     small: int = DEFAULT_SMALL
     large: int = DEFAULT_LARGE
     iters: int = 10
     warmup: int = 1
-    budget_s: float = 0.5
+    budget_s: float = 0.25
     direction: str = "each"
     pairs: str = "all"
     rounds: int | None = None

@@ -3,8 +3,10 @@ ways at once), each figure the median of the repeats its sender timed.
 
 Both ranks run the same sequence of messages, so each message's step number (a count) is
 the same on both sides. The sender of a bandwidth direction times a warm-up transfer and
-picks how many timed repeats fit ``budget_s`` (at least 1, at most ``iters``), and tells the
-receiver in an 8-byte message: a slow link costs one budget, not ``iters`` slow transfers.
+picks how many timed repeats fit ``budget_s`` (at least 1, at most :data:`MAX_REPEATS`), and
+tells the receiver in an 8-byte message: a slow link costs one budget, not many slow
+transfers, and a fast one is timed over the whole budget, so a rank descheduled for a few
+milliseconds on a loaded machine spoils a few repeats, not the median.
 The first message gets twice the timeout, for a partner still finishing its round.
 """
 
@@ -18,6 +20,9 @@ import time
 from cclctl.probe.channel import FAILURES, Channel
 from cclctl.probe.model import OK, UNREACHABLE
 from cclctl.probe.options import ProbeOptions
+
+#: The most timed bandwidth repeats one direction gets, however fast the link.
+MAX_REPEATS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +124,7 @@ class Meeting:
             self._move(send=b.word)
         self._move(recv=b.word)
         (repeats,) = struct.unpack_from("<q", b.word, 0)
-        for _ in range(max(1, min(int(repeats), self.opts.iters))):
+        for _ in range(max(1, min(int(repeats), MAX_REPEATS))):
             self._move(recv=b.large_in)
             self._move(send=b.word)
 
@@ -139,12 +144,12 @@ class Meeting:
             self._move(send=b.word)
         else:
             self._move(recv=b.word)
-            repeats = max(1, min(int(struct.unpack_from("<q", b.word, 0)[0]), self.opts.iters))
+            repeats = max(1, min(int(struct.unpack_from("<q", b.word, 0)[0]), MAX_REPEATS))
         timed = [exchange() for _ in range(repeats)]
         return self.opts.large / statistics.median(timed), repeats
 
     def _repeats(self, seconds: float) -> int:
-        return max(1, min(self.opts.iters, int(self.opts.budget_s / max(seconds, 1e-9))))
+        return max(1, min(MAX_REPEATS, int(self.opts.budget_s / max(seconds, 1e-9))))
 
 
 def _short(exc: BaseException, limit: int = 240) -> str:

@@ -151,7 +151,7 @@ def test_the_matrix_fits_80_columns_up_to_8_ranks_then_lists() -> None:
     assert "src\\dst" not in text9 and "1 -> 2" in text9
 
 
-def test_the_document_round_trips_and_serves_as_a_baseline(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_document_round_trips_and_serves_as_a_baseline() -> None:
     run = _run({(1, 2): 23e6}, HOSTS4)
     verdict = judge(run)
     doc = json.loads(document.dumps(run, verdict))
@@ -170,7 +170,7 @@ def test_options_refuse_bad_values() -> None:
     for bad in ({"direction": "up"}, {"pairs": "star"}, {"small": 4}, {"iters": 0},
                 {"large": 4, "small": 8}, {"timeout_s": 0}):  # fmt: skip
         with pytest.raises(ConfigError):
-            ProbeOptions(**bad)  # type: ignore[arg-type]
+            ProbeOptions(**bad)
     opts = ProbeOptions(pairs="sample", rounds=2)
     assert ProbeOptions.from_json(opts.to_json()) == opts
 
