@@ -84,16 +84,21 @@ class BridgedHosts:
         for _ in range(n):
             self.busy.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
 
-    def probe(self, tmp: Path, port: int, *args: str, timeout_s: float = 100) -> ProbeResult:
-        """One rank per host runs ``cclctl probe ARGS -J -``; rank 0's exit and document."""
+    def probe(
+        self, tmp: Path, port: int, *args: str, per_host: int = 1, timeout_s: float = 100
+    ) -> ProbeResult:
+        """``per_host`` ranks on each host run ``cclctl probe ARGS -J -`` (ranks numbered
+        host by host); rank 0's exit and document."""
         base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
         procs = []
-        for rank, host in enumerate(self.names):
+        world = len(self.names) * per_host
+        for rank in range(world):
+            host = self.names[rank // per_host]
             folder = tmp / host
             folder.mkdir(exist_ok=True)
             env = {
-                **base, "TMPDIR": str(folder), "RANK": str(rank),
-                "WORLD_SIZE": str(len(self.names)), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                **base, "TMPDIR": str(folder), "RANK": str(rank), "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank % per_host), "LOCAL_WORLD_SIZE": str(per_host),
                 "MASTER_ADDR": self.addr["h0"], "MASTER_PORT": str(port), "CCLCTL_JOB": "probe",
                 "CCLCTL_TOKEN": TOKEN, "CCLCTL_STORE_LINGER": "1", "CCLCTL_TIMEOUT": "60",
             }  # fmt: skip

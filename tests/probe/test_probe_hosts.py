@@ -64,3 +64,20 @@ def test_a_cut_pair_is_unreachable_and_the_rest_is_measured(
     assert finding["kind"] == "unreachable" and (finding["src"], finding["dst"]) == (2, 3)
     measured = {(x["src"], x["dst"]) for x in result.doc["links"] if x["status"] == "ok"}
     assert measured == {(s, d) for s in range(4) for d in range(4) if s != d} - {(2, 3), (3, 2)}
+
+
+def test_eight_ranks_two_a_host_flag_the_slowed_host_to_host_link(
+    hosts: BridgedHosts, tmp_path: Path
+) -> None:
+    """Ranks 2-3 on h1, 4-5 on h2: the htb class slows every link from h1 to h2, and only
+    those; with --per-host the one rank per host sees the same link alone."""
+    hosts.slow_link("h1", "h2", "40mbit")
+    result = hosts.probe(tmp_path, 29725, *ARGS, per_host=2)
+    assert result.code == 3, result.stderr
+    assert len(result.doc["links"]) == 56 and result.doc["rounds"] == 7
+    assert {x["kind"] for x in result.doc["links"]} == {"shm", "tcp"}
+    assert result.flagged() == {(2, 4), (2, 5), (3, 4), (3, 5)}
+    assert {f["kind"] for f in result.doc["findings"]} == {"slow_link"}
+    hosts_only = hosts.probe(tmp_path, 29726, *ARGS, "--per-host", per_host=2)
+    assert hosts_only.code == 3, hosts_only.stderr
+    assert hosts_only.doc["participants"] == [0, 2, 4, 6] and hosts_only.flagged() == {(2, 4)}
