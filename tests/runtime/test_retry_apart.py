@@ -4,13 +4,14 @@ A run of broadcasts tells its root nothing: over TCP, the ranks upstream of a cu
 finish calls (their sends end in the kernel's buffers) that the ranks downstream never
 got, so a retry finds them calls apart, or already closing. Four real ranks over TCP
 (``cclctl launch``), ``CCLCTL_RETRY_BUDGET`` on, a link cut at several seqs and between
-several ranks of a loop of 4 MiB broadcasts (and of broadcasts with reduces among them):
-every rank's every result is the exact one and the job exits 0. Then the farthest case,
-made on purpose: rank 3 waits before its fifth call until the others have finished all 20
-and are closing, then cuts its link to rank 2; the others, in ``close()``, serve the 15
-calls rank 3 lacks from what they kept. And the plan the ranks make from their entries
-for ranks calls apart, what a rank keeps, and a rank between the others serving the seqs
-it completed before it takes its own. Needs no root.
+several ranks of a loop of 4 MiB broadcasts: every rank's every result is the exact one
+and the job exits 0. Then cases made on purpose (rank 3 holds until the others reached a
+given call): ranks three calls apart with a reduce among the calls to catch up, run again
+from its kept input; and rank 3 cutting its link after the others finished all 20
+broadcasts and are closing: in ``close()``, they serve the 16 calls rank 3 lacks from
+what they kept. And the plan the ranks make from their entries, what a rank keeps, and a
+rank between the others serving the seqs it completed before it takes its own. Needs no
+root.
 """
 
 from __future__ import annotations
@@ -107,36 +108,52 @@ def test_a_link_cut_in_a_run_of_broadcasts_is_retried_exactly(
         assert _dump(tmp_path, r)["counters"]["retries"] >= 1, r
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_link_cut_among_broadcasts_and_reduces_is_retried_exactly(tmp_path: Path) -> None:
-    """Reduces (whose result differs by rank: the ranks ahead run them again from their
-    kept input) among the broadcasts, cut downstream: every result is exact."""
-    calls = "bcast,bcast,reduce,bcast"
-    out = _launch(tmp_path, "link:rank=2:seq=6:peer=3", ITERS="16", CALLS=calls)
-    _check_results(out, calls.split(","), 16, 1 << 20)
+def _held(tmp: Path, fault: str, hold_at: int, hold_for: str, **env: str) -> Any:
+    """Launch with rank 3 holding before its call ``hold_at`` until the others returned
+    from the calls ``hold_for`` names (``<rank>_<call index>,...``)."""
+    hold = tmp / "hold"
+    hold.mkdir()
+    held = {"HOLD": str(hold), "HOLD_RANK": "3", "HOLD_AT": str(hold_at), "HOLD_FOR": hold_for}
+    return _launch(tmp, fault, **env, **held)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_ranks_fifteen_calls_apart_catch_up_from_ranks_that_are_closing(tmp_path: Path) -> None:
+def test_a_reduce_among_the_calls_a_rank_behind_lacks_is_run_again_exactly(
+    tmp_path: Path,
+) -> None:
+    """Broadcasts and reduces of 1 KiB (tree algorithms): rank 3 holds before seq 5 until
+    rank 1, a leaf of the reduce, has completed seq 6 (a reduce, whose result differs by
+    rank); then it cuts its link to rank 2. Rank 3 is at seq 5, ranks 0 and 2 at 6, rank 1
+    at 7: seq 5 is caught up from rank 0, rank 1 runs the reduce of seq 6 again from its
+    kept input with the others, and all re-run seq 7. Every result is exact."""
+    calls, count = "bcast,reduce", 256
+    env = {"ITERS": "12", "COUNT": str(count), "CALLS": calls}
+    out = _held(tmp_path, "link:rank=3:seq=5:peer=2", 4, "1_5", **env)
+    _check_results(out, calls.split(","), 12, count)
+    runs = [(r["seq"], r["epoch"], r["state"]) for r in _dump(tmp_path, 1)["records"]]
+    assert (6, 0, "completed") in runs and (6, 1, "completed") in runs, runs  # ran again
+    assert (7, 0, "aborted") in runs and (7, 1, "completed") in runs, runs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ranks_sixteen_calls_apart_catch_up_from_ranks_that_are_closing(tmp_path: Path) -> None:
     """Rank 3 holds before its fifth call until ranks 0-2 finished all 20 broadcasts (64 KiB
     each, held in the kernel's buffers) and are closing, then cuts its link to rank 2 at
-    seq 6. Ranks 0-2 hear of it in ``close()``, join the retry and serve seqs 6-20 from
+    seq 5. Ranks 0-2 hear of it in ``close()``, join the retry and serve seqs 5-20 from
     what they kept: rank 3's results are exact, each of those seqs completed in epoch 1."""
-    hold = tmp_path / "hold"
-    hold.mkdir()
-    env = {"ITERS": "20", "COUNT": "16384", "HOLD": str(hold), "HOLD_RANK": "3", "HOLD_AT": "4"}
-    out = _launch(tmp_path, "link:rank=3:seq=6:peer=2", **env)
+    env = {"ITERS": "20", "COUNT": "16384"}
+    out = _held(tmp_path, "link:rank=3:seq=5:peer=2", 4, "0_19,1_19,2_19", **env)
     _check_results(out, ["bcast"], 20, 16384)
-    for rank in range(3):  # they completed every call before the fault: 15 calls ahead
+    for rank in range(3):  # they completed every call before the fault: 16 calls ahead
         assert "epoch 0" in _lines(out.stdout, rank), _lines(out.stdout, rank)
         assert _dump(tmp_path, rank)["counters"]["retries"] == 1, rank
     records = _dump(tmp_path, 3)["records"]
     failed = [(r["seq"], r["epoch"]) for r in records if r["state"] == "failed"]
-    assert failed == [(6, 0)], records
+    assert failed == [(5, 0)], records
     caught = {r["seq"] for r in records if r["epoch"] == 1 and r["state"] == "completed"}
-    assert caught >= set(range(6, 21)), records
+    assert caught >= set(range(5, 21)), records
 
 
 # ---------------------------------------------------------------- the plan, unit by unit

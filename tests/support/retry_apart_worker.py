@@ -11,9 +11,10 @@ the root only); at the end ``epoch <n>`` (how many retries renewed its links), c
 retry on, waiting for every rank to close and serving a retry meanwhile) and prints
 ``done``. A failed call prints ``failed <i> <error>`` and the rank exits 1.
 
-With ``HOLD`` (a folder) and ``HOLD_RANK``, every other rank writes ``HOLD/finished<rank>``
-once its loop is done, and rank ``HOLD_RANK`` waits for all of them before its call
-``HOLD_AT``: the others are then as many calls ahead as can be, closing.
+With ``HOLD`` (a folder) and ``HOLD_RANK``, every other rank writes ``HOLD/<rank>_<i>``
+once its call ``i`` returned, and rank ``HOLD_RANK`` waits before its call ``HOLD_AT``
+until the files ``HOLD_FOR`` names (``<rank>_<i>,...``) are there: the others are then
+as many calls ahead as the test wants, or closing.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def call_input(i: int, rank: int, count: int) -> np.ndarray:
     return np.random.default_rng([i, rank]).integers(-1000, 1000, count).astype(np.float32)
 
 
-def _hold(rank: int, world_size: int) -> None:
-    """Wait until every other rank finished its loop (at most 60 s: a test then fails on
-    its results, never hangs)."""
+def _hold() -> None:
+    """Wait until the other ranks returned from the calls ``HOLD_FOR`` names (at most 60 s:
+    a test then fails on its results, never hangs)."""
     hold = Path(os.environ["HOLD"])
-    files = [hold / f"finished{r}" for r in range(world_size) if r != rank]
+    files = [hold / name for name in os.environ["HOLD_FOR"].split(",")]
     end = time.monotonic() + 60
     while not all(f.exists() for f in files) and time.monotonic() < end:
         time.sleep(0.01)
@@ -58,7 +59,7 @@ def main() -> int:
     holder, hold_at = int(os.environ.get("HOLD_RANK", "-1")), int(os.environ.get("HOLD_AT", "0"))
     for i in range(ITERS):
         if comm.rank == holder and i == hold_at:
-            _hold(comm.rank, comm.world_size)
+            _hold()
         call = CALLS[i % len(CALLS)]
         buf[:] = inputs[i][0] if call != "bcast" or comm.rank == 0 else -7
         try:
@@ -71,11 +72,11 @@ def main() -> int:
         except CclError as exc:
             print(f"failed {i} {exc}", flush=True)
             return 1
+        if holder >= 0 and comm.rank != holder:
+            (Path(os.environ["HOLD"]) / f"{comm.rank}_{i}").touch()
         if call != "reduce" or comm.rank == 0:
             print(f"result {i} {call} {hashlib.sha256(held.tobytes()).hexdigest()}", flush=True)
     print(f"epoch {comm.failure.epoch}", flush=True)
-    if holder >= 0 and comm.rank != holder:
-        (Path(os.environ["HOLD"]) / f"finished{comm.rank}").touch()
     comm.close()
     print("done", flush=True)
     return 0
