@@ -308,3 +308,58 @@ def test_refusals_are_one_line_per_kind_a_window_and_then_a_count(
         refusals.close()
     assert len(caplog.records) == 3 and refusals.total == 1235
     assert refusals.by_kind == {"bad_proof": 1235}
+
+
+class _BusyOnce:
+    """A port in front of rank 1 that turns the first connection away for want of a slot,
+    as a flooded acceptor does, and relays every later one to rank 1."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                self.connections += 1
+                if self.connections == 1:
+                    client.recv(48, socket.MSG_WAITALL)  # its HELLO, then no slot for it
+                    client.sendall(link_auth.refusal("evicted"))
+                    client.close()
+                    continue
+                upstream = socket.create_connection(self.target)
+                for src, dst in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_connector_turned_away_for_want_of_a_slot_connects_again(
+    pair: tuple[Links, Links],
+) -> None:
+    a, b = pair
+    busy = _BusyOnce(_port(b))
+    a.peers = [a.address, busy.address]
+    try:
+        accepted: dict[str, socket.socket] = {}
+        thread = threading.Thread(target=lambda: accepted.update(s=b.get(0, _CALL, _wait())))
+        thread.start()
+        a.get(1, _CALL, _wait())
+        thread.join(10)
+        assert busy.connections == 2 and 1 in a.socks and "s" in accepted
+    finally:
+        busy.close()
