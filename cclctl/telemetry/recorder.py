@@ -103,6 +103,10 @@ class Recorder:
         """Count the calls in flight that have ended since the last fold, then move queued
         records into the rings and count or keep each; the caller holds the lock.
 
+        The slowness signals' windows are only handed the records taken: :meth:`signals`
+        adds them (each status, outside this lock), so what the windows cost runs beside
+        the calls, not in them.
+
         ``end_ns`` is read once per record and decides: a record that ends just after it
         was looked at stays in flight and is counted by the next fold, never twice.
         """
@@ -114,15 +118,11 @@ class Recorder:
                 if rec.end_ns:
                     del inflight[key]
                     self._count_one(rec)
-        windows = self.windows
         if self._queue:
             taken = self._take()
+            windows = self.windows
             if windows is not None:
-                windows.take(taken)
-        elif windows is not None:
-            windows.take(())
-        if windows is not None:
-            windows.close_due()
+                windows.defer(taken)
 
     def _take(self) -> list[CollectiveRecord]:
         """Move every queued record into its ring, counting those that have ended and
@@ -273,7 +273,8 @@ class Recorder:
         """The slowness signals' complete windows (None: none kept), after a fold."""
         with self._lock:
             self._fold()
-            return None if self.windows is None else self.windows.signals()
+        windows = self.windows
+        return None if windows is None else windows.update()
 
     def failures(self) -> int:
         """Errors plus hangs counted so far (decides whether exit deserves a dump)."""

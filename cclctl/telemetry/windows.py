@@ -5,9 +5,12 @@ and adds it to the windows of ``window_s`` seconds it touches, cut on this proce
 clock at multiples of the window since the epoch, so every rank's windows line up to the
 clock skew: the calls that ended in each, the time spent inside calls in each (a call that
 spans a boundary is split at it, and one still running when a window closes counts up to
-its end) and, for collectives, sampled entry times ``(seq, start_ns)``. A window closes at
-the first fold after its end (the recorder folds every ``FOLD_BATCH`` calls and before
-every status, at least once a status interval); the per-peer totals (bytes, time blocked)
+its end) and, for collectives, sampled entry times ``(seq, start_ns)``. The calls' own
+folds only hand the records over (:meth:`Windows.defer`, under the recorder's lock: a list
+append per fold); :meth:`Windows.update`, as each status is built (at least once a status
+interval, on the publisher's thread, under a lock of its own), adds them and closes the
+windows that ended, so the windows cost the calls nothing more. The per-peer totals (bytes,
+time blocked)
 are read then, and their growth since the last close is the window's, so a window's peers
 may hold up to a status interval of the next window's. Only the last
 :data:`~cclctl.signals.MAX_WINDOWS` complete windows are kept.
@@ -19,6 +22,7 @@ The clock is injectable, as the watchdog's, for tests.
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -33,6 +37,10 @@ from cclctl.signals import (
     Signals,
     Window,
 )
+
+#: Records deferred by the calls' own folds before one is made to add them (a process whose
+#: telemetry no reader folds: no status publisher, no watchdog).
+MAX_DEFERRED = 1 << 15
 
 #: index of each total in :class:`PeerWaits`: sending, receiving (after the peer showed
 #: progress in the call: the data phase), and before it did (entry), sending or receiving
@@ -106,23 +114,50 @@ class Windows:
         self._running: dict[int, list] = {}  # id(record) -> [record, counted up to (ns)]
         self._next = clock() // self.window_ns  # the first window not closed yet
         self._last: dict[int, tuple[str, int, int, int, int, int]] = {}
+        self._deferred: list[list[CollectiveRecord]] = []  # taken, not added yet
+        self._deferred_count = 0
+        self._hand_over = threading.Lock()  # guards the two above
+        self._work = threading.Lock()  # guards everything else
 
     # -- feeding (the recorder calls these under its lock) -----------------------------------
 
+    def defer(self, records: list[CollectiveRecord]) -> None:
+        """Keep records a fold took (each exactly once, in order) for :meth:`update`; past
+        :data:`MAX_DEFERRED` of them (nothing updates: no status publisher), add them now."""
+        with self._hand_over:
+            self._deferred.append(records)
+            self._deferred_count += len(records)
+            over = self._deferred_count > MAX_DEFERRED
+        if over:
+            self.update()
+
+    def update(self) -> Signals:
+        """Add the records handed over so far, close the windows that ended, and return
+        the complete ones."""
+        with self._work:
+            with self._hand_over:
+                deferred, self._deferred, self._deferred_count = self._deferred, [], 0
+            self._take_ended()
+            for batch in deferred:
+                self.take(batch)
+            self.close_due()
+            return Signals(self.window_s, list(self._done))
+
+    def _take_ended(self) -> None:
+        """Add the calls taken earlier, still running then, that have ended since."""
+        running = self._running
+        for key, item in list(running.items()):
+            rec = item[0]
+            if rec.end_ns:
+                del running[key]
+                self._inside(rec.comm, item[1], rec.end_ns, True)
+
     def take(self, records: Iterable[CollectiveRecord]) -> None:
-        """Add records just taken from the recorder's queue (each exactly once), and the
-        end of those taken earlier that have ended since.
+        """Add records taken from the recorder's queue (the caller holds the work lock).
 
         The usual record (a collective that started and ended in one open window, of the
-        communicator of the record before it) costs a few attribute reads and adds: folds
-        run in the calling thread, so this is part of what every call pays."""
+        communicator of the record before it) costs a few attribute reads and adds."""
         running = self._running
-        if running:
-            for key, item in list(running.items()):
-                rec = item[0]
-                if rec.end_ns:
-                    del running[key]
-                    self._inside(rec.comm, item[1], rec.end_ns, True)
         window_ns, opened = self.window_ns, self._open
         at, until = -1, -1  # the window of the record before, and where it ends (ns)
         comms: dict[str, _Comm] | None = None
@@ -191,7 +226,7 @@ class Windows:
     # -- closing ------------------------------------------------------------------------------
 
     def close_due(self) -> None:
-        """Close every window that ended by now (the recorder calls it at each fold)."""
+        """Close every window that ended by now (the caller holds the work lock)."""
         window_ns = self.window_ns
         now = self._clock() // window_ns
         if now <= self._next:
@@ -239,5 +274,6 @@ class Windows:
         return grown
 
     def signals(self) -> Signals:
-        """The complete windows, oldest first (call :meth:`close_due` first)."""
-        return Signals(self.window_s, list(self._done))
+        """The complete windows, oldest first, as the last :meth:`update` left them."""
+        with self._work:
+            return Signals(self.window_s, list(self._done))

@@ -8,6 +8,7 @@ from typing import Any
 
 from cclctl.records import COMPLETED, CollectiveRecord, snapshot_from_json
 from cclctl.signals import MAX_ENTRIES, MAX_WINDOWS
+from cclctl.telemetry import windows as windows_module
 from cclctl.telemetry.recorder import Recorder
 from cclctl.telemetry.windows import (
     ENTRY_RECV_WAIT,
@@ -129,7 +130,7 @@ def test_peers_hold_what_their_totals_grew_by_in_the_window() -> None:
     clock = Clock(T0)
     recorder = _recorder(clock, lambda: totals)
     clock.now = T0 + 5 * S
-    recorder.fold()
+    recorder.signals()  # a reader's fold closes the first window
     totals = {2: ("tcp", 150, 200, 1, 2, 13), 3: ("shm", 0, 0, 0, 0, 0)}
     clock.now = T0 + 10 * S
     sig = recorder.signals()
@@ -192,3 +193,23 @@ def test_a_status_carries_the_signals(make_tel: Any) -> None:
         "via": "shm", "sent": 64, "received": 32,
         "send_wait_ns": 0, "recv_wait_ns": 0, "entry_wait_ns": 7,
     }  # fmt: skip
+
+
+def test_the_calls_own_folds_leave_the_records_to_a_readers_fold(monkeypatch: Any) -> None:
+    clock = Clock(T0)
+    recorder = _recorder(clock)
+    windows = recorder.windows
+    assert windows is not None
+    recorder.start(_rec(1, T0 + S, T0 + 2 * S))
+    recorder.fold()  # on the calls' path: kept, not added
+    assert windows._open == {}
+    clock.now = T0 + 5 * S
+    recorder.fold()  # nor does it close a window
+    assert list(windows._done) == []
+    sig = recorder.signals()  # a reader's fold adds them, then closes
+    assert sig is not None and sig.windows[0].comms["0:0-3"].calls == 1
+    monkeypatch.setattr(windows_module, "MAX_DEFERRED", 3)
+    for seq in range(2, 6):  # no reader: past the bound the calls' fold adds them itself
+        recorder.start(_rec(seq, T0 + 6 * S, T0 + 6 * S + 1))
+        recorder.fold()
+    assert windows._open[T0 // (5 * S) + 1]["0:0-3"].calls == 4

@@ -34,7 +34,7 @@ def drive(shares: Sequence[Progress], wait: Wait) -> None:
         for share in live:
             if share.advance():
                 moved = True
-                if share is blocked:  # see _drive_one_timed
+                if share is blocked and wait.waits is not None:  # see _drive_one_timed
                     arrived(wait, peer)
                     blocked = None
         live = [share for share in live if not share.done]
