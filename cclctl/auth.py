@@ -87,6 +87,19 @@ def write_token_file(folder: str | os.PathLike[str], token: str) -> Path:
     return path
 
 
+def remove_token_file(folder: str | os.PathLike[str], token: str) -> bool:
+    """Remove the job's token file if it holds ``token`` (a rerun's file, holding its own,
+    stays); True if removed. Called by whoever made it once nothing needs it: the job's
+    store as it exits (``cclctl abort``, ``retry`` and ``top`` read the file to reach it)."""
+    try:
+        if not token or read_token_file(folder) != token:
+            return False
+        os.unlink(token_path(folder))
+    except (OSError, ConfigError):
+        return False
+    return True
+
+
 def read_token_file(folder: str | os.PathLike[str]) -> str | None:
     """The token in the job's folder, or None when there is none (or it is empty).
 

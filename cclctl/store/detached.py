@@ -9,6 +9,9 @@ as stdout (``{"host", "port", "pid"}``, or ``{"error"}`` naming the address it c
 bind) and closes it, writes its pid file (:mod:`cclctl.store.pidfile`) in the job's
 folder, then serves until :class:`~cclctl.store.linger.Linger`'s grace after the last rank
 has passed, or until SIGUSR1 (a rerun's rank 0 wanting the port) finds no rank connected.
+As it exits it removes the job's token file if it holds its token: the file is there for
+``cclctl abort``, ``retry`` and ``top`` to reach this store, and rank 0, which made it,
+may be long gone by then (a rerun's file, holding another token, stays).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 import time
 from typing import Any, BinaryIO
 
+from cclctl import auth
 from cclctl.errors import StoreError
 from cclctl.store import pidfile
 from cclctl.store.limits import StoreLimits
@@ -116,7 +120,8 @@ def main() -> int:
                 server.address, spec["linger_s"])  # fmt: skip
     server.wait()
     server.close()
-    if spec["folder"]:
+    if spec["folder"]:  # the token file rank 0 made goes with the store that needed it
+        auth.remove_token_file(spec["folder"], spec["token"])
         pidfile.remove(spec["folder"], server.port, os.getpid())
     if not asked.is_set():
         log.warning("cclctl store %s: no rank for %gs, exiting", server.address, spec["linger_s"])
