@@ -5,7 +5,9 @@ hosts the user exports one on every node). Without it, rank 0, which hosts the s
 one and writes it 0600 to the job's folder (:func:`cclctl.config.job_dir`), and the ranks on
 its host read it from there: the file may appear after they start, or still hold an earlier
 run's token, so they wait for it and read it again when it proves wrong. A rank on another
-host has no way to read it and stops at once, saying what to set.
+host has no way to read it and stops at once, saying what to set. The job's store removes
+that file as it exits (``cclctl.store.detached``), not rank 0 at its close: ``cclctl abort``,
+``retry`` and ``top`` read it to reach the store, which outlives rank 0.
 """
 
 from __future__ import annotations
