@@ -59,6 +59,7 @@ KINDS = {
     "bad_proof": "bad proof (it does not hold the job's token)",
     "already_linked": "that rank is already linked",
     "closed_in_epoch": "its link was closed earlier in this epoch",
+    "closing": "this rank's links are closing",
     "evicted": "all handshake slots were taken, and this was the oldest unproven connection",
     "timeout": "no complete handshake before the deadline",
     "closed": "closed during the handshake",
@@ -68,7 +69,7 @@ KINDS = {
 #: HELLO, which only a cclctl rank sends. "evicted" asks it to connect again.
 TOLD = (
     "evicted", "version", "another_job", "wrong_rank", "epoch", "mac", "bad_proof",
-    "already_linked", "closed_in_epoch",
+    "already_linked", "closed_in_epoch", "closing",
 )  # fmt: skip
 _REFUSE = struct.Struct("<4sB3x")
 REFUSE_MAGIC = b"CCLr"

@@ -306,7 +306,7 @@ class Links:
         claimed = ctx.connector
         with self._linked:
             if self._closed.is_set():
-                raise HandshakeRefused("this rank's links are closing", claimed, "closed")
+                raise HandshakeRefused(link_auth.KINDS["closing"], claimed, "closing")
             if claimed in self.dropped:
                 why = link_auth.KINDS["closed_in_epoch"]
                 raise HandshakeRefused(why, claimed, "closed_in_epoch")
