@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Collection
 
 from cclctl.diagnose import links, text
+from cclctl.diagnose.liveness import PROC_RUNNING, PROC_STOPPED
 from cclctl.diagnose.model import (
     ABORTED,
     DEAD,
@@ -225,13 +226,29 @@ def _words(record: Revocation, suspect: Suspect, st: RankState | None) -> tuple[
     if record.kind == "error":
         step = f"read the error and log of {text.who(suspect)}: the others stopped because of it"
         return f"rank {rank} failed: {record.reason} ({seen})", step
-    if _hang_kind(record) == STOPPED and suspect.pid:
-        step = f"kill -CONT {suspect.pid} {where} lets it run again; then find out who stopped it"
+    if _hang_kind(record) == STOPPED:
+        step = _stopped_step(suspect, st, where)
     elif st is not None:
         step = text.look([st], "where it is")
     else:
         step = f"read the log of {text.who(suspect)}: where it was when the others waited on it"
     return f"rank {rank} {record.reason} ({seen})", step
+
+
+def _stopped_step(suspect: Suspect, st: RankState | None, where: str) -> str:
+    """What to do about a rank a record says was stopped: ``kill -CONT`` only for a process
+    seen stopped now on this host; a check for one elsewhere; else who stopped it."""
+    proc = None if st is None else st.proc
+    why = "then find out who stopped it (a debugger, Ctrl-Z, a supervisor)"
+    if proc == PROC_STOPPED and suspect.pid:
+        return f"kill -CONT {suspect.pid} {where} lets it run again; {why}"
+    if proc is None and st is not None and st.live and suspect.pid:
+        return (
+            f"{where}: `ps -o stat= -p {suspect.pid}` (T: still stopped, `kill -CONT "
+            f"{suspect.pid}` lets it run); {why}"
+        )
+    now = {PROC_RUNNING: "it runs again now"}.get(proc or "", "its process is gone")
+    return f"{now}: find out who stopped {text.who(suspect)} (a debugger, Ctrl-Z, a supervisor)"
 
 
 def _record_lines(record: Revocation) -> list[str]:

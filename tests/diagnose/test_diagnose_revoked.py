@@ -254,3 +254,23 @@ def test_the_record_a_shrink_got_past_stays_the_dead_ranks_verdict_after_a_prese
     assert dead.origin and dead.shrunk_away == "1:0-5,7"
     assert dead.summary == "rank 6 is dead: SIGKILL (seen by rank 3)"
     assert "ranks 0-5,7 adopted it in all_reduce seq 11 of comm 0:0-7" in dead.evidence
+
+
+def _stopped_record_verdict(proc: dict[int, str] | None) -> Verdict:
+    """Rank 3 was stopped when the watchdog expired the call; its record says so."""
+    record = revocation("hang", 3, "is stopped (process state T)", seen_by=0, via="watchdog")
+    job = Job(4).revoke(range(4), record)
+    diag = diagnose(job.snapshots(), proc=proc)
+    return next(v for v in diag.verdicts if v.ranks == "3")
+
+
+def test_a_stopped_rank_of_a_post_mortem_gets_no_kill_cont_for_a_gone_pid():
+    for proc in (None, {r: "gone" for r in range(4)}):
+        step = _stopped_record_verdict(proc).next_step
+        assert "kill -CONT" not in step, step
+        assert step.startswith("its process is gone: find out who stopped rank 3 (pid 1003")
+
+
+def test_a_stopped_rank_still_stopped_here_gets_kill_cont():
+    proc = {0: "running", 1: "running", 2: "running", 3: "stopped"}
+    assert _stopped_record_verdict(proc).next_step.startswith("kill -CONT 1003 on host-0")
