@@ -75,6 +75,7 @@ class ProbeRun:
     round_s: tuple[float, ...]
     links: tuple[Link, ...]
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    recheck_s: tuple[float, ...] = ()  # each recheck round's time (slow pairs again)
 
     def host(self, rank: int) -> str:
         return self.hosts[rank] if 0 <= rank < len(self.hosts) else "?"
@@ -106,6 +107,7 @@ class ProbeRun:
                 round_s=tuple(float(s) for s in d["round_s"]),
                 links=tuple(Link.from_dict(x) for x in d["links"]),
                 options=dict(_mapping(d.get("options", {}), "options")),
+                recheck_s=tuple(float(s) for s in d.get("recheck_s", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BadInput(f"a probe run is malformed: {exc}", where="probe") from None

@@ -41,7 +41,12 @@ def _headline(run: ProbeRun) -> list[str]:
         f"probe: {len(run.participants)} ranks on {hosts} host(s), {run.transport}, "
         f"pairs {run.pairs}, direction {run.direction}",
         f"schedule: {run.rounds} rounds, {per_round:.2f} s per round, "
-        f"{sum(run.round_s):.2f} s in all",
+        f"{sum(run.round_s):.2f} s in all"
+        + (
+            f"; {len(run.recheck_s)} recheck round(s), {sum(run.recheck_s):.2f} s"
+            if run.recheck_s
+            else ""
+        ),
     ]
 
 

@@ -6,11 +6,16 @@ have stopped taking part: one whose report did not come within the round's bound
 link to rank 0 failed. Their partners skip them (the links are ``skipped``, naming why), so
 the rest of the schedule runs and nobody waits on a rank that is gone. Rank 0 ends with
 every directed link of the schedule in a :class:`~cclctl.probe.model.ProbeRun`.
+
+After the schedule, rank 0 has the pairs with a direction under half its kind's median
+measured once more, in rounds of disjoint pairs announced in its go (the better figure
+stands): a link slow on both looks is slow; one that a moment's load slowed is not.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 import sys
 import time
 from typing import Any
@@ -20,10 +25,13 @@ from cclctl.probe.channel import FAILURES, Channel
 from cclctl.probe.model import OK, SKIPPED, UNREACHABLE, Link, ProbeRun, link_kind
 from cclctl.probe.options import ProbeOptions
 from cclctl.probe.session import Buffers, Meeting, Outcome
+from cclctl.probe.verdict import kind_stats
 
 REPORT_BYTES = 1024
 #: Barrier messages' seq: above any round's (a round's seq is its number from 1).
 BARRIER_SEQ = 1 << 40
+#: A pair with a direction under this share of its kind's median is measured again.
+RECHECK_BELOW = 0.5
 
 
 class Place:
@@ -68,7 +76,10 @@ def run(comm: Any, opts: ProbeOptions, hostname: str = "") -> ProbeRun | None:
     bufs = Buffers(opts)
     excluded: dict[int, str] = {}
     bound_s = 6 * opts.timeout_s + 2 * opts.budget_s
-    for r, round_ in enumerate(rounds):
+    recheck: schedule.Round | None = None
+    r = 0
+    while r < len(rounds) or recheck is not None:
+        round_ = rounds[r] if r < len(rounds) else recheck or []
         started = time.monotonic()
         peer = schedule.partner(round_, place.rank)
         if peer is None:
@@ -79,16 +90,18 @@ def run(comm: Any, opts: ProbeOptions, hostname: str = "") -> ProbeRun | None:
             outcome = Meeting(ch, place.rank, peer, r + 1, opts, bufs).run()
         report = _report(r, peer, outcome, place)
         if scorer is not None:
-            scorer.take(report)
-            excluded = scorer.collect(ch, r, started + bound_s, opts.timeout_s)
-            scorer.round_s.append(time.monotonic() - started)
-            continue
-        try:
-            excluded = _to_rank0(ch, place, r, report, bound_s + 2 * opts.timeout_s)
-        except FAILURES as exc:
-            print(f"cclctl probe: rank {place.rank}: rank 0 did not answer after round "
-                  f"{r + 1}; stopping: {exc}", file=sys.stderr)  # fmt: skip
-            return None
+            scorer.take(report, again=r >= len(rounds))
+            recheck = scorer.next_recheck() if r + 1 >= len(rounds) else None
+            excluded = scorer.collect(ch, r, started + bound_s, opts.timeout_s, recheck)
+            scorer.times(r).append(time.monotonic() - started)
+        else:
+            try:
+                excluded, recheck = _to_rank0(ch, place, r, report, bound_s + 2 * opts.timeout_s)
+            except FAILURES as exc:
+                print(f"cclctl probe: rank {place.rank}: rank 0 did not answer after round "
+                      f"{r + 1}; stopping: {exc}", file=sys.stderr)  # fmt: skip
+                return None
+        r += 1
     return scorer.result(opts) if scorer is not None else None
 
 
@@ -109,13 +122,37 @@ def _encode(report: dict[str, Any]) -> memoryview:
 
 def _to_rank0(
     ch: Channel, place: Place, r: int, report: dict[str, Any], timeout_s: float
-) -> dict[int, str]:
-    """Send rank 0 this round's report and wait for its go: the ranks that stopped."""
+) -> tuple[dict[int, str], schedule.Round | None]:
+    """Send rank 0 this round's report and wait for its go: the ranks that stopped, and the
+    recheck round that follows, if one does."""
     ch.move(0, BARRIER_SEQ + r, 0, timeout_s, send=_encode(report))
-    go = memoryview(bytearray(place.world))
+    go = memoryview(bytearray(_go_bytes(place.world)))
     ch.move(0, BARRIER_SEQ + r, 1, timeout_s, recv=go)
-    return {k: f"rank {k} stopped taking part (no report to rank 0)" for k in range(place.world)
-            if go[k]}  # fmt: skip
+    return _decode_go(go, place.world)
+
+
+def _go_bytes(world: int) -> int:
+    """A go: a stopped flag per rank, a byte saying a recheck round follows, and each
+    rank's partner in it (int32, -1: none)."""
+    return world + 1 + 4 * world
+
+
+def _encode_go(world: int, stopped: dict[int, str], recheck: schedule.Round | None) -> bytes:
+    flags = bytes(1 if k in stopped else 0 for k in range(world))
+    partners = [-1] * world
+    for a, b in recheck or []:
+        partners[a], partners[b] = b, a
+    return flags + bytes([recheck is not None]) + struct.pack(f"<{world}i", *partners)
+
+
+def _decode_go(go: memoryview, world: int) -> tuple[dict[int, str], schedule.Round | None]:
+    stopped = {
+        k: f"rank {k} stopped taking part (no report to rank 0)" for k in range(world) if go[k]
+    }
+    if not go[world]:
+        return stopped, None
+    partners = struct.unpack_from(f"<{world}i", go, world + 1)
+    return stopped, [(a, b) for a, b in enumerate(partners) if a < b]
 
 
 class Scorer:
@@ -127,15 +164,49 @@ class Scorer:
         self.links: dict[tuple[int, int], Link] = {}
         self.stopped: dict[int, str] = {}
         self.round_s: list[float] = []
+        self.recheck_s: list[float] = []
+        self._rechecks: list[tuple[int, int]] | None = None
 
-    def take(self, report: dict[str, Any]) -> None:
+    def times(self, r: int) -> list[float]:
+        return self.round_s if r < len(self.rounds) else self.recheck_s
+
+    def take(self, report: dict[str, Any], again: bool = False) -> None:
+        """A participant's report; ``again``: of a recheck, whose better figure stands."""
         if report.get("dst") is None or "status" not in report:
             return
         link = Link.from_dict(report)
+        old = self.links.get((link.src, link.dst))
+        worse = not link.measured or (link.bandwidth or 0) <= (old.bandwidth or 0 if old else 0)
+        if again and old is not None and old.measured and worse:
+            return
         self.links[(link.src, link.dst)] = link
 
-    def collect(self, ch: Channel, r: int, until: float, timeout_s: float) -> dict[int, str]:
-        """Every participant's report of round ``r``, then the go with who stopped."""
+    def next_recheck(self) -> schedule.Round | None:
+        """The next round of pairs measured again: those with a direction under
+        :data:`RECHECK_BELOW` of its kind's median, so a link slowed by a moment's load on
+        this machine is not flagged on one look. None once every one had its turn."""
+        if self._rechecks is None:
+            stats = kind_stats(list(self.links.values()))
+            self._rechecks = sorted({
+                (min(x.src, x.dst), max(x.src, x.dst)) for x in self.links.values()
+                if x.measured and x.kind in stats
+                and (x.bandwidth or 0) < RECHECK_BELOW * stats[x.kind].median
+            })  # fmt: skip
+        pending = [p for p in self._rechecks if not set(p) & set(self.stopped)]
+        round_: schedule.Round = []
+        busy: set[int] = set()
+        for a, b in pending:
+            if a not in busy and b not in busy:
+                round_.append((a, b))
+                busy.update((a, b))
+        self._rechecks = [p for p in pending if p not in round_]
+        return round_ or None
+
+    def collect(
+        self, ch: Channel, r: int, until: float, timeout_s: float, recheck: schedule.Round | None
+    ) -> dict[int, str]:
+        """Every participant's report of round ``r``, then the go: who stopped, and the
+        recheck round that follows, if one does."""
         for k in self.place.participants[1:]:
             if k in self.stopped:
                 continue
@@ -146,9 +217,7 @@ class Scorer:
                 self.take(json.loads(bytes(buf).decode().strip()))
             except (*FAILURES, ValueError) as exc:
                 self.stopped[k] = f"rank {k} sent rank 0 no report of round {r + 1}: {exc}"
-        go = bytearray(self.place.world)
-        for k in self.stopped:
-            go[k] = 1
+        go = _encode_go(self.place.world, self.stopped, recheck)
         for k in self.place.participants[1:]:
             if k in self.stopped:
                 continue
@@ -183,6 +252,7 @@ class Scorer:
             direction=opts.direction,
             rounds=len(self.rounds),
             round_s=tuple(self.round_s),
+            recheck_s=tuple(self.recheck_s),
             links=tuple(sorted(links, key=lambda x: (x.src, x.dst))),
             options=opts.to_dict(),
         )
