@@ -85,7 +85,7 @@ def analyse(
     if len(done) < opts.confirm:
         report.reason = (
             f"too idle to judge: {len(done)} of {len(judged)} windows had {opts.min_calls} calls "
-            "of a communicator on two ranks or a link carrying 1 MiB"
+            "of a communicator on two ranks or a link carrying 256 KiB"
         )
         return report
     runs = _confirmed(judged, opts)

@@ -4,12 +4,19 @@ A directed link ``src -> dst`` moves the bytes ``src`` sent to ``dst``; its time
 both ends spent blocked on each other in the data phase (``src`` sending to ``dst``,
 ``dst`` receiving from ``src``, after the other had arrived in the call), so its
 throughput is bytes over that wait: clock-free, and blind to a straggler, whose lateness
-lands in the entry wait instead. Links are compared with links of the same kind only
+lands in the entry wait instead. The receiver's wait counts only beyond what the sender
+itself blocked on its other peers in the data phase: a rank that waits on a leader which
+waits on a slow link (a hierarchical all_reduce's local broadcast, a ring's next step)
+is not held up by the link between them. So a slow link shows best where its sender blocks
+(messages beyond the socket buffers); its receiver's wait alone is shared along a chain.
+
+Links are compared with links of the same kind only
 (shared memory, TCP within a host, TCP across hosts), in log space: a link is slow when
 its throughput lies below the median of the others of its kind by ``link_ratio`` and by
 more than ``mad_k`` scaled MADs of theirs, and the time it lost against that median is at
 least ``SlowOptions.min_share`` of the window. A host is slow when every one of at least
-two links out of it (or into it) to other hosts is slow against the other hosts' links.
+two links out of it (or into it) to other hosts is slow against the other hosts' links,
+and one of its ranks lost the minimum share over its links together.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ TCP_LOCAL = "TCP within a host"
 TCP_REMOTE = "TCP across hosts"
 #: A link blocked for less than this is as fast as can be told (its throughput is capped).
 MIN_WAIT_S = 1e-4
-#: Bytes a link must carry in a window to be judged on its throughput.
-MIN_BYTES = 1 << 20
+#: Bytes a link must carry in a window to be judged on its throughput (below, its time is
+#: latency, not bandwidth).
+MIN_BYTES = 256 << 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +78,14 @@ class SlowEdge:
 
     @property
     def cost(self) -> float:
-        return max(s.cost for s in self.links)
+        """The most one rank of the host lost over its links (they run in parallel across
+        ranks, one after the other within a rank)."""
+        mine = "src" if self.direction == "out" else "dst"
+        by_rank: dict[int, float] = {}
+        for slow in self.links:
+            rank = getattr(slow.link, mine)
+            by_rank[rank] = by_rank.get(rank, 0.0) + slow.cost
+        return max(by_rank.values())
 
 
 def links(views: Mapping[int, Window], hosts: Mapping[int, str]) -> list[Link]:
@@ -82,10 +97,17 @@ def links(views: Mapping[int, Window], hosts: Mapping[int, str]) -> list[Link]:
             if peer.sent < MIN_BYTES:
                 continue
             back = views[dst].peers.get(src) if dst in views else None
-            wait = peer.send_wait_ns + (back.recv_wait_ns if back is not None else 0)
+            held = _data_waits(window, dst)  # the sender's own data waits on the others
+            recv = max(0, (back.recv_wait_ns if back is not None else 0) - held)
+            wait = peer.send_wait_ns + recv
             out.append(Link(src, dst, _kind(peer.via, src, dst, hosts), peer.sent, wait / NS,
                             span_ns(window) / NS))  # fmt: skip
     return out
+
+
+def _data_waits(window: Window, but: int) -> int:
+    """What a rank blocked on peers other than ``but`` in the data phase, in ns."""
+    return sum(p.recv_wait_ns + p.send_wait_ns for r, p in window.peers.items() if r != but)
 
 
 def _kind(via: str, src: int, dst: int, hosts: Mapping[int, str]) -> str:
@@ -106,8 +128,11 @@ def slow_links(found: Sequence[Link], opts: SlowOptions) -> list[SlowLink]:
     return out
 
 
-def _judge(link: Link, others: Sequence[Link], opts: SlowOptions) -> float | None:
-    """The reference throughput when ``link`` is slow against ``others``, else None."""
+def _judge(
+    link: Link, others: Sequence[Link], opts: SlowOptions, effect: bool = True
+) -> float | None:
+    """The reference throughput when ``link`` is slow against ``others``, else None;
+    ``effect``: only if it cost the minimum share of the window too."""
     if not others:
         return None
     logs = [math.log2(x.throughput) for x in others]
@@ -115,7 +140,7 @@ def _judge(link: Link, others: Sequence[Link], opts: SlowOptions) -> float | Non
         return None
     reference = 2 ** median(logs)
     slow = SlowLink(link, reference, None)
-    return reference if slow.cost >= opts.min_share else None
+    return reference if not effect or slow.cost >= opts.min_share else None
 
 
 def slow_edges(
@@ -132,10 +157,12 @@ def slow_edges(
             rest = [x for x in remote if x not in mine]
             if len({(x.src, x.dst) for x in mine}) < 2:
                 continue
-            judged = [(x, _judge(x, rest, opts)) for x in mine]
+            judged = [(x, _judge(x, rest, opts, effect=False)) for x in mine]
             if all(ref is not None for _, ref in judged):
                 slow = tuple(SlowLink(x, ref, None) for x, ref in judged if ref is not None)
-                out.append(SlowEdge(host, direction, slow))
+                edge = SlowEdge(host, direction, slow)
+                if edge.cost >= opts.min_share:
+                    out.append(edge)
     return _egress_first(out)
 
 

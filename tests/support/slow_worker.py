@@ -4,7 +4,9 @@ released.
 Each step computes for ``STEP_S`` seconds (``SLOW_EXTRA`` more on the ranks named in
 ``SLOW_RANKS``: a compute straggler), then all_reduces ``COUNT`` float32. With
 ``COMPUTE=busy`` the step spends CPU time (which a cgroup quota or busy neighbours
-stretch); by default it sleeps, as a host thread waits for a GPU's kernels. Rank 0
+stretch); by default it sleeps, as a host thread waits for a GPU's kernels. ``OP=all_to_all``
+exchanges instead of reducing: every rank talks to every other (links out of a host to
+each rank of the other). Rank 0
 decides when to stop (the file ``RELEASE`` exists) and tells the others through a
 broadcast, so every rank stops after the same call. Prints one JSON line once it has run
 its first step (``{"rank": r, "pid": p, "store": "host:port"}``), for the test to wait on.
@@ -42,13 +44,17 @@ def main() -> int:
     compute = step_s * (1 + extra) if comm.rank in slow else step_s
     work = busy if os.environ.get("COMPUTE") == "busy" else time.sleep
     buf = np.ones(int(os.environ.get("COUNT", str(1 << 16))), np.float32)
+    exchange = np.empty_like(buf) if os.environ.get("OP") == "all_to_all" else None
     stop = np.zeros(1, np.uint8)
     deadline = time.monotonic() + GIVE_UP_S
     told = False
     while True:
         work(compute)
         buf.fill(1.0)  # a sum of ones, never an overflow however long it runs
-        comm.all_reduce(buf)
+        if exchange is not None:
+            comm.all_to_all(buf, exchange)
+        else:
+            comm.all_reduce(buf)
         if not told:
             store = os.environ.get("CCLCTL_STORE", "")
             print(json.dumps({"rank": comm.rank, "pid": os.getpid(), "store": store}), flush=True)
