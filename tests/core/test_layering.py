@@ -18,8 +18,19 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 
 #: the base: standard library only, importable by every layer
 BASE = {
-    "records", "revocation", "errors", "config", "config_values", "config_check", "bandwidth",
-    "ranges", "periodic", "stacks", "auth", "limits", "signals",
+    "records",
+    "revocation",
+    "errors",
+    "config",
+    "config_values",
+    "config_check",
+    "bandwidth",
+    "ranges",
+    "periodic",
+    "stacks",
+    "auth",
+    "limits",
+    "signals",
 }
 
 #: what each layer may import of cclctl, besides the base and itself
@@ -40,8 +51,18 @@ ALLOWED: dict[str, set[str]] = {
     "probe": {"runtime", "telemetry", "store", "launch", "package"},
     "package": {"runtime"},  # cclctl/__init__.py: cclctl.init() and friends
     "commands": {
-        "benchmark", "diagnose", "diagnose_io", "integrations", "launch", "live", "probe",
-        "store", "runtime", "telemetry", "ui", "package",
+        "benchmark",
+        "diagnose",
+        "diagnose_io",
+        "integrations",
+        "launch",
+        "live",
+        "probe",
+        "store",
+        "runtime",
+        "telemetry",
+        "ui",
+        "package",
     },
     "cli": {"commands", "ui", "package"},
     "ui": set(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from slow_factory import Job, signals
 
 from cclctl.diagnose.slow import analyse
 from cclctl.diagnose.slow_model import (
@@ -18,7 +19,6 @@ from cclctl.diagnose.slow_model import (
     SlowOptions,
     SlowReport,
 )
-from slow_factory import Job, signals
 
 TWO_HOSTS = ("h1", "h1", "h2", "h2")
 
