@@ -79,8 +79,12 @@ class Acceptor:
 
     def run(self) -> None:
         """The accept thread's body."""
-        self._listener.setblocking(False)
-        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        try:
+            self._listener.setblocking(False)
+            self._sel.register(self._listener, selectors.EVENT_READ, None)
+        except (OSError, ValueError):  # the links closed before this thread ran: nothing to do
+            self._sel.close()
+            return
         try:
             while not self._closed.is_set():
                 for key, _ in self._sel.select(self._wait_s()):
