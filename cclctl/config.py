@@ -221,6 +221,7 @@ class RuntimeConfig:
     fault: str = ""
     token: str = ""  # the job's secret (see runtime/job/token.py): links and store prove it
     link_mac: bool = False  # a MAC on every TCP message (CCLCTL_LINK_MAC)
+    debug: bool = False  # an uncaught cclctl error prints its traceback too (CCLCTL_DEBUG)
     hostname: str = dataclasses.field(default_factory=socket.gethostname)
 
     def replace(self, **changes: object) -> RuntimeConfig:
@@ -258,6 +259,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
         fault=env.get("CCLCTL_FAULT", "").strip(),
         token=env.get("CCLCTL_TOKEN", "").strip(),
         link_mac=values.parse(env, "CCLCTL_LINK_MAC", False, values.flag),
+        debug=values.parse(env, "CCLCTL_DEBUG", False, values.flag),
     )
     given = {k: v for k, v in flags.items() if v is not None}
     return base.replace(**given) if given else base

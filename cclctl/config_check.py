@@ -50,6 +50,7 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_ON_FAILURE": "raise or shrink (drop a dead rank, re-run the call)",
     "CCLCTL_RETRY_BUDGET": "seconds a broken link is retried (30; 0: off)",
     "CCLCTL_FAULT": "injected faults",
+    "CCLCTL_DEBUG": "1: a rank's uncaught cclctl error prints its traceback too",
     "CCLCTL_STREAMING_COPY": "copy size that bypasses the cache in launched ranks",
     "CCLCTL_BENCH_CORRUPT": "bench's checker self-test",
 }

@@ -1,7 +1,8 @@
 """Typed errors shared by every layer.
 
 The core raises these with the fields an SRE needs (rank, peer, comm, seq, op, elapsed);
-exactly one place, :mod:`cclctl.cli`, turns them into a message and an exit code.
+exactly one place, :mod:`cclctl.cli`, turns them into a message and an exit code, and in a
+rank's process :mod:`cclctl.telemetry.uncaught` prints an uncaught one as its message.
 """
 
 from __future__ import annotations

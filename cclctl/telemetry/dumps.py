@@ -28,6 +28,7 @@ from types import FrameType, TracebackType
 from typing import Protocol
 
 from cclctl.errors import CclError, UsageError
+from cclctl.telemetry import uncaught
 
 log = logging.getLogger("cclctl.telemetry")
 
@@ -238,11 +239,15 @@ def install_termination_dump(
     return restore
 
 
-def install_exit_dump(target: Dumpable, directory: str | None) -> Callable[[], None]:
+def install_exit_dump(
+    target: Dumpable, directory: str | None, brief_errors: bool = False
+) -> Callable[[], None]:
     """Dump when the process dies of an uncaught exception, or exits after errors or hangs.
 
-    Chains ``sys.excepthook``; the ``atexit`` part skips the dump when nothing went wrong or
-    the excepthook already wrote one. Returns a function that uninstalls both.
+    Chains ``sys.excepthook``; with ``brief_errors`` an uncaught cclctl error is printed as
+    its one line instead of a traceback (:mod:`cclctl.telemetry.uncaught`). The ``atexit``
+    part skips the dump when nothing went wrong or the excepthook already wrote one.
+    Returns a function that uninstalls both.
     """
     previous_hook = sys.excepthook
     dumped = threading.Event()
@@ -253,7 +258,7 @@ def install_exit_dump(target: Dumpable, directory: str | None) -> Callable[[], N
             target, f"uncaught {etype.__name__}: {value}", directory
         ):
             dumped.set()
-        previous_hook(etype, value, tb)
+        uncaught.report(etype, value, tb, previous_hook, brief_errors)
 
     def at_exit() -> None:
         if not _forked(owner) and not dumped.is_set() and target.failures() > 0:

@@ -258,9 +258,10 @@ class Telemetry(Recorder):
         """Dump if the process dies of an uncaught exception or exits after errors/hangs.
 
         The hooks outlive :meth:`close` on purpose: a ``finally`` that closes telemetry runs
-        before the exception reaches ``sys.excepthook``.
+        before the exception reaches ``sys.excepthook``. An uncaught cclctl error prints
+        as its one line unless ``cfg.debug`` (``CCLCTL_DEBUG=1``) asks for the traceback.
         """
-        self._hooks.append(dumps.install_exit_dump(self, directory))
+        self._hooks.append(dumps.install_exit_dump(self, directory, not self.cfg.debug))
 
     def remove_hooks(self) -> None:
         """Undo :meth:`install_signal_dump` and :meth:`install_exit_dump`."""
