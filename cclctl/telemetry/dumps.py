@@ -39,11 +39,24 @@ TRIGGERS = frozenset(("handler", "hook", "at_exit"))
 
 
 class Dumpable(Protocol):
-    """What the triggers need: a way to dump and a count of failures seen so far."""
+    """What the triggers need: a way to dump, a count of failures seen so far and how many
+    of them a retry re-ran (see :meth:`cclctl.telemetry.recorder.Recorder.recovered`)."""
 
     def dump(self, reason: str, path: str | None = None) -> str | None: ...
 
     def failures(self) -> int: ...
+
+    def recovered(self) -> int: ...
+
+
+def exit_reason(failures: int, recovered: int) -> str:
+    """Why a process that exits after ``failures`` (``recovered`` of them re-run by a
+    retry) dumps: "exit after errors" while any stayed failed, else what a retry undid, so
+    a job that rode through a link fault does not read as one that failed."""
+    if failures > recovered:
+        return "exit after errors"
+    attempts = "attempt" if recovered == 1 else "attempts"
+    return f"exit after recovered errors ({recovered} failed {attempts} re-run by a retry)"
 
 
 def dump_filename(job: str, rank: int) -> str:
@@ -242,7 +255,8 @@ def install_termination_dump(
 def install_exit_dump(
     target: Dumpable, directory: str | None, brief_errors: bool = False
 ) -> Callable[[], None]:
-    """Dump when the process dies of an uncaught exception, or exits after errors or hangs.
+    """Dump when the process dies of an uncaught exception, or exits after errors or hangs
+    (the reason says whether a retry recovered every one: :func:`exit_reason`).
 
     Chains ``sys.excepthook``; with ``brief_errors`` an uncaught cclctl error is printed as
     its one line instead of a traceback (:mod:`cclctl.telemetry.uncaught`). The ``atexit``
@@ -261,8 +275,11 @@ def install_exit_dump(
         uncaught.report(etype, value, tb, previous_hook, brief_errors)
 
     def at_exit() -> None:
-        if not _forked(owner) and not dumped.is_set() and target.failures() > 0:
-            dump_quietly(target, "exit after errors", directory)
+        if _forked(owner) or dumped.is_set():
+            return
+        failures = target.failures()
+        if failures > 0:
+            dump_quietly(target, exit_reason(failures, target.recovered()), directory)
 
     sys.excepthook = hook
     atexit.register(at_exit)

@@ -284,6 +284,22 @@ class Recorder:
                 st.error_count + st.hangs for cs in self._comms.values() for st in cs.ops.values()
             )
 
+    def recovered(self) -> int:
+        """How many of :meth:`failures` a retry re-ran: per communicator, its errors up to
+        its agreed retries (each retry re-ran one failed attempt of every rank in it; an
+        attempt that failed again, or that no retry followed, stays a failure).
+
+        Counted per communicator, not per op, since a rank that was closing counts its
+        retry under ``close``. A hang is never recovered.
+        """
+        with self._lock:
+            self._fold()
+            total = 0
+            for cs in self._comms.values():
+                errors = sum(st.error_count for st in cs.ops.values())
+                total += min(errors, sum(st.retries for st in cs.ops.values()))
+            return total
+
     def copy_counters(
         self,
     ) -> tuple[dict[tuple[str, str], OpStats], list[CommView], dict[int, tuple[int, int]]]:

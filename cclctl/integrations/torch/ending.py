@@ -54,6 +54,9 @@ class Ending:
     def failures(self) -> int:
         return self.session.telemetry.failures()
 
+    def recovered(self) -> int:
+        return self.session.telemetry.recovered()
+
     def dump(self, reason: str, path: str | None = None) -> str | None:
         """Say why this rank ends (its revoke record first, on a SIGTERM), then dump."""
         tel = self.session.telemetry
