@@ -47,7 +47,7 @@ class Channel:
         size = len(send) if send is not None else len(recv) if recv is not None else 0
         call = Call(self._tag, self._epoch, seq, "send", "uint8", count=size)
         now = time.monotonic()
-        wait = Wait(self.rank, None, now + timeout_s, now, self._failure)
+        wait = Wait(self.rank, None, now + timeout_s, now, self._failure, partners_only=True)
         try:
             self.transport.exchange(
                 call,

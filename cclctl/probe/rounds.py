@@ -94,6 +94,7 @@ def run(comm: Any, opts: ProbeOptions, hostname: str = "") -> ProbeRun | None:
             recheck = scorer.next_recheck() if r + 1 >= len(rounds) else None
             excluded = scorer.collect(ch, r, started + bound_s, opts.timeout_s, recheck)
             scorer.times(r).append(time.monotonic() - started)
+            _progress(r, len(rounds), scorer.times(r)[-1])
         else:
             try:
                 excluded, recheck = _to_rank0(ch, place, r, report, bound_s + 2 * opts.timeout_s)
@@ -103,6 +104,12 @@ def run(comm: Any, opts: ProbeOptions, hostname: str = "") -> ProbeRun | None:
                 return None
         r += 1
     return scorer.result(opts) if scorer is not None else None
+
+
+def _progress(r: int, count: int, seconds: float) -> None:
+    """Rank 0's line on stderr as each round ends: how far the schedule is."""
+    what = f"round {r + 1}/{count}" if r < count else f"recheck round {r + 1 - count}"
+    print(f"cclctl probe: {what} done in {seconds:.2f} s", file=sys.stderr, flush=True)
 
 
 def _report(r: int, peer: int | None, outcome: Outcome | None, place: Place) -> dict[str, Any]:

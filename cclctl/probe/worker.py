@@ -23,8 +23,12 @@ EVENT = "probe"
 
 
 def probe_here(opts: ProbeOptions) -> ProbeRun | None:
-    """Join the job from the environment and take part; rank 0 returns the run."""
-    comm = cclctl.init()
+    """Join the job from the environment and take part; rank 0 returns the run.
+
+    Retry is off for this communicator: it calls no collective, so its close has nothing to
+    serve, and a close that waited for every rank would wait out the retry budget on a
+    partner the probe found dead."""
+    comm = cclctl.init(retry_budget_s=0)
     try:
         if comm.world_size < 2:
             raise UsageError("cclctl probe needs at least 2 ranks (bare: -g 2 or more)")

@@ -52,6 +52,9 @@ class Wait:
     waits: Any = None
     arrived: set[int] | None = None
     exchanged: list[Sequence[Transfer]] | None = None
+    #: watch only the peers the step moves bytes with for a failure, not every peer: a
+    #: probe's pair outlives a third rank's death (a collective fails with any peer)
+    partners_only: bool = False
 
     def blocked_on(self, peer: int, what: str) -> None:
         rec = self.record

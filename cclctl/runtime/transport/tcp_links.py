@@ -183,14 +183,18 @@ class Links:
         host, _, port = where.rpartition(":")
         deadline = time.monotonic() + self._connect_timeout_s
         while True:
+            # one try never outlives the call's own deadline (a probe's -T): a peer behind a
+            # firewall that drops packets fails the call at its deadline, not a try's later
+            left = max(0.05, min(deadline, wait.deadline) - time.monotonic())
             try:
-                sock = socket.create_connection((host, int(port)), timeout=5.0)
+                sock = socket.create_connection((host, int(port)), timeout=min(left, 5.0))
             except OSError as exc:
                 what = f"cannot connect to rank {peer} at {where}: {exc}"
                 self._before_again(peer, call, wait, deadline, what)
                 continue
             try:
-                sock.settimeout(self._handshake_s)
+                left = max(0.05, min(deadline, wait.deadline) - time.monotonic())
+                sock.settimeout(min(self._handshake_s, left))
                 session = link_auth.connect(
                     sock, self._token, self._job, self._epoch, self.rank, peer, self.world_size,
                     self._flags,

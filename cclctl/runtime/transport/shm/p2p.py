@@ -25,13 +25,21 @@ class Rings:
 class ShmStep:
     """The shared-memory share of one step: its messages in and out, moved as slots free."""
 
-    __slots__ = ("call", "done", "group", "items")
+    __slots__ = ("call", "done", "group", "items", "watched")
 
-    def __init__(self, group: ShmGroup, call: wire.Call, items: list[Outgoing | Incoming]) -> None:
+    def __init__(
+        self,
+        group: ShmGroup,
+        call: wire.Call,
+        items: list[Outgoing | Incoming],
+        watched: set[int] | None = None,
+    ) -> None:
+        """``watched``: the peers whose failure ends the step (None: every peer's)."""
         self.group = group
         self.call = call
         self.items = items
         self.done = not items
+        self.watched = watched
 
     def advance(self) -> bool:
         """Move every chunk that can move now; drop finished items; True if anything moved."""
@@ -53,13 +61,15 @@ class ShmStep:
 
     def check(self) -> None:
         items = self.items
-        self.group.check_peers(self.call, items[0].peer, lambda: any(i.ready() for i in items))
+        ready = lambda: any(i.ready() for i in items)  # noqa: E731
+        self.group.check_peers(self.call, items[0].peer, ready, self.watched)
 
     def block(self, wait: Wait, peer: int, what: str, slice_s: float | None) -> None:
         """Sleep until a chunk of the share can move (at most ``slice_s`` when given)."""
         items = self.items
         limit = float("inf") if slice_s is None else slice_s
-        self.group.block(lambda: any(i.ready() for i in items), peer, what, self.call, wait, limit)
+        ready = lambda: any(i.ready() for i in items)  # noqa: E731
+        self.group.block(ready, peer, what, self.call, wait, limit, self.watched)
 
 
 class Outgoing:

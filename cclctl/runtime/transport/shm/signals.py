@@ -15,7 +15,7 @@ import math
 import os
 import select
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from cclctl import revocation
 from cclctl.errors import BadInput, CclError, PeerError
@@ -121,9 +121,10 @@ class Signals:
         call: wire.Call,
         wait: Wait,
         limit_s: float = math.inf,
+        watched: Collection[int] | None = None,
     ) -> None:
         """Sleep until ``ready()``, or at most ``limit_s``; ``peer`` is whom the trace says
-        this rank waits on."""
+        this rank waits on; ``watched``: the peers whose failure ends the wait (None: all)."""
         wait.blocked_on(peer, what)
         me = self.me.i
         until = time.monotonic() + limit_s
@@ -135,7 +136,7 @@ class Signals:
                 if ready():
                     return
                 wait.check(call, peer, what)
-                self.check_peers(call, peer, ready)
+                self.check_peers(call, peer, ready, watched)
                 left = until - time.monotonic()
                 if left <= 0:
                     return
@@ -143,20 +144,28 @@ class Signals:
         finally:
             me[W_SLEEPING] = 0
 
-    def check_peers(self, call: wire.Call, peer: int, ready: Callable[[], bool]) -> None:
-        """Raise if the awaited peer, or any peer, failed, closed or died: with the record
-        of the job's failure where the peer left one, so the error names its origin. Not
-        once ``ready()`` holds: a peer that wrote what this rank waits for and then left
-        (it closed after its last call, or died) left that behind, readable."""
+    def check_peers(
+        self,
+        call: wire.Call,
+        peer: int,
+        ready: Callable[[], bool],
+        watched: Collection[int] | None = None,
+    ) -> None:
+        """Raise if the awaited peer, or any peer (of ``watched``, where given), failed,
+        closed or died: with the record of the job's failure where the peer left one, so
+        the error names its origin. Not once ``ready()`` holds: a peer that wrote what this
+        rank waits for and then left (it closed after its last call, or died) left that
+        behind, readable."""
         try:
-            self._check_peers(call)
+            self._check_peers(call, watched)
         except CclError:
             self.futex.fence()  # the peer wrote before it left: its writes are seen now
             if not ready():
                 raise
 
-    def _check_peers(self, call: wire.Call) -> None:
-        for view in self.others:
+    def _check_peers(self, call: wire.Call, watched: Collection[int] | None = None) -> None:
+        others = self.others if watched is None else [v for v in self.others if v.rank in watched]
+        for view in others:
             state = view.i[W_STATE]
             if state != STATE_OK:
                 self._peer_failed(call, view, state)
@@ -164,10 +173,10 @@ class Signals:
         if now - self._pids_checked < SLEEP_SLICE_S:
             return
         self._pids_checked = now
-        fds = [v.pidfd for v in self.others if v.pidfd is not None]
+        fds = [v.pidfd for v in others if v.pidfd is not None]
         if fds:
             readable, _, _ = select.select(fds, [], [], 0)
-            for view in self.others:
+            for view in others:
                 if view.pidfd in readable:
                     self._peer_error(call, view.rank, f"rank {view.rank}'s process exited", GONE)
 

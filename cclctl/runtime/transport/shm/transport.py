@@ -169,7 +169,8 @@ class ShmTransport(DrivenAlone):
         for peer, view in recvs:
             items.append(Incoming(rings, local[peer], view, call, step))
             self._received[peer] += len(view)
-        return ShmStep(self.group, call, items)
+        watched = {item.peer for item in items} if wait.partners_only else None
+        return ShmStep(self.group, call, items, watched)
 
     def drop_link(self, peer: int) -> None:
         """Fault injection: this rank's next step fails, and so do its peers' waits on it."""
