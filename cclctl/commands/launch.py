@@ -9,6 +9,8 @@ import typer
 
 from cclctl.commands.checks import check_command
 from cclctl.commands.launch_verdict import FailureWatch, verdict_line
+from cclctl.commands.launch_waiting import WaitWatch
+from cclctl.config import runtime_from_env
 from cclctl.launch import streaming_copies
 from cclctl.launch.launcher import MAX_PROCS, launch, print_prefixed
 from cclctl.launch.output import where_to_watch
@@ -29,6 +31,9 @@ HELP = (
     "The last line names the failure's origin, not the first rank to exit: the rank, its "
     "signal or exit code, the collective, what became of the others and where the dumps "
     "are (CCLCTL_TRACE_DIR, else the job's folder); for a hang, the rank the others wait on. "
+    "While ranks that finished wait on ranks still running, it says which, and what they "
+    "are doing (stopped, in which call, how far behind), every CCLCTL_STATUS_INTERVAL "
+    "seconds while that changes. "
     "At start it prints the store's address and the `cclctl top` and `cclctl diagnose hang` "
     "commands that watch this job, on stderr. "
     f"Ctrl-C is forwarded to every rank before they are stopped the same way. -n is 1 to "
@@ -89,6 +94,8 @@ def launch_command(
         timeout_s=timeout,
         on_start=_announce,
         on_failure=watch,
+        on_wait=WaitWatch(),
+        wait_interval_s=runtime_from_env().status_interval_s,
     )
     if result.returncode != 0:
         print(verdict_line(result, watch.live), file=sys.stderr)

@@ -21,7 +21,7 @@ from cclctl.config_check import MAX_LOCAL_RANKS
 from cclctl.errors import StoreError, UsageError
 from cclctl.launch import streaming_copies
 from cclctl.launch.output import LineSink
-from cclctl.launch.ranks import FailureHook, LaunchResult, RankExit, RankJob
+from cclctl.launch.ranks import FailureHook, LaunchResult, RankExit, RankJob, WaitHook, Waiting
 from cclctl.launch.witness import StoreSeen, Witness
 from cclctl.runtime.job.store_process import spawn_store
 from cclctl.store.linger import FIRST_RANK_S
@@ -32,6 +32,8 @@ __all__ = [
     "LaunchResult",
     "RankExit",
     "StoreSeen",
+    "WaitHook",
+    "Waiting",
     "launch",
     "print_prefixed",
 ]
@@ -58,6 +60,8 @@ def launch(
     timeout_s: float | None = None,
     on_start: Callable[[str, str], None] | None = None,
     on_failure: FailureHook | None = None,
+    on_wait: WaitHook | None = None,
+    wait_interval_s: float = 1.0,
 ) -> LaunchResult:
     """Run ``cmd`` as ``nprocs`` ranks on this host and wait for all of them.
 
@@ -76,6 +80,8 @@ def launch(
     signal or exit code; unless a rank wrote one first), calls ``on_failure`` with that
     rank and what the store holds (also when ``timeout_s`` runs out, with None), and then
     stops the others. The result carries the order of the exits and the store's last word.
+    While ranks that exited 0 wait on others still running, ``on_wait`` is called every
+    ``wait_interval_s`` with those ranks and what the store holds.
     """
     _check_arguments(cmd, nprocs, port, grace_s, timeout_s)
     base = streaming_copies.rank_environment({**inherited_environment(), **(env or {})})
@@ -93,7 +99,7 @@ def launch(
     envs = _rank_environments(base, nprocs, store.address, token, job_name)
     witness = Witness(store.address, token, job_name)
     try:
-        job = RankJob(list(cmd), nprocs, envs, witness, on_failure)
+        job = RankJob(list(cmd), nprocs, envs, witness, on_failure, on_wait, wait_interval_s)
         sink = _route(output or print_prefixed, capture_rank0_stdout)
         return job.run(sink, grace_s, timeout_s, on_start)
     finally:

@@ -31,6 +31,11 @@ OUTPUT_DRAIN_S = 5.0
 #: moment a diagnosis still sees the job as it failed.
 FailureHook = Callable[["RankExit | None", "StoreSeen | None"], None]
 
+#: Called every ``wait_interval_s`` while some ranks have exited 0 and the others still run
+#: (and the launcher is not stopping the job): who the launcher waits on, and what the
+#: store holds then. A job that waits on a stopped or lagging rank says so.
+WaitHook = Callable[["Waiting", "StoreSeen | None"], None]
+
 #: After a rank's failure the others are revoked (the job's revoke record reaches them in
 #: milliseconds) and end by themselves, each printing its own error naming the origin:
 #: they get this long to do so before the launcher stops them.
@@ -62,6 +67,16 @@ class RankExit:
         if self.returncode:
             return f"rank {self.rank} failed with exit code {self.returncode}"
         return f"rank {self.rank} succeeded"
+
+
+@dataclasses.dataclass(frozen=True)
+class Waiting:
+    """The ranks still running (rank -> pid) after the ``finished`` ones exited 0, and for
+    how long the launcher has waited on them."""
+
+    running: dict[int, int]
+    finished: tuple[int, ...]
+    for_s: float
 
 
 @dataclasses.dataclass
@@ -127,11 +142,18 @@ class RankJob:
         envs: list[dict[str, str]],
         witness: Witness | None = None,
         on_failure: FailureHook | None = None,
+        on_wait: WaitHook | None = None,
+        wait_interval_s: float = 1.0,
     ) -> None:
         self.cmd = cmd
         self.envs = envs
         self.witness = witness
         self.on_failure = on_failure
+        self.on_wait = on_wait
+        self.wait_interval_s = wait_interval_s
+        self.waiting_since: float | None = None  # some ranks finished, others still run
+        self.waited_after: tuple[int, ...] = ()  # the finished ranks as last seen
+        self.next_wait_report = 0.0
         self.launcher_revoked = False
         self.procs: list[subprocess.Popen[bytes]] = []
         self.exits: dict[int, RankExit] = {}
@@ -171,6 +193,7 @@ class RankJob:
                         self._witness(None)
                     self._stop(grace_s)
                 self._escalate()
+                self._report_waiting()
                 self.waiter.wait(self.poll_s)
         finally:
             restore()
@@ -234,6 +257,29 @@ class RankJob:
             self.launcher_revoked = self.witness.record(record)
         if self.on_failure is not None:
             self.on_failure(first, self.witness.look())
+
+    def _report_waiting(self) -> None:
+        """Call ``on_wait`` once every interval while ranks that exited 0 wait on ranks
+        still running, from one interval after the last rank exited: ranks that end
+        within an interval of each other say nothing."""
+        if self.on_wait is None:
+            return
+        finished = tuple(sorted(r for r, e in self.exits.items() if not e.failed))
+        running = {r: p.pid for r, p in enumerate(self.procs) if r not in self.exits}
+        now = time.monotonic()
+        if self.stopping or not finished or not running:
+            self.waiting_since, self.waited_after = None, ()
+            return
+        if self.waiting_since is None:
+            self.waiting_since = now
+        if finished != self.waited_after:  # one more rank exited: wait an interval again
+            self.waited_after = finished
+            self.next_wait_report = now + self.wait_interval_s
+        if now < self.next_wait_report:
+            return
+        self.next_wait_report = now + self.wait_interval_s
+        seen = None if self.witness is None else self.witness.look()
+        self.on_wait(Waiting(running, finished, now - self.waiting_since), seen)
 
     def _stop(self, grace_s: float, after_s: float = 0.0) -> None:
         """SIGTERM the ranks still running in ``after_s``, SIGKILL them ``grace_s`` later."""
