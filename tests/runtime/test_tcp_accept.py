@@ -48,7 +48,7 @@ def test_a_listener_closed_while_accepting_ends_the_thread() -> None:
     def body() -> None:
         try:
             acceptor.run()
-        except BaseException as exc:  # noqa: BLE001 - what the thread would have raised
+        except BaseException as exc:  # what the thread would have raised
             errors.append(exc)
 
     thread = threading.Thread(target=body, daemon=True)
