@@ -63,20 +63,37 @@ def _too_many(where: str, what: str, count: int, limit: int) -> limits.TooLarge:
     return limits.TooLarge(f"{where}: {count:,} {what}, over the limit of {limit:,}", where=where)
 
 
+#: Fibonacci hashing's multiplier (2**64 over the golden ratio, odd): a seq times it has
+#: high bits that spread every arithmetic progression of seqs evenly.
+SEQ_HASH = 0x9E3779B97F4A7C15
+#: Which bits of the product :func:`seq_hash` keeps: bits 40 to 63 (the low bits of a
+#: product keep the seq's own low bits, so they would alias as ``seq % 2**k`` does).
+SEQ_HASH_SHIFT = 40
+
+
+def seq_hash(seq: int) -> int:
+    """A fixed hash of ``seq`` whose low ``k`` bits are 0 for one seq in ``2**k`` of every
+    run of calls, whatever the position of a call in a training step (``seq % 2**k``
+    would keep only the calls at one position of a step of 2 calls)."""
+    return (seq * SEQ_HASH >> SEQ_HASH_SHIFT) & 0xFFFFFF
+
+
 def sample_entries(
     entries: Iterable[tuple[int, int]], limit: int = MAX_ENTRIES
 ) -> list[tuple[int, int]]:
-    """The entries ``(seq, enter_ns)`` whose seq is a multiple of ``2**k``, for the
-    smallest ``k`` that keeps at most ``limit`` of them, in seq order.
+    """The entries ``(seq, enter_ns)`` whose :func:`seq_hash` has its low ``k`` bits 0,
+    for the smallest ``k`` that keeps at most ``limit`` of them, in seq order.
 
     Deterministic in the seqs alone, so every rank of a communicator keeps the same seqs
-    of the calls it started in a window, and their entry times compare one to one.
+    of the calls it started in a window, and their entry times compare one to one; each
+    level keeps a subset of the one before, so a window thinned as it fills keeps what
+    this keeps.
     """
     kept = sorted(entries)
-    step = 1
+    mask = 0
     while len(kept) > limit:
-        step *= 2
-        kept = [entry for entry in kept if entry[0] % step == 0]
+        mask = 2 * mask + 1
+        kept = [entry for entry in kept if not seq_hash(entry[0]) & mask]
     return kept
 
 

@@ -5,7 +5,10 @@ and adds it to the windows of ``window_s`` seconds it touches, cut on this proce
 clock at multiples of the window since the epoch, so every rank's windows line up to the
 clock skew: the calls that ended in each, the time spent inside calls in each (a call that
 spans a boundary is split at it, and one still running when a window closes counts up to
-its end) and, for collectives, sampled entry times ``(seq, start_ns)``. The calls' own
+its end) and, for collectives, sampled entry times ``(seq, start_ns)`` (the seqs whose
+:func:`~cclctl.signals.seq_hash` has its low bits 0, as many bits as keep at most
+:data:`~cclctl.signals.MAX_ENTRIES`, so every rank keeps the same seqs and every call
+position of a training step is sampled alike). The calls' own
 folds only hand the records over (:meth:`Windows.defer`, under the recorder's lock: a list
 append per fold); :meth:`Windows.update`, as each status is built (at least once a status
 interval, on the publisher's thread, under a lock of its own), adds them and closes the
@@ -32,10 +35,13 @@ from cclctl.signals import (
     MAX_ENTRIES,
     MAX_PEERS,
     MAX_WINDOWS,
+    SEQ_HASH,
+    SEQ_HASH_SHIFT,
     CommWindow,
     PeerWindow,
     Signals,
     Window,
+    seq_hash,
 )
 
 #: Records deferred by the calls' own folds before one is made to add them (a process whose
@@ -85,14 +91,14 @@ class _Comm:
         self.calls = 0
         self.inside = 0
         self.entries: list[tuple[int, int]] = []
-        self.mask = 0  # keep an entry when seq & mask == 0 (mask = 2**k - 1)
+        self.mask = 0  # keep an entry when seq_hash(seq) & mask == 0 (mask = 2**k - 1)
 
     def thin(self) -> None:
-        """Over :data:`MAX_ENTRIES`: the next level keeps every other kept seq."""
+        """Over :data:`MAX_ENTRIES`: the next level keeps about every other kept seq."""
         entries = self.entries
         while len(entries) > MAX_ENTRIES:
             self.mask = 2 * self.mask + 1
-            entries[:] = [e for e in entries if not e[0] & self.mask]
+            entries[:] = [e for e in entries if not seq_hash(e[0]) & self.mask]
 
 
 class Windows:
@@ -177,7 +183,7 @@ class Windows:
                 comm = None if comms is None else (comms.get(name) or self._comm(comms, name))
             if comm is not None and rec.peer is None:
                 seq = rec.seq
-                if not seq & comm.mask:
+                if not (seq * SEQ_HASH >> SEQ_HASH_SHIFT) & comm.mask:  # seq_hash, inlined
                     comm.entries.append((seq, start))
                     if len(comm.entries) > MAX_ENTRIES:
                         comm.thin()

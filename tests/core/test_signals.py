@@ -179,7 +179,7 @@ def test_sampling_keeps_the_same_seqs_whatever_the_times() -> None:
     other = sample_entries((seq, 5 * seq) for seq in range(1, 201))
     assert [s for s, _ in one] == [s for s, _ in other]
     assert len(one) <= signals.MAX_ENTRIES
-    assert [s for s, _ in one] == list(range(4, 201, 4))  # 2**2: 50 kept, 2**1 keeps 100
+    assert len(one) > signals.MAX_ENTRIES // 4  # thinned no further than it had to be
 
 
 def test_sampling_keeps_everything_that_fits() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from cclctl.records import COMPLETED, CollectiveRecord, snapshot_from_json
-from cclctl.signals import MAX_ENTRIES, MAX_WINDOWS
+from cclctl.signals import MAX_ENTRIES, MAX_WINDOWS, sample_entries
 from cclctl.telemetry import windows as windows_module
 from cclctl.telemetry.recorder import Recorder
 from cclctl.telemetry.windows import (
@@ -76,7 +76,7 @@ def test_entries_are_sampled_by_seq_so_ranks_keep_the_same_ones() -> None:
         sig = recorder.signals()
         assert sig is not None
         kept.append([seq for seq, _ in sig.windows[0].comms["0:0-3"].entries])
-    assert kept[0] == kept[1] == list(range(8, 301, 8))  # 300 -> 150 -> 75 -> 37 <= 64
+    assert kept[0] == kept[1] == [s for s, _ in sample_entries((s, 0) for s in range(1, 301))]
     assert len(kept[0]) <= MAX_ENTRIES
 
 
