@@ -8,7 +8,9 @@ the time spent inside them and sampled entry times (``[seq, enter_ns]``), which 
 compare at equal (comm, seq) to find the one that arrives last; per peer (by job rank) it
 holds the payload bytes each way and the time blocked on the peer, split into the wait
 before the peer showed any progress in the call (it had not arrived: a straggler's mark)
-and the wait after (the data phase: the link's). The analysis (``diagnose/``) reads them.
+and the wait after (the data phase), and, over TCP, how long the peer's messages took to
+arrive from their first byte to their last (the link's own time, which no wait upstream
+of the peer lengthens). The analysis (``diagnose/``) reads them.
 
 Read from other processes' documents, so :func:`signals_from_dict` validates every field
 and bounds every size before a reader trusts it (:class:`BadInput`, and
@@ -119,7 +121,9 @@ class CommWindow:
 class PeerWindow:
     """One peer (a job rank) in one window: payload bytes each way, and the time blocked
     on it: ``send_wait_ns``/``recv_wait_ns`` after it had shown progress in the call (the
-    data phase), ``entry_wait_ns`` before (it had not arrived yet)."""
+    data phase), ``entry_wait_ns`` before (it had not arrived yet). ``recv_transfer_ns``:
+    the time its messages took to arrive from their first byte to their last, summed over
+    the messages that did not arrive whole at once (TCP only; written when not 0)."""
 
     via: str
     sent: int = 0
@@ -127,9 +131,13 @@ class PeerWindow:
     send_wait_ns: int = 0
     recv_wait_ns: int = 0
     entry_wait_ns: int = 0
+    recv_transfer_ns: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        doc = dataclasses.asdict(self)
+        if not self.recv_transfer_ns:
+            del doc["recv_transfer_ns"]
+        return doc
 
 
 @dataclasses.dataclass(slots=True)
@@ -197,7 +205,8 @@ def _peer_from_dict(data: object, where: str) -> PeerWindow:
     via = data.get("via")
     if via not in VIAS:
         raise _fail(where, f"field 'via' must be one of {', '.join(VIAS)}, got {via!r:.40}")
-    counts = ("sent", "received", "send_wait_ns", "recv_wait_ns", "entry_wait_ns")
+    counts = ("sent", "received", "send_wait_ns", "recv_wait_ns", "entry_wait_ns",
+              "recv_transfer_ns")  # fmt: skip
     return PeerWindow(str(via), *(_count(data, key, where) for key in counts))
 
 

@@ -141,7 +141,8 @@ class Telemetry(Recorder):
 
     def _peer_totals(self) -> PeerTotals:
         """Each peer's running totals for the signals' windows (see telemetry/windows.py):
-        bytes from the transports' own counters, time blocked from :attr:`peer_waits`."""
+        bytes from the transports' own counters, time blocked and messages' transfer times
+        from :attr:`peer_waits`."""
         links: dict[int, tuple[int, int]] = {}
         for source in self._link_sources:
             sent, received = source()
@@ -150,6 +151,7 @@ class Telemetry(Recorder):
                     old = links.get(peer, (0, 0))
                     links[peer] = (old[0] + s, old[1] + r)
         waits = self.peer_waits.copy() if self.peer_waits is not None else {}
+        transfers = self.peer_waits.transfers() if self.peer_waits is not None else {}
         vias = self._vias
         totals = {}
         for peer in links.keys() | waits.keys():
@@ -157,7 +159,8 @@ class Telemetry(Recorder):
             send_wait, recv_wait, entry_send, entry_recv = waits.get(peer, (0, 0, 0, 0))
             via = vias.get(peer, "tcp")
             entry_wait = entry_send + entry_recv
-            totals[peer] = (via, bytes_sent, bytes_received, send_wait, recv_wait, entry_wait)
+            totals[peer] = (via, bytes_sent, bytes_received, send_wait, recv_wait, entry_wait,
+                            transfers.get(peer, 0))  # fmt: skip
         return totals
 
     def add_auth_failure_source(self, source: Callable[[], int]) -> None:

@@ -25,9 +25,11 @@ The clock is injectable, as the watchdog's, for tests.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from cclctl.records import CollectiveRecord
 from cclctl.signals import (
@@ -49,17 +51,20 @@ from cclctl.signals import (
 MAX_DEFERRED = 1 << 15
 
 #: index of each total in :class:`PeerWaits`: sending, receiving (after the peer showed
-#: progress in the call: the data phase), and before it did (entry), sending or receiving
-SEND_WAIT, RECV_WAIT, ENTRY_SEND_WAIT, ENTRY_RECV_WAIT = 0, 1, 2, 3
+#: progress in the call: the data phase), and before it did (entry), sending or receiving;
+#: and the time the peer's messages took from their first byte to their last (TCP)
+SEND_WAIT, RECV_WAIT, ENTRY_SEND_WAIT, ENTRY_RECV_WAIT, RECV_TRANSFER = 0, 1, 2, 3, 4
 
-#: peer (job rank) -> (via, sent, received, send_wait_ns, recv_wait_ns, entry_wait_ns),
-#: each number a running total since the process started
-PeerTotals = Mapping[int, tuple[str, int, int, int, int, int]]
+#: peer (job rank) -> (via, sent, received, send_wait_ns, recv_wait_ns, entry_wait_ns,
+#: recv_transfer_ns), each number a running total since the process started (a total
+#: left off the end reads as 0)
+PeerTotals = Mapping[int, tuple[Any, ...]]
 
 
 class PeerWaits:
     """Nanoseconds this process blocked on each peer (a job rank) so far, sending and
-    receiving, after the peer showed progress in the call and before (entry).
+    receiving, after the peer showed progress in the call and before (entry), and the
+    nanoseconds the peer's messages took to arrive, first byte to last.
 
     Written by the thread that runs the calls, read by folds on other threads: a reader
     copies the table at once (``list`` of a dict is one step under the GIL). The runtime
@@ -74,12 +79,16 @@ class PeerWaits:
         """Add ``ns`` blocked on ``peer`` as ``kind`` (an index above)."""
         row = self.totals.get(peer)
         if row is None:
-            row = self.totals[peer] = [0, 0, 0, 0]
+            row = self.totals[peer] = [0, 0, 0, 0, 0]
         row[kind] += ns
 
     def copy(self) -> dict[int, tuple[int, int, int, int]]:
         """peer -> (send, recv, entry send, entry recv) nanoseconds."""
         return {peer: (r[0], r[1], r[2], r[3]) for peer, r in list(self.totals.items())}
+
+    def transfers(self) -> dict[int, int]:
+        """peer -> nanoseconds its messages took to arrive, first byte to last."""
+        return {peer: r[RECV_TRANSFER] for peer, r in list(self.totals.items())}
 
 
 class _Comm:
@@ -119,7 +128,7 @@ class Windows:
         self._done: collections.deque[Window] = collections.deque(maxlen=MAX_WINDOWS)
         self._running: dict[int, list] = {}  # id(record) -> [record, counted up to (ns)]
         self._next = clock() // self.window_ns  # the first window not closed yet
-        self._last: dict[int, tuple[str, int, int, int, int, int]] = {}
+        self._last: dict[int, tuple[Any, ...]] = {}
         self._deferred: list[list[CollectiveRecord]] = []  # taken, not added yet
         self._deferred_count = 0
         self._hand_over = threading.Lock()  # guards the two above
@@ -270,8 +279,8 @@ class Windows:
         last, self._last = self._last, totals
         grown: dict[int, PeerWindow] = {}
         for peer, now in totals.items():
-            before = last.get(peer, (now[0], 0, 0, 0, 0, 0))
-            delta = [max(0, a - b) for a, b in zip(now[1:], before[1:], strict=True)]
+            before = last.get(peer, ())[1:]
+            delta = [max(0, a - b) for a, b in itertools.zip_longest(now[1:], before, fillvalue=0)]
             if any(delta):
                 grown[peer] = PeerWindow(now[0], *delta)
         if len(grown) > MAX_PEERS:

@@ -17,8 +17,9 @@ from cclctl.runtime.transport.base import Progress, Transfer, Wait
 
 MIXED_SLICE_S = 0.001  # with several shares stuck: how long to block on the last one
 #: kinds of time blocked on a peer (telemetry's PeerWaits indices): sending or receiving
-#: after the peer showed progress in the call (the data phase), and before (its entry)
-SEND_WAIT, RECV_WAIT, ENTRY_SEND_WAIT, ENTRY_RECV_WAIT = 0, 1, 2, 3
+#: after the peer showed progress in the call (the data phase), and before (its entry);
+#: and the time a peer's message took from its first byte to its last (see transferred)
+SEND_WAIT, RECV_WAIT, ENTRY_SEND_WAIT, ENTRY_RECV_WAIT, RECV_TRANSFER = 0, 1, 2, 3, 4
 
 
 def drive(shares: Sequence[Progress], wait: Wait) -> None:
@@ -114,8 +115,22 @@ def account(wait: Wait, peer: int, what: str, ns: int, arrive: bool = False) -> 
     totals = wait.waits.totals
     row = totals.get(job)
     if row is None:
-        row = totals[job] = [0, 0, 0, 0]
+        row = totals[job] = [0, 0, 0, 0, 0]
     row[kind] += ns
+
+
+def transferred(wait: Wait, peer: int, ns: int) -> None:
+    """A message from ``peer`` (the communicator's rank) took ``ns`` from its first byte
+    to its last: the link's own time to deliver it, which no wait of the peer's on others
+    lengthens (its sender had sent it, or was sending it). Added to ``wait.waits`` under
+    the peer's job rank; a message that arrived whole in one read adds nothing."""
+    members = wait.failure.members
+    job = members[peer] if members and 0 <= peer < len(members) else peer
+    totals = wait.waits.totals
+    row = totals.get(job)
+    if row is None:
+        row = totals[job] = [0, 0, 0, 0, 0]
+    row[RECV_TRANSFER] += ns
 
 
 def arrived(wait: Wait, peer: int) -> None:

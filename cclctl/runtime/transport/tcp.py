@@ -19,13 +19,14 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from time import perf_counter_ns
 
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.revocation import Revocation
 from cclctl.runtime.transport import stall, tcp_resume, wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT
-from cclctl.runtime.transport.drive import DrivenAlone
+from cclctl.runtime.transport.drive import DrivenAlone, transferred
 from cclctl.runtime.transport.link_auth import HandshakeRefused
 from cclctl.runtime.transport.tcp_links import Links
 from cclctl.runtime.transport.tcp_messages import MacRecv, MacSend, Recv, Send
@@ -97,9 +98,15 @@ class TcpStep:
         self.look_at = 0.0  # when a wait next looks for a stalled link (time.monotonic())
 
     def advance(self) -> bool:
-        """Push and pull what the sockets take now; drop finished items; True if any moved."""
+        """Push and pull what the sockets take now; drop finished items; True if any moved.
+
+        With the signals on (``wait.waits``), a message received over several calls is
+        timed from the call that got its first bytes to the one that got its last (the
+        link's time to deliver it; see ``drive.transferred``); one that arrives whole
+        costs no clock read."""
         pending = self.pending
         progressed = False
+        timed = self.wait.waits is not None
         if self.links.has_fresh():  # a peer linked again: its side of the old link broke
             self._relinked()
         for item in list(pending):
@@ -124,6 +131,10 @@ class TcpStep:
                 if isinstance(item, Recv):
                     self.links.received[item.peer] += 1
                     self.recvd.add(item.peer)
+                    if item.began:
+                        transferred(self.wait, item.peer, perf_counter_ns() - item.began)
+            elif timed and isinstance(item, Recv) and not item.began:
+                item.began = perf_counter_ns()
         self.done = not pending
         if self.done and self.sends and self.links.resume_s:
             self._keep_tails()

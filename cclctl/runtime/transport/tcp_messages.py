@@ -49,6 +49,7 @@ class Send:
 
 class Recv:
     __slots__ = (
+        "began",
         "call",
         "expected",
         "got",
@@ -80,6 +81,9 @@ class Recv:
         self.header = bytearray(wire.HEADER_SIZE)
         self.expected = wire.pack(call, step, self.nbytes)
         self.got = 0  # bytes of header + payload received so far
+        #: perf_counter_ns() when its first bytes came, set by a step that times its
+        #: messages' transfers (0: not timed, or it has not begun)
+        self.began = 0
 
     def advance(self) -> int:
         hs = wire.HEADER_SIZE
