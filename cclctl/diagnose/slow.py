@@ -7,17 +7,18 @@ cuts them on its own clock at multiples of the window since the epoch), so they 
 to the clock skew between hosts. Each window is judged on its own (``slow_ranks``: the
 rank, or the host's ranks together, that arrives last and waits least; ``slow_links``:
 the directed links, or a host's every link out or in, whose throughput falls below the
-others of their kind), and a suspect becomes a finding only when it is found in
-``confirm`` consecutive windows (2 by default), every one costing the job at least
-``min_slowdown``. So jitter (no rank is consistently last), a busy machine (it slows every
-rank alike), a GC pause or one long step (one window) are never a finding.
+others of their kind: over TCP by their messages' transfer times, which no lateness
+upstream touches), and a suspect becomes a finding only when it is found in ``confirm``
+consecutive windows (2 by default), every one costing the job at least ``min_slowdown``.
+So jitter (no rank is consistently last), a busy machine (it slows every rank alike), a
+GC pause or one long step (one window) are never a finding.
 
 Clock skew: entry times are wall clock, compared across ranks only for the same call
 (communicator and seq). Ranks on one host share a clock. An entry on another host counts
 as later only beyond ``SlowOptions.skew_s`` (2 ms by default, what NTP keeps a LAN to),
 and every finding rests first on clock-free signals: the share of each window spent
-inside calls and the links' bytes over their data-phase waits. Skew beyond the window
-itself misaligns windows and is not tolerated.
+inside calls and the links' bytes over their transfer times or data-phase waits. Skew
+beyond the window itself misaligns windows and is not tolerated.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def analyse(
     if len(done) < opts.confirm:
         report.reason = (
             f"too idle to judge: {len(done)} of {len(judged)} windows had {opts.min_calls} calls "
-            "of a communicator on two ranks or a link carrying 256 KiB"
+            "of a communicator on two ranks or two links of a kind carrying 64 KiB (TCP) or "
+            "256 KiB"
         )
         return report
     runs = _confirmed(judged, opts)
@@ -131,7 +133,8 @@ def _judge(
             group = slow_ranks.straggler(view, by_host, hosts, views, opts)
             if group is not None and len(group.ranks) >= 2:
                 suspects.setdefault(("host", hosts[group.ranks[0]]), group)
-    links = slow_links.links(views, hosts)
+    # a straggler's lateness runs along chains of waits: links judged by waits sit it out
+    links = slow_links.links(views, hosts, straggler=bool(suspects))
     for slow in slow_links.slow_links(links, opts):
         suspects[("link", (slow.link.src, slow.link.dst))] = slow
     for edge in slow_links.slow_edges(links, hosts, opts):

@@ -1,17 +1,23 @@
 """A slow directed link, or a slow host's egress or ingress, in one window.
 
-A directed link ``src -> dst`` moves the bytes ``src`` sent to ``dst``; its time is what
-both ends spent blocked on each other in the data phase (``src`` sending to ``dst``,
-``dst`` receiving from ``src``, after the other had arrived in the call), so its
-throughput is bytes over that wait: clock-free, and blind to a straggler, whose lateness
-lands in the entry wait instead. The receiver's wait counts only beyond what the sender
-itself blocked on its other peers in the data phase: a rank that waits on a leader which
-waits on a slow link (a hierarchical all_reduce's local broadcast, a ring's next step)
-is not held up by the link between them. So a slow link shows best where its sender blocks
-(messages beyond the socket buffers); its receiver's wait alone is shared along a chain.
+A directed link ``src -> dst`` moves the bytes ``src`` sent to ``dst``; its throughput is
+those bytes over the time charged to it, a clock-free measure:
 
-Links are compared with links of the same kind only
-(shared memory, TCP within a host, TCP across hosts), in log space: a link is slow when
+- over TCP, the time ``src``'s messages took to reach ``dst`` from their first byte to
+  their last (``recv_transfer_ns``). Nothing upstream of ``src`` lengthens it: neither a
+  straggler whose lateness every rank of a ring passes on to the next, nor a slow link
+  elsewhere that holds a whole ring back, so every receiver waits alike;
+- over shared memory, which times no transfer, what both ends spent blocked on each other
+  in the data phase (``src`` sending to ``dst``, ``dst`` receiving from ``src``, after
+  the other had arrived in the call), the receiver's wait counted only beyond what the
+  sender itself blocked on its other peers, before they arrived or after: a rank that
+  waits on a sender which waits on someone else (a hierarchical all_reduce's locals on
+  their leader) is not held up by the link between them. While a straggler is found in
+  the window these links are not judged: its lateness travels along chains of waits that
+  no per-window subtraction undoes exactly.
+
+Links are compared with links of the same kind only (shared memory, TCP within a host,
+TCP across hosts), in log space: a link is slow when
 its throughput lies below the median of the others of its kind by ``link_ratio`` and by
 more than ``mad_k`` scaled MADs of theirs, and the time it lost against that median is at
 least ``SlowOptions.min_share`` of the window. A host is slow when every one of at least
@@ -33,25 +39,32 @@ NS = 1e9
 SHM = "shared memory"
 TCP_LOCAL = "TCP within a host"
 TCP_REMOTE = "TCP across hosts"
-#: A link blocked for less than this is as fast as can be told (its throughput is capped).
+#: A link charged less than this is as fast as can be told (its throughput is capped).
 MIN_WAIT_S = 1e-4
-#: Bytes a link must carry in a window to be judged on its throughput (below, its time is
-#: latency, not bandwidth).
+#: Bytes a link judged by its waits must carry in a window (below, its time is latency,
+#: not bandwidth).
 MIN_BYTES = 256 << 10
+#: Bytes a TCP link must carry in a window: its transfer times hold no latency (they start
+#: at a message's first byte), so less traffic still tells its bandwidth.
+MIN_TCP_BYTES = 64 << 10
 
 
 @dataclasses.dataclass(frozen=True)
 class Link:
+    """A directed link in one window: ``wait_s`` is the time charged to it (see the module
+    doc), ``transfer_s`` its messages' first-to-last-byte time at the receiver."""
+
     src: int
     dst: int
     kind: str
     nbytes: int
     wait_s: float
     span_s: float
+    transfer_s: float = 0.0
 
     @property
     def throughput(self) -> float:
-        """Bytes per second blocked, in the data phase."""
+        """Bytes per second of the time charged to the link."""
         return self.nbytes / max(self.wait_s, MIN_WAIT_S)
 
 
@@ -88,26 +101,38 @@ class SlowEdge:
         return max(by_rank.values())
 
 
-def links(views: Mapping[int, Window], hosts: Mapping[int, str]) -> list[Link]:
-    """Every directed link that carried at least :data:`MIN_BYTES` in the window."""
+def links(
+    views: Mapping[int, Window], hosts: Mapping[int, str], straggler: bool = False
+) -> list[Link]:
+    """Every directed link that carried enough in the window to be judged
+    (:data:`MIN_TCP_BYTES`, :data:`MIN_BYTES`), with the time charged to it (see the
+    module doc); ``straggler``: one is found in the window, so links judged by their
+    waits are left out."""
     out = []
     for src in sorted(views):
         window = views[src]
         for dst, peer in sorted(window.peers.items()):
-            if peer.sent < MIN_BYTES:
+            tcp = peer.via == "tcp"
+            if peer.sent < (MIN_TCP_BYTES if tcp else MIN_BYTES) or (straggler and not tcp):
                 continue
             back = views[dst].peers.get(src) if dst in views else None
-            held = _data_waits(window, dst)  # the sender's own data waits on the others
-            recv = max(0, (back.recv_wait_ns if back is not None else 0) - held)
-            wait = peer.send_wait_ns + recv
-            out.append(Link(src, dst, _kind(peer.via, src, dst, hosts), peer.sent, wait / NS,
-                            span_ns(window) / NS))  # fmt: skip
+            transfer = back.recv_transfer_ns if back is not None else 0
+            if tcp:
+                charged = transfer
+            else:
+                held = _held(window, dst)  # what the sender itself blocked on the others
+                recv = max(0, (back.recv_wait_ns if back is not None else 0) - held)
+                charged = peer.send_wait_ns + recv
+            out.append(Link(src, dst, _kind(peer.via, src, dst, hosts), peer.sent, charged / NS,
+                            span_ns(window) / NS, transfer / NS))  # fmt: skip
     return out
 
 
-def _data_waits(window: Window, but: int) -> int:
-    """What a rank blocked on peers other than ``but`` in the data phase, in ns."""
-    return sum(p.recv_wait_ns + p.send_wait_ns for r, p in window.peers.items() if r != but)
+def _held(window: Window, but: int) -> int:
+    """What a rank blocked on peers other than ``but``, before they arrived in a call or
+    after, in ns."""
+    return sum(p.recv_wait_ns + p.send_wait_ns + p.entry_wait_ns
+               for r, p in window.peers.items() if r != but)  # fmt: skip
 
 
 def _kind(via: str, src: int, dst: int, hosts: Mapping[int, str]) -> str:

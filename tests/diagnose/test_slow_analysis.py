@@ -199,3 +199,49 @@ def test_the_document_is_versioned_and_plain_json() -> None:
     assert set(doc["ranks"]) == {"0", "1", "2", "3"}
     assert analyse(signals(Job(hosts=TWO_HOSTS, slow_links={(1, 2)}, coupling=0.3)),
                    job="j").to_dict() == report.to_dict()  # fmt: skip
+
+
+@pytest.mark.parametrize("hosts", [None, "each"])
+@pytest.mark.parametrize("n", [4, 8])
+def test_a_straggler_in_a_tcp_ring_is_the_one_finding_at_every_position(
+    n: int, hosts: str | None
+) -> None:
+    """Over TCP the ranks downstream of a straggler wait on their upstream neighbour in
+    the data phase, each as long as that one waited on the straggler: the links out of
+    them carry no lost time of their own, and none is named."""
+    for rank in range(n):
+        on = [f"h{r}" for r in range(n)] if hosts else None
+        job = Job(n=n, hosts=on, transport="tcp", slow={rank}, seed=rank)
+        report = run(job)
+        assert kinds(report) == [(SLOW_RANK, [rank])], (rank, kinds(report))
+        assert report.findings[0].comm == f"0:0-{n - 1}"
+
+
+FOUR_HOSTS = ("h1", "h2", "h3", "h4")
+
+
+def test_a_slow_link_whose_ends_wait_like_every_other_shows_in_its_transfer_times() -> None:
+    """Messages within the socket buffers: no sender blocks, and every receiver of the
+    ring waits as long as the next (the slow link holds the whole ring back). Only the
+    time its messages take from first byte to last tells the slow direction."""
+    alike = Job(hosts=FOUR_HOSTS, slow_links={(1, 2)}, coupling=1.0, send_share=0.0)
+    report = run(alike)
+    assert kinds(report) == [(SLOW_LINK, [1, 2])]
+    assert "first byte to last" in report.findings[0].evidence[1]
+    untimed = Job(hosts=FOUR_HOSTS, slow_links={(1, 2)}, coupling=1.0, send_share=0.0,
+                  transfer_share=0.0)  # fmt: skip
+    assert run(untimed).status == HEALTHY
+
+
+def test_a_slow_direction_in_all_to_all_by_transfer_times_names_the_reverse_normal() -> None:
+    job = Job(hosts=FOUR_HOSTS, pattern="all", slow_links={(3, 1)}, coupling=1.0, send_share=0.0)
+    report = run(job)
+    assert kinds(report) == [(SLOW_LINK, [3, 1])]
+    assert any("reverse direction is normal" in line for line in report.findings[0].evidence)
+
+
+def test_a_straggler_and_a_slow_link_at_once_are_both_named() -> None:
+    """With a straggler found, links are judged by their transfer times, which its
+    lateness does not reach: the slow link still shows."""
+    job = Job(hosts=FOUR_HOSTS, slow={0}, slow_links={(2, 3)}, coupling=0.3)
+    assert sorted(kinds(run(job))) == [(SLOW_LINK, [2, 3]), (SLOW_RANK, [0])]

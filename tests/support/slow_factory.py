@@ -4,11 +4,15 @@ A job of ``n`` ranks runs ``calls`` collectives per window, one every ``period``
 each rank spends ``comm_share`` of the window inside them on its own. A straggler enters
 every call ``lag_share`` of a period late, which the others spend waiting inside the call
 (their share grows by it, its own does not), and its ring successor records that wait as
-``entry_wait_ns`` on it. Links carry ``nbytes`` per call at ``rate`` bytes per second of
-data-phase wait; a slow link or a slow host's egress is ``factor`` times slower, and with
-``coupling`` the other links of a ring wait along with it (their receivers wait for data
-the slow link holds back). Entry times get seeded uniform jitter; ``skew`` shifts a host's
-clock. Deterministic for a seed.
+``entry_wait_ns`` on it; over TCP (``transport="tcp"``, or ranks on different hosts) a
+ring passes the wait on: each rank further down waits in the data phase on the one before
+it, which waits on the straggler. Links carry ``nbytes`` per call at ``rate`` bytes per
+second of data-phase wait, the sender recording ``send_share`` of it; a slow link or a
+slow host's egress is ``factor`` times slower, and with ``coupling`` the other links of a
+ring wait along with it (their receivers wait for data the slow link holds back). A TCP
+link's receiver also records its messages' transfer times (``transfer_share`` of the
+link's own data time; a slow link's grow by ``factor``, coupled links' do not). Entry
+times get seeded uniform jitter; ``skew`` shifts a host's clock. Deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Collection, Sequence
 
 from cclctl.diagnose.slow_model import RankSignals
 from cclctl.records import CommInfo, RankSnapshot
-from cclctl.signals import CommWindow, PeerWindow, Signals, Window
+from cclctl.signals import CommWindow, PeerWindow, Signals, Window, sample_entries
 
 NS = 1_000_000_000
 START_NS = 1_733_400_000 * NS
@@ -50,6 +54,9 @@ class Job:
     slow_egress: str | None = None
     factor: float = 8.0
     coupling: float = 0.0
+    send_share: float = 0.3  # of a link's data-phase wait, what its sender records
+    transfer_share: float = 0.8  # of a TCP link's own data time, its messages' transfer
+    transport: str = "auto"  # "tcp": every link is TCP, within a host too
     skew: dict[str, float] = dataclasses.field(default_factory=dict)
     # a busy machine: these ranks get extra random jitter of up to this much per call
     noisy: Collection[int] = ()
@@ -68,6 +75,11 @@ class Job:
 
     def active(self, window: int) -> bool:
         return self.slow_in is None or window in self.slow_in
+
+    def via(self, src: int, dst: int) -> str:
+        if self.transport == "tcp" or self.host(src) != self.host(dst):
+            return "tcp"
+        return "shm"
 
 
 def _edges(job: Job) -> list[tuple[int, int]]:
@@ -99,16 +111,8 @@ def _window(job: Job, rank: int, index: int, rng: random.Random) -> Window:
         if rank in job.noisy:
             t += rng.uniform(0, job.noise_s)
         entries.append((index * job.calls + k + 1, job.start_ns + int(t * NS)))
-    comm = CommWindow(job.calls, int(max(0.0, share) * job.window_s * NS), _sample(entries))
+    comm = CommWindow(job.calls, int(max(0.0, share) * job.window_s * NS), sample_entries(entries))
     return Window(start, end, {job.comm(): comm}, _peers(job, rank, index, rng))
-
-
-def _sample(entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    step = 1
-    while len(entries) > 64:
-        step *= 2
-        entries = [e for e in entries if e[0] % step == 0]
-    return entries
 
 
 def _wait_ns(job: Job, src: int, dst: int, index: int) -> int:
@@ -122,22 +126,44 @@ def _wait_ns(job: Job, src: int, dst: int, index: int) -> int:
     return int(base * (1 + (job.factor - 1) * job.coupling * slowed) * NS)
 
 
+def _transfer_ns(job: Job, src: int, dst: int, index: int) -> int:
+    """The time src's messages took to reach dst over the window, first byte to last."""
+    if job.via(src, dst) != "tcp":
+        return 0
+    own = job.calls * job.nbytes / job.rate * job.transfer_share
+    slowed = job.active(index) and _slow_edge(job, src, dst)
+    return int(own * (job.factor if slowed else 1.0) * NS)
+
+
+def _chained(job: Job, src: int, index: int) -> bool:
+    """Whether src, downstream of a straggler in a TCP ring, waits on it along the chain
+    (its receivers then wait on src in the data phase)."""
+    if job.pattern != "ring" or not job.active(index) or src in job.slow:
+        return False
+    return any(job.via(r, (r + 1) % job.n) == "tcp" for r in range(job.n)) and bool(job.slow)
+
+
 def _peers(job: Job, rank: int, index: int, rng: random.Random) -> dict[int, PeerWindow]:
     peers: dict[int, PeerWindow] = {}
+    lateness = job.calls * job.lag_share * job.period_s * NS
     for src, dst in _edges(job):
         if rank not in (src, dst):
             continue
         other = dst if rank == src else src
-        via = "shm" if job.host(src) == job.host(dst) else "tcp"
-        old = peers.get(other, PeerWindow(via))
+        old = peers.get(other, PeerWindow(job.via(src, dst)))
         wait = _wait_ns(job, src, dst, index) * rng.uniform(0.9, 1.1)
         volume = job.calls * job.nbytes
         if rank == src:
-            old.sent, old.send_wait_ns = volume, int(wait * 0.3)
+            old.sent, old.send_wait_ns = volume, int(wait * job.send_share)
         else:
-            old.received, old.recv_wait_ns = volume, int(wait * 0.7)
+            old.received, old.recv_wait_ns = volume, int(wait * (1 - job.send_share))
+            old.recv_transfer_ns = int(_transfer_ns(job, src, dst, index) * rng.uniform(0.9, 1.1))
             if src in job.slow and job.active(index):
-                old.entry_wait_ns = int(job.calls * job.lag_share * job.period_s * NS)
+                old.entry_wait_ns = int(lateness)
+                if old.via == "tcp":  # a late peer's first steps arrive late too
+                    old.recv_wait_ns += int(lateness * 0.15)
+            elif _chained(job, src, index):  # src waited on its own upstream as long
+                old.recv_wait_ns += int(lateness * rng.uniform(0.95, 1.05))
         peers[other] = old
     return peers
 
