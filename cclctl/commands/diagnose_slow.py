@@ -22,7 +22,8 @@ from cclctl.commands.checks import check_command
 from cclctl.commands.diagnose import PIPE_WIDTH, _default_folder, _dumps, _live
 from cclctl.diagnose import slow_report
 from cclctl.diagnose.slow_model import SLOW, SlowOptions, SlowReport
-from cclctl.diagnose_io.slow_inputs import slow_from_inputs, slow_live
+from cclctl.diagnose.slow_probe import ProbeEvidence
+from cclctl.diagnose_io.slow_inputs import slow_from_inputs, slow_live, with_probe
 from cclctl.errors import ConfigError, FaultFound, UsageError
 
 SLOW_HELP = (
@@ -95,14 +96,19 @@ def slow(
     address = None if dumps else check_command("diagnose slow", {"--store": store}).store
     live = not dumps and address is not None
     opts = _options(min_slowdown, confirm, skew, ongoing=live)
+    probe: ProbeEvidence | None = None
     if live and address is not None:
-        report = slow_live(_live(address, job), opts)
+        statuses = _live(address, job)
+        report, probe = with_probe(slow_live(statuses, opts), statuses)
     else:
         report = slow_from_inputs(_dumps(dumps or [_default_folder(job)], job), opts)
     if as_json:
-        ui.write_result(json.dumps(report.to_dict(), indent=2) + "\n")
+        doc = report.to_dict()
+        if probe is not None:
+            doc["probe"] = probe.to_dict()
+        ui.write_result(json.dumps(doc, indent=2) + "\n")
     else:
-        _print(report)
+        _print(report, probe)
     if report.status == SLOW:
         raise FaultFound(slow_report.fault_message(report), kinds=[f.kind for f in report.findings])
 
@@ -120,7 +126,7 @@ def _options(min_slowdown: float, confirm: int, skew: float, ongoing: bool) -> S
     return SlowOptions(min_slowdown=min_slowdown, confirm=confirm, skew_s=skew, ongoing=ongoing)
 
 
-def _print(report: SlowReport) -> None:
+def _print(report: SlowReport, probe: ProbeEvidence | None = None) -> None:
     console = ui.ResultConsole(highlight=False, soft_wrap=True)
     if not console.is_terminal and console.width <= 80:
         console.width = PIPE_WIDTH
@@ -144,5 +150,9 @@ def _print(report: SlowReport) -> None:
             table.add_row(*row, style="red" if int(row[0]) in suspects else "")
         console.print()
         console.print(table)
+    if probe is not None:
+        console.print(Text(f"\n{probe.headline()}", style="bold" if probe.unnamed else "dim"))
+        for found in probe.unnamed:
+            console.print(Text(f"   - probe {found.kind}: {found.text}"))
     for note in report.notes:
         console.print(Text(f"note: {note}", style="dim"))

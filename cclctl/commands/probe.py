@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -22,6 +23,9 @@ from cclctl.probe import document, render
 from cclctl.probe.model import ProbeRun
 from cclctl.probe.options import ProbeOptions
 from cclctl.probe.verdict import DEFAULT_K, DEFAULT_TOLERANCE, Bounds, judge
+
+if TYPE_CHECKING:
+    from cclctl.probe.in_job import ProbeResult  # the runtime: not for every CLI start
 
 DEFAULT_JOB = "probe"
 
@@ -118,10 +122,14 @@ def probe(
     )  # fmt: skip
     bounds = _bounds(k, min_bw, baseline, tolerance)
     check_command("probe", {"-g": nranks, "--timeout": timeout})
-    run = _run_here(opts) if in_launched_job() else _spawn(opts, nranks)
-    if run is None:
-        return  # not rank 0: it reports
-    verdict = judge(run, bounds)
+    if in_launched_job():
+        result = _run_here(opts, bounds)
+        if result is None:
+            return  # not rank 0: it reports
+        run, verdict = result.run, result.verdict
+    else:
+        run = _spawn(opts, nranks)
+        verdict = judge(run, bounds)
     to_stdout = json_path == "-"
     text = render.report(run, verdict) + "\n"
     if to_stdout:
@@ -165,11 +173,12 @@ def _write(path: str, text: str) -> None:
         raise UsageError(f"-J {path}: {exc.strerror or exc}", flag="--json") from None
 
 
-def _run_here(opts: ProbeOptions) -> ProbeRun | None:
-    """Inside a launched job: this process is one rank; rank 0 gets the run."""
+def _run_here(opts: ProbeOptions, bounds: Bounds) -> ProbeResult | None:
+    """Inside a launched job: this process is one rank; rank 0 gets the result, which it
+    published to the job's store (``cclctl top``, ``diagnose slow``) and its metrics."""
     from cclctl.probe.worker import probe_here  # the runtime: not for every CLI start
 
-    return probe_here(opts)
+    return probe_here(opts, bounds)
 
 
 def _spawn(opts: ProbeOptions, nranks: int) -> ProbeRun:

@@ -40,8 +40,10 @@ from cclctl.live import table as rows_of
 from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thresholds, classify
 from cclctl.live.culprit import OK, SUSPECT, WAITING, WARN, Culprits, read_culprits
 from cclctl.live.document import to_document
+from cclctl.live.probe_line import probe_line
 from cclctl.live.slow_cells import add_slow_columns
 from cclctl.live.snapshot import JobStatuses, fetch
+from cclctl.probe_record import ProbeRecord
 from cclctl.store.client import StoreClient
 
 HELP = (
@@ -122,6 +124,7 @@ def top(
         if as_json:
             doc = to_document(view, screen.culprits)
             doc["slow"] = screen.slow.to_dict() if screen.slow is not None else None
+            doc["probe"] = _probe_document(screen)
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
             return
         console = _console()
@@ -142,6 +145,11 @@ class Screen:
     view: JobView
     culprits: Culprits
     slow: SlowReport | None = None
+    probe: ProbeRecord | None = None  # the job's last probe, if it published one
+
+    def probe_line(self) -> str | None:
+        """The line about the last probe (80 columns), None without one."""
+        return None if self.probe is None else probe_line(self.probe, self.view.fetched_ns)
 
 
 def read_screen(
@@ -163,7 +171,20 @@ def screen_of(statuses: JobStatuses, world_size: int | None, limits: Thresholds)
     published = bool(statuses.statuses or statuses.bad)
     diagnosis = diagnose_live(statuses, world_size, options) if published else None
     slow = slow_live(statuses) if published else None
-    return Screen(view, read_culprits(diagnosis, view), slow)
+    return Screen(view, read_culprits(diagnosis, view), slow, statuses.probe)
+
+
+def _probe_document(screen: Screen) -> dict[str, object] | None:
+    """``--json``'s ``probe``: the last probe's time, links, findings and top's line."""
+    probe = screen.probe
+    if probe is None:
+        return None
+    return {
+        "time_ns": probe.time_ns,
+        "links": probe.links_total,
+        "findings": [{"kind": f.kind, "text": f.text} for f in probe.findings],
+        "line": screen.probe_line(),
+    }
 
 
 def _check(**values: float | None) -> None:
@@ -196,6 +217,7 @@ def _fit(console: Console, screen: Screen, extra_lines: int = 0) -> int | None:
     width = max(1, console.width)
     lines = [f"{label}: {words}" for label, words in rows_of.verdict_lines(screen.culprits)]
     lines += screen.culprits.waiting_lines
+    lines += [line] if (line := screen.probe_line()) else []
     wrapped = sum(-(-len(line) // width) for line in lines)
     return max(3, console.size.height - CHROME_LINES - wrapped - extra_lines)
 
@@ -228,6 +250,10 @@ def render(screen: Screen, max_rows: int | None, note: str = "", width: int = 0)
     for label, words in model.verdicts:
         parts.append(Text(f"{label}: ", style="bold red").append(words, style="red"))
     parts += [Text(line, style="dim") for line in model.waiting]
+    probe = screen.probe_line()
+    if probe is not None:
+        found = screen.probe is not None and not screen.probe.ok
+        parts.append(Text(probe, style="yellow" if found else "dim"))
     parts.append(table)
     if model.footer:
         parts.append(Text(model.footer, style="dim"))

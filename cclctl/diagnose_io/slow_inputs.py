@@ -8,8 +8,10 @@ older cclctl, a Flight Recorder dump) is named in a note and left out of the com
 
 from __future__ import annotations
 
+from cclctl.diagnose import slow_probe
 from cclctl.diagnose.slow import analyse
 from cclctl.diagnose.slow_model import RankSignals, SlowOptions, SlowReport
+from cclctl.diagnose.slow_probe import ProbeEvidence
 from cclctl.diagnose.text import ranks_word
 from cclctl.diagnose_io.inputs import Inputs, from_live
 from cclctl.live.snapshot import JobStatuses
@@ -45,3 +47,11 @@ def slow_from_inputs(inputs: Inputs, options: SlowOptions | None = None) -> Slow
 def slow_live(statuses: JobStatuses, options: SlowOptions | None = None) -> SlowReport:
     """The verdict ``top`` and ``diagnose slow --store`` show for a live job."""
     return slow_from_inputs(from_live(statuses), options)
+
+
+def with_probe(
+    report: SlowReport, statuses: JobStatuses
+) -> tuple[SlowReport, ProbeEvidence | None]:
+    """``report`` with the job's last probe as evidence (:mod:`cclctl.diagnose.slow_probe`),
+    judged at the fetch's clock; unchanged and None when the job published no probe."""
+    return slow_probe.join(report, statuses.probe, statuses.fetched_ns)

@@ -15,8 +15,9 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from cclctl import limits
+from cclctl import limits, probe_record
 from cclctl.errors import BadInput, UsageError
+from cclctl.probe_record import ProbeRecord
 from cclctl.records import RankSnapshot, snapshot_from_dict
 
 ROOT = "cclctl/"
@@ -42,6 +43,7 @@ class JobStatuses:
 
     ``bad`` maps a rank to why its status document could not be used.
     ``rdzv_world_size`` is None when the job did not rendezvous through this store.
+    ``probe`` is the last probe a rank 0 published to the job's ``probe`` key.
     """
 
     job: str
@@ -50,6 +52,9 @@ class JobStatuses:
     statuses: dict[int, RankSnapshot] = dataclasses.field(default_factory=dict)
     bad: dict[int, str] = dataclasses.field(default_factory=dict)
     rdzv_world_size: int | None = None
+    #: the job's last probe (:mod:`cclctl.probe_record`), and why it is unusable if it is
+    probe: ProbeRecord | None = None
+    probe_error: str = ""
 
     @property
     def ranks_seen(self) -> set[int]:
@@ -97,10 +102,17 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
     out = JobStatuses(job=job, address=address, fetched_ns=time.time_ns())
     status_head = job_prefix(job) + STATUS_KEY
     world_size_key = job_prefix(job) + WORLD_SIZE_KEY
+    probe_key = job_prefix(job) + probe_record.KEY
     budget = limits.MemberBudget("the statuses")
     for key, value in listing.items():
         if key == world_size_key:
             out.rdzv_world_size = _rendezvous_world_size(value)
+            continue
+        if key == probe_key:
+            try:
+                out.probe = probe_record.parse(value)
+            except BadInput as exc:  # the probe's problem, never the statuses'
+                out.probe_error = exc.message
             continue
         rank_text = key[len(status_head) :] if key.startswith(status_head) else ""
         if not (rank_text.isascii() and rank_text.isdigit()):

@@ -76,6 +76,7 @@ class ProbeRun:
     links: tuple[Link, ...]
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     recheck_s: tuple[float, ...] = ()  # each recheck round's time (slow pairs again)
+    time_ns: int = 0  # when the schedule ended at rank 0 (wall clock)
 
     def host(self, rank: int) -> str:
         return self.hosts[rank] if 0 <= rank < len(self.hosts) else "?"
@@ -108,6 +109,7 @@ class ProbeRun:
                 links=tuple(Link.from_dict(x) for x in d["links"]),
                 options=dict(_mapping(d.get("options", {}), "options")),
                 recheck_s=tuple(float(s) for s in d.get("recheck_s", ())),
+                time_ns=int(d.get("time_ns", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BadInput(f"a probe run is malformed: {exc}", where="probe") from None

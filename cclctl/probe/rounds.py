@@ -262,6 +262,7 @@ class Scorer:
             recheck_s=tuple(self.recheck_s),
             links=tuple(sorted(links, key=lambda x: (x.src, x.dst))),
             options=opts.to_dict(),
+            time_ns=time.time_ns(),
         )
 
 

@@ -11,6 +11,7 @@ import collections
 import dataclasses
 
 from cclctl.bandwidth import bus_factor
+from cclctl.probe_record import ProbeRecord
 from cclctl.records import ABORTED, FAILED, TIMED_OUT, CollectiveRecord
 
 #: Upper bounds of the duration histogram in nanoseconds: 1-2-5 steps from 10 µs to 100 s.
@@ -177,6 +178,8 @@ class MetricsView:
     #: On the rank that hosts the job's store: its closed connections by reason, and the
     #: requests it refused to clients without the token; None elsewhere.
     store: StoreCounts | None = None
+    #: The last probe this rank published (rank 0 of a probe run inside the job), else None.
+    probe: ProbeRecord | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from cclctl import __version__
 from cclctl.config import RuntimeConfig, job_dir
 from cclctl.errors import CclError, UsageError
+from cclctl.probe_record import ProbeRecord
 from cclctl.records import RankSnapshot
 from cclctl.revocation import Revocation
 from cclctl.telemetry import dumps
@@ -84,6 +85,8 @@ class Telemetry(Recorder):
         #: measured; a communicator reads it when its tracer is set)
         self.peer_waits: PeerWaits | None = PeerWaits()
         self._vias: dict[int, str] = {}
+        #: the last probe this rank published (see set_probe), for the exporter
+        self._probe: ProbeRecord | None = None
         #: the slowness signals' windows, fed by every fold (see telemetry/windows.py)
         self.windows = Windows(cfg.slow_window_s, self._peer_totals)
 
@@ -121,7 +124,27 @@ class Telemetry(Recorder):
             store_gap_s=publisher.gap_s if publisher else 0.0,
             link_resumes=resumes,
             peer_waits=self.peer_waits.copy() if self.peer_waits is not None else {},
+            probe=self._probe,
         )
+
+    def set_probe(self, record: ProbeRecord) -> None:
+        """The probe rank 0 just ran (see :mod:`cclctl.probe_record`): the exporter
+        publishes its links from now on, in place of the last probe's."""
+        self._probe = record
+
+    def publish_document(self, key: str, value: bytes) -> bool:
+        """Write ``value`` under ``key`` in the job's store, on the status publisher's
+        connection (the job's scope); False when not publishing or the store refused. A
+        probe's document goes there, beside the statuses ``top`` reads."""
+        publisher = self._publisher
+        if publisher is None:
+            return False
+        try:
+            publisher.store.set(key, value)
+        except Exception as exc:  # never let a store problem reach the job
+            log.debug("cclctl: publishing %s failed: %s", key, exc)
+            return False
+        return True
 
     def add_store_source(self, source: Callable[[], StoreCounts]) -> None:
         """On the rank that hosts the job's store: read what it turned away, at scrape time."""

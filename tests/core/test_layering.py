@@ -31,6 +31,7 @@ BASE = {
     "auth",
     "limits",
     "signals",
+    "probe_record",
 }
 
 #: what each layer may import of cclctl, besides the base and itself

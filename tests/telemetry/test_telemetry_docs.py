@@ -9,12 +9,23 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from telemetry_helpers import run
 
+from cclctl import probe_record
 from cclctl.records import FAILED
 from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.exporter import JOB_LABEL, MetricsExporter
 
 ROOT = Path(__file__).resolve().parents[2]
 METRIC = re.compile(r"\bcclctl_[a-z_]+")
+#: A probe of two ranks, one link measured and one unreachable.
+PROBE = {
+    "schema": "cclctl.probe", "version": 1, "world_size": 2, "hosts": ["h0", "h1"],
+    "time_ns": 1, "links": [
+        {"src": 0, "dst": 1, "kind": "tcp", "status": "ok", "bandwidth": 1e9,
+         "latency": 1e-5, "flagged": False},
+        {"src": 1, "dst": 0, "kind": "tcp", "status": "unreachable", "flagged": False},
+    ],
+    "findings": [{"kind": "unreachable", "text": "rank 0 <-> rank 1", "src": 0, "dst": 1}],
+}  # fmt: skip
 
 
 def metrics_in(text: str) -> set[str]:
@@ -31,6 +42,7 @@ def exposed(make_tel) -> tuple[set[str], set[str]]:
     tel.peer_waits.add(1, 0, 1000)  # time blocked sending to rank 1
     tel.add_resume_source(lambda: [0, 1])  # a link to rank 1 made again once
     tel.add_store_source(lambda: StoreCounts({"idle": 1}, 2))  # as on the store's rank
+    tel.set_probe(probe_record.from_dict(PROBE))  # as on the rank that ran the last probe
     text = MetricsExporter(tel.metrics_view).render().decode()
     families = list(text_string_to_metric_families(text))
     return {f.name for f in families}, {s.name for f in families for s in f.samples}
