@@ -40,7 +40,7 @@ from cclctl.live import table as rows_of
 from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thresholds, classify
 from cclctl.live.culprit import OK, SUSPECT, WAITING, WARN, Culprits, read_culprits
 from cclctl.live.document import to_document
-from cclctl.live.probe_line import probe_line
+from cclctl.live.probe_line import probe_line, unreadable_line
 from cclctl.live.slow_cells import add_slow_columns
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.probe_record import ProbeRecord
@@ -146,10 +146,13 @@ class Screen:
     culprits: Culprits
     slow: SlowReport | None = None
     probe: ProbeRecord | None = None  # the job's last probe, if it published one
+    probe_error: str = ""  # why the job's probe document is unusable, if it is
 
     def probe_line(self) -> str | None:
         """The line about the last probe (80 columns), None without one."""
-        return None if self.probe is None else probe_line(self.probe, self.view.fetched_ns)
+        if self.probe is None:
+            return unreadable_line(self.probe_error) if self.probe_error else None
+        return probe_line(self.probe, self.view.fetched_ns)
 
 
 def read_screen(
@@ -171,7 +174,8 @@ def screen_of(statuses: JobStatuses, world_size: int | None, limits: Thresholds)
     published = bool(statuses.statuses or statuses.bad)
     diagnosis = diagnose_live(statuses, world_size, options) if published else None
     slow = slow_live(statuses) if published else None
-    return Screen(view, read_culprits(diagnosis, view), slow, statuses.probe)
+    culprits = read_culprits(diagnosis, view)
+    return Screen(view, culprits, slow, statuses.probe, statuses.probe_error)
 
 
 def _probe_document(screen: Screen) -> dict[str, object] | None:
@@ -252,7 +256,7 @@ def render(screen: Screen, max_rows: int | None, note: str = "", width: int = 0)
     parts += [Text(line, style="dim") for line in model.waiting]
     probe = screen.probe_line()
     if probe is not None:
-        found = screen.probe is not None and not screen.probe.ok
+        found = screen.probe_error != "" or (screen.probe is not None and not screen.probe.ok)
         parts.append(Text(probe, style="yellow" if found else "dim"))
     parts.append(table)
     if model.footer:

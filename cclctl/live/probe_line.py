@@ -34,6 +34,11 @@ def probe_line(record: ProbeRecord, now_ns: int, width: int = WIDTH) -> str:
     return _clip(head + "; ".join(shown) + (f"; +{more} more" if more else ""), width)
 
 
+def unreadable_line(why: str, width: int = WIDTH) -> str:
+    """The line when the job's probe document cannot be used (the statuses still are)."""
+    return _clip(f"probe: unreadable ({why})", width)
+
+
 def _words(finding: ProbeFinding, record: ProbeRecord) -> str:
     src, dst = finding.src, finding.dst
     if finding.kind == "slow_host":

@@ -20,6 +20,7 @@ import socket
 from typing import Any
 
 from cclctl import probe_record
+from cclctl.errors import UsageError
 from cclctl.probe import document, rounds
 from cclctl.probe.model import ProbeRun
 from cclctl.probe.options import ProbeOptions
@@ -40,6 +41,10 @@ def probe(
 ) -> ProbeResult | None:
     """Probe every directed link among ``comm``'s ranks (all of them call this); rank 0
     returns the result, the others None."""
+    if not hasattr(comm, "transport") or not hasattr(comm, "failure"):
+        raise UsageError(
+            f"cclctl probe needs a communicator of cclctl.init(), not {type(comm).__name__}"
+        )
     run = rounds.run(comm, opts or ProbeOptions(), socket.gethostname())
     if run is None:
         return None

@@ -13,10 +13,11 @@ from cclctl import probe_record
 from cclctl.config import RuntimeConfig
 from cclctl.diagnose import slow_probe
 from cclctl.diagnose.slow_model import SLOW, SlowFinding, SlowOptions, SlowReport
-from cclctl.errors import BadInput
-from cclctl.live.probe_line import probe_line
+from cclctl.errors import BadInput, UsageError
+from cclctl.live import snapshot
+from cclctl.live.probe_line import probe_line, unreadable_line
 from cclctl.probe import document
-from cclctl.probe.in_job import publish
+from cclctl.probe.in_job import probe, publish
 from cclctl.probe.model import OK, UNREACHABLE, Link, ProbeRun
 from cclctl.probe.verdict import judge
 from cclctl.telemetry.exporter import MAX_PROBE_SERIES, MetricsExporter
@@ -189,3 +190,18 @@ def test_a_slow_host_the_probe_named_too_is_confirmed() -> None:
         "confirmed by the probe 0s ago: " + probe.findings[0].text
     ]
     assert evidence is not None and evidence.unnamed == () and evidence.confirmed == 1
+
+
+def test_a_probe_document_a_reader_cannot_use_leaves_the_statuses_alone() -> None:
+    listing = {"cclctl/j/probe": b'{"schema": "cclctl.probe", "version": 1, "world_size": -1}'}
+    statuses = snapshot.parse("j", "store:1", listing)
+    assert statuses.probe is None and statuses.bad == {}
+    assert statuses.probe_error == "probe: world size -1 is not a world size (1 or more)"
+    assert unreadable_line(statuses.probe_error).startswith("probe: unreadable (probe: world")
+    good = snapshot.parse("j", "store:1", {"cclctl/j/probe": json.dumps(_doc()).encode()})
+    assert good.probe is not None and good.probe.links_total == 12
+
+
+def test_the_in_job_call_wants_a_cclctl_communicator() -> None:
+    with pytest.raises(UsageError, match=r"needs a communicator of cclctl\.init\(\)"):
+        probe(object())
