@@ -89,6 +89,25 @@ class BridgedHosts:
     ) -> ProbeResult:
         """``per_host`` ranks on each host run ``cclctl probe ARGS -J -`` (ranks numbered
         host by host); rank 0's exit and document."""
+        cmd = [sys.executable, "-m", "cclctl", "probe", *args, "-J", "-"]
+        procs = self.start(tmp, port, cmd, per_host=per_host)
+        try:
+            outs = [p.communicate(timeout=timeout_s) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(10)
+        out, err = outs[0]
+        assert out.strip(), f"rank 0 wrote no document (exit {procs[0].returncode}): {err}"
+        return ProbeResult(procs[0].returncode, json.loads(out), err)
+
+    def start(
+        self, tmp: Path, port: int, cmd: list[str], per_host: int = 1, **extra: str
+    ) -> list[subprocess.Popen[str]]:
+        """``per_host`` ranks of ``cmd`` on each host (numbered host by host; rank 0 on h0
+        hosts the job's store, job ``probe``), each with a TMPDIR of its host and ``extra``
+        in its environment; stdout and stderr are pipes."""
         base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
         procs = []
         world = len(self.names) * per_host
@@ -101,23 +120,21 @@ class BridgedHosts:
                 "LOCAL_RANK": str(rank % per_host), "LOCAL_WORLD_SIZE": str(per_host),
                 "MASTER_ADDR": self.addr["h0"], "MASTER_PORT": str(port), "CCLCTL_JOB": "probe",
                 "CCLCTL_TOKEN": TOKEN, "CCLCTL_STORE_LINGER": "1", "CCLCTL_TIMEOUT": "60",
+                **extra,
             }  # fmt: skip
-            cmd = ["ip", "netns", "exec", self.ns[host], "unshare", "--uts", "sh", "-c",
-                   f'hostname {host} && exec "$0" "$@"', sys.executable, "-m", "cclctl",
-                   "probe", *args, "-J", "-"]  # fmt: skip
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+            inside = ["ip", "netns", "exec", self.ns[host], "unshare", "--uts", "sh", "-c",
+                      f'hostname {host} && exec "$0" "$@"', *cmd]  # fmt: skip
+            procs.append(subprocess.Popen(inside, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True,
                                           start_new_session=True))  # fmt: skip
-        try:
-            outs = [p.communicate(timeout=timeout_s) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
-        out, err = outs[0]
-        assert out.strip(), f"rank 0 wrote no document (exit {procs[0].returncode}): {err}"
-        return ProbeResult(procs[0].returncode, json.loads(out), err)
+        return procs
+
+    def cclctl(self, host: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``cclctl ARGS`` run on ``host`` with the job's token."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
+        env["CCLCTL_TOKEN"] = TOKEN
+        cmd = ["ip", "netns", "exec", self.ns[host], sys.executable, "-m", "cclctl", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
 
     def close(self) -> None:
         for proc in self.busy:
