@@ -21,8 +21,9 @@ TCP across hosts), in log space: a link is slow when
 its throughput lies below the median of the others of its kind by ``link_ratio`` and by
 more than ``mad_k`` scaled MADs of theirs, and the time it lost against that median is at
 least ``SlowOptions.min_share`` of the window. A host is slow when every one of at least
-two links out of it (or into it) to other hosts is slow against the other hosts' links,
-and one of its ranks lost the minimum share over its links together.
+two links out of it (or into it) to other hosts is slow against the other hosts' links
+(or untimed over TCP: see :func:`slow_edges`), and one of its ranks lost the minimum
+share over its links together.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class SlowLink:
     link: Link
     reference: float  # the median throughput of the links it was judged against
     reverse: Link | None
+    reverse_slow: bool = False  # the reverse direction is slow against its kind too
 
     @property
     def cost(self) -> float:
@@ -88,6 +90,7 @@ class SlowEdge:
     host: str
     direction: str
     links: tuple[SlowLink, ...]
+    untimed: int = 0  # its other links, whose messages all arrived whole
 
     @property
     def cost(self) -> float:
@@ -144,13 +147,16 @@ def _kind(via: str, src: int, dst: int, hosts: Mapping[int, str]) -> str:
 def slow_links(found: Sequence[Link], opts: SlowOptions) -> list[SlowLink]:
     """The links slow against the others of their kind (see module doc)."""
     by_pair = {(x.src, x.dst): x for x in found}
-    out = []
+    refs = {}
     for link in found:
         others = [x for x in found if x.kind == link.kind and x is not link]
         judged = _judge(link, others, opts)
         if judged is not None:
-            out.append(SlowLink(link, judged, by_pair.get((link.dst, link.src))))
-    return out
+            refs[(link.src, link.dst)] = (link, judged)
+    return [
+        SlowLink(link, ref, by_pair.get((dst, src)), (dst, src) in refs)
+        for (src, dst), (link, ref) in refs.items()
+    ]
 
 
 def _judge(
@@ -171,7 +177,9 @@ def _judge(
 def slow_edges(
     found: Sequence[Link], hosts: Mapping[int, str], opts: SlowOptions
 ) -> list[SlowEdge]:
-    """Hosts whose every link out (or in), two or more, is slow against other hosts' links."""
+    """Hosts whose every link out (or in), two or more slow, is slow against other hosts'
+    links or untimed: all its messages arrived whole, which a link sharing a slow host's
+    bottleneck does when its receiver was reading another of the host's links meanwhile."""
     remote = [x for x in found if x.kind == TCP_REMOTE]
     out = []
     for host in sorted(
@@ -180,12 +188,13 @@ def slow_edges(
         for direction, end in (("out", "src"), ("in", "dst")):
             mine = [x for x in remote if hosts.get(getattr(x, end), "") == host]
             rest = [x for x in remote if x not in mine]
-            if len({(x.src, x.dst) for x in mine}) < 2:
-                continue
             judged = [(x, _judge(x, rest, opts, effect=False)) for x in mine]
-            if all(ref is not None for _, ref in judged):
-                slow = tuple(SlowLink(x, ref, None) for x, ref in judged if ref is not None)
-                edge = SlowEdge(host, direction, slow)
+            slow = tuple(SlowLink(x, ref, None) for x, ref in judged if ref is not None)
+            untimed = [x for x, ref in judged if ref is None and x.transfer_s == 0]
+            if len({(s.link.src, s.link.dst) for s in slow}) < 2:
+                continue
+            if len(slow) + len(untimed) == len(judged):
+                edge = SlowEdge(host, direction, slow, len(untimed))
                 if edge.cost >= opts.min_share:
                     out.append(edge)
     return _egress_first(out)

@@ -151,9 +151,8 @@ def _link(run: Sequence[SlowLink], hosts: Mapping[int, str], confirmed: str) -> 
         f"{held}, {new.link.nbytes / 1e6:.1f} MB moved in the newest",
     ]
     if new.reverse is not None:
-        back = new.reverse.throughput
-        state = "normal" if back * 2 >= ref else "slow too"
-        evidence.append(f"the reverse direction is {state} ({_rate(back)})")
+        state = "slow too" if new.reverse_slow else "normal"
+        evidence.append(f"the reverse direction is {state} ({_rate(new.reverse.throughput)})")
     src, dst = hosts.get(new.link.src, "?"), hosts.get(new.link.dst, "?")
     return SlowFinding(
         SLOW_LINK,
@@ -169,6 +168,13 @@ def _link(run: Sequence[SlowLink], hosts: Mapping[int, str], confirmed: str) -> 
     )
 
 
+def _edge_count(edge: SlowEdge) -> str:
+    """``4``, or ``3, and 1 whose messages arrived whole``."""
+    if not edge.untimed:
+        return str(len(edge.links))
+    return f"{len(edge.links)}, and {edge.untimed} whose messages arrived whole"
+
+
 def _host_links(host: str, kind: str, run: Sequence[SlowEdge], hosts: Mapping[int, str],
                 confirmed: str) -> SlowFinding:  # fmt: skip
     new = run[-1]
@@ -182,7 +188,7 @@ def _host_links(host: str, kind: str, run: Sequence[SlowEdge], hosts: Mapping[in
     ]
     return SlowFinding(
         SLOW_HOST,
-        f"host {host}'s {kind} is slow: every link {way} it ({len(new.links)}) is below the "
+        f"host {host}'s {kind} is slow: every link {way} it ({_edge_count(new)}) is below the "
         f"other hosts' links (est. job slowdown {est:.2f}x)",
         ranks,
         est,

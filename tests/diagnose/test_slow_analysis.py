@@ -245,3 +245,13 @@ def test_a_straggler_and_a_slow_link_at_once_are_both_named() -> None:
     lateness does not reach: the slow link still shows."""
     job = Job(hosts=FOUR_HOSTS, slow={0}, slow_links={(2, 3)}, coupling=0.3)
     assert sorted(kinds(run(job))) == [(SLOW_LINK, [2, 3]), (SLOW_RANK, [0])]
+
+
+def test_a_slow_egress_with_a_link_whose_messages_arrived_whole_is_still_a_slow_host() -> None:
+    """A link sharing the slow egress whose receiver read another of the host's links
+    while its messages came (they were whole in its socket once it looked) is untimed,
+    not fast: it does not break the host's finding into links."""
+    job = Job(hosts=TWO_HOSTS, pattern="all", slow_egress="h2", untimed={(2, 0)})
+    report = run(job)
+    assert [(f.kind, f.host) for f in report.findings] == [(SLOW_HOST, "h2")]
+    assert "(3, and 1 whose messages arrived whole)" in report.findings[0].summary

@@ -57,6 +57,7 @@ class Job:
     send_share: float = 0.3  # of a link's data-phase wait, what its sender records
     transfer_share: float = 0.8  # of a TCP link's own data time, its messages' transfer
     transport: str = "auto"  # "tcp": every link is TCP, within a host too
+    untimed: Collection[tuple[int, int]] = ()  # links whose messages all arrive whole
     skew: dict[str, float] = dataclasses.field(default_factory=dict)
     # a busy machine: these ranks get extra random jitter of up to this much per call
     noisy: Collection[int] = ()
@@ -128,7 +129,7 @@ def _wait_ns(job: Job, src: int, dst: int, index: int) -> int:
 
 def _transfer_ns(job: Job, src: int, dst: int, index: int) -> int:
     """The time src's messages took to reach dst over the window, first byte to last."""
-    if job.via(src, dst) != "tcp":
+    if job.via(src, dst) != "tcp" or (src, dst) in job.untimed:
         return 0
     own = job.calls * job.nbytes / job.rate * job.transfer_share
     slowed = job.active(index) and _slow_edge(job, src, dst)
