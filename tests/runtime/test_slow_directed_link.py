@@ -1,0 +1,77 @@
+"""One slow directed link across namespace hosts, judged live by `cclctl diagnose slow`;
+htb with a u32 filter on the sending host's device slows the data packets to one
+destination host and nothing else (``BridgedHosts.slow_link``):
+
+- four hosts, one rank each, a ring all_reduce, h1 -> h2 slowed: every rank of the ring
+  then waits alike on the one before it;
+- two hosts, two ranks each, a hierarchical all_reduce whose leaders (ranks 0 and 2)
+  exchange across, h0 -> h1 slowed: both leaders wait alike on each other.
+
+Either way the link shows in the time its messages take from first byte to last at the
+receiver, and the verdict is a `slow_link` with that direction, no rank. The namespaces
+(their qdiscs with them) and every rank are removed on the way out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netns_job import NETNS_JOB_MARKS
+from ports import free_port
+from slow_hosts import BridgedHosts, SlowHostsJob
+
+pytestmark = [*NETNS_JOB_MARKS, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def four() -> Iterator[BridgedHosts]:
+    net = BridgedHosts(4)
+    try:
+        yield net
+    finally:
+        net.close()
+
+
+@pytest.fixture
+def two() -> Iterator[BridgedHosts]:
+    net = BridgedHosts(2)
+    try:
+        yield net
+    finally:
+        net.close()
+
+
+def _found(doc: dict[str, Any]) -> bool:
+    return bool(doc["findings"])
+
+
+def _judge(hosts: BridgedHosts, tmp: Path, per_host: int) -> dict[str, Any]:
+    job = SlowHostsJob(hosts, tmp, free_port(), per_host=per_host, COUNT=str(1 << 16))
+    try:
+        return job.verdict(_found)
+    finally:
+        job.kill()
+
+
+def test_one_slow_direction_of_a_ring_is_a_slow_link_not_a_rank(
+    four: BridgedHosts, tmp_path: Path
+) -> None:
+    four.slow_link("h1", "h2", "40mbit")
+    doc = _judge(four, tmp_path, per_host=1)
+    assert [(f["kind"], f["link"]) for f in doc["findings"]] == [("slow_link", [1, 2])], doc
+    finding = doc["findings"][0]
+    assert finding["ranks"] == [1, 2]
+    assert "h1 -> h2, TCP across hosts" in finding["summary"]
+    assert any("first byte to last" in line for line in finding["evidence"]), finding
+
+
+def test_one_slow_direction_between_two_leaders_is_a_slow_link_with_it(
+    two: BridgedHosts, tmp_path: Path
+) -> None:
+    two.slow_link("h0", "h1", "40mbit")
+    doc = _judge(two, tmp_path, per_host=2)
+    assert [(f["kind"], f["link"]) for f in doc["findings"]] == [("slow_link", [0, 2])], doc
+    evidence = doc["findings"][0]["evidence"]
+    assert any("reverse direction is normal" in line for line in evidence), evidence
