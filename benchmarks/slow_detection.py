@@ -18,6 +18,10 @@ tests/runtime/test_slow_links.py for those cases.
 
     .venv/bin/python benchmarks/slow_detection.py --quick
     .venv/bin/python benchmarks/slow_detection.py --cases 24 --controls 4 --minutes 5
+
+``--only 2,3`` runs those cases of the suite (numbered from 0, as listed); ``--save DIR``
+keeps every rank's status whenever a verdict is wrong, and ``--replay FILE`` prints the
+analysis' verdict on one such file, so a wrong finding can be studied without its job.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ def busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
 
 
 def diagnose(store: str, job: str) -> dict[str, Any] | None:
+    """The CLI's ``cclctl.slow`` document, as a user polling the job reads it."""
     proc = subprocess.run(
         [CCLCTL, "diagnose", "slow", "--store", store, "--job", job, "--json"],
         capture_output=True, text=True, timeout=60,
@@ -93,6 +98,36 @@ def diagnose(store: str, job: str) -> dict[str, Any] | None:
     if proc.returncode not in (0, 3):
         return None
     return json.loads(proc.stdout)
+
+
+def save_statuses(store: str, job: str, into: Path, label: str) -> None:
+    """Every rank's status as the store holds it now, one JSON file (``--save``), so a
+    wrong verdict can be replayed against the analysis offline (``--replay``)."""
+    from cclctl.commands.store_access import connect
+    from cclctl.live.snapshot import fetch
+
+    client = connect(store)
+    try:
+        statuses = fetch(client, job)
+    finally:
+        client.close()
+    into.mkdir(parents=True, exist_ok=True)
+    docs = {str(r): s.to_dict() for r, s in sorted(statuses.statuses.items())}
+    (into / f"{label}.json").write_text(json.dumps(docs))
+
+
+def replay(path: Path) -> dict[str, Any]:
+    """The analysis' verdict on statuses ``--save`` kept."""
+    from cclctl.diagnose_io.inputs import from_live
+    from cclctl.diagnose_io.slow_inputs import slow_from_inputs
+    from cclctl.live.snapshot import JobStatuses
+    from cclctl.records import snapshot_from_dict
+
+    docs = json.loads(path.read_text())
+    snaps = {int(r): snapshot_from_dict(d) for r, d in docs.items()}
+    newest = max(s.time_ns for s in snaps.values())
+    statuses = JobStatuses(next(iter(snaps.values())).job, "saved", newest, snaps)
+    return slow_from_inputs(from_live(statuses)).to_dict()
 
 
 def wrong_findings(doc: dict[str, Any], case: Case, before_fault: bool) -> list[str]:
@@ -171,7 +206,10 @@ def watch(out: Outcome, store: str, job: str, mark: Path) -> None:
         if doc is not None:
             out.judged |= doc.get("status") in ("healthy", "slow")
             before = case.slow is not None and (fault_at is None or now < fault_at)
-            out.wrong += wrong_findings(doc, case, before)
+            wrong = wrong_findings(doc, case, before)
+            out.wrong += wrong
+            if wrong and ARGS.save:
+                save_statuses(store, job, Path(ARGS.save) / job, f"poll{out.polls:03d}")
             right = not before and bool(doc.get("findings")) and fault_at is not None
             if right and fault_at is not None and not wrong_findings(doc, case, False):
                 out.latency_s = now - fault_at
@@ -226,11 +264,19 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=0, help="a long healthy run (0: none)")
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--quick", action="store_true", help="4 cases, 2 controls of 15 s")
+    parser.add_argument("--only", default="", help="run only these cases of the suite: 2,5")
+    parser.add_argument("--save", default="", help="keep the statuses of wrong verdicts here")
+    parser.add_argument("--replay", default="", help="print the verdict on a saved file")
     global ARGS
     ARGS = parser.parse_args()
+    if ARGS.replay:
+        print(json.dumps(replay(Path(ARGS.replay)), indent=1))
+        return 0
     if ARGS.quick:
         ARGS.cases, ARGS.controls, ARGS.control_s = 4, 2, 15
     cases = suite(ARGS.cases, ARGS.controls, ARGS.seed, ARGS.deadline, ARGS.control_s)
+    if ARGS.only:
+        cases = [cases[int(i)] for i in ARGS.only.split(",")]
     if ARGS.minutes > 0:
         cases.append(Case(4, "shm", load=2, jitter=0.3, watch_s=ARGS.minutes * 60))
     print(f"load average at the start: {os.getloadavg()}", flush=True)
