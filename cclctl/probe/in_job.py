@@ -20,7 +20,7 @@ import socket
 from typing import Any
 
 from cclctl import probe_record
-from cclctl.errors import UsageError
+from cclctl.errors import BadInput, UsageError
 from cclctl.probe import document, rounds
 from cclctl.probe.model import ProbeRun
 from cclctl.probe.options import ProbeOptions
@@ -60,5 +60,9 @@ def publish(telemetry: Any, doc: dict[str, Any]) -> bool:
     publish_document = getattr(telemetry, "publish_document", None)
     if set_probe is None or publish_document is None:
         return False
-    set_probe(probe_record.parse(raw))
+    try:
+        record = probe_record.parse(raw)
+    except BadInput:  # a document no reader would take: publish nothing, fail nothing
+        return False
+    set_probe(record)
     return bool(publish_document(probe_record.KEY, raw))
