@@ -77,13 +77,19 @@ class LocalRanks:
             if line.startswith(starts):
                 return line
 
-    def kill(self, rank: int) -> None:
-        os.killpg(self.procs[rank].pid, signal.SIGKILL)
+    def signal(self, rank: int, signum: int) -> None:
+        os.killpg(self.procs[rank].pid, signum)
 
-    def finish(self, timeout_s: float) -> tuple[list[int], dict[str, Any], str]:
-        """Every rank's exit code, rank 0's document and its stderr."""
-        codes = [self.procs[0].wait(timeout_s)]
-        for proc in self.procs[1:]:
+    def finish(
+        self, timeout_s: float, without: tuple[int, ...] = ()
+    ) -> tuple[list[int | None], dict[str, Any], str]:
+        """Every rank's exit code (None for the ranks ``without``, not waited for: stopped
+        ones), rank 0's document and its stderr."""
+        codes: list[int | None] = [self.procs[0].wait(timeout_s)]
+        for rank, proc in enumerate(self.procs[1:], 1):
+            if rank in without:
+                codes.append(None)
+                continue
             proc.communicate(timeout=timeout_s)
             codes.append(proc.returncode)
         for reader in self._readers:
