@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,7 @@ class Outcome:
     wrong: list[str] = field(default_factory=list)
     polls: int = 0
     judged: bool = False
+    last: dict[str, Any] | None = None  # the last verdict read
 
 
 def suite(cases: int, controls: int, seed: int, deadline: float, control_s: float) -> list[Case]:
@@ -204,6 +206,7 @@ def watch(out: Outcome, store: str, job: str, mark: Path) -> None:
         fault_at = float(mark.read_text()) if mark.exists() and mark.stat().st_size else None
         out.polls += 1
         if doc is not None:
+            out.last = doc
             out.judged |= doc.get("status") in ("healthy", "slow")
             before = case.slow is not None and (fault_at is None or now < fault_at)
             wrong = wrong_findings(doc, case, before)
@@ -228,6 +231,19 @@ def describe(case: Case) -> str:
     return f"slow_rank {case.slow} n={case.ranks} {case.transport} +{case.share:.0%} by {case.how}"
 
 
+def missed(doc: dict[str, Any], slow: int) -> str:
+    """What the last verdict of a missed case saw: the slow rank's share of the window
+    inside calls against the others' median, and the job slowdown that gap means."""
+    shares = {int(r): f["wait_share"] for r, f in doc.get("ranks", {}).items()}
+    if slow not in shares or len(shares) < 2:
+        return f"{doc.get('status')}: {doc.get('reason')}"
+    mid = statistics.median(v for r, v in shares.items() if r != slow)
+    gap = max(0.0, mid - shares[slow])
+    return (f"{doc.get('status')}; rank {slow} inside calls {shares[slow]:.0%} of the newest "
+            f"window against {mid:.0%} for the others: est. job slowdown "
+            f"{1 / (1 - min(gap, 0.95)):.2f}x (finding from 1.15x)")  # fmt: skip
+
+
 def report(outcomes: list[Outcome]) -> None:
     injected = [o for o in outcomes if o.case.slow is not None]
     tp = sum(1 for o in injected if o.latency_s is not None)
@@ -242,6 +258,8 @@ def report(outcomes: list[Outcome]) -> None:
             else "     -"
         )
         print(f"{describe(o.case):48s} {lat}  polls={o.polls:3d} wrong={sorted(set(o.wrong))}")
+        if o.latency_s is None and o.case.slow is not None and o.last is not None:
+            print(f"    missed: {missed(o.last, o.case.slow)}")
     print(f"\ninjected {len(injected)}, detected {tp}, false positives {fp} "
           f"(controls {len(outcomes) - len(injected)})")  # fmt: skip
     print(f"recall {tp / max(len(injected), 1):.2f}  precision {tp / max(tp + fp, 1):.2f}")
