@@ -8,8 +8,9 @@ the rest of the schedule runs and nobody waits on a rank that is gone. Rank 0 en
 every directed link of the schedule in a :class:`~cclctl.probe.model.ProbeRun`.
 
 After the schedule, rank 0 has the pairs with a direction under half its kind's median
-measured once more, in rounds of disjoint pairs announced in its go (the better figure
-stands): a link slow on both looks is slow; one that a moment's load slowed is not.
+measured again, up to three times while they stay under it, in rounds of disjoint pairs
+announced in its go (the better figure stands): a link slow at every look is slow; one that
+a moment's load slowed is not.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import struct
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 from cclctl.probe import schedule
@@ -30,8 +32,10 @@ from cclctl.probe.verdict import kind_stats
 REPORT_BYTES = 1024
 #: Barrier messages' seq: above any round's (a round's seq is its number from 1).
 BARRIER_SEQ = 1 << 40
-#: A pair with a direction under this share of its kind's median is measured again.
+#: A pair with a direction under this share of its kind's median is measured again...
 RECHECK_BELOW = 0.5
+#: ...up to this many times while it stays under it.
+RECHECKS = 3
 
 
 class Place:
@@ -172,7 +176,7 @@ class Scorer:
         self.stopped: dict[int, str] = {}
         self.round_s: list[float] = []
         self.recheck_s: list[float] = []
-        self._rechecks: list[tuple[int, int]] | None = None
+        self._looks: Counter[tuple[int, int]] = Counter()  # recheck rounds of each pair
 
     def times(self, r: int) -> list[float]:
         return self.round_s if r < len(self.rounds) else self.recheck_s
@@ -189,24 +193,26 @@ class Scorer:
         self.links[(link.src, link.dst)] = link
 
     def next_recheck(self) -> schedule.Round | None:
-        """The next round of pairs measured again: those with a direction under
-        :data:`RECHECK_BELOW` of its kind's median, so a link slowed by a moment's load on
-        this machine is not flagged on one look. None once every one had its turn."""
-        if self._rechecks is None:
-            stats = kind_stats(list(self.links.values()))
-            self._rechecks = sorted({
+        """The next round of pairs measured again: those with a direction still under
+        :data:`RECHECK_BELOW` of its kind's median, each up to :data:`RECHECKS` times (fewest
+        looks first, the better figure standing), so a link slowed by a moment's load on this
+        machine is not flagged: only one slow at every look is. None once none is left."""
+        stats = kind_stats(list(self.links.values()))
+        pending = sorted(
+            {
                 (min(x.src, x.dst), max(x.src, x.dst)) for x in self.links.values()
                 if x.measured and x.kind in stats
                 and (x.bandwidth or 0) < RECHECK_BELOW * stats[x.kind].median
-            })  # fmt: skip
-        pending = [p for p in self._rechecks if not set(p) & set(self.stopped)]
+            } - {p for p, n in self._looks.items() if n >= RECHECKS},
+            key=lambda p: (self._looks[p], p),
+        )  # fmt: skip
         round_: schedule.Round = []
-        busy: set[int] = set()
+        busy: set[int] = set(self.stopped)
         for a, b in pending:
             if a not in busy and b not in busy:
                 round_.append((a, b))
                 busy.update((a, b))
-        self._rechecks = [p for p in pending if p not in round_]
+        self._looks.update(round_)
         return round_ or None
 
     def collect(
