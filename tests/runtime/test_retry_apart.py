@@ -1,10 +1,11 @@
 """A link fault that leaves the ranks many calls apart is retried, exactly.
 
-A run of broadcasts tells its root nothing: over TCP, the ranks upstream of a cut link
-finish calls (their sends end in the kernel's buffers) that the ranks downstream never
-got, so a retry finds them calls apart, or already closing. Four real ranks over TCP
-(``cclctl launch``), ``CCLCTL_RETRY_BUDGET`` on, a link cut at several seqs and between
-several ranks of a loop of 4 MiB broadcasts: every rank's every result is the exact one
+A run of broadcasts under ``rerun.CONFIRM_FROM`` tells its root nothing: over TCP, the
+ranks upstream of a cut link finish calls (their sends end in the kernel's buffers) that
+the ranks downstream never got, so a retry finds them calls apart, or already closing.
+Four real ranks over TCP (``cclctl launch``), ``CCLCTL_RETRY_BUDGET`` on, a link cut at
+several seqs and between several ranks of a loop of 256 KiB broadcasts, and of 4 MiB ones
+(which end with a confirm, so none gets ahead): every rank's every result is the exact one
 and the job exits 0. Then cases made on purpose (rank 3 holds until the others reached a
 given call): ranks three calls apart with a reduce among the calls to catch up, run again
 from its kept input; and rank 3 cutting its link after the others finished all 20
@@ -95,15 +96,19 @@ CUTS = [(2, 5, 3), (1, 3, 2), (3, 9, 2), (0, 12, 1), (2, 19, 1)]
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("count", [1 << 16, 1 << 20], ids=["256KiB-kept", "4MiB-confirmed"])
 @pytest.mark.parametrize(("rank", "seq", "peer"), CUTS)
 def test_a_link_cut_in_a_run_of_broadcasts_is_retried_exactly(
-    tmp_path: Path, rank: int, seq: int, peer: int
+    tmp_path: Path, rank: int, seq: int, peer: int, count: int
 ) -> None:
-    """20 broadcasts of 4 MiB from rank 0, back to back: the ranks upstream of the cut run
-    calls ahead (or finish and close) before the fault reaches them; every result is exact,
+    """20 broadcasts from rank 0, back to back. Of 256 KiB: the ranks upstream of the cut
+    run calls ahead (or finish and close) before the fault reaches them, and catch the
+    others up from what they kept. Of 4 MiB (from ``rerun.CONFIRM_FROM``): each ends with
+    a confirm, so no rank gets a call ahead, and nothing is kept. Every result is exact,
     and every rank counts the retry."""
-    out = _launch(tmp_path, f"link:rank={rank}:seq={seq}:peer={peer}", ITERS="20")
-    _check_results(out, ["bcast"], 20, 1 << 20)
+    out = _launch(tmp_path, f"link:rank={rank}:seq={seq}:peer={peer}", ITERS="20",
+                  COUNT=str(count))  # fmt: skip
+    _check_results(out, ["bcast"], 20, count)
     for r in range(WORLD):
         assert _dump(tmp_path, r)["counters"]["retries"] >= 1, r
 

@@ -11,14 +11,14 @@ does (raise, retry, shrink) is the :class:`~cclctl.runtime.comm.communicator.Com
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from cclctl.config import RuntimeConfig
 from cclctl.runtime.algorithms import pairwise, zero_copy
-from cclctl.runtime.algorithms.context import COPY, Scratch, as_bytes, finish_avg
+from cclctl.runtime.algorithms.context import COPY, Scratch, Step, as_bytes, finish_avg
 from cclctl.runtime.comm import buffers, dispatch, prepared, selection
 from cclctl.runtime.comm.calls import Calls
 from cclctl.runtime.comm.prepared import Gather, PreparedCalls, Scatter
@@ -28,6 +28,8 @@ from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.shm import shared_buffers
 
 Array = np.ndarray
+#: Run in a call's step once its result is whole (a retry's confirm: ``rerun.Ending``).
+Ending = Callable[[Step], None]
 _ZERO_COPY = dict.fromkeys(zero_copy.OPS, zero_copy.MIN_BYTES)
 
 
@@ -117,7 +119,8 @@ class Collectives:
         return shared_buffers.zeros(shape, dtype)
 
     # ----------------------------------------------------------------- one attempt each
-    def _all_reduce(self, buf: Array, op: str, out: Array | None) -> Array:
+    def _all_reduce(self, buf: Array, op: str, out: Array | None, ending: Ending | None = None
+                    ) -> Array:  # fmt: skip
         buffers.check_redop(op, "all_reduce")
         zc, src, dst = prepared.remembered(self._plans, "all_reduce", buf, out)
         if zc is None:
@@ -132,15 +135,19 @@ class Collectives:
                 zero_copy.all_reduce(step, group, src, dst, op, zc)
                 if op == "avg":
                     finish_avg(dst, self.world_size)
+                if ending is not None:
+                    ending(step)
             return dst if out is None else out
         algo = self._choose.all_reduce.pick(src.nbytes, src.size)
         with self._call("all_reduce", src, algo, redop=op) as step:
             dispatch.all_reduce(step, algo, self._caps, src, dst, op)
             if op == "avg":
                 finish_avg(dst, self.world_size)
+            if ending is not None:
+                ending(step)
         return dst if out is None else out
 
-    def _all_gather(self, buf: Array, out: Array) -> Array:
+    def _all_gather(self, buf: Array, out: Array, ending: Ending | None = None) -> Array:
         prep = self._gathers.get("all_gather", buf, out)
         if prep is not None:
             src, dst = buf.reshape(-1), out.reshape(-1)
@@ -158,6 +165,8 @@ class Collectives:
                 with self._call("all_gather", src, algo, nbytes=dst.nbytes) as step:
                     if src.size:
                         dispatch.all_gather(step, algo, self._caps, dst, bounds)
+                    if ending is not None:
+                        ending(step)
                 return out
             self._gathers.keep("all_gather", (buf, out), prep)
         if prep.staged:
@@ -167,9 +176,12 @@ class Collectives:
         with self._call("all_gather", src, zero_copy.ALGO, nbytes=dst.nbytes, shared=True) as step:
             group = dispatch.one_copy(step, self._caps)
             zero_copy.all_gather(step, group, dst, prep.bounds, prep.where, copy_in)
+            if ending is not None:
+                ending(step)
         return out
 
-    def _reduce_scatter(self, buf: Array, out: Array, op: str) -> Array:
+    def _reduce_scatter(self, buf: Array, out: Array, op: str, ending: Ending | None = None
+                        ) -> Array:  # fmt: skip
         buffers.check_redop(op, "reduce_scatter")
         prep = self._scatters.get("reduce_scatter", buf, out)
         if prep is not None:
@@ -199,9 +211,12 @@ class Collectives:
                 dispatch.reduce_scatter(step, algo, self._caps, src, dst, bounds, op)
             if k and op == "avg":
                 finish_avg(dst, self.world_size)
+            if ending is not None:
+                ending(step)
         return out
 
-    def _broadcast(self, buf: Array, root: int, out: Array | None) -> Array:
+    def _broadcast(self, buf: Array, root: int, out: Array | None, ending: Ending | None = None
+                   ) -> Array:  # fmt: skip
         root = buffers.check_root(root, self.world_size, "broadcast")
         zc, src, dst = prepared.remembered(self._plans, "broadcast", buf, out)
         if zc is None:
@@ -216,10 +231,14 @@ class Collectives:
             with self._call("broadcast", src, zero_copy.ALGO, root=root, shared=True) as step:
                 group = dispatch.one_copy(step, self._caps)
                 zero_copy.broadcast(step, group, dst, root, zc)
+                if ending is not None:
+                    ending(step)
             return dst if out is None else out
         algo = self._choose.broadcast.pick(src.nbytes, src.size)
         with self._call("broadcast", src, algo, root=root) as step:
             dispatch.broadcast(step, algo, self._caps, dst, root)
+            if ending is not None:
+                ending(step)
         return dst if out is None else out
 
     def _reduce(self, buf: Array, op: str, root: int, out: Array | None) -> Array:

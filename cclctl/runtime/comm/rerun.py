@@ -16,16 +16,27 @@ nothing (its sends end in the kernel's buffers), so a run of them can leave rank
 number of calls apart: each is kept, by seq, up to :data:`KEEP_MAX_BYTES` (beyond the
 newest call, always kept); a retry that needs one dropped past that is refused at once.
 Each kept call costs one copy, into a buffer a dropped call frees where one fits.
+
+A call of :data:`CONFIRM_FROM` bytes or more of the common collectives (:data:`CONFIRMED`)
+keeps nothing: it ends with a confirm (:class:`Ending`), a one-byte recursive-doubling
+barrier after its data, so no rank returns from it before every rank's result is whole. A
+rank that completed it therefore never leaves another behind that lacks data: a rank a
+fault finds still inside it (in the confirm) holds its own complete result and returns it
+(:meth:`Kept.hold` marks such a call). That costs a round trip of a byte where a copy of
+the buffer cost a memory pass; below the bound the copy is the cheaper.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from cclctl.runtime.algorithms import latency
+from cclctl.runtime.algorithms.context import Step
 from cclctl.runtime.comm import buffers
+from cclctl.runtime.transport.base import Transfer
 
 #: Runs a completed call again from a copy of its input, its result dropped.
 Replay = Callable[[np.ndarray], object]
@@ -38,8 +49,21 @@ KEEP_MAX_CALLS = 1024
 #: The calls whose completion here tells that every rank entered them (every rank's part
 #: reached this rank's result), so that no rank needs an earlier call again.
 SYNCING = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
-#: Buffers of dropped calls held for the next ones (a loop's calls reuse them).
-_FREE_MAX = 2
+#: Buffers of dropped calls and of saved inputs held for the next ones, the most recently
+#: freed first (a loop's calls reuse them: a fresh buffer's first touch of its pages costs
+#: more than the copy), at most this many ...
+_FREE_MAX = 8
+#: ... and this many bytes beyond the newest (a loop over several buffers keeps them all).
+_FREE_MAX_BYTES = 128 << 20
+#: The calls that end with a confirm from :data:`CONFIRM_FROM` bytes (their buffer's).
+CONFIRMED = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
+#: From this many bytes a call of :data:`CONFIRMED` ends with a confirm instead of keeping
+#: a copy of its result (or input) for ranks behind.
+CONFIRM_FROM = 1 << 20
+#: The confirm's steps are numbered from here, apart from every algorithm's.
+CONFIRM_STEP0 = 1 << 24
+#: What a kept call's op is marked with where it ended with a confirm (a retry's entry).
+HELD_MARK = "*"
 
 
 @dataclasses.dataclass
@@ -49,12 +73,22 @@ class KeptCall:
 
     seq: int
     op: str
-    data: np.ndarray
+    data: np.ndarray | None
     replay: Replay | None = None
+
+    @property
+    def held(self) -> bool:
+        """It ended with a confirm: it keeps no data, every rank holds its own result."""
+        return self.data is None
+
+    @property
+    def label(self) -> str:
+        """Its op, marked with :data:`HELD_MARK` where it is :attr:`held`."""
+        return self.op + HELD_MARK if self.held else self.op
 
     def run_again(self) -> None:
         """Run the kept call again from its input (the ranks behind re-run it too)."""
-        assert self.replay is not None
+        assert self.replay is not None and self.data is not None
         self.replay(self.data)
 
 
@@ -85,8 +119,9 @@ class Kept:
         return None if last is None or last.replay is not None else last.data
 
     def ops(self) -> str:
-        """The kept calls' ops, oldest first, comma-separated (what a retry's entry says)."""
-        return ",".join(c.op for c in self.calls.values())
+        """The kept calls' ops, oldest first, comma-separated (what a retry's entry says;
+        a call that ended with a confirm marked :data:`HELD_MARK`)."""
+        return ",".join(c.label for c in self.calls.values())
 
     def get(self, seq: int) -> KeptCall | None:
         return self.calls.get(seq)
@@ -102,33 +137,57 @@ class Kept:
         """Seq ``seq``'s result differs by rank: copy its input ``src``, and ``replay``."""
         self._add(KeptCall(seq, op, src, replay), synced)
 
+    def hold(self, seq: int, op: str) -> None:
+        """Seq ``seq`` ended with a confirm: every rank returned from it or holds its whole
+        result inside it, so nothing is copied and no rank needs an older call."""
+        self._add(KeptCall(seq, op, None), synced=True)
+
+    def borrow(self, arr: np.ndarray) -> np.ndarray:
+        """A copy of ``arr`` in a held buffer (an input saved for the call's re-runs);
+        :meth:`give_back` it once the call is over."""
+        copy = self._buffer(arr)
+        copy[...] = arr
+        return copy
+
+    def give_back(self, buf: np.ndarray | None) -> None:
+        """A buffer :meth:`borrow` lent (or a dropped call held), for the next call to
+        reuse; the least recently freed go past :data:`_FREE_MAX` or its bytes."""
+        if buf is None:
+            return
+        free = self._free
+        free.insert(0, buf)
+        while len(free) > _FREE_MAX or sum(b.nbytes for b in free[1:]) > _FREE_MAX_BYTES:
+            free.pop()
+
     def _add(self, call: KeptCall, synced: bool) -> None:
         if synced or call.seq != self.seq + 1:  # none needs the older ones / not contiguous
             while self.calls:
                 self._drop_oldest()
         arr = call.data
+        nbytes = 0 if arr is None else arr.nbytes
         while self.calls and (
-            self._bytes + arr.nbytes > self.max_bytes or len(self.calls) >= self.max_calls
+            self._bytes + nbytes > self.max_bytes or len(self.calls) >= self.max_calls
         ):
             self._drop_oldest()
-        held = self._buffer(arr)
-        held[...] = arr
-        call.data = held
+        if arr is not None:
+            held = self._buffer(arr)
+            held[...] = arr
+            call.data = held
         self.calls[call.seq] = call
-        self._bytes += held.nbytes
+        self._bytes += nbytes
 
     def _drop_oldest(self) -> None:
         dropped = self.calls.pop(self.oldest)
-        self._bytes -= dropped.data.nbytes
-        if len(self._free) < _FREE_MAX:
-            self._free.append(dropped.data)
+        if dropped.data is not None:
+            self._bytes -= dropped.data.nbytes
+            self.give_back(dropped.data)
 
     def _buffer(self, arr: np.ndarray) -> np.ndarray:
         """A buffer for a copy of ``arr``: a dropped call's where one fits, else new."""
         for i, held in enumerate(self._free):
             if held.shape == arr.shape and held.dtype == arr.dtype:
                 return self._free.pop(i)
-        return np.empty_like(arr)
+        return np.empty(arr.shape, arr.dtype)
 
 
 @dataclasses.dataclass
@@ -141,10 +200,14 @@ class Inputs:
     saved: np.ndarray | None
 
     @classmethod
-    def of(cls, buf: np.ndarray, out: np.ndarray | None, op: str = "all_reduce") -> Inputs:
+    def of(cls, buf: np.ndarray, out: np.ndarray | None, op: str = "all_reduce",
+           spare: Kept | None = None) -> Inputs:  # fmt: skip
+        """``spare``: the saved input goes into a buffer it lends (else a new one)."""
         src = buffers.flat(buf, "buf", op)
         dst = src if out is None else buffers.flat(out, "out", op, writable=True)
-        saved = src.copy() if dst is src or buffers.overlaps(src, dst) else None
+        saved = None
+        if dst is src or buffers.overlaps(src, dst):
+            saved = src.copy() if spare is None else spare.borrow(src)
         return cls(src, dst, saved)
 
     @classmethod
@@ -156,3 +219,37 @@ class Inputs:
         """The input again, for the next attempt."""
         if self.saved is not None:
             self.src[...] = self.saved
+
+
+class _Confirming(Step):
+    """The call's step, its steps numbered from :data:`CONFIRM_STEP0`."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: Step) -> None:
+        super().__init__(ctx.transport, ctx.rank, ctx.size, ctx.call, ctx.wait, ctx.scratch)
+
+    def xfer(
+        self, step: int, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()
+    ) -> None:
+        super().xfer(CONFIRM_STEP0 + step, sends, recvs)
+
+
+@dataclasses.dataclass
+class Ending:
+    """How a call ends on this rank, over its attempts: called in the call's step once its
+    result is whole in its buffers (``done``), it runs the confirm where ``confirm`` (a
+    one-byte barrier: no rank returns before every rank's result is whole)."""
+
+    confirm: bool
+    done: bool = False
+
+    @classmethod
+    def of(cls, op: str, nbytes: int) -> Ending:
+        """How a call of ``op`` on a buffer of ``nbytes`` ends while retry is on."""
+        return cls(op in CONFIRMED and nbytes >= CONFIRM_FROM)
+
+    def __call__(self, step: Step) -> None:
+        self.done = True
+        if self.confirm and step.size > 1:
+            latency.all_reduce(_Confirming(step), np.zeros(1, dtype=np.uint8), "max")

@@ -36,7 +36,7 @@ import numpy as np
 
 from cclctl.errors import CclError, CommError
 from cclctl.runtime.comm import buffers
-from cclctl.runtime.comm.rerun import SYNCING, Inputs, Replay
+from cclctl.runtime.comm.rerun import SYNCING, Ending, Inputs, Replay
 
 if TYPE_CHECKING:
     from cclctl.runtime.comm.communicator import Communicator
@@ -63,7 +63,8 @@ class Ask:
     """What a rank brings to a retry: the call it was in, the collective seq it has not
     completed (``pending``), the seqs of the calls it kept (:class:`~.rerun.Kept`: from
     ``kept_from`` to ``kept``, their ops in ``kept_ops``), its attempt number and the
-    budget's deadline (``time.monotonic()``)."""
+    budget's deadline (``time.monotonic()``); ``done``: ``pending`` where its call's result
+    is whole here (it failed in the call's confirm), else 0."""
 
     call: str
     pending: int
@@ -72,11 +73,17 @@ class Ask:
     deadline: float
     kept_from: int = 0
     kept_ops: str = ""
+    done: int = 0
 
 
 #: A catch-up seq whose result differs by rank: the ranks ahead run it again from its
 #: kept input, with the ranks behind.
 REPLAY = -1
+#: A catch-up seq that ended with a confirm (:class:`~.rerun.Ending`): the ranks behind,
+#: still inside it, hold their whole result and return it; nothing moves.
+HELD = -2
+#: The ``algo`` of the record that closes a :data:`HELD` seq on every rank (nothing runs).
+HELD_ALGO = "held"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +92,9 @@ class Plan:
     below :attr:`rerun` is one the ranks ahead completed and the ranks behind did not:
     ``roots[i]`` is the rank whose kept result of seq ``seq + i`` the ranks behind take (a
     broadcast), or :data:`REPLAY`: the ranks ahead run it again from its kept input, with
-    the ranks behind. Then every rank re-runs seq :attr:`rerun` (a rank closing there has
-    no call to re-run, and goes on closing)."""
+    the ranks behind, or :data:`HELD`: the ranks behind return what they hold. Then every
+    rank re-runs seq :attr:`rerun` (a rank closing there has no call to re-run, and goes
+    on closing)."""
 
     seq: int
     roots: tuple[int, ...] = ()
@@ -141,16 +149,20 @@ def retryable(exc: CommError) -> bool:
 
 def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | None) -> Any:
     """``comm.all_reduce`` that renews broken links and runs again from its input."""
-    inputs = Inputs.of(buf, out)
+    inputs = Inputs.of(buf, out, spare=comm._kept)
     answer = inputs.dst if out is None else out
-    return _run(comm, "all_reduce", lambda: comm._all_reduce(buf, op, out), inputs, answer)
+    ending = Ending.of("all_reduce", inputs.src.nbytes)
+    attempt = functools.partial(comm._all_reduce, buf, op, out, ending)
+    return _run(comm, "all_reduce", attempt, inputs, answer, ending=ending)
 
 
 def all_gather(comm: Communicator, buf: np.ndarray, out: np.ndarray) -> Any:
     """``comm.all_gather`` that renews broken links and runs again (its input is never
     written: ``buf`` is disjoint from ``out`` or already this rank's slot of it)."""
     _, dst, _ = buffers.gather_args(buf, out, comm.world_size, comm.rank)
-    return _run(comm, "all_gather", lambda: comm._all_gather(buf, out), Inputs.kept(dst), out)
+    ending = Ending.of("all_gather", dst.nbytes)
+    attempt = functools.partial(comm._all_gather, buf, out, ending)
+    return _run(comm, "all_gather", attempt, Inputs.kept(dst), out, ending=ending)
 
 
 def broadcast(comm: Communicator, buf: np.ndarray, root: int, out: np.ndarray | None) -> Any:
@@ -159,8 +171,9 @@ def broadcast(comm: Communicator, buf: np.ndarray, root: int, out: np.ndarray | 
     root = buffers.check_root(root, comm.world_size, "broadcast")
     _, dst = buffers.in_out(buf, out, "broadcast", writable=out is None)
     answer = dst if out is None else out
-    return _run(comm, "broadcast", lambda: comm._broadcast(buf, root, out), Inputs.kept(dst),
-                answer)  # fmt: skip
+    ending = Ending.of("broadcast", dst.nbytes)
+    attempt = functools.partial(comm._broadcast, buf, root, out, ending)
+    return _run(comm, "broadcast", attempt, Inputs.kept(dst), answer, ending=ending)
 
 
 def reduce_scatter(comm: Communicator, buf: np.ndarray, out: np.ndarray, op: str) -> Any:
@@ -169,9 +182,10 @@ def reduce_scatter(comm: Communicator, buf: np.ndarray, out: np.ndarray, op: str
     def replay(src: np.ndarray) -> object:
         return comm._reduce_scatter(src, np.empty_like(out), op)
 
-    inputs = Inputs.of(buf, out, "reduce_scatter")
-    attempt = functools.partial(comm._reduce_scatter, buf, out, op)
-    return _run(comm, "reduce_scatter", attempt, inputs, out, replay)
+    inputs = Inputs.of(buf, out, "reduce_scatter", spare=comm._kept)
+    ending = Ending.of("reduce_scatter", inputs.src.nbytes)
+    attempt = functools.partial(comm._reduce_scatter, buf, out, op, ending)
+    return _run(comm, "reduce_scatter", attempt, inputs, out, replay, ending)
 
 
 def reduce(comm: Communicator, buf: np.ndarray, op: str, root: int, out: np.ndarray | None) -> Any:
@@ -250,11 +264,12 @@ def closing(comm: Communicator) -> None:
 
 
 def _ask(comm: Communicator, call: str, attempt: int, deadline: float,
-         pending: int | None = None) -> Ask:  # fmt: skip
-    """This rank's entry: ``call`` at ``pending`` (default: after its last completed)."""
+         pending: int | None = None, done: bool = False) -> Ask:  # fmt: skip
+    """This rank's entry: ``call`` at ``pending`` (default: after its last completed);
+    ``done``: its result is whole here."""
     kept = comm._kept
     own = comm._calls.completed + 1 if pending is None else pending
-    return Ask(call, own, kept.seq, attempt, deadline, kept.oldest, kept.ops())
+    return Ask(call, own, kept.seq, attempt, deadline, kept.oldest, kept.ops(), own if done else 0)
 
 
 def refuse(comm: Communicator, call: str) -> None:
@@ -269,45 +284,67 @@ def refuse(comm: Communicator, call: str) -> None:
         log.debug("rank %d: could not tell the retry of %s: %s", comm.rank, call, why)
 
 
-def _run(comm: Communicator, call: str, attempt: Callable[[], Any], inputs: Inputs,
-         answer: Any, replay: Replay | None = None) -> Any:  # fmt: skip
+def _run(
+    comm: Communicator, call: str, attempt: Callable[[], Any], inputs: Inputs, answer: Any,
+    replay: Replay | None = None, ending: Ending | None = None,
+) -> Any:  # fmt: skip
     """``attempt()`` until it completes, the links renewed and ``inputs`` restored after
     each retried fault; ``inputs.dst`` is the result every rank holds alike (kept for
     ranks behind), ``answer`` what the call returns when a catch-up answered it. A call
     whose result differs by rank gives ``replay`` instead: its input is kept, and
     ``replay(input)`` runs it again for ranks behind. A call that ranks ahead completed
-    before a retry agreed (this rank was behind) takes their result where it is alike."""
+    before a retry agreed (this rank was behind) takes their result where it is alike.
+    ``ending``: how the call ends (the attempt calls it): one that ends with a confirm keeps
+    nothing, and a fault in its confirm leaves its result whole here, which this rank
+    returns where another rank completed the call (else its input is restored, and it
+    re-runs)."""
     own = comm._calls.completed + 1  # the seq this call opens at
+    ending = Ending(False) if ending is None else ending
     first: CommError | None = None
     deadline = 0.0
     tries = 1
-    while True:
-        plan = comm._catchup
-        root = None if plan is None else plan.step(own)
-        try:
-            if root is not None and root >= 0:  # ranks ahead completed it: take their result
-                comm._broadcast(inputs.dst, root, None)
-                _keep(comm, call, own, inputs, None, False)
-                return answer
-            result = attempt()
-        except CommError as exc:
-            if not retryable(exc):
-                raise
-            if first is None:
-                first, deadline = exc, time.monotonic() + comm.cfg.retry_budget_s
-            inputs.restore()  # the input again, whatever happens next
+    try:
+        while True:
+            plan = comm._catchup
+            root = None if plan is None else plan.step(own)
             try:
-                answered, tries = _recover(comm, call, own, first, tries + 1, deadline,
-                                           inputs.dst)  # fmt: skip
-            except CommError:
-                comm._retry_gave_up = True  # its close must not wait to serve a retry
-                raise
-            if answered:
-                _keep(comm, call, own, inputs, None, False)
-                return answer
-            continue
-        _keep(comm, call, own, inputs, replay, inputs.src.size > 0)
-        return result
+                if root is not None and root >= 0:  # ranks ahead completed it: their result
+                    comm._broadcast(inputs.dst, root, None)
+                    _keep(comm, call, own, inputs, None, False)
+                    return answer
+                result = attempt()
+            except CommError as exc:
+                if not retryable(exc):
+                    raise
+                if first is None:
+                    first, deadline = exc, time.monotonic() + comm.cfg.retry_budget_s
+                if not ending.done:
+                    inputs.restore()  # the input again, whatever happens next
+                try:
+                    answered, tries = _recover(comm, call, own, first, tries + 1, deadline,
+                                               inputs.dst, ending.done)  # fmt: skip
+                except CommError:
+                    comm._retry_gave_up = True  # its close must not wait to serve a retry
+                    if ending.done:
+                        inputs.restore()  # the input, as after any failed call
+                    raise
+                if answered:
+                    if ending.done:  # a rank ahead completed it: the result here is whole
+                        comm._kept.hold(own, call)
+                    else:
+                        _keep(comm, call, own, inputs, None, False)
+                    return answer
+                if ending.done:  # nobody completed it: every rank runs it again
+                    inputs.restore()
+                    ending.done = False
+                continue
+            if ending.confirm:
+                comm._kept.hold(own, call)
+            else:
+                _keep(comm, call, own, inputs, replay, inputs.src.size > 0)
+            return result
+    finally:
+        comm._kept.give_back(inputs.saved)
 
 
 def _keep(comm: Communicator, call: str, seq: int, inputs: Inputs, replay: Replay | None,
@@ -325,13 +362,14 @@ def _keep(comm: Communicator, call: str, seq: int, inputs: Inputs, replay: Repla
 
 def _recover(
     comm: Communicator, call: str, own: int, first: CommError, attempt: int, deadline: float,
-    dst: np.ndarray | None,
+    dst: np.ndarray | None, done: bool = False,
 ) -> tuple[bool, int]:  # fmt: skip
     """Agree and renew the transport for ``attempt`` of this rank's call at seq ``own``,
     then catch up the ranks behind; (True if that answered this rank's call, the attempt
-    it reached). Raises ``first`` once the budget is spent."""
+    it reached). ``done``: the call's result is whole here (a fault in its confirm).
+    Raises ``first`` once the budget is spent."""
     calls = comm._calls
-    ask = _ask(comm, call, attempt, deadline, own)
+    ask = _ask(comm, call, attempt, deadline, own, done)
     assert comm._retrier is not None
     try:
         plan = comm._retrier(comm, ask)
@@ -340,6 +378,9 @@ def _recover(
         serve(comm, plan, min(own, plan.rerun))  # the seqs this rank completed, others not
         if own < plan.rerun:  # behind: this call is one the ranks ahead completed
             root = plan.step(own)
+            if root == HELD:  # it ended with a confirm that a rank passed: whole here
+                _held(comm, call, np.zeros(0, np.uint8) if dst is None else dst)
+                return True, attempt
             if root is not None and root >= 0 and dst is not None:
                 comm._broadcast(dst, root, None)
                 return True, attempt
@@ -347,7 +388,7 @@ def _recover(
         return False, attempt
     except CommError as exc:
         if retryable(exc) and time.monotonic() < deadline:
-            return _recover(comm, call, own, first, attempt + 1, deadline, dst)
+            return _recover(comm, call, own, first, attempt + 1, deadline, dst, done)
         if exc.revocation is not None and not retryable(exc):
             raise exc from first  # the job failed otherwise (a hang, a death): its origin
         raise _exhausted(first, attempt - 1, comm.cfg.retry_budget_s, exc) from exc
@@ -357,16 +398,27 @@ def serve(comm: Communicator, plan: Plan, stop: int) -> None:
     """Run each catch-up seq below ``stop`` (those this rank completed and a rank behind
     did not) with the ranks behind, from what this rank kept: a broadcast of the kept
     result (from the plan's root, the others dropping what they receive), or the call
-    again from its kept input."""
+    again from its kept input; nothing for a call that ended with a confirm."""
     for seq in range(plan.seq, stop):
         kept, root = comm._kept.get(seq), plan.step(seq)
         assert kept is not None and root is not None  # the plan checked every rank keeps it
+        if root == HELD:
+            _held(comm, kept.op, np.zeros(0, np.uint8))
+            continue
+        assert kept.data is not None
         if root == REPLAY:
             kept.run_again()
         elif root == comm.rank:
             comm._broadcast(kept.data, root, None)
         else:
             comm._broadcast(np.empty_like(kept.data), root, None)
+
+
+def _held(comm: Communicator, call: str, arr: np.ndarray) -> None:
+    """Close the :data:`HELD` seq the calls are at, here, with a record of its own: every
+    rank's seqs stay aligned, and the diagnosis sees it completed in the new epoch."""
+    with comm._call(call, arr, HELD_ALGO):
+        pass
 
 
 def _exhausted(first: CommError, retries: int, budget_s: float, last: CommError) -> CommError:

@@ -25,8 +25,16 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.comm.rerun import KEEP_MAX_BYTES, KEEP_MAX_CALLS
-from cclctl.runtime.comm.retrying import REPLAY, RERUNS, RETRIED_KINDS, SHARED, Ask, Plan
+from cclctl.runtime.comm.rerun import HELD_MARK, KEEP_MAX_BYTES, KEEP_MAX_CALLS
+from cclctl.runtime.comm.retrying import (
+    HELD,
+    REPLAY,
+    RERUNS,
+    RETRIED_KINDS,
+    SHARED,
+    Ask,
+    Plan,
+)
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
@@ -316,8 +324,10 @@ def _one_call(rank: int, seq: int, calls: set[str]) -> None:
 
 def _catch_up(rank: int, seq: int, entries: dict[int, Ask]) -> int:
     """How seq ``seq``, which the ranks ahead of it completed, catches up the others: the
-    lowest rank ahead (whose kept result the others take), or :data:`REPLAY`. Every rank
-    ahead must have kept it, as the same call the ranks at it are in."""
+    lowest rank ahead (whose kept result the others take), :data:`REPLAY`, or
+    :data:`HELD` where it ended with a confirm (the ranks behind, each inside it with its
+    result whole, return that). Every rank ahead must have kept it, as the same call the
+    ranks at it are in."""
     ahead = sorted(r for r, e in entries.items() if e.pending > seq)
     lacking = [r for r in ahead if not entries[r].kept_from <= seq <= entries[r].kept]
     if lacking:
@@ -333,7 +343,23 @@ def _catch_up(rank: int, seq: int, entries: dict[int, Ask]) -> int:
             f"{KEEP_MAX_BYTES >> 20} MiB or {KEEP_MAX_CALLS} calls)",
             rank=rank,
         )
-    kept = {e.kept_ops.split(",")[seq - e.kept_from] for r, e in entries.items() if r in ahead}
+    labels = {e.kept_ops.split(",")[seq - e.kept_from] for r, e in entries.items() if r in ahead}
+    kept = {label.removesuffix(HELD_MARK) for label in labels}
     _one_call(rank, seq, kept | {e.call for e in entries.values() if e.pending == seq})
     (call,) = kept
+    if any(label.endswith(HELD_MARK) for label in labels):
+        _whole_behind(rank, seq, entries)
+        return HELD
     return ahead[0] if call in SHARED else REPLAY
+
+
+def _whole_behind(rank: int, seq: int, entries: dict[int, Ask]) -> None:
+    """A call that ended with a confirm lets no rank complete it before every rank's
+    result is whole: every rank behind it must be inside it, holding its result."""
+    short = sorted(r for r, e in entries.items() if e.pending <= seq and e.done != seq)
+    if short:
+        raise CommError(
+            f"rank {rank}: cannot retry: seq {seq} ended with a confirm that a rank passed, "
+            f"yet rank(s) {fold_ranks(short)} do not hold its result",
+            rank=rank,
+        )

@@ -1,0 +1,231 @@
+"""What retry costs a healthy call: cclctl's collectives with retry on against retry off,
+block by block in the same ranks, on one host over TCP.
+
+One job (``cclctl launch``, ``CCLCTL_TRANSPORT=tcp``, retry on: the default budget) runs
+every collective at every size in rounds; each round times three blocks of calls in an
+order that rotates every round: ``on`` (the public calls: the retry wrapper with its copies
+and confirms, and the links keeping their tails for a resume), ``off`` (one attempt of
+each, as with ``CCLCTL_RETRY_BUDGET=0``, and the links keeping no tails) and ``off2`` (the
+same again: the A/A control, whose distance from ``off`` is the run's noise floor). A
+block's time is the slowest rank's. Each round gives a ratio of times (``off``'s over
+``on``'s: 1.0 means retry costs nothing, 0.8 that a call takes 1.25x as long); the median
+over rounds is printed with a 95% bootstrap interval, and beside it the ratio of the two
+sides' fastest blocks (``best``: what a load spike that slowed a block leaves out).
+Buffers are plain numpy float32, as ``peers_worker.py``'s: an in-place all_reduce and
+broadcast (from rank 0), an all_gather and a reduce_scatter out of place.
+
+    python benchmarks/retry_cost.py [--ranks 2] [--min 1M --max 256M] [--rounds 21]
+        [--ops all_reduce,all_gather,broadcast,reduce_scatter] [--json retry-cost.json]
+        [--rev REV]   (the ranks run cclctl as committed at REV: a change's parent)
+        [--off-tails] [--confirm-from SIZE]   (what each part costs, apart)
+
+What retry off changes beside the call is not toggled here: the links' keepalive probes
+(set up with the links) are on in every block. It asserts nothing; the load on the machine
+is printed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from paired import bootstrap_median
+from peers import OPS, effective_cores, parse_size, sizes_between
+from peers_paired import export_tree
+
+SIDES = ("on", "off", "off2")
+#: (numerator, denominator) of every ratio printed: time of the first over the second's.
+PAIRS = (("off", "on"), ("off", "off2"))
+#: About this many bytes of buffer per block (at least one call).
+BLOCK_BYTES = 16 << 20
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One rank: every op and size in rounds of blocks; rank 0 prints one JSON line each."""
+    import cclctl
+
+    comm = cclctl.init()
+    n, rank = comm.world_size, comm.rank
+    links = getattr(comm.transport, "_links", None)
+    resume_s = getattr(links, "resume_s", 0.0)
+    if args.confirm_from:
+        from cclctl.runtime.comm import rerun
+
+        rerun.CONFIRM_FROM = parse_size(args.confirm_from)
+
+    def side(
+        name: str, on: Callable[[], object], off: Callable[[], object]
+    ) -> Callable[[], object]:
+        if links is not None:
+            links.resume_s = resume_s if name == "on" or args.off_tails else 0.0
+        return on if name == "on" else off
+
+    def slowest(seconds: float) -> float:
+        return float(comm._all_reduce(np.array([seconds]), "max", None)[0])
+
+    for size in (int(s) for s in args.sizes.split(",")):
+        count = max(size // 4 // n * n, n)
+        x = np.zeros(count, np.float32)
+        big = np.zeros(count, np.float32)
+        part = np.zeros(count // n, np.float32)
+        for arr in (x, big, part):
+            arr.fill(0)  # every page written (peers_worker.zeros says why)
+        calls = _calls(comm, x, big, part)
+        per_block = max(1, BLOCK_BYTES // size)
+        for op in args.ops.split(","):
+            on, off = calls[op]
+            for name in SIDES[:2]:  # warm both: buffers lent, pages touched, links grown
+                fn = side(name, on, off)
+                for _ in range(2):
+                    fn()
+            rounds: list[dict[str, float]] = []
+            for round_no in range(args.rounds):
+                shift = round_no % len(SIDES)
+                got = {}
+                for name in SIDES[shift:] + SIDES[:shift]:
+                    fn = side(name, on, off)
+                    slowest(0.0)  # a barrier
+                    t0 = time.perf_counter()
+                    for _ in range(per_block):
+                        fn()
+                    got[name] = slowest((time.perf_counter() - t0) / per_block)
+                rounds.append(got)
+            if rank == 0:
+                print(json.dumps({"op": op, "size": count * 4, "rounds": rounds}), flush=True)
+    if links is not None:
+        links.resume_s = resume_s
+    comm.close()
+    return 0
+
+
+Pair = tuple[Callable[[], object], Callable[[], object]]
+
+
+def _calls(comm: Any, x: np.ndarray, big: np.ndarray, part: np.ndarray) -> dict[str, Pair]:
+    """Each op's (public call, one attempt) on these buffers."""
+    return {
+        "all_reduce": (lambda: comm.all_reduce(x), lambda: comm._all_reduce(x, "sum", None)),
+        "all_gather": (lambda: comm.all_gather(part, big), lambda: comm._all_gather(part, big)),
+        "broadcast": (lambda: comm.broadcast(x, 0), lambda: comm._broadcast(x, 0, None)),
+        "reduce_scatter": (
+            lambda: comm.reduce_scatter(big, part),
+            lambda: comm._reduce_scatter(big, part, "sum"),
+        ),
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (op, size): each side's median GB/s, and every pair's median ratio and interval."""
+    out = []
+    for row in rows:
+        rounds = row["rounds"]
+        got: dict[str, Any] = {"op": row["op"], "size": row["size"]}
+        for s in SIDES:
+            got[f"gbs_{s}"] = row["size"] / statistics.median(r[s] for r in rounds) / 1e9
+        for a, b in PAIRS:
+            ratios = [r[a] / r[b] for r in rounds]
+            low, high = bootstrap_median(ratios)
+            best = min(r[a] for r in rounds) / min(r[b] for r in rounds)
+            got[f"{b}/{a}"] = {"ratio": statistics.median(ratios), "ci": [low, high], "best": best}
+        out.append(got)
+    return out
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    pairs = [f"{b}/{a}" for a, b in PAIRS]
+    head = f"{'op':>14} {'size':>6} " + " ".join(f"{s:>6}" for s in SIDES)
+    lines = [head + "".join(f" {p + ' [95% CI] best':>32}" for p in pairs) + "   (GB/s: algbw)"]
+    for row in rows:
+        cells = [f"{row['op']:>14} {row['size'] >> 20:>5}M"]
+        cells += [f"{row['gbs_' + s]:>6.2f}" for s in SIDES]
+        for p in pairs:
+            r = row[p]
+            ci = f"{r['ratio']:>8.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] {r['best']:.3f}"
+            cells.append(ci.rjust(32))
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--min", default="1M")
+    ap.add_argument("--max", default="256M")
+    ap.add_argument("--factor", type=int, default=4)
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--rev", default="", help="run cclctl as committed at this git revision")
+    ap.add_argument("--json", default="retry-cost.json")
+    ap.add_argument(
+        "--off-tails", action="store_true",
+        help="the off blocks' links keep their tails too (what they cost, apart)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--confirm-from", default="",
+        help="calls end with a confirm from this size (rerun.CONFIRM_FROM)",
+    )  # fmt: skip
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return _worker(args)
+    from cclctl.launch.launcher import launch
+
+    sizes = sizes_between(parse_size(args.min), parse_size(args.max), args.factor)
+    load: dict[str, Any] = {"cores_before": effective_cores(), "loadavg_before": _loadavg()}
+    lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    cmd = [sys.executable, __file__, "--worker", "--ops", args.ops, "--rounds", str(args.rounds)]
+    cmd += ["--confirm-from", args.confirm_from] if args.confirm_from else []
+    cmd += ["--off-tails"] if args.off_tails else []
+    env = {"CCLCTL_TRANSPORT": "tcp"}
+    with tempfile.TemporaryDirectory(prefix="cclctl-rev-") as tree:
+        if args.rev:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [export_tree(args.rev, tree), os.environ.get("PYTHONPATH")])
+            )
+        result = launch(
+            [*cmd, "--sizes", ",".join(map(str, sizes))],
+            args.ranks,
+            env=env,
+            output=lambda rank, stream, line: lines[stream].append(f"[{rank}] {line}"),
+            timeout_s=3600,
+        )
+    if result.returncode:
+        print("\n".join(lines["stderr"][-20:]), file=sys.stderr)
+        raise SystemExit(f"the ranks failed with exit code {result.returncode}")
+    load |= {"cores_after": effective_cores(), "loadavg_after": _loadavg()}
+    raw = [json.loads(ln.split("] ", 1)[1]) for ln in lines["stdout"] if '] {"op"' in ln]
+    rows = summarize(raw)
+    ended = time.strftime("%H:%M:%S UTC", time.gmtime())
+    rev = f", cclctl at {args.rev}" if args.rev else ""
+    print(f"# {args.ranks} ranks over TCP, {args.rounds} rounds{rev}; load {load}; ended {ended}")
+    print(render(rows))
+    doc = {
+        "schema": "cclctl.retry_cost/1",
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "load": load,
+        "rows": rows,
+        "raw": raw,
+    }
+    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+def _loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
