@@ -8,9 +8,10 @@ and in its confirm (both ranks hold the whole result, neither returned: both run
 again); an all_gather, an in-place broadcast and a reduce_scatter cut in their data. Then
 each of the four with one rank's confirm message lost after it got the other's: that rank
 returns and fails its next call, and the rank still inside the call returns the result it
-holds (nothing moves, :data:`~cclctl.runtime.comm.retrying.HELD`). Every rank's every
-result has the bits of a fault-free run (random float32 inputs: a sum taken twice or in
-another order would differ). And the plan the ranks make from such entries. Needs no root.
+holds (nothing moves, :data:`~cclctl.runtime.comm.retrying.HELD`), and ``cclctl diagnose
+hang`` reads the dumps as healthy. Every rank's every result has the bits of a fault-free
+run (random float32 inputs: a sum taken twice or in another order would differ). And the
+plan the ranks make from such entries. Needs no root.
 """
 
 from __future__ import annotations
@@ -100,6 +101,12 @@ def test_a_cut_in_every_phase_of_a_confirmed_call_is_retried_exactly(tmp_path: P
             runs = [(r["epoch"], r["algo"], r["state"]) for r in doc["records"] if r["seq"] == seq]
             assert runs[-1][1:] == (HELD_ALGO, "completed"), (seq, runs)
             assert runs[-1][0] > runs[0][0], (seq, runs)
+    diag = subprocess.run(  # the held seqs read as completed on every rank
+        [sys.executable, "-m", "cclctl", "diagnose", "hang", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert diag.returncode == 0, diag.stdout + diag.stderr
+    assert "HEALTHY" in diag.stdout, diag.stdout
 
 
 # ---------------------------------------------------------------- the pieces, unit by unit
@@ -134,14 +141,15 @@ def test_a_confirmed_call_keeps_no_copy_and_drops_the_calls_before_it() -> None:
     assert lent.tolist() == a.tolist() and lent is not a
     kept.give_back(lent)
     assert kept.borrow(a + 1) is lent  # reused, not allocated again
-    assert Ending.of("all_reduce", CONFIRM_FROM).confirm
-    assert not Ending.of("all_reduce", CONFIRM_FROM - 1).confirm
-    assert not Ending.of("reduce", 1 << 30).confirm
+    f4 = np.dtype(np.float32)
+    assert Ending.of("all_reduce", CONFIRM_FROM, f4).confirm
+    assert not Ending.of("all_reduce", CONFIRM_FROM - 1, f4).confirm
+    assert not Ending.of("reduce", 1 << 30, f4).confirm
 
 
 def _comm(plan: Plan, completed: int, kept: Kept, opened: list[tuple[str, str]]) -> Any:
     class _Opened:
-        def __init__(self, op: str, arr: np.ndarray, algo: str) -> None:
+        def __init__(self, op: str, arr: np.ndarray, algo: str, **size: int) -> None:
             opened.append((op, algo))
 
         def __enter__(self) -> None:

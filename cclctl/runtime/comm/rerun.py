@@ -40,6 +40,8 @@ from cclctl.runtime.transport.base import Transfer
 
 #: Runs a completed call again from a copy of its input, its result dropped.
 Replay = Callable[[np.ndarray], object]
+#: What a call's record says of its size: its dtype, count and bytes.
+Form = tuple[np.dtype, int, int]
 
 #: How many bytes of completed calls a communicator keeps for ranks a fault left behind,
 #: beyond the newest call (always kept, whatever its size).
@@ -75,6 +77,7 @@ class KeptCall:
     op: str
     data: np.ndarray | None
     replay: Replay | None = None
+    form: Form | None = None  # a held call's size, as its record said
 
     @property
     def held(self) -> bool:
@@ -137,10 +140,11 @@ class Kept:
         """Seq ``seq``'s result differs by rank: copy its input ``src``, and ``replay``."""
         self._add(KeptCall(seq, op, src, replay), synced)
 
-    def hold(self, seq: int, op: str) -> None:
+    def hold(self, seq: int, op: str, form: Form | None = None) -> None:
         """Seq ``seq`` ended with a confirm: every rank returned from it or holds its whole
-        result inside it, so nothing is copied and no rank needs an older call."""
-        self._add(KeptCall(seq, op, None), synced=True)
+        result inside it, so nothing is copied and no rank needs an older call. ``form``:
+        its size, for the record that closes it again on a retry."""
+        self._add(KeptCall(seq, op, None, form=form), synced=True)
 
     def borrow(self, arr: np.ndarray) -> np.ndarray:
         """A copy of ``arr`` in a held buffer (an input saved for the call's re-runs);
@@ -242,14 +246,24 @@ class Ending:
     one-byte barrier: no rank returns before every rank's result is whole)."""
 
     confirm: bool
+    dtype: np.dtype = dataclasses.field(default_factory=lambda: np.dtype(np.uint8))
     done: bool = False
+    count: int = 0
+    nbytes: int = 0
 
     @classmethod
-    def of(cls, op: str, nbytes: int) -> Ending:
-        """How a call of ``op`` on a buffer of ``nbytes`` ends while retry is on."""
-        return cls(op in CONFIRMED and nbytes >= CONFIRM_FROM)
+    def of(cls, op: str, nbytes: int, dtype: np.dtype) -> Ending:
+        """How a call of ``op`` on a buffer of ``nbytes`` and ``dtype`` ends while retry is on."""
+        return cls(op in CONFIRMED and nbytes >= CONFIRM_FROM, dtype)
+
+    @property
+    def form(self) -> Form:
+        """The call's size as its record said (once it ran to its end)."""
+        return self.dtype, self.count, self.nbytes
 
     def __call__(self, step: Step) -> None:
         self.done = True
+        rec = step.wait.record
+        self.count, self.nbytes = (step.call.count, 0) if rec is None else (rec.count, rec.nbytes)
         if self.confirm and step.size > 1:
             latency.all_reduce(_Confirming(step), np.zeros(1, dtype=np.uint8), "max")

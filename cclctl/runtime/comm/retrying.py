@@ -36,7 +36,7 @@ import numpy as np
 
 from cclctl.errors import CclError, CommError
 from cclctl.runtime.comm import buffers
-from cclctl.runtime.comm.rerun import SYNCING, Ending, Inputs, Replay
+from cclctl.runtime.comm.rerun import SYNCING, Ending, Form, Inputs, Replay
 
 if TYPE_CHECKING:
     from cclctl.runtime.comm.communicator import Communicator
@@ -151,7 +151,7 @@ def all_reduce(comm: Communicator, buf: np.ndarray, op: str, out: np.ndarray | N
     """``comm.all_reduce`` that renews broken links and runs again from its input."""
     inputs = Inputs.of(buf, out, spare=comm._kept)
     answer = inputs.dst if out is None else out
-    ending = Ending.of("all_reduce", inputs.src.nbytes)
+    ending = Ending.of("all_reduce", inputs.src.nbytes, inputs.src.dtype)
     attempt = functools.partial(comm._all_reduce, buf, op, out, ending)
     return _run(comm, "all_reduce", attempt, inputs, answer, ending=ending)
 
@@ -160,7 +160,7 @@ def all_gather(comm: Communicator, buf: np.ndarray, out: np.ndarray) -> Any:
     """``comm.all_gather`` that renews broken links and runs again (its input is never
     written: ``buf`` is disjoint from ``out`` or already this rank's slot of it)."""
     _, dst, _ = buffers.gather_args(buf, out, comm.world_size, comm.rank)
-    ending = Ending.of("all_gather", dst.nbytes)
+    ending = Ending.of("all_gather", dst.nbytes, dst.dtype)
     attempt = functools.partial(comm._all_gather, buf, out, ending)
     return _run(comm, "all_gather", attempt, Inputs.kept(dst), out, ending=ending)
 
@@ -171,7 +171,7 @@ def broadcast(comm: Communicator, buf: np.ndarray, root: int, out: np.ndarray | 
     root = buffers.check_root(root, comm.world_size, "broadcast")
     _, dst = buffers.in_out(buf, out, "broadcast", writable=out is None)
     answer = dst if out is None else out
-    ending = Ending.of("broadcast", dst.nbytes)
+    ending = Ending.of("broadcast", dst.nbytes, dst.dtype)
     attempt = functools.partial(comm._broadcast, buf, root, out, ending)
     return _run(comm, "broadcast", attempt, Inputs.kept(dst), answer, ending=ending)
 
@@ -183,7 +183,7 @@ def reduce_scatter(comm: Communicator, buf: np.ndarray, out: np.ndarray, op: str
         return comm._reduce_scatter(src, np.empty_like(out), op)
 
     inputs = Inputs.of(buf, out, "reduce_scatter", spare=comm._kept)
-    ending = Ending.of("reduce_scatter", inputs.src.nbytes)
+    ending = Ending.of("reduce_scatter", inputs.src.nbytes, inputs.src.dtype)
     attempt = functools.partial(comm._reduce_scatter, buf, out, op, ending)
     return _run(comm, "reduce_scatter", attempt, inputs, out, replay, ending)
 
@@ -322,7 +322,7 @@ def _run(
                     inputs.restore()  # the input again, whatever happens next
                 try:
                     answered, tries = _recover(comm, call, own, first, tries + 1, deadline,
-                                               inputs.dst, ending.done)  # fmt: skip
+                                               inputs.dst, ending.done, ending.form)  # fmt: skip
                 except CommError:
                     comm._retry_gave_up = True  # its close must not wait to serve a retry
                     if ending.done:
@@ -330,7 +330,7 @@ def _run(
                     raise
                 if answered:
                     if ending.done:  # a rank ahead completed it: the result here is whole
-                        comm._kept.hold(own, call)
+                        comm._kept.hold(own, call, ending.form)
                     else:
                         _keep(comm, call, own, inputs, None, False)
                     return answer
@@ -339,7 +339,7 @@ def _run(
                     ending.done = False
                 continue
             if ending.confirm:
-                comm._kept.hold(own, call)
+                comm._kept.hold(own, call, ending.form)
             else:
                 _keep(comm, call, own, inputs, replay, inputs.src.size > 0)
             return result
@@ -362,11 +362,12 @@ def _keep(comm: Communicator, call: str, seq: int, inputs: Inputs, replay: Repla
 
 def _recover(
     comm: Communicator, call: str, own: int, first: CommError, attempt: int, deadline: float,
-    dst: np.ndarray | None, done: bool = False,
+    dst: np.ndarray | None, done: bool = False, form: Form | None = None,
 ) -> tuple[bool, int]:  # fmt: skip
     """Agree and renew the transport for ``attempt`` of this rank's call at seq ``own``,
     then catch up the ranks behind; (True if that answered this rank's call, the attempt
-    it reached). ``done``: the call's result is whole here (a fault in its confirm).
+    it reached). ``done``: the call's result is whole here (a fault in its confirm), and
+    ``form`` its size.
     Raises ``first`` once the budget is spent."""
     calls = comm._calls
     ask = _ask(comm, call, attempt, deadline, own, done)
@@ -379,7 +380,7 @@ def _recover(
         if own < plan.rerun:  # behind: this call is one the ranks ahead completed
             root = plan.step(own)
             if root == HELD:  # it ended with a confirm that a rank passed: whole here
-                _held(comm, call, np.zeros(0, np.uint8) if dst is None else dst)
+                _held(comm, call, form)
                 return True, attempt
             if root is not None and root >= 0 and dst is not None:
                 comm._broadcast(dst, root, None)
@@ -388,7 +389,7 @@ def _recover(
         return False, attempt
     except CommError as exc:
         if retryable(exc) and time.monotonic() < deadline:
-            return _recover(comm, call, own, first, attempt + 1, deadline, dst, done)
+            return _recover(comm, call, own, first, attempt + 1, deadline, dst, done, form)
         if exc.revocation is not None and not retryable(exc):
             raise exc from first  # the job failed otherwise (a hang, a death): its origin
         raise _exhausted(first, attempt - 1, comm.cfg.retry_budget_s, exc) from exc
@@ -403,7 +404,7 @@ def serve(comm: Communicator, plan: Plan, stop: int) -> None:
         kept, root = comm._kept.get(seq), plan.step(seq)
         assert kept is not None and root is not None  # the plan checked every rank keeps it
         if root == HELD:
-            _held(comm, kept.op, np.zeros(0, np.uint8))
+            _held(comm, kept.op, kept.form)
             continue
         assert kept.data is not None
         if root == REPLAY:
@@ -414,10 +415,12 @@ def serve(comm: Communicator, plan: Plan, stop: int) -> None:
             comm._broadcast(np.empty_like(kept.data), root, None)
 
 
-def _held(comm: Communicator, call: str, arr: np.ndarray) -> None:
-    """Close the :data:`HELD` seq the calls are at, here, with a record of its own: every
-    rank's seqs stay aligned, and the diagnosis sees it completed in the new epoch."""
-    with comm._call(call, arr, HELD_ALGO):
+def _held(comm: Communicator, call: str, form: Form | None) -> None:
+    """Close the :data:`HELD` seq the calls are at, here, with a record of its own (of the
+    call's ``form``, as every rank's first one said): every rank's seqs stay aligned, and
+    the diagnosis sees it completed in the new epoch."""
+    dtype, count, nbytes = (np.dtype(np.uint8), 0, 0) if form is None else form
+    with comm._call(call, np.empty(0, dtype), HELD_ALGO, count=count, nbytes=nbytes):
         pass
 
 
