@@ -49,14 +49,24 @@ class Dumpable(Protocol):
     def recovered(self) -> int: ...
 
 
+#: The reasons of the dumps a process writes as it ends (its last word on what happened).
+UNCAUGHT, TERMINATED, EXIT_AFTER = "uncaught ", "terminated by ", "exit after "
+
+
+def ends_process(reason: str) -> bool:
+    """Whether a dump with ``reason`` is the one a process writes as it ends: no dump begun
+    for another reason (a revocation's, on its own thread) may replace it."""
+    return reason.startswith((UNCAUGHT, TERMINATED, EXIT_AFTER))
+
+
 def exit_reason(failures: int, recovered: int) -> str:
     """Why a process that exits after ``failures`` (``recovered`` of them re-run by a
     retry) dumps: "exit after errors" while any stayed failed, else what a retry undid, so
     a job that rode through a link fault does not read as one that failed."""
     if failures > recovered:
-        return "exit after errors"
+        return f"{EXIT_AFTER}errors"
     attempts = "attempt" if recovered == 1 else "attempts"
-    return f"exit after recovered errors ({recovered} failed {attempts} re-run by a retry)"
+    return f"{EXIT_AFTER}recovered errors ({recovered} failed {attempts} re-run by a retry)"
 
 
 def dump_filename(job: str, rank: int) -> str:
@@ -230,7 +240,7 @@ def install_termination_dump(
         if not _forked(owner):
             worker = threading.Thread(
                 target=dump_quietly,
-                args=(target, f"terminated by {name}", directory),
+                args=(target, f"{TERMINATED}{name}", directory),
                 name="cclctl-dump",
                 daemon=True,
             )
@@ -269,7 +279,7 @@ def install_exit_dump(
 
     def hook(etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         if not _forked(owner) and dump_quietly(
-            target, f"uncaught {etype.__name__}: {value}", directory
+            target, f"{UNCAUGHT}{etype.__name__}: {value}", directory
         ):
             dumped.set()
         uncaught.report(etype, value, tb, previous_hook, brief_errors)

@@ -69,6 +69,8 @@ class Telemetry(Recorder):
         self._publisher: StatusPublisher | None = None
         self._exporter: MetricsExporter | None = None
         self._hooks: list[Callable[[], None]] = []
+        self._dump_lock = threading.Lock()
+        self._ended = False  # an ending dump was written (uncaught, terminated, exit)
         self._link_sources: list[LinkSource] = []
         self._store_source: Callable[[], StoreCounts] | None = None
         self._auth_failure_sources: list[Callable[[], int]] = []
@@ -260,7 +262,12 @@ class Telemetry(Recorder):
         Raises :class:`~cclctl.errors.CclError` if the file cannot be written.
         """
         target = self.dump_path(path)
-        dumps.write_atomic(target, self.snapshot("dump", reason).to_json())
+        ending = dumps.ends_process(reason)
+        with self._dump_lock:  # one at a time, each snapshot taken as its turn comes
+            if self._ended and not ending:
+                return target  # the process's last word stands (it holds more than this)
+            dumps.write_atomic(target, self.snapshot("dump", reason).to_json())
+            self._ended = self._ended or ending
         return target
 
     def remove_stale_dumps(self) -> list[str]:

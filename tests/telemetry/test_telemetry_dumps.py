@@ -17,6 +17,7 @@ from telemetry_helpers import T0, run, wait_for
 
 from cclctl.errors import CclError, UsageError
 from cclctl.records import FAILED, CollectiveRecord, snapshot_from_json
+from cclctl.telemetry import dumps as dumps_module
 from cclctl.telemetry.dumps import dump_filename
 
 
@@ -76,6 +77,50 @@ def test_dump_replaces_atomically_and_leaves_no_temporary_files(make_tel, tmp_pa
     path = tel.dump("second")
     assert os.listdir(tmp_path) == ["cclctl-job1-rank0.json"]
     assert snapshot_from_json(Path(path).read_text()).reason == "second"
+
+
+def test_a_process_ending_dump_is_never_replaced_by_a_later_one(make_tel, tmp_path):
+    """A revocation's dump runs on its own thread and can finish after the excepthook's: the
+    process's last word (uncaught, terminated, exit after errors) stays in the file."""
+    tel = make_tel(trace_dir=str(tmp_path))
+    tel.dump("revoked: link between rank 1 and rank 2 broke")  # before the end: replaced
+    path = tel.dump("uncaught CollectiveAborted: aborted by operator")
+    tel.dump("revoked: aborted by operator")
+    tel.dump("signal SIGUSR1")
+    assert snapshot_from_json(Path(path).read_text()).reason == (
+        "uncaught CollectiveAborted: aborted by operator"
+    )
+    tel.dump("exit after errors")  # another ending dump still goes in
+    assert snapshot_from_json(Path(path).read_text()).reason == "exit after errors"
+
+
+@pytest.mark.timeout(30)
+def test_dumps_take_turns_so_a_slow_earlier_dump_cannot_overwrite_the_ending_one(
+    make_tel, tmp_path, monkeypatch
+):
+    """The revocation's dump is still writing when the ending dump starts: it waits its turn
+    and the ending one, written last, holds the later state."""
+    tel = make_tel(trace_dir=str(tmp_path))
+    real_write = dumps_module.write_atomic
+    writing, release = threading.Event(), threading.Event()
+
+    def write_atomic(path: str, data: str) -> None:
+        if threading.current_thread().name == "revoke-dump":
+            writing.set()
+            assert release.wait(20)
+        real_write(path, data)
+
+    monkeypatch.setattr(dumps_module, "write_atomic", write_atomic)
+    revoke = threading.Thread(target=tel.dump, args=("revoked: x",), name="revoke-dump")
+    revoke.start()
+    assert writing.wait(20)
+    ending = threading.Thread(target=tel.dump, args=("uncaught CommRevoked: x",))
+    ending.start()
+    release.set()
+    revoke.join(20)
+    ending.join(20)
+    path = tmp_path / "cclctl-job1-rank0.json"
+    assert snapshot_from_json(path.read_text()).reason == "uncaught CommRevoked: x"
 
 
 def test_unwritable_dump_raises_a_one_line_typed_error(make_tel, tmp_path):

@@ -38,8 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cclctl.torch")
 
 #: The reasons the triggers give (:mod:`cclctl.telemetry.dumps`) for a process that ends.
-TERMINATED = "terminated by "
-UNCAUGHT = "uncaught "
+TERMINATED, UNCAUGHT = dumps.TERMINATED, dumps.UNCAUGHT
 #: How long a SIGTERM waits for the naming, the last status and the dump before the rank
 #: terminates anyway: torchrun waits 30 s after its SIGTERM before it kills.
 TERMINATION_WAIT_S = 10.0
