@@ -13,8 +13,7 @@ busy loops of CPU load started and ended by pid) must give no finding at all.
 ``--minutes`` adds one long healthy run under jitter and load.
 
 Slow links and hosts are not in this suite: they need network-namespace hosts (root,
-veths, tc), which tests/support/netns_job.py sets up for the tests; see
-tests/runtime/test_slow_links.py for those cases.
+veths, tc); benchmarks/slow_detection_links.py measures those cases.
 
     .venv/bin/python benchmarks/slow_detection.py --quick
     .venv/bin/python benchmarks/slow_detection.py --cases 24 --controls 4 --minutes 5
