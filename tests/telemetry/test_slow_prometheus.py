@@ -1,6 +1,6 @@
 """docs/metrics.md's "which rank is slow" and "which link is slow" queries, and the
 dashboard's panels for them, against a real Prometheus scraping a real job whose rank 2
-computes 30% more per step: the queries name rank 2, where the per-rank bus bandwidth the
+computes twice as long per step: the queries name rank 2, where the per-rank bus bandwidth the
 docs once suggested points at the others."""
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from slow_job import WORKER, worker_env
 
 pytestmark = pytest.mark.slow  # a real job scraped by a real Prometheus
 RANKS, SLOW = 4, "2"
+#: Scrapes (one a second) of every rank held before the minute-long rates are read.
+SCRAPES = 20
+SCRAPED = "cclctl_collective_seconds_total"
 
 
 def _one(marker: str, queries: list[str]) -> str:
@@ -36,20 +39,30 @@ def test_the_slow_rank_and_link_queries_name_the_straggler(tmp_path: Path) -> No
     link_panel = _one('phase="data"', dashboard_queries())
     job = f"promslow-{uuid.uuid4().hex[:6]}"
     base = free_port_block(RANKS)
-    env = worker_env(tmp_path, CCLCTL_JOB=job, SLOW_RANKS=SLOW, CCLCTL_METRICS_PORT=str(base))
+    # Rank 2 computes twice as long a step: what this test checks is that the documented
+    # queries name a straggler (how small a one the analysis finds is the benchmark's
+    # business), on a machine whose load makes every rank straggle now and then.
+    env = worker_env(
+        tmp_path, CCLCTL_JOB=job, SLOW_RANKS=SLOW, SLOW_EXTRA="1.0", CCLCTL_METRICS_PORT=str(base)
+    )
     server: subprocess.Popen[bytes] | None = None
     try:
         with live_job([sys.executable, WORKER], RANKS, env, tmp_path / "release"):
             server, prom = start_prometheus(tmp_path, list(range(base, base + RANKS)))
 
             def ranked() -> list[tuple[str, float]] | None:
+                # The queries' rates are over a minute: judge on SCRAPES of every rank, not on
+                # the first two, which a loaded machine's scheduling can turn either way.
+                held = query(prom, f"min(count_over_time({SCRAPED}[1m]))")
+                if not held or float(held[0]["value"][1]) < SCRAPES:
+                    return None
                 found = query(prom, waited_for)
                 if len(found) < RANKS - 1:
-                    return None  # not every rank scraped twice yet
+                    return None  # not every rank waited on yet
                 return sorted(((s["metric"]["peer"], float(s["value"][1])) for s in found),
                               key=lambda pv: -pv[1])  # fmt: skip
 
-            order = until("entry waits of every rank", ranked, timeout_s=90)
+            order = until("entry waits of every rank", ranked, timeout_s=120)
             assert order[0][0] == SLOW and order[0][1] > 2.0, order
             (least,) = query(prom, waits_least)
             assert least["metric"]["rank"] == SLOW
