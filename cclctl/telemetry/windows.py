@@ -8,17 +8,17 @@ spans a boundary is split at it, and one still running when a window closes coun
 its end) and, for collectives, sampled entry times ``(seq, start_ns)`` (the seqs whose
 :func:`~cclctl.signals.seq_hash` has its low bits 0, as many bits as keep at most
 :data:`~cclctl.signals.MAX_ENTRIES`, so every rank keeps the same seqs and every call
-position of a training step is sampled alike). The calls' own
-folds only hand the records over (:meth:`Windows.defer`, under the recorder's lock: a list
-append per fold); :meth:`Windows.update`, as each status is built (at least once a status
-interval, on the publisher's thread, under a lock of its own), adds them and closes the
-windows that ended, so the windows cost the calls nothing more. The per-peer totals (bytes,
-time blocked)
-are read then, and their growth since the last close is the window's, so a window's peers
-may hold up to a status interval of the next window's. Only the last
-:data:`~cclctl.signals.MAX_WINDOWS` complete windows are kept.
+position of a training step is sampled alike). The calls' own folds only hand the records
+over (:meth:`Windows.defer`, under the recorder's lock: a list append per fold);
+:meth:`Windows.update`, as each status is built (at least once a status interval, on the
+publisher's thread, under a lock of its own), adds them and closes the windows that ended,
+so the windows cost the calls nothing more. The per-peer totals (bytes, time blocked,
+messages' transfer times) are read then, and their growth since the last close is the
+window's, so a window's peers may hold up to a status interval of the next window's. Only
+the last :data:`~cclctl.signals.MAX_WINDOWS` complete windows are kept.
 
-:class:`PeerWaits` is where the runtime's transports add the time they block on a peer.
+:class:`PeerWaits` is where the runtime's transports add the time they block on a peer and
+the time a peer's TCP messages take to arrive.
 The clock is injectable, as the watchdog's, for tests.
 """
 
