@@ -17,13 +17,12 @@ those bytes over the time charged to it, a clock-free measure:
   no per-window subtraction undoes exactly.
 
 Links are compared with links of the same kind only (shared memory, TCP within a host,
-TCP across hosts), in log space: a link is slow when
-its throughput lies below the median of the others of its kind by ``link_ratio`` and by
-more than ``mad_k`` scaled MADs of theirs, and the time it lost against that median is at
-least ``SlowOptions.min_share`` of the window. A host is slow when every one of at least
-two links out of it (or into it) to other hosts is slow against the other hosts' links
-(or untimed over TCP: see :func:`slow_edges`), and one of its ranks lost the minimum
-share over its links together.
+TCP across hosts), in log space: a link is slow when its throughput lies below the median
+of the others of its kind by ``link_ratio`` and by more than ``mad_k`` scaled MADs of
+theirs, and the time it lost against that median is at least ``SlowOptions.min_share`` of
+the window. A host is slow when every one of at least two links out of it (or into it) to
+other hosts is slow against the other hosts' links (or untimed over TCP: see
+:func:`slow_edges`), and one of its ranks lost the minimum share over its links together.
 """
 
 from __future__ import annotations
