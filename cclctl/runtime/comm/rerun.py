@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cclctl.runtime.algorithms import latency
+from cclctl.runtime.algorithms import latency, shared
 from cclctl.runtime.algorithms.context import Step
 from cclctl.runtime.comm import buffers
 from cclctl.runtime.transport.base import Transfer
@@ -226,17 +226,45 @@ class Inputs:
 
 
 class _Confirming(Step):
-    """The call's step, its steps numbered from :data:`CONFIRM_STEP0`."""
+    """The call's step among ``members`` (virtual ranks 0.. map to them; default: every
+    rank), its steps numbered from :data:`CONFIRM_STEP0`, apart from the data's."""
 
-    __slots__ = ()
+    __slots__ = ("members",)
 
-    def __init__(self, ctx: Step) -> None:
-        super().__init__(ctx.transport, ctx.rank, ctx.size, ctx.call, ctx.wait, ctx.scratch)
+    def __init__(self, ctx: Step, members: Sequence[int] | None = None) -> None:
+        ranks = list(range(ctx.size)) if members is None else list(members)
+        super().__init__(
+            ctx.transport, ranks.index(ctx.rank), len(ranks), ctx.call, ctx.wait, ctx.scratch
+        )
+        self.members = ranks
 
     def xfer(
         self, step: int, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()
     ) -> None:
-        super().xfer(CONFIRM_STEP0 + step, sends, recvs)
+        m = self.members
+        super().xfer(
+            CONFIRM_STEP0 + step,
+            [(m[p], view) for p, view in sends],
+            [(m[p], view) for p, view in recvs],
+        )
+
+
+def confirm(step: Step) -> None:
+    """A one-byte barrier in the call's step: it returns once every rank has entered it.
+    Over a transport with a hierarchy (hosts), as the communicator's barrier runs there:
+    within each host through its shared memory, across between the hosts' leaders only,
+    within again; else recursive doubling among all ranks."""
+    token = np.zeros(1, dtype=np.uint8)
+    h = step.transport.capabilities.hierarchy
+    if h is None:
+        latency.all_reduce(_Confirming(step), token, "max")
+        return
+    if h.group is not None:
+        shared.all_reduce(step, h.group, token, token, "max")
+    if step.rank == h.leader and len(h.leaders) > 1:
+        latency.all_reduce(_Confirming(step, h.leaders), token, "max")
+    if h.group is not None:
+        shared.broadcast(step, h.group, token, h.leader)
 
 
 @dataclasses.dataclass
@@ -266,4 +294,4 @@ class Ending:
         rec = step.wait.record
         self.count, self.nbytes = (step.call.count, 0) if rec is None else (rec.count, rec.nbytes)
         if self.confirm and step.size > 1:
-            latency.all_reduce(_Confirming(step), np.zeros(1, dtype=np.uint8), "max")
+            confirm(step)
