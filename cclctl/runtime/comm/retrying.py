@@ -15,7 +15,10 @@ all_gather, broadcast, barrier) the ranks behind receive it from the lowest rank
 rank (reduce_scatter, reduce, all_to_all) the ranks ahead run it once more from a copy of
 its input, with the ranks behind, and drop what it gives them. A rank behind returns from
 its call and meets the next seqs the same way as its program makes them (the agreed
-:class:`Plan` says how each catches up); then every rank re-runs the highest seq. A rank
+:class:`Plan` says how each catches up); then every rank re-runs the highest seq. A call
+that ends with a confirm (:class:`~.rerun.Ending`: 1 MiB or more of the common
+collectives) keeps nothing: no rank completes it before every rank's result is whole, so
+the ranks behind it are inside it, holding their result, and return it (:data:`HELD`). A rank
 that closes with retry on waits for the others to close, and serves a retry meanwhile
 (:func:`closing`). Past the budget, counted from the first fault of the call, every
 rank raises that fault's error (naming its origin), with its in-place buffer holding the
