@@ -84,7 +84,7 @@ def launch_command(
     ),
 ) -> None:
     check_command("launch", {"-n": nprocs, "--port": port, "--timeout": timeout, "--grace": grace})
-    watch = FailureWatch()
+    watch, waits = FailureWatch(), WaitWatch()
     result = launch(
         cmd or [],
         nprocs,
@@ -94,11 +94,11 @@ def launch_command(
         timeout_s=timeout,
         on_start=_announce,
         on_failure=watch,
-        on_wait=WaitWatch(),
+        on_wait=waits,
         wait_interval_s=runtime_from_env().status_interval_s,
     )
     if result.returncode != 0:
-        print(verdict_line(result, watch.live), file=sys.stderr)
+        print(verdict_line(result, watch.live, waiting=waits.waiting), file=sys.stderr)
         raise typer.Exit(result.returncode)
 
 

@@ -91,11 +91,15 @@ def dumps_folder(result: LaunchResult, env: Mapping[str, str] | None = None) -> 
 
 
 def verdict_line(
-    result: LaunchResult, live: Diagnosis | None, env: Mapping[str, str] | None = None
+    result: LaunchResult,
+    live: Diagnosis | None,
+    env: Mapping[str, str] | None = None,
+    waiting: str = "",
 ) -> str:
-    """The one line a failed launch ends with (see the module's docstring)."""
+    """The one line a failed launch ends with (see the module's docstring); ``waiting``:
+    what the launcher last said of the ranks it waited on, for an interrupted wait."""
     if result.interrupted:
-        return PREFIX + "interrupted; all ranks stopped"
+        return PREFIX + "interrupted" + (f" {waiting}" if waiting else "") + "; all ranks stopped"
     folder = dumps_folder(result, env)
     dumped = _dump_diagnosis(folder, result.job)
     origin = _origin(result, live, dumped)

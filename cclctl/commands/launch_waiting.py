@@ -38,19 +38,25 @@ def _to_stderr(line: str) -> None:
 
 
 class WaitWatch:
-    """The launcher's ``on_wait`` hook: print the waiting line when it changes."""
+    """The launcher's ``on_wait`` hook: print the waiting line when it changes.
+
+    ``waiting`` keeps what the last line said of the ranks waited on (``waiting on rank 2
+    (pid 881): stopped ...``), for the launcher's last line if it is interrupted meanwhile."""
 
     def __init__(self, write: Callable[[str], None] = _to_stderr) -> None:
         self.write = write
         self.last = ""
+        self.waiting = ""
 
     def __call__(self, waiting_on: Waiting, seen: StoreSeen | None) -> None:
         states = {
             r: procs.process_state(pid, time.time_ns()) for r, pid in waiting_on.running.items()
         }
-        line = waiting_line(waiting_on, _statuses(seen), states)
+        statuses = _statuses(seen)
+        line = waiting_line(waiting_on, statuses, states)
         if line != self.last:
             self.last = line
+            self.waiting = waiting_phrase(waiting_on, statuses, states)
             self.write(line)
 
 
@@ -70,12 +76,20 @@ def waiting_line(
 ) -> str:
     """``cclctl launch: ranks 0-1,3 finished; waiting on rank 2 (pid 881): stopped (process
     state T), after seq 4 of comm 0:0-3 (the finished ranks completed seq 8)``."""
+    phrase = waiting_phrase(waiting_on, statuses, states)
+    return f"{PREFIX}{ranks_word(waiting_on.finished)} finished; {phrase}"
+
+
+def waiting_phrase(
+    waiting_on: Waiting, statuses: Mapping[int, RankSnapshot], states: Mapping[int, str]
+) -> str:
+    """``waiting on rank 2 (pid 881): stopped (process state T), ...``, each rank waited on."""
     finished = [statuses[r] for r in waiting_on.finished if r in statuses]
     each = [
         _rank_phrase(rank, pid, statuses.get(rank), states.get(rank, ""), finished)
         for rank, pid in sorted(waiting_on.running.items())
     ]
-    return f"{PREFIX}{ranks_word(waiting_on.finished)} finished; waiting on {'; '.join(each)}"
+    return f"waiting on {'; '.join(each)}"
 
 
 def _rank_phrase(

@@ -42,9 +42,22 @@ def _lines(stream: object, into: queue.Queue[str | None]) -> None:
     into.put(None)
 
 
+#: How each case ends the wait, and the launcher's last line then.
+ENDINGS = {
+    "rank_killed": r"cclctl launch: rank 2 \(pid \d+\) died of SIGKILL.*",
+    "interrupted": r"cclctl launch: interrupted waiting on rank 2 \(pid \d+\): stopped "
+    r"\(process state T\), last seen .*; all ranks stopped",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_the_launcher_names_a_stopped_rank_its_finished_peers_wait_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_the_launcher_names_a_stopped_rank_its_finished_peers_wait_on(
+    tmp_path: Path, ending: str
+) -> None:
+    """Then rank 2 is killed (the launcher names its death), or the launcher is interrupted
+    (Ctrl-C): its last line still names the rank it was waiting on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
     env |= {
         "CCLCTL_FAULT": "stop:rank=2:seq=5",
@@ -80,9 +93,12 @@ def test_the_launcher_names_a_stopped_rank_its_finished_peers_wait_on(tmp_path: 
             seen.append(line)
             match = WAITING.fullmatch(line)
         assert match is not None, "\n".join(seen[-20:])
-        stopped = int(match[1])
-        os.kill(stopped, signal.SIGKILL)
-        assert launcher.wait(timeout=60) == 1
+        if ending == "rank_killed":
+            os.kill(int(match[1]), signal.SIGKILL)
+            assert launcher.wait(timeout=60) == 1
+        else:
+            launcher.send_signal(signal.SIGINT)
+            assert launcher.wait(timeout=60) == 128 + signal.SIGINT
         reader.join(timeout=30)
         while (line := lines.get(timeout=5)) is not None:
             seen.append(line)
@@ -92,7 +108,7 @@ def test_the_launcher_names_a_stopped_rank_its_finished_peers_wait_on(tmp_path: 
             launcher.wait(timeout=30)
     # said once while it lasted, not once an interval
     assert sum(1 for line in seen if WAITING.fullmatch(line)) == 1, seen
-    assert re.fullmatch(r"cclctl launch: rank 2 \(pid \d+\) died of SIGKILL.*", seen[-1]), seen
+    assert re.fullmatch(ENDINGS[ending], seen[-1]), seen
 
 
 def _waiting(running: dict[int, int], finished: tuple[int, ...]) -> Waiting:
