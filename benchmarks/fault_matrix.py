@@ -5,6 +5,9 @@ seq 5 (a cut link: its link to rank N-1), then counts how many survivors' error 
 the culprit and whether three verdicts do: the live one (``cclctl diagnose hang --store``
 as soon as a rank has failed, while the store still answers), the post-mortem one
 (``cclctl diagnose hang DIR`` once every rank has ended) and ``cclctl launch``'s last line.
+A fault may fail nothing (a rank that sleeps before a broadcast whose peers, ahead in the
+shared-memory slots, never wait on it): the job completes, and the right verdict is then a
+healthy one, with no one blamed (the table counts such jobs).
 Faults x ranks x collectives x launch mode x transport: 7 x 2 x 3 x 2 x 2 = 168 cases, run
 one at a time (safe on 2 cores); a progress line per case on stderr, the table (markdown)
 on stdout::
@@ -44,6 +47,7 @@ class Outcome:
     live: str = "none"  # "right", "wrong" or "none" (no answer)
     post: str = "none"
     launcher: str = "n/a"
+    completed: bool = False  # every rank exited 0: right is a healthy verdict, no blame
 
 
 def names(text: str, culprits: tuple[int, ...]) -> bool:
@@ -53,7 +57,11 @@ def names(text: str, culprits: tuple[int, ...]) -> bool:
 
 
 def verdict_names(doc: dict[str, object], culprits: tuple[int, ...]) -> str:
+    """Whether the first verdict names a culprit; with no culprits (a job that completed),
+    whether the verdict is healthy."""
     verdicts = [v for v in doc.get("verdicts", []) if v.get("kind") != "healthy"]  # type: ignore[union-attr]
+    if not culprits:
+        return "wrong" if verdicts else "right"
     if not verdicts:
         return "wrong"
     first = verdicts[0]
@@ -90,12 +98,13 @@ def run_case(case: Case) -> Outcome:
 
     with tempfile.TemporaryDirectory(prefix="cclctl-matrix-") as dumps:
         out = Outcome()
-        if case.mode == "launch":
-            errors, out.live, last = run_launch(case, dumps, job, judge)
-            origin = last.split(";")[0] if last.startswith("cclctl launch:") else ""
+        ran = (run_launch if case.mode == "launch" else run_env)(case, dumps, job, judge)
+        errors, out.live, out.completed = ran.errors, ran.live, ran.completed
+        if case.mode == "launch" and ran.completed:
+            out.launcher = "right"  # it exits 0 and blames no one
+        elif case.mode == "launch":
+            origin = ran.last.split(";")[0] if ran.last.startswith("cclctl launch:") else ""
             out.launcher = "right" if origin and names(origin, case.culprits) else "wrong"
-        else:
-            errors, out.live = run_env(case, dumps, job, judge)
         survivors = [r for r in range(case.ranks) if r not in case.culprits]
         failed = [r for r in survivors if errors.get(r)]
         out.survivors, out.finished = len(failed), len(survivors) - len(failed)
@@ -104,7 +113,7 @@ def run_case(case: Case) -> Outcome:
         if os.environ.get("MATRIX_VERBOSE"):
             for r in sorted(set(failed) - set(named)):
                 print(f"  rank {r} said: {errors[r][:300]}", file=sys.stderr)
-        out.post = diagnose([dumps, "--job", job], case.culprits)
+        out.post = diagnose([dumps, "--job", job], () if ran.completed else case.culprits)
     return out
 
 
@@ -127,9 +136,9 @@ def cases(args: argparse.Namespace) -> Iterator[Case]:
 
 def table(results: list[tuple[Case, Outcome]]) -> str:
     rows = [
-        "| fault | transport | cases | failed survivors naming the culprit (finished) "
-        "| live right (no answer) | post-mortem right | launcher right |",
-        "|---|---|---|---|---|---|---|",
+        "| fault | transport | cases | jobs completed | failed survivors naming the culprit "
+        "(finished) | live right (no answer) | post-mortem right | launcher right |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, str], list[Outcome]] = {}
     for case, out in results:
@@ -137,7 +146,7 @@ def table(results: list[tuple[Case, Outcome]]) -> str:
     for (fault, transport), outs in groups.items():
         launched = [o for o in outs if o.launcher != "n/a"]
         rows.append(
-            f"| {fault} | {transport} | {len(outs)} "
+            f"| {fault} | {transport} | {len(outs)} | {sum(o.completed for o in outs)} "
             f"| {sum(o.named for o in outs)}/{sum(o.survivors for o in outs)} "
             f"({sum(o.finished for o in outs)}) "
             f"| {sum(o.live == 'right' for o in outs)} ({sum(o.live == 'none' for o in outs)}) "
@@ -182,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         out = run_case(case)
         results.append((case, out))
         print(
-            f"[{i}/{len(todo)}] {case.label()}: survivors {out.named}/{out.survivors} "
+            f"[{i}/{len(todo)}] {case.label()}: {'job completed, ' if out.completed else ''}"
+            f"survivors {out.named}/{out.survivors} "
             f"({out.finished} finished), "
             f"live {out.live}, post-mortem {out.post}, launcher {out.launcher} "
             f"({time.monotonic() - started:.1f}s)",

@@ -126,8 +126,20 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-def run_launch(case: Case, dumps: str, job: str, judge: Judge) -> tuple[dict[int, str], str, str]:
-    """A ``cclctl launch`` case: (errors by rank, live verdict, the launcher's last line)."""
+@dataclasses.dataclass
+class Ran:
+    """What one case's processes did: errors by rank, the live verdict, the launcher's last
+    line, and whether the job completed (every process exited 0: the fault delayed it, as a
+    sleep before a broadcast whose peers do not wait on the sleeper, but failed nothing)."""
+
+    errors: dict[int, str]
+    live: str
+    last: str = ""
+    completed: bool = False
+
+
+def run_launch(case: Case, dumps: str, job: str, judge: Judge) -> Ran:
+    """A ``cclctl launch`` case."""
     cmd = [PY, "-m", "cclctl", "launch", "-n", str(case.ranks), "--grace", "2", "--", PY, WORKER]
     env = base_env(case, dumps, job)
     proc = subprocess.Popen(
@@ -136,18 +148,21 @@ def run_launch(case: Case, dumps: str, job: str, judge: Judge) -> tuple[dict[int
     reader = Reader(proc.stderr)
     live = "none"
     try:
-        if reader.failed.wait(CASE_DEADLINE_S):
-            address = _launch_store(reader.lines)
-            if address:
-                live = judge(["--store", address, "--job", job])
-        proc.wait(CASE_DEADLINE_S)
+        deadline = time.monotonic() + CASE_DEADLINE_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            if reader.failed.wait(0.05):
+                address = _launch_store(reader.lines)
+                if address:
+                    live = judge(["--store", address, "--job", job])
+                break
+        proc.wait(max(deadline - time.monotonic(), 0.1))
     except subprocess.TimeoutExpired:
         pass
     finally:
         stop_all([proc])
         reader.thread.join(5)
     last = reader.lines[-1] if reader.lines else ""
-    return reader.errors(), live, last
+    return Ran(reader.errors(), live, last, completed=proc.returncode == 0)
 
 
 def _launch_store(lines: list[str]) -> str:
@@ -158,8 +173,8 @@ def _launch_store(lines: list[str]) -> str:
     return ""
 
 
-def run_env(case: Case, dumps: str, job: str, judge: Judge) -> tuple[dict[int, str], str]:
-    """An env-launched case, rank 0 hosting the store: (errors by rank, live verdict)."""
+def run_env(case: Case, dumps: str, job: str, judge: Judge) -> Ran:
+    """An env-launched case, rank 0 hosting the store (no launcher line)."""
     port = free_port()
     procs, readers = [], []
     for rank in range(case.ranks):
@@ -180,8 +195,11 @@ def run_env(case: Case, dumps: str, job: str, judge: Judge) -> tuple[dict[int, s
     try:
         deadline = time.monotonic() + CASE_DEADLINE_S
         while time.monotonic() < deadline and not any(r.failed.is_set() for r in readers):
+            if all(p.poll() is not None for p in procs):
+                break  # every rank ended with no error line: nothing failed to judge live
             time.sleep(0.02)
-        live = judge(["--store", f"127.0.0.1:{port}", "--job", job])
+        if any(r.failed.is_set() for r in readers):
+            live = judge(["--store", f"127.0.0.1:{port}", "--job", job])
         _wait_for_survivors(procs, case, deadline)
     finally:
         stop_all(procs)
@@ -189,7 +207,7 @@ def run_env(case: Case, dumps: str, job: str, judge: Judge) -> tuple[dict[int, s
     for r in readers:
         r.thread.join(5)
         errors.update(r.errors())
-    return errors, live
+    return Ran(errors, live, completed=all(p.returncode == 0 for p in procs))
 
 
 def _wait_for_survivors(procs: list[subprocess.Popen[bytes]], case: Case, deadline: float) -> None:
