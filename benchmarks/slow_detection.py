@@ -256,7 +256,8 @@ def report(outcomes: list[Outcome]) -> None:
             if o.case.slow is not None
             else "     -"
         )
-        print(f"{describe(o.case):48s} {lat}  polls={o.polls:3d} wrong={sorted(set(o.wrong))}")
+        print(f"{describe(o.case):48s} {lat}  polls={o.polls:3d} judged={o.judged} "
+              f"wrong={sorted(set(o.wrong))}")  # fmt: skip
         if o.latency_s is None and o.case.slow is not None and o.last is not None:
             print(f"    missed: {missed(o.last, o.case.slow)}")
     print(f"\ninjected {len(injected)}, detected {tp}, false positives {fp} "
