@@ -8,11 +8,15 @@ destination host and nothing else (``BridgedHosts.slow_link``):
   exchange across, h0 -> h1 slowed: both leaders wait alike on each other.
 
 Either way the link shows in the time its messages take from first byte to last at the
-receiver, and the verdict is a `slow_link` with that direction, no rank. The namespaces
+receiver, and the verdict is a `slow_link` with that direction, no rank, live and then
+post-mortem from the documents the ranks leave as the job ends. The namespaces
 (their qdiscs with them) and every rank are removed on the way out."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,11 +52,28 @@ def _found(doc: dict[str, Any]) -> bool:
 
 
 def _judge(hosts: BridgedHosts, tmp: Path, per_host: int) -> dict[str, Any]:
+    """The live verdict, once it finds something; then the job ends cleanly and the
+    post-mortem verdict from the documents its ranks left must find the same."""
     job = SlowHostsJob(hosts, tmp, free_port(), per_host=per_host, COUNT=str(1 << 16))
     try:
-        return job.verdict(_found)
+        live = job.verdict(_found)
+        assert job.finish() == [0] * len(job.procs)
     finally:
         job.kill()
+    after = _post_mortem(job.dumps, job.job)
+    assert [(f["kind"], f.get("link")) for f in after["findings"]] == [
+        (f["kind"], f.get("link")) for f in live["findings"]
+    ], after
+    return live
+
+
+def _post_mortem(folder: Path, job: str) -> dict[str, Any]:
+    """`cclctl diagnose slow DIR --job JOB --json`, as a user runs it after the job."""
+    cmd = [sys.executable, "-m", "cclctl", "diagnose", "slow", str(folder), "--job", job, "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, out.stdout + out.stderr  # 3: it found something
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
 
 
 def test_one_slow_direction_of_a_ring_is_a_slow_link_not_a_rank(

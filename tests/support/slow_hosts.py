@@ -2,10 +2,12 @@
 tests/probe/probe_hosts.py: a veth per host, so ``tc`` on one host's device slows exactly
 the links it should), and `cclctl diagnose slow --store --json` run on a host until its
 verdict is what a test waits for. Every rank runs ``slow_worker.py``; ranks are numbered
-host by host. ``kill`` ends them (SIGKILL to each rank's session)."""
+host by host. ``finish`` ends them cleanly (each leaves its last document in ``dumps``, for a
+post-mortem), ``kill`` at once (SIGKILL to each rank's session)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,6 +35,7 @@ class SlowHostsJob:
                  **extra: str) -> None:  # fmt: skip
         self.hosts, self.port, self.job = hosts, port, "slowhosts"
         self.release = tmp / "release"
+        self.dumps = tmp / "dumps"  # every host's ranks write here (one file system)
         base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
         world = len(hosts.names) * per_host
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -46,7 +49,8 @@ class SlowHostsJob:
                 "MASTER_ADDR": hosts.addr[hosts.names[0]], "MASTER_PORT": str(port),
                 "CCLCTL_JOB": self.job, "CCLCTL_TOKEN": TOKEN, "CCLCTL_TIMEOUT": "60",
                 "CCLCTL_STORE_LINGER": "5", "CCLCTL_STATUS_INTERVAL": "0.2",
-                "CCLCTL_SLOW_WINDOW": WINDOW_S, "RELEASE": str(self.release), **extra,
+                "CCLCTL_SLOW_WINDOW": WINDOW_S, "RELEASE": str(self.release),
+                "CCLCTL_TRACE_DIR": str(self.dumps), **extra,
             }  # fmt: skip
             cmd = ["ip", "netns", "exec", hosts.ns[host], "unshare", "--uts", "sh", "-c",
                    f'hostname {host} && exec "$0" "$@"', sys.executable, WORKER]  # fmt: skip
@@ -83,6 +87,16 @@ class SlowHostsJob:
                 raise AssertionError(f"ranks ended (exit {dead}) before the verdict came")
             time.sleep(0.5)
         raise AssertionError(f"no verdict as wanted in {timeout_s:g}s; the last: {seen[-1:]!r}")
+
+    def finish(self, timeout_s: float = 90) -> list[int | None]:
+        """Ask every rank to stop at the next step (the worker's release file); their exit
+        codes once they have ended, or None for one still running at ``timeout_s``."""
+        self.release.touch()
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(deadline - time.monotonic(), 0.1))
+        return [proc.poll() for proc in self.procs]
 
     def kill(self) -> None:
         self.release.touch()
