@@ -5,7 +5,8 @@ destination host and nothing else (``BridgedHosts.slow_link``):
 - four hosts, one rank each, a ring all_reduce, h1 -> h2 slowed: every rank of the ring
   then waits alike on the one before it;
 - two hosts, two ranks each, a hierarchical all_reduce whose leaders (ranks 0 and 2)
-  exchange across, h0 -> h1 slowed: both leaders wait alike on each other.
+  exchange across, h0 -> h1 slowed: both leaders wait alike on each other;
+- three hosts, all_to_all, h1's whole egress slowed with tbf: a `slow_host`.
 
 Either way the link shows in the time its messages take from first byte to last at the
 receiver, and the verdict is a `slow_link` with that direction, no rank, live and then
@@ -39,6 +40,15 @@ def four() -> Iterator[BridgedHosts]:
 
 
 @pytest.fixture
+def three() -> Iterator[BridgedHosts]:
+    net = BridgedHosts(3)
+    try:
+        yield net
+    finally:
+        net.close()
+
+
+@pytest.fixture
 def two() -> Iterator[BridgedHosts]:
     net = BridgedHosts(2)
     try:
@@ -51,18 +61,19 @@ def _found(doc: dict[str, Any]) -> bool:
     return bool(doc["findings"])
 
 
-def _judge(hosts: BridgedHosts, tmp: Path, per_host: int) -> dict[str, Any]:
+def _judge(hosts: BridgedHosts, tmp: Path, per_host: int, **extra: str) -> dict[str, Any]:
     """The live verdict, once it finds something; then the job ends cleanly and the
     post-mortem verdict from the documents its ranks left must find the same."""
-    job = SlowHostsJob(hosts, tmp, free_port(), per_host=per_host, COUNT=str(1 << 16))
+    env = {"COUNT": str(1 << 16), **extra}
+    job = SlowHostsJob(hosts, tmp, free_port(), per_host=per_host, **env)
     try:
         live = job.verdict(_found)
         assert job.finish() == [0] * len(job.procs)
     finally:
         job.kill()
     after = _post_mortem(job.dumps, job.job)
-    assert [(f["kind"], f.get("link")) for f in after["findings"]] == [
-        (f["kind"], f.get("link")) for f in live["findings"]
+    assert [(f["kind"], f.get("link"), f.get("host")) for f in after["findings"]] == [
+        (f["kind"], f.get("link"), f.get("host")) for f in live["findings"]
     ], after
     return live
 
@@ -96,3 +107,14 @@ def test_one_slow_direction_between_two_leaders_is_a_slow_link_with_it(
     assert [(f["kind"], f["link"]) for f in doc["findings"]] == [("slow_link", [0, 2])], doc
     evidence = doc["findings"][0]["evidence"]
     assert any("reverse direction is normal" in line for line in evidence), evidence
+
+
+def test_a_host_whose_whole_egress_is_slow_is_a_slow_host(
+    three: BridgedHosts, tmp_path: Path
+) -> None:
+    """tbf on h1's device: everything it sends is slow, so every link out of it is; the
+    verdict names the host (its egress), not its links one by one."""
+    three.slow_host("h1", "8mbit")
+    doc = _judge(three, tmp_path, per_host=1, OP="all_to_all", COUNT=str(3 << 14))
+    assert [(f["kind"], f["host"]) for f in doc["findings"]] == [("slow_host", "h1")], doc
+    assert "egress" in doc["findings"][0]["summary"]

@@ -1,8 +1,8 @@
 """A slow host across two network-namespace hosts (ranks 0-1 on h1, 2-3 on h2), slowed
 with the system's own tools, judged live by `cclctl diagnose slow` run on h1: h2's whole
 egress under tbf is a `slow_host`. The qdiscs are removed and every rank is killed on the
-way out. (One slowed direction between the two leaders of a hierarchical all_reduce is not
-yet found: both leaders' receive waits read alike, and no send blocks; see the report.)"""
+way out. (One slowed direction, and a host's egress judged post-mortem too, are in
+test_slow_directed_link.py.)"""
 
 from __future__ import annotations
 
