@@ -103,7 +103,8 @@ def slow(
         statuses = _live(address, job)
         report, probe = with_probe(slow_live(statuses, opts), statuses)
     else:
-        report = slow_from_inputs(_dumps(dumps or [_default_folder(job)], job), opts)
+        paths = dumps or [_default_folder(job)]
+        report = slow_from_inputs(_dumps(paths, job), opts, paths)
     if as_json:
         doc = report.to_dict()
         if probe is not None:

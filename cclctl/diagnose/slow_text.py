@@ -101,9 +101,9 @@ def _rank(run: Sequence[Straggle], hosts: Mapping[int, str], pids: Mapping[int, 
         [rank],
         est,
         [*_arrival(run), confirmed],
-        f"look at what rank {rank} ({where}) does between collectives: CPU quota or "
-        "contention, data loading, a larger batch; `py-spy dump --pid` shows where it is. "
-        "If its machine is at fault, drain the host.",
+        f"look at what rank {rank}{f' ({where})' if where else ''} does between collectives: "
+        "CPU quota or contention, data loading, a larger batch; `py-spy dump --pid` shows where "
+        "it is. If its machine is at fault, drain the host.",
         len(run),
         host=hosts.get(rank) or None,
         comm=run[-1].comm,
