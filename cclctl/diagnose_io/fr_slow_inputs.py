@@ -23,7 +23,7 @@ from cclctl import limits
 from cclctl.diagnose.slow_model import RankSignals
 from cclctl.diagnose.slow_stats import median
 from cclctl.diagnose.text import ranks_word
-from cclctl.diagnose_io.flight_recorder import find_dumps, parse, rank_of
+from cclctl.diagnose_io.flight_recorder import find_dumps, gc_paused, parse, rank_of
 from cclctl.diagnose_io.fr_signals import FrCalls, calls_of, infer_inside, rank_windows
 from cclctl.errors import BadInput
 from cclctl.records import RankSnapshot
@@ -118,7 +118,11 @@ def _read_calls(path: str, fmt: str) -> FrCalls:
             data = fh.read()
     except OSError as exc:
         raise BadInput(f"{path}: cannot read ({exc.strerror or exc})", path=path) from None
-    doc = parse(data, fmt, path)
-    if not isinstance(doc, dict):
-        raise BadInput(f"{path}: not a Flight Recorder dump", path=path)
-    return calls_of(doc.get("entries"))
+    with gc_paused():  # the parsed dump is freed before the collector resumes
+        doc = parse(data, fmt, path)
+        del data
+        if not isinstance(doc, dict):
+            raise BadInput(f"{path}: not a Flight Recorder dump", path=path)
+        calls = calls_of(doc.get("entries"))
+        del doc
+    return calls
