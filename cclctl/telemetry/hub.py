@@ -94,15 +94,19 @@ class Telemetry(Recorder):
 
     # -- reading -------------------------------------------------------------------------
 
-    def metrics_view(self) -> MetricsView:
-        """A consistent copy of every counter, for the exporter and status summaries."""
-        ops, comms, links = self.copy_counters()
+    def _add_link_bytes(self, links: dict[int, tuple[int, int]]) -> None:
+        """Add each transport's bytes sent to and received from every peer into ``links``."""
         for source in self._link_sources:
             sent, received = source()
             for peer, (s, r) in enumerate(zip(sent, received, strict=True)):
                 if s or r:
                     old = links.get(peer, (0, 0))
                     links[peer] = (old[0] + s, old[1] + r)
+
+    def metrics_view(self) -> MetricsView:
+        """A consistent copy of every counter, for the exporter and status summaries."""
+        ops, comms, links = self.copy_counters()
+        self._add_link_bytes(links)
         resumes: dict[int, int] = {}
         for resumed in self._resume_sources:
             for peer, n in enumerate(resumed()):
@@ -169,12 +173,7 @@ class Telemetry(Recorder):
         bytes from the transports' own counters, time blocked and messages' transfer times
         from :attr:`peer_waits`."""
         links: dict[int, tuple[int, int]] = {}
-        for source in self._link_sources:
-            sent, received = source()
-            for peer, (s, r) in enumerate(zip(sent, received, strict=True)):
-                if s or r:
-                    old = links.get(peer, (0, 0))
-                    links[peer] = (old[0] + s, old[1] + r)
+        self._add_link_bytes(links)
         waits = self.peer_waits.copy() if self.peer_waits is not None else {}
         transfers = self.peer_waits.transfers() if self.peer_waits is not None else {}
         vias = self._vias
