@@ -62,7 +62,10 @@ class HangUpOnce:
 
     def _serve(self) -> None:
         for index in range(2):
-            conn, _ = self.listener.accept()
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed by a test that needed fewer connections
             with conn:
                 self._answer(conn, answer=index > 0)
 
