@@ -208,5 +208,5 @@ def reason(report: SlowReport, hosts: int) -> str:
     return (
         f"{judged} of {report.ranks_seen} ranks on {hosts} host{'s' if hosts != 1 else ''} "
         f"judged: no rank, link or host costs the job {_pct(report.options.min_share)} of its "
-        "time in consecutive windows"
+        "time or more in consecutive windows"
     )
