@@ -110,13 +110,7 @@ def account(wait: Wait, peer: int, what: str, ns: int, arrive: bool = False) -> 
         kind = ENTRY_SEND_WAIT if send else ENTRY_RECV_WAIT
         if arrive:
             peers.add(peer)
-    members = wait.failure.members
-    job = members[peer] if members and 0 <= peer < len(members) else peer
-    totals = wait.waits.totals
-    row = totals.get(job)
-    if row is None:
-        row = totals[job] = [0, 0, 0, 0, 0]
-    row[kind] += ns
+    _peer_row(wait, peer)[kind] += ns
 
 
 def transferred(wait: Wait, peer: int, ns: int) -> None:
@@ -124,13 +118,18 @@ def transferred(wait: Wait, peer: int, ns: int) -> None:
     to its last: the link's own time to deliver it, which no wait of the peer's on others
     lengthens (its sender had sent it, or was sending it). Added to ``wait.waits`` under
     the peer's job rank; a message that arrived whole in one read adds nothing."""
+    _peer_row(wait, peer)[RECV_TRANSFER] += ns
+
+
+def _peer_row(wait: Wait, peer: int) -> list[int]:
+    """``peer``'s (the communicator's rank) row of ``wait.waits``, under its job rank."""
     members = wait.failure.members
     job = members[peer] if members and 0 <= peer < len(members) else peer
     totals = wait.waits.totals
     row = totals.get(job)
     if row is None:
         row = totals[job] = [0, 0, 0, 0, 0]
-    row[RECV_TRANSFER] += ns
+    return row
 
 
 def arrived(wait: Wait, peer: int) -> None:
