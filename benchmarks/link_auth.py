@@ -35,7 +35,7 @@ SIZES = {1 << 20: 20, 64 << 20: 2}
 def _handshakes(rounds: int) -> dict[str, list[float]]:
     from cclctl.runtime.transport import wire
     from cclctl.runtime.transport.base import Wait
-    from cclctl.runtime.transport.tcp_links import Links
+    from cclctl.runtime.transport.tcp.links import Links
 
     call = wire.Call(comm=1, epoch=0, seq=1, op="all_reduce")
     times: dict[str, list[float]] = {"bare": [], "auth": []}

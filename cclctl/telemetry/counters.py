@@ -167,10 +167,10 @@ class MetricsView:
     links: dict[int, tuple[int, int]]  # peer -> (sent, received)
     heartbeat_ns: int
     publish_errors: int
-    link_auth_failures: int = 0  # link handshakes refused (see runtime/transport/tcp_links.py)
+    link_auth_failures: int = 0  # link handshakes refused (see runtime/transport/tcp/links.py)
     store_reconnects: int = 0  # the publisher's store connection, reopened after a loss
     store_gap_s: float = 0.0  # the last gap between two good publishes (see status.py)
-    #: peer -> its links made again after a reset (see runtime/transport/tcp_resume.py)
+    #: peer -> its links made again after a reset (see runtime/transport/tcp/resume.py)
     link_resumes: dict[int, int] = dataclasses.field(default_factory=dict)
     #: peer -> nanoseconds blocked on it: (send, recv, entry send, entry recv), see
     #: telemetry/windows.py; only the peers this rank waited on

@@ -28,11 +28,12 @@ from cclctl.config import RuntimeConfig, job_dir
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.launch.launcher import launch
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
-from cclctl.runtime.transport import link_auth, wire
+from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.link_auth import HandshakeRefused
-from cclctl.runtime.transport.tcp import TcpTransport
-from cclctl.runtime.transport.tcp_links import Links
+from cclctl.runtime.transport.tcp import link_auth
+from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
+from cclctl.runtime.transport.tcp.links import Links
+from cclctl.runtime.transport.tcp.transport import TcpTransport
 from cclctl.store.client import StoreClient
 from scripts import script
 

@@ -28,11 +28,13 @@ from launch_helpers import Lines
 from cclctl import auth
 from cclctl.config import job_dir
 from cclctl.launch.launcher import launch
-from cclctl.runtime.transport import link_auth, tcp_links, wire
+from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.link_auth import HandshakeRefused
-from cclctl.runtime.transport.tcp_links import Links
-from cclctl.runtime.transport.tcp_refusals import RefusalLog
+from cclctl.runtime.transport.tcp import link_auth
+from cclctl.runtime.transport.tcp import links as tcp_links
+from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
+from cclctl.runtime.transport.tcp.links import Links
+from cclctl.runtime.transport.tcp.refusals import RefusalLog
 from cclctl.store.client import StoreClient
 from scripts import script
 

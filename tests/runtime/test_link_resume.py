@@ -22,10 +22,11 @@ import pytest
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.tcp import TAIL_MIN_BYTES, TcpTransport
-from cclctl.runtime.transport.tcp_links import Links
-from cclctl.runtime.transport.tcp_messages import Send
-from cclctl.runtime.transport.tcp_resume import Cursor, from_tail, lost, problem, resend
+from cclctl.runtime.transport.tcp.links import Links
+from cclctl.runtime.transport.tcp.messages import Send
+from cclctl.runtime.transport.tcp.resume import Cursor, from_tail, lost, problem, resend
+from cclctl.runtime.transport.tcp.step import TAIL_MIN_BYTES
+from cclctl.runtime.transport.tcp.transport import TcpTransport
 
 pytestmark = pytest.mark.timeout(60)
 

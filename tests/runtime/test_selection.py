@@ -17,7 +17,7 @@ from shm_thread_ranks import make_transports, run_on
 from cclctl.config import runtime_from_env
 from cclctl.runtime.algorithms import zero_copy
 from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.transport.tcp import TcpTransport
+from cclctl.runtime.transport.tcp.transport import TcpTransport
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,7 +14,7 @@ import pytest
 from cclctl.runtime.failure import FailureState
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.tcp import TcpStep
+from cclctl.runtime.transport.tcp.step import TcpStep
 from cclctl.telemetry.windows import PeerWaits
 
 CALL = wire.Call(comm=0, epoch=0, seq=1, op="all_reduce", dtype="float32", redop="sum",

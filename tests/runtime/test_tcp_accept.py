@@ -6,8 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 
-from cclctl.runtime.transport.tcp_accept import Acceptor
-from cclctl.runtime.transport.tcp_refusals import RefusalLog
+from cclctl.runtime.transport.tcp.accept import Acceptor
+from cclctl.runtime.transport.tcp.refusals import RefusalLog
 
 
 def _acceptor(listener: socket.socket, closed: threading.Event) -> Acceptor:

@@ -14,8 +14,8 @@ from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.hybrid import HybridTransport, build_transport
 from cclctl.runtime.transport.shm import segment as shm_segment
 from cclctl.runtime.transport.shm.transport import ShmTransport
-from cclctl.runtime.transport.tcp import TcpTransport
-from cclctl.runtime.transport.tcp_links import Links
+from cclctl.runtime.transport.tcp.links import Links
+from cclctl.runtime.transport.tcp.transport import TcpTransport
 from scripts import script
 
 WORKER = script("shm_worker.py")

@@ -17,7 +17,7 @@ from cclctl.config import RuntimeConfig
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.shm.layout import Layout
-from cclctl.runtime.transport.tcp_links import Links
+from cclctl.runtime.transport.tcp.links import Links
 
 CFG = RuntimeConfig(job="shm-threads", timeout_s=20.0, connect_timeout_s=10.0)
 

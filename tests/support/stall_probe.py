@@ -1,7 +1,7 @@
 """Run in a network namespace of its own: a loopback connection whose receiver never reads
 (``window``) or whose packets iptables drops on the way in (``drop``) or out
 (``blocked``, as where the interface is down), and what
-:func:`cclctl.runtime.transport.stall.stalled` says of the sender. Prints one JSON line:
+:func:`cclctl.runtime.transport.tcp.stall.stalled` says of the sender. Prints one JSON line:
 ``{"stalled": bool, "last_data_sent_ms": int}``.
 
 ``window``: the sender fills the receiver's window and asks again and again until it has
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from cclctl.runtime.transport.stall import stalled
+from cclctl.runtime.transport.tcp.stall import stalled
 
 AFTER_MS = 300
 how = sys.argv[1]

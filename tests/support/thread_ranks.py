@@ -12,8 +12,8 @@ from typing import Any
 
 from cclctl.config import RuntimeConfig
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
-from cclctl.runtime.transport.tcp import TcpTransport
-from cclctl.runtime.transport.tcp_links import Links
+from cclctl.runtime.transport.tcp.links import Links
+from cclctl.runtime.transport.tcp.transport import TcpTransport
 
 
 def make_comms(

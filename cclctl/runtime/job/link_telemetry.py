@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cclctl.runtime.transport.base import Transport
-from cclctl.runtime.transport.tcp_links import Links
+from cclctl.runtime.transport.tcp.links import Links
 from cclctl.telemetry.hub import Telemetry
 
 

@@ -25,8 +25,8 @@ from cclctl.runtime.transport.shm.group import ShmGroup
 from cclctl.runtime.transport.shm.layout import Layout
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.runtime.transport.shm.transport import Exchange, ShmTransport, open_group
-from cclctl.runtime.transport.tcp import TcpTransport
-from cclctl.runtime.transport.tcp_links import Links
+from cclctl.runtime.transport.tcp.links import Links
+from cclctl.runtime.transport.tcp.transport import TcpTransport
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The TCP transport: every step's sends and receives driven together on non-blocking sockets.
+"""One TCP step: its sends and receives driven together on non-blocking sockets.
 
 One thread moves all transfers of a step: it pushes and pulls bytes on every socket that can
 make progress and only then blocks in ``poll``. Payloads go straight from and into the
@@ -6,31 +6,27 @@ caller's buffers (``sendmsg`` with the header, ``recv_into`` a memoryview), so l
 are never copied in user space. On links with a MAC session (``CCLCTL_LINK_MAC=1``) every
 message is followed by its tag, checked before the payload counts as received. A link that
 a reset breaks mid-step is made again and what the peer lacks sent again
-(:mod:`~cclctl.runtime.transport.tcp_resume`) where the links allow it (``resume_s``).
+(:mod:`~cclctl.runtime.transport.tcp.resume`) where the links allow it (``resume_s``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import select
 import socket
-import threading
 import time
-from collections.abc import Sequence
 from time import perf_counter_ns
 
 from cclctl.errors import PeerError, ProtocolError
-from cclctl.revocation import Revocation
-from cclctl.runtime.transport import stall, tcp_resume, wire
-from cclctl.runtime.transport.base import Transfer, Wait
-from cclctl.runtime.transport.capabilities import POINT_TO_POINT
-from cclctl.runtime.transport.drive import DrivenAlone, transferred
-from cclctl.runtime.transport.link_auth import HandshakeRefused
-from cclctl.runtime.transport.tcp_links import Links
-from cclctl.runtime.transport.tcp_messages import MacRecv, MacSend, Recv, Send
-from cclctl.runtime.transport.tcp_resume import stream_from, unacked, why_not
+from cclctl.runtime.transport import wire
+from cclctl.runtime.transport.base import Wait
+from cclctl.runtime.transport.drive import transferred
+from cclctl.runtime.transport.tcp import resume, stall
+from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
+from cclctl.runtime.transport.tcp.links import Links
+from cclctl.runtime.transport.tcp.messages import MacRecv, MacSend, Recv, Send
+from cclctl.runtime.transport.tcp.resume import stream_from, unacked, why_not
 
 log = logging.getLogger("cclctl.links")
 
@@ -232,7 +228,7 @@ class TcpStep:
         """Resume the link of ``item`` where a reset broke it and the links allow; else (or
         when that fails) drop it and raise the fault, for the retry or the caller."""
         why = exc.strerror or str(exc)
-        if self.links.resume_s > 0 and tcp_resume.resumable(exc):
+        if self.links.resume_s > 0 and resume.resumable(exc):
             try:
                 self._resume(item.peer)
                 return
@@ -267,12 +263,12 @@ class TcpStep:
         # On a MAC link the message goes again whole: what the old socket holds is no use.
         recv = self._drain(peer) if plain else self._receiving(peer)
         partial = recv.got if recv is not None and plain else 0
-        mine, theirs, owed = tcp_resume.resume(
+        mine, theirs, owed = resume.resume(
             links, peer, self.call, self.wait, held[0] if held else -1, partial
         )
         sock = links.socks[peer]
         self.pending[:] = [p for p in self.pending if p.peer != peer]
-        if held is not None and tcp_resume.resend(mine, theirs):
+        if held is not None and resume.resend(mine, theirs):
             item = _send(links, sock, peer, held[1], held[2])
             if plain:  # from the byte the peer reached, after what it lacks of the last
                 at = theirs.partial if theirs.received == held[0] else 0
@@ -286,90 +282,3 @@ class TcpStep:
         elif peer in self.recvs and peer not in self.recvd:
             self.pending.append(_recv(links, sock, peer, self.recvs[peer], self.call, self.step))
         self.done = not self.pending
-
-
-class TcpTransport(DrivenAlone):
-    """Transport over one TCP connection per pair of ranks that talk."""
-
-    name = "tcp"
-    capabilities = POINT_TO_POINT
-
-    def __init__(self, links: Links) -> None:
-        self._links = links
-        self.rank = links.rank
-        self._sent = [0] * links.world_size
-        self._received = [0] * links.world_size
-        self._step: TcpStep | None = None  # the step started last (announce reads it)
-        self._owner = threading.get_ident()  # the thread that runs the calls (see start)
-        self._revoked = False
-
-    @property
-    def address(self) -> str:
-        return self._links.address
-
-    def set_peers(self, addresses: Sequence[str]) -> None:
-        self._links.peers = list(addresses)
-
-    def start(
-        self,
-        call: wire.Call,
-        step: int,
-        sends: Sequence[Transfer],
-        recvs: Sequence[Transfer],
-        wait: Wait,
-    ) -> TcpStep:
-        """The transfers of one step, linked but not yet moved."""
-        self._owner = threading.get_ident()
-        links = self._links
-        outgoing: dict[int, tuple[int, bytes, memoryview]] = {}
-        incoming: dict[int, memoryview] = {}
-        for peer, view in sends:
-            links.get(peer, call, wait)
-            outgoing[peer] = (links.started[peer], wire.pack(call, step, len(view)), view)
-            links.started[peer] += 1
-            self._sent[peer] += len(view)
-        for peer, view in recvs:
-            links.get(peer, call, wait)
-            incoming[peer] = view
-            self._received[peer] += len(view)
-        self._step = step_ = TcpStep(links, call, step, wait, outgoing, incoming)
-        return step_
-
-    def drop_link(self, peer: int) -> None:
-        self._links.drop(peer)
-
-    def link_bytes(self) -> tuple[list[int], list[int]]:
-        return list(self._sent), list(self._received)
-
-    def announce(self, status: str, revocation: Revocation | None) -> None:
-        """Send ``revocation`` on every link whose outgoing stream is between messages (a
-        peer reading it then raises naming the origin), then close the links, so a peer
-        waiting on this rank learns at once. Only the thread that runs the calls writes to
-        the sockets: from another thread (the watchdog, the store's listener) this waits
-        until the call it interrupts fails there and announces again. Links with a MAC get
-        no frame (it would carry none): their peers hear of it through the store."""
-        if self._revoked or threading.get_ident() != self._owner:
-            return
-        self._revoked = True
-        links = self._links
-        busy = self._mid_message()
-        frame = b""
-        if revocation is not None and status == "broken":
-            frame = wire.pack_revoke(
-                wire.comm_tag(revocation.comm), revocation.epoch, revocation.encode()
-            )
-        for peer, sock in links.open_links():
-            if frame and peer not in busy and links.session(peer) is None:
-                with contextlib.suppress(OSError):
-                    sock.send(frame)  # small: it fits the socket's buffer, or is dropped
-        links.drop_all()
-
-    def _mid_message(self) -> set[int]:
-        """Peers whose outgoing message the last step left half sent."""
-        step = self._step
-        if step is None:
-            return set()
-        return {p.peer for p in step.pending if isinstance(p, Send) and p.begun}
-
-    def close(self) -> None:
-        self._links.close()

@@ -8,7 +8,7 @@ has not sent a whole HELLO is dropped for it, else the oldest waiting with its P
 peer that proves the token leaves the slots at once (its link is filed by ``admit``), so a
 flood of silent connections costs a real peer nothing; one dropped mid-handshake is told so
 (REFUSE "evicted") and connects again. Each handshake also has ``deadline_s`` in all. What
-is refused is counted and logged at a bounded rate (:mod:`~.tcp_refusals`).
+is refused is counted and logged at a bounded rate (:mod:`~.refusals`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from cclctl.runtime.transport import link_auth
-from cclctl.runtime.transport.link_auth import Challenged, HandshakeRefused, LinkContext
-from cclctl.runtime.transport.tcp_refusals import RefusalLog
+from cclctl.runtime.transport.tcp import link_auth
+from cclctl.runtime.transport.tcp.link_auth import Challenged, HandshakeRefused, LinkContext
+from cclctl.runtime.transport.tcp.refusals import RefusalLog
 
 POLL_S = 0.2  # how often the thread looks whether the links were closed, at the longest
 _ACCEPTS_PER_WAKE = 32  # newcomers accepted before the thread reads those it holds again

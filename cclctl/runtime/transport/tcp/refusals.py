@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from cclctl.runtime.transport.link_auth import KINDS, HandshakeRefused
+from cclctl.runtime.transport.tcp.link_auth import KINDS, HandshakeRefused
 
 log = logging.getLogger("cclctl.links")
 

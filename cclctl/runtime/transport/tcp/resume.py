@@ -4,7 +4,7 @@ A connection that a reset ended (``ss -K``, a NIC or middlebox reset, a peer's k
 dropping it) loses what was in flight, while both ranks live and the route works. Each side
 counts the messages it started on the link and the ones it received whole; after a new
 connection (the lower rank connects, the handshake of
-:mod:`~cclctl.runtime.transport.link_auth` as ever) both send a :class:`Cursor`: those
+:mod:`~cclctl.runtime.transport.tcp.link_auth` as ever) both send a :class:`Cursor`: those
 counts, the bytes in hand of the message being received, and what the side can still send:
 the message of the step it is in (its buffer stays untouched until the step ends) and,
 where a step ended with the last bytes of a message still unacknowledged in the kernel's
@@ -32,8 +32,9 @@ import time
 from cclctl.errors import ProtocolError
 from cclctl.runtime.peer_process import exit_reason
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.link_auth import TAG_BYTES, HandshakeRefused, Session, tag_of
-from cclctl.runtime.transport.tcp_links import Links
+from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
+from cclctl.runtime.transport.tcp.links import Links
+from cclctl.runtime.transport.tcp.mac import TAG_BYTES, Session, tag_of
 from cclctl.runtime.transport.wire import Call
 
 log = logging.getLogger("cclctl.links")

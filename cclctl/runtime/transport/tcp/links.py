@@ -2,15 +2,15 @@
 
 Links are made on first use, so a 64-rank ring opens 2 links per rank rather than 63. The
 lower rank of a pair always connects and the higher one accepts. A link is kept only after
-the handshake of :mod:`~cclctl.runtime.transport.link_auth`: both ranks prove they hold the
+the handshake of :mod:`~cclctl.runtime.transport.tcp.link_auth`: both ranks prove they hold the
 job's token, and the acceptor files the link under the rank that proof established, not
 under whoever connected first. A thread of its own answers every newcomer
-(:mod:`~.tcp_accept`), so a connector never waits on what its acceptor is doing, a flood of
+(:mod:`~.accept`), so a connector never waits on what its acceptor is doing, a flood of
 connections that prove nothing never takes a real peer's place, and a stranger's connection
 (bad proof, wrong job, a rank already linked, garbage, silence past the deadline) is closed
-and counted, and told in the log at a bounded rate (:mod:`~.tcp_refusals`), while the real
+and counted, and told in the log at a bounded rate (:mod:`~.refusals`), while the real
 peer still links. With ``resume_s``, a link that a reset
-broke is made again in its epoch (:meth:`Links.reopen`, :mod:`~.tcp_resume`): a linked
+broke is made again in its epoch (:meth:`Links.reopen`, :mod:`~.resume`): a linked
 rank that proves itself again is kept aside for that.
 """
 
@@ -25,11 +25,13 @@ import time
 from collections.abc import Callable
 
 from cclctl.errors import CommError, PeerError
-from cclctl.runtime.transport import link_auth, stall
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.link_auth import HandshakeRefused, LinkContext, Session
-from cclctl.runtime.transport.tcp_accept import POLL_S, Acceptor
-from cclctl.runtime.transport.tcp_refusals import RefusalLog
+from cclctl.runtime.transport.tcp import link_auth, stall
+from cclctl.runtime.transport.tcp.accept import POLL_S, Acceptor
+from cclctl.runtime.transport.tcp.dial import Dialer, peer_error
+from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused, LinkContext
+from cclctl.runtime.transport.tcp.mac import Session
+from cclctl.runtime.transport.tcp.refusals import RefusalLog
 from cclctl.runtime.transport.wire import Call
 
 log = logging.getLogger("cclctl.links")
@@ -39,7 +41,7 @@ _SOCKET_BUFFER = 4 << 20
 HANDSHAKE_TIMEOUT_S = 10.0
 #: Handshakes held at once; a newcomer past them takes the place of the oldest unproven one.
 MAX_PENDING_HANDSHAKES = 64
-_RELINK_LOOK_S = 0.05  # how often a link made again looks at the failure state, or retries
+_RELINK_LOOK_S = 0.05  # how often a link awaited again looks at the failure state
 
 
 def local_address_towards(host: str) -> str:
@@ -72,6 +74,19 @@ def _prepare(sock: socket.socket, stall_ms: int) -> None:
     sock.setblocking(False)
 
 
+def _listen(host: str, rank: int, world_size: int) -> socket.socket:
+    """This rank's listening socket on ``host``, at a port the system picks."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, 0))
+    except OSError as exc:
+        listener.close()
+        raise CommError(f"rank {rank}: cannot listen on {host}: {exc}", rank=rank) from None
+    listener.listen(max(128, world_size + 16))
+    return listener
+
+
 class Links:
     """This rank's listening socket, the thread that authenticates newcomers, and the
     established links (with their MAC sessions when ``mac``), keyed by peer rank."""
@@ -93,21 +108,20 @@ class Links:
     ) -> None:
         """``stall_s``: a link whose bytes in flight stay unacknowledged this long while a
         step waits on it is broken, and an idle one whose peer's kernel stops answering
-        keepalives about as soon (:mod:`~cclctl.runtime.transport.stall`); 0: never.
+        keepalives about as soon (:mod:`~cclctl.runtime.transport.tcp.stall`); 0: never.
         ``resume_s``: how long a link that a reset broke may take to be made again
-        (:mod:`~cclctl.runtime.transport.tcp_resume`); 0: never, the fault fails the step."""
+        (:mod:`~cclctl.runtime.transport.tcp.resume`); 0: never, the fault fails the step."""
         if not token:
             raise CommError(f"rank {rank}: no token for the job's links", rank=rank)
         self.rank = rank
         self.world_size = world_size
-        self._job = job
-        self._token = token
-        self._epoch = epoch
         self.stall_ms = int(stall_s * 1000)
         self.resume_s = resume_s
-        self._flags = link_auth.FLAG_MAC if mac else 0
-        self._connect_timeout_s = connect_timeout_s
-        self._handshake_s = min(handshake_timeout_s, connect_timeout_s)
+        flags = link_auth.FLAG_MAC if mac else 0
+        handshake_s = min(handshake_timeout_s, connect_timeout_s)
+        self._dialer = Dialer(
+            rank, world_size, job, token, epoch, flags, connect_timeout_s, handshake_s
+        )
         self.peers: list[str] = []
         self.socks: dict[int, socket.socket] = {}
         self.sessions: dict[int, Session] = {}
@@ -126,29 +140,28 @@ class Links:
         self.refusals = RefusalLog(rank)  # handshakes refused since the links opened
         self._linked = threading.Condition()
         self._closed = threading.Event()
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._listener.bind((host, 0))
-        except OSError as exc:
-            self._listener.close()
-            raise CommError(f"rank {rank}: cannot listen on {host}: {exc}", rank=rank) from None
-        self._listener.listen(max(128, world_size + 16))
+        self._listener = _listen(host, rank, world_size)
         self.address = "{}:{}".format(*self._listener.getsockname())
+        self._acceptor = self._start_accepting(handshake_s)
+
+    def _start_accepting(self, handshake_s: float) -> threading.Thread:
+        """The thread that answers every newcomer's handshake and files the proven ones."""
+        dialer = self._dialer
         acceptor = Acceptor(
             self._listener,
-            rank=rank,
-            link=(token, job, epoch, world_size, self._flags),
-            deadline_s=self._handshake_s,
+            rank=self.rank,
+            link=(dialer.token, dialer.job, dialer.epoch, self.world_size, dialer.flags),
+            deadline_s=handshake_s,
             slots=MAX_PENDING_HANDSHAKES,
             admit=self._admit,
             refusals=self.refusals,
             closed=self._closed,
         )
-        self._acceptor = threading.Thread(
-            target=acceptor.run, name=f"cclctl-links-r{rank}", daemon=True
+        thread = threading.Thread(
+            target=acceptor.run, name=f"cclctl-links-r{self.rank}", daemon=True
         )
-        self._acceptor.start()
+        thread.start()
+        return thread
 
     @property
     def auth_failures(self) -> int:
@@ -176,56 +189,12 @@ class Links:
         return self.sessions.get(peer)
 
     def _connect(self, peer: int, call: Call, wait: Wait) -> socket.socket:
-        """Link to ``peer`` until the connect deadline: again where nothing listens yet, or
-        where the peer turned the link away for want of a handshake slot (a flood on its
-        port) or closed it without a word; at once where it refused it for a reason."""
-        where = self.peers[peer]
-        host, _, port = where.rpartition(":")
-        deadline = time.monotonic() + self._connect_timeout_s
-        while True:
-            # one try never outlives the call's own deadline (a probe's -T): a peer behind a
-            # firewall that drops packets fails the call at its deadline, not a try's later
-            left = max(0.05, min(deadline, wait.deadline) - time.monotonic())
-            try:
-                sock = socket.create_connection((host, int(port)), timeout=min(left, 5.0))
-            except OSError as exc:
-                what = f"cannot connect to rank {peer} at {where}: {exc}"
-                self._before_again(peer, call, wait, deadline, what)
-                continue
-            try:
-                left = max(0.05, min(deadline, wait.deadline) - time.monotonic())
-                sock.settimeout(min(self._handshake_s, left))
-                session = link_auth.connect(
-                    sock, self._token, self._job, self._epoch, self.rank, peer, self.world_size,
-                    self._flags,
-                )  # fmt: skip
-            except (HandshakeRefused, OSError) as exc:
-                sock.close()
-                why = exc.why if isinstance(exc, HandshakeRefused) else str(exc) or "timed out"
-                what = f"the link handshake with rank {peer} at {where} failed: {why}"
-                if isinstance(exc, HandshakeRefused) and exc.kind in ("evicted", "closed"):
-                    self._before_again(peer, call, wait, deadline, what)
-                    continue
-                raise self._peer_error(peer, call, what) from None
-            self._keep(peer, sock, session)
-            return sock
-
-    def _before_again(self, peer: int, call: Call, wait: Wait, deadline: float, what: str) -> None:
-        """Between two tries to link to ``peer``: fail with ``what`` past the deadline."""
-        wait.blocked_on(peer, "send")
-        wait.check(call, peer, "send")
-        if time.monotonic() > deadline:
-            raise self._peer_error(peer, call, what)
-        time.sleep(0.05)
+        sock, session = self._dialer.first(peer, self.peers[peer], call, wait)
+        self._keep(peer, sock, session)
+        return sock
 
     def _peer_error(self, peer: int, call: Call, what: str) -> PeerError:
-        return PeerError(
-            f"rank {self.rank}: {what}",
-            rank=self.rank,
-            peer=peer,
-            seq=call.seq,
-            op=call.op,
-        )
+        return peer_error(self.rank, peer, call, what)
 
     def _accept(self, peer: int, call: Call, wait: Wait) -> socket.socket:
         """Wait until the accept thread has linked ``peer``, checking the call's deadline."""
@@ -258,7 +227,9 @@ class Links:
         if old is not None:
             old.close()
         if self.rank < peer:
-            return self._connect_again(peer, call, wait, deadline)
+            sock, session = self._dialer.again(peer, self.peers[peer], call, wait, deadline)
+            self._keep(peer, sock, session)
+            return sock
         wait.blocked_on(peer, "recv")
         with self._linked:
             while peer not in self.socks:
@@ -270,39 +241,6 @@ class Links:
                     raise OSError(errno.ETIMEDOUT, f"rank {peer} did not link again in time")
                 self._linked.wait(min(left, _RELINK_LOOK_S))
             return self.socks[peer]
-
-    def _connect_again(self, peer: int, call: Call, wait: Wait, deadline: float) -> socket.socket:
-        host, _, port = self.peers[peer].rpartition(":")
-        wait.blocked_on(peer, "send")
-        while True:
-            wait.check(call, peer, "send")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise OSError(errno.ETIMEDOUT, f"could not link to rank {peer} again in time")
-            try:
-                sock = socket.create_connection((host, int(port)), timeout=min(left, 1.0))
-            except ConnectionRefusedError:
-                raise  # nothing listens there: the peer's links of this epoch are gone
-            except OSError:
-                time.sleep(min(_RELINK_LOOK_S, left))
-                continue
-            try:
-                sock.settimeout(max(0.05, min(left, self._handshake_s)))
-                session = link_auth.connect(
-                    sock, self._token, self._job, self._epoch, self.rank, peer,
-                    self.world_size, self._flags,
-                )  # fmt: skip
-            except OSError:
-                sock.close()
-                continue
-            except HandshakeRefused as exc:
-                sock.close()
-                if exc.kind in ("evicted", "closed"):  # no slot for it yet: try again
-                    time.sleep(min(_RELINK_LOOK_S, max(0.0, deadline - time.monotonic())))
-                    continue
-                raise
-            self._keep(peer, sock, session)
-            return sock
 
     def _admit(self, sock: socket.socket, ctx: LinkContext) -> None:
         """File a link whose connector proved the token (the accept thread calls this);
@@ -316,8 +254,8 @@ class Links:
                 raise HandshakeRefused(why, claimed, "closed_in_epoch")
             if claimed in self.socks and not self.resume_s:
                 raise HandshakeRefused(link_auth.KINDS["already_linked"], claimed, "already_linked")
-            sock.sendall(link_auth.confirmation(self._token, ctx))  # 36 bytes: never blocks
-            session = ctx.session(self._token, self.rank)
+            sock.sendall(link_auth.confirmation(self._dialer.token, ctx))  # 36 bytes: never blocks
+            session = ctx.session(self._dialer.token, self.rank)
             if claimed in self.socks:  # its side broke: kept for this side's resume
                 _prepare(sock, self.stall_ms)
                 stale = self._fresh.pop(claimed, None)

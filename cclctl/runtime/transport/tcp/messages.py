@@ -16,7 +16,7 @@ from cclctl import revocation
 from cclctl.errors import BadInput, CclError, ProtocolError
 from cclctl.runtime.failure_errors import revoked
 from cclctl.runtime.transport import wire
-from cclctl.runtime.transport.link_auth import TAG_BYTES, Session, tag_of
+from cclctl.runtime.transport.tcp.mac import TAG_BYTES, Session, tag_of
 
 _REVOKE_READ_S = 0.2  # a revoke frame is sent whole: the longest its rest may take to arrive
 
