@@ -9,14 +9,11 @@ through shared memory. The network carries each host's data once instead of once
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from cclctl.runtime.algorithms import latency, ring, shared
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds
 from cclctl.runtime.transport.base import Transfer
-
-if TYPE_CHECKING:
-    from cclctl.runtime.transport.hybrid import Hierarchy
+from cclctl.runtime.transport.engines import HostHierarchy
 
 #: Steps of the inter-host phase are numbered from here, apart from the intra-host rounds.
 CROSS_STEP0 = 1 << 16
@@ -44,7 +41,9 @@ class _Leaders(Step):
         )
 
 
-def all_reduce(ctx: Step, h: Hierarchy, src: Array, out: Array, redop: str, large: bool) -> None:
+def all_reduce(
+    ctx: Step, h: HostHierarchy, src: Array, out: Array, redop: str, large: bool
+) -> None:
     """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``)."""
     if h.group is not None:
         shared.all_reduce(ctx, h.group, src, out, redop, rsag=large and h.group.size > 2)

@@ -16,17 +16,17 @@ still reads, and a slot is reused only once every peer has finished with it.
 
 Every published slot carries the wire header of the call (comm, epoch, seq, op, dtype,
 count, round), and readers compare it before they touch the data. The rounds, slots and
-their counters are the group's (:mod:`cclctl.runtime.transport.shm.group`); this module
-says only what each collective publishes, reads and reduces.
+their counters are the engine's (:class:`~cclctl.runtime.transport.engines.OneCopyEngine`);
+this module says only what each collective publishes, reads and reduces.
 """
 
 from __future__ import annotations
 
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
-from cclctl.runtime.transport.shm.group import Round, ShmGroup
+from cclctl.runtime.transport.engines import OneCopy, Round
 
 
-def _publish(ctx: Step, g: ShmGroup, src: Array, step: int) -> Round:
+def _publish(ctx: Step, g: OneCopy, src: Array, step: int) -> Round:
     """Copy ``src`` into this rank's next collective slot; return the round."""
     rnd = g.claim_round(ctx.call, ctx.wait, step, src.nbytes)
     g.publish(rnd, src)
@@ -34,7 +34,7 @@ def _publish(ctx: Step, g: ShmGroup, src: Array, step: int) -> Round:
 
 
 def all_reduce(
-    ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str, rsag: bool = False
+    ctx: Step, g: OneCopy, src: Array, out: Array, redop: str, rsag: bool = False
 ) -> None:
     """``out`` = the reduction of every rank's ``src`` (``src`` may be ``out``): *direct*,
     or reduce-scatter + all-gather where selection chose ``rsag`` (3+ ranks, large)."""
@@ -44,7 +44,7 @@ def all_reduce(
         _all_reduce_direct(ctx, g, src, out, redop)
 
 
-def _all_reduce_direct(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str) -> None:
+def _all_reduce_direct(ctx: Step, g: OneCopy, src: Array, out: Array, redop: str) -> None:
     """Publish round j+1 before reducing round j: the copy-in of the next round overlaps
     the wait for a peer that is a little behind, so skew between ranks is not paid twice.
     """
@@ -69,7 +69,7 @@ def _all_reduce_direct(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: st
         g.account(rnd.nbytes)
 
 
-def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str) -> None:
+def _all_reduce_rsag(ctx: Step, g: OneCopy, src: Array, out: Array, redop: str) -> None:
     """Each rank publishes the shares of the round its peers reduce (not its own: it
     reduces that one straight from ``src``), reduces its share in rank order into its
     result slot, then copies every share into ``out``. With 2 ranks each reduces half and
@@ -102,7 +102,7 @@ def _all_reduce_rsag(ctx: Step, g: ShmGroup, src: Array, out: Array, redop: str)
         g.account(2 * rnd.nbytes // n)
 
 
-def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]) -> None:
+def all_gather(ctx: Step, g: OneCopy, out: Array, bounds: list[tuple[int, int]]) -> None:
     """Fill every rank's block of ``out`` (this rank's block is already in place)."""
     lo0, hi0 = bounds[g.rank]
     dtype, isz = out.dtype, out.dtype.itemsize
@@ -119,7 +119,7 @@ def all_gather(ctx: Step, g: ShmGroup, out: Array, bounds: list[tuple[int, int]]
 
 
 def reduce_scatter(
-    ctx: Step, g: ShmGroup, src: Array, dst: Array, bounds: list[tuple[int, int]], redop: str
+    ctx: Step, g: OneCopy, src: Array, dst: Array, bounds: list[tuple[int, int]], redop: str
 ) -> None:
     """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (equal blocks)."""
     fn = reducer(redop)
@@ -142,7 +142,7 @@ def reduce_scatter(
         g.account(width * isz)
 
 
-def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int) -> None:
+def broadcast(ctx: Step, g: OneCopy, buf: Array, root: int) -> None:
     """Every rank's ``buf`` = the root's (the root's ``buf`` already holds the data)."""
     dtype, isz = buf.dtype, buf.dtype.itemsize
     source = g.views[g.ranks.index(root)]

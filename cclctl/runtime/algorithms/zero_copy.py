@@ -29,14 +29,13 @@ calls on shared buffers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
+from cclctl.runtime.transport.engines import OneCopy, PeerSlots, Round
 from cclctl.runtime.transport.shm import shared_buffers
-from cclctl.runtime.transport.shm.group import Round, ShmGroup
-from cclctl.runtime.transport.shm.layout import View
 from cclctl.runtime.transport.shm.shared_buffers import DESCRIPTOR_SIZE, Descriptor
 
 ALGO = "shm_zero_copy"
@@ -70,7 +69,7 @@ def plan(*arrays: Array) -> Plan | None:
     return Plan(descs)
 
 
-def _publish(ctx: Step, g: ShmGroup, descs: list[Descriptor]) -> Round:
+def _publish(ctx: Step, g: OneCopy, descs: list[Descriptor]) -> Round:
     """Put this call's header and ``descs`` in this rank's next slot; return the round."""
     payload = b"".join(d.pack() for d in descs)
     rnd = g.claim_round(ctx.call, ctx.wait, 0, len(payload))
@@ -79,7 +78,7 @@ def _publish(ctx: Step, g: ShmGroup, descs: list[Descriptor]) -> Round:
 
 
 def _peer_arrays(
-    g: ShmGroup, view: View, rnd: Round, dtype: np.dtype, writable: int = 0
+    g: OneCopy, view: PeerSlots, rnd: Round, dtype: np.dtype, writable: int = 0
 ) -> list[np.ndarray]:
     """Wait for ``view``'s ``rnd``, check its header and map the buffers it names, the
     last ``writable`` of them writable."""
@@ -113,7 +112,7 @@ def _reduce_piece(
         fn(out, arr[a:b], out=out)
 
 
-def _release(g: ShmGroup, rnd: Round, readers: list[View]) -> None:
+def _release(g: OneCopy, rnd: Round, readers: Sequence[PeerSlots]) -> None:
     """Say this rank is done reading ``rnd``'s buffers, then wait until ``readers`` are
     done with this rank's (the caller may reuse them once the call returns)."""
     g.inputs_read(rnd)
@@ -121,7 +120,7 @@ def _release(g: ShmGroup, rnd: Round, readers: list[View]) -> None:
         g.await_read(view, rnd)
 
 
-def all_reduce(ctx: Step, g: ShmGroup, src: Array, dst: Array, redop: str, where: Plan) -> None:
+def all_reduce(ctx: Step, g: OneCopy, src: Array, dst: Array, redop: str, where: Plan) -> None:
     """``dst`` = the reduction of every rank's ``src``; ``where`` locates ``src`` and ``dst``."""
     fn = reducer(redop)
     rnd = _publish(ctx, g, where.descs)
@@ -152,7 +151,7 @@ def all_reduce(ctx: Step, g: ShmGroup, src: Array, dst: Array, redop: str, where
 
 def all_gather(
     ctx: Step,
-    g: ShmGroup,
+    g: OneCopy,
     out: Array,
     bounds: list[tuple[int, int]],
     where: Plan,
@@ -175,7 +174,7 @@ def all_gather(
 
 def reduce_scatter(
     ctx: Step,
-    g: ShmGroup,
+    g: OneCopy,
     src: Array,
     dst: Array,
     bounds: list[tuple[int, int]],
@@ -192,7 +191,7 @@ def reduce_scatter(
     g.account((hi - lo) * src.dtype.itemsize)
 
 
-def broadcast(ctx: Step, g: ShmGroup, buf: Array, root: int, where: Plan) -> None:
+def broadcast(ctx: Step, g: OneCopy, buf: Array, root: int, where: Plan) -> None:
     """Every rank's ``buf`` = the root's, copied straight out of the root's buffer."""
     source = g.views[g.ranks.index(root)]
     if g.rank == root:

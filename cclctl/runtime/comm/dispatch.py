@@ -7,20 +7,15 @@ them; the algorithms themselves never choose.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cclctl.runtime.algorithms import hierarchical, latency, pairwise, pipeline, ring, shared
 from cclctl.runtime.algorithms.context import COPY, SHARE, Array, Step, chunk_bounds
 from cclctl.runtime.transport.capabilities import Capabilities
-
-if TYPE_CHECKING:
-    from cclctl.runtime.transport.hybrid import Hierarchy
-    from cclctl.runtime.transport.shm.group import ShmGroup
+from cclctl.runtime.transport.engines import HostHierarchy, OneCopy
 
 Bounds = list[tuple[int, int]]
 
 
-def one_copy(step: Step, caps: Capabilities) -> ShmGroup:
+def one_copy(step: Step, caps: Capabilities) -> OneCopy:
     """The one-copy engine in ``caps``. A link dropped since selection saw them (fault
     injection) fails the call: the transport's next step, with nothing to move, says so."""
     if step.transport.capabilities is not caps:
@@ -30,7 +25,7 @@ def one_copy(step: Step, caps: Capabilities) -> ShmGroup:
     return group
 
 
-def _hierarchy(caps: Capabilities) -> Hierarchy:
+def _hierarchy(caps: Capabilities) -> HostHierarchy:
     assert caps.hierarchy is not None
     return caps.hierarchy
 

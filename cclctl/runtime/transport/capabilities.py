@@ -1,4 +1,5 @@
-"""What a transport offers beyond point-to-point steps: the engines selection may choose.
+"""What a transport offers beyond point-to-point steps: the engines selection may choose
+(each a Protocol of :mod:`~cclctl.runtime.transport.engines`).
 
 Selection (``runtime/comm/selection.py``) reads a transport's :class:`Capabilities` once per
 communicator and decides from it which engine runs each collective; algorithms never look.
@@ -7,11 +8,8 @@ communicator and decides from it which engine runs each collective; algorithms n
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from cclctl.runtime.transport.hybrid import Hierarchy
-    from cclctl.runtime.transport.shm.group import ShmGroup
+from cclctl.runtime.transport.engines import HostHierarchy, OneCopy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -19,8 +17,8 @@ class Capabilities:
     """``one_copy``: every rank of the communicator shares this host's segments (one-copy and
     zero-copy collectives); ``hierarchy``: the ranks span hosts, grouped by host."""
 
-    one_copy: ShmGroup | None = None
-    hierarchy: Hierarchy | None = None
+    one_copy: OneCopy | None = None
+    hierarchy: HostHierarchy | None = None
 
 
 #: Point-to-point steps only (TCP; shared memory once a link was dropped).
