@@ -10,12 +10,13 @@ one for device buffers, say) slots in as one more Protocol here and one more cap
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cclctl.runtime.transport.wait import Wait
 from cclctl.runtime.transport.wire import Call
+
+if TYPE_CHECKING:  # the CLI loads capabilities without numpy (tests/core/test_layering.py)
+    import numpy as np
 
 
 class Round(Protocol):
