@@ -18,6 +18,7 @@ import numpy as np
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.shm.futex import Futex
+from cclctl.runtime.transport.shm.host_peers import HostPeers
 from cclctl.runtime.transport.shm.layout import (
     HEADER,
     Q_COLL_PUB,
@@ -28,7 +29,6 @@ from cclctl.runtime.transport.shm.layout import (
     View,
 )
 from cclctl.runtime.transport.shm.shared_buffers import PeerBuffers
-from cclctl.runtime.transport.shm.signals import Signals
 
 _CACHED_VIEW_BYTES = 64 << 10
 _CACHED_VIEWS = 512
@@ -49,7 +49,7 @@ class Round:
         self.header = wire.pack(call, step, nbytes)
 
 
-class ShmGroup(Signals):
+class ShmGroup:
     """This rank's view of every segment on its host (``views`` by local index)."""
 
     def __init__(
@@ -65,9 +65,15 @@ class ShmGroup(Signals):
     ) -> None:
         self.ranks = list(ranks)  # global rank of each local index, ascending
         self.size = len(self.ranks)
-        super().__init__(
+        #: waits on, wake-ups of and the liveness of the host's ranks
+        self.peers = HostPeers(
             rank, views, self.ranks.index(rank), spin_s=spin_s, yield_s=yield_s, futex=futex
         )
+        self.rank = rank
+        self.views = self.peers.views  # by local index
+        self.local = self.peers.local
+        self.me = self.peers.me
+        self.others = self.peers.others
         self.layout = layout
         self.round = 0  # collective rounds this rank has taken part in
         self.last_res_round = -1  # the latest round that used the result slots
@@ -109,7 +115,7 @@ class ShmGroup(Signals):
             else:  # reduce_scatter's round: one strided piece of every block
                 slot.reshape(src.shape)[...] = src
         me.q[Q_COLL_PUB] = rnd.k + 1
-        self.notify()
+        self.peers.notify()
 
     def publish_bytes(self, rnd: Round, payload: bytes) -> None:
         """Put ``payload`` under ``rnd``'s header in this rank's slot, and tell the peers."""
@@ -117,12 +123,12 @@ class ShmGroup(Signals):
         mv[off : off + wire.HEADER_SIZE] = rnd.header
         mv[off + HEADER : off + HEADER + len(payload)] = payload
         self.me.q[Q_COLL_PUB] = rnd.k + 1
-        self.notify()
+        self.peers.notify()
 
     def await_input(self, view: View, rnd: Round) -> None:
         """Return once ``view`` has published ``rnd`` and its header is the one expected."""
         if view.q[Q_COLL_PUB] <= rnd.k:
-            self.wait_counter(view, Q_COLL_PUB, rnd.k + 1, rnd.call, rnd.wait, "recv")
+            self.peers.wait_counter(view, Q_COLL_PUB, rnd.k + 1, rnd.call, rnd.wait, "recv")
         self.check_header(view, rnd.offset, rnd.header, rnd.call, rnd.step, rnd.nbytes)
 
     def input_array(self, view: View, rnd: Round, dtype: np.dtype) -> np.ndarray:
@@ -141,12 +147,12 @@ class ShmGroup(Signals):
         """Say this rank has finished reading every peer's input of ``rnd``."""
         self.me.q[Q_COLL_USED] = rnd.k + 1
         if notify:
-            self.notify()
+            self.peers.notify()
 
     def await_read(self, view: View, rnd: Round) -> None:
         """Return once ``view`` has finished reading this rank's input of ``rnd``."""
         if view.q[Q_COLL_USED] <= rnd.k:
-            self.wait_counter(view, Q_COLL_USED, rnd.k + 1, rnd.call, rnd.wait, "send")
+            self.peers.wait_counter(view, Q_COLL_USED, rnd.k + 1, rnd.call, rnd.wait, "send")
 
     # ------------------------------------------------------------------ result slots
     def result_array(self, rnd: Round, a: int, b: int, dtype: np.dtype) -> np.ndarray:
@@ -163,12 +169,12 @@ class ShmGroup(Signals):
     def publish_result(self, rnd: Round) -> None:
         """Say this rank's result of ``rnd`` is complete (in its slot or in peers' buffers)."""
         self.me.q[Q_RES_PUB] = rnd.k + 1
-        self.notify()
+        self.peers.notify()
 
     def await_result(self, view: View, rnd: Round) -> None:
         """Return once ``view`` has published its result of ``rnd``."""
         if view.q[Q_RES_PUB] <= rnd.k:
-            self.wait_counter(view, Q_RES_PUB, rnd.k + 1, rnd.call, rnd.wait, "recv")
+            self.peers.wait_counter(view, Q_RES_PUB, rnd.k + 1, rnd.call, rnd.wait, "recv")
 
     def peer_result(self, view: View, rnd: Round, a: int, b: int, dtype: np.dtype) -> np.ndarray:
         """Elements ``[a, b)`` of ``view``'s result slot for ``rnd``, once published."""
@@ -180,7 +186,7 @@ class ShmGroup(Signals):
     def results_read(self, rnd: Round) -> None:
         """Say this rank has finished reading every peer's result of ``rnd``."""
         self.me.q[Q_RES_USED] = rnd.k + 1
-        self.notify()
+        self.peers.notify()
 
     def account(self, nbytes: int) -> None:
         """Count ``nbytes`` each way with every peer (one-copy rounds are symmetric: what
@@ -195,7 +201,7 @@ class ShmGroup(Signals):
             return
         for view in self.others:
             if view.q[counter] < need:
-                self.wait_counter(view, counter, need, rnd.call, rnd.wait, "recv")
+                self.peers.wait_counter(view, counter, need, rnd.call, rnd.wait, "recv")
 
     # ------------------------------------------------------------------ data
     def slot_array(self, view: View, offset: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
@@ -230,7 +236,7 @@ class ShmGroup(Signals):
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        self.announce("closed")  # a group closed without its communicator's state (setup)
+        self.peers.announce("closed")  # a group closed without its communicator's state (setup)
         self._arrays.clear()
         self.peer_buffers.close()
         for view in self.views:

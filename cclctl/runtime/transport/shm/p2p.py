@@ -52,7 +52,7 @@ class ShmStep:
                 items.remove(item)
         self.done = not items
         if progressed:
-            self.group.notify()
+            self.group.peers.notify()
         return progressed
 
     def waiting_on(self) -> tuple[int, str]:
@@ -62,14 +62,14 @@ class ShmStep:
     def check(self) -> None:
         items = self.items
         ready = lambda: any(i.ready() for i in items)  # noqa: E731
-        self.group.check_peers(self.call, items[0].peer, ready, self.watched)
+        self.group.peers.check_peers(self.call, items[0].peer, ready, self.watched)
 
     def block(self, wait: Wait, peer: int, what: str, slice_s: float | None) -> None:
         """Sleep until a chunk of the share can move (at most ``slice_s`` when given)."""
         items = self.items
         limit = float("inf") if slice_s is None else slice_s
         ready = lambda: any(i.ready() for i in items)  # noqa: E731
-        self.group.block(ready, peer, what, self.call, wait, limit, self.watched)
+        self.group.peers.block(ready, peer, what, self.call, wait, limit, self.watched)
 
 
 class Outgoing:

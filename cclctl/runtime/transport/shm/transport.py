@@ -182,7 +182,7 @@ class ShmTransport(DrivenAlone):
 
     def announce(self, status: str, revocation: Revocation | None) -> None:
         if not self._closed:  # once closed, the segments are unmapped
-            self.group.announce(status, revocation)
+            self.group.peers.announce(status, revocation)
 
     def close(self) -> None:
         if not self._closed:

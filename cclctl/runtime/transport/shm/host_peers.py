@@ -39,7 +39,7 @@ from cclctl.runtime.transport.shm.layout import (
 SLEEP_SLICE_S = 0.02  # the longest a sleeper goes without re-checking liveness and deadline
 
 
-class Signals:
+class HostPeers:
     """How this rank waits on, wakes and watches the other ranks of its host."""
 
     def __init__(
