@@ -11,12 +11,12 @@ import pytest
 from shm_thread_ranks import run_ranks
 
 from cclctl.errors import InvalidArgument
-from cclctl.runtime.algorithms import zero_copy
+from cclctl.runtime.comm import selection
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.comm.prepared import PreparedCalls
 from cclctl.runtime.transport.shm import shared_buffers
 
-N = zero_copy.MIN_BYTES // 4  # int32 elements: just large enough for zero-copy
+N = selection.ZERO_COPY_MIN_BYTES // 4  # int32 elements: just large enough for zero-copy
 
 
 class CountingDescribe:

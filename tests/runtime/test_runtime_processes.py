@@ -11,7 +11,7 @@ import matrix_worker
 import pytest
 
 from cclctl.launch.launcher import launch
-from cclctl.runtime.algorithms import zero_copy
+from cclctl.runtime.comm import selection
 from scripts import script
 
 pytestmark = pytest.mark.slow  # real multi-process jobs, up to 7 ranks
@@ -62,5 +62,7 @@ def _zero_copy_calls(n: int) -> int:
     count, total = matrix_worker.COUNTS[-1], 0
     for dtype in matrix_worker.dtypes():
         one = count * dtype.itemsize
-        total += 14 * (one >= zero_copy.MIN_BYTES) + 12 * (n * one >= zero_copy.MIN_BYTES)
+        total += 14 * (one >= selection.ZERO_COPY_MIN_BYTES) + 12 * (
+            n * one >= selection.ZERO_COPY_MIN_BYTES
+        )
     return total

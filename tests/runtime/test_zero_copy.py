@@ -22,6 +22,7 @@ from thread_ranks import run_ranks as tcp_run_ranks
 from cclctl.config import RuntimeConfig
 from cclctl.errors import ProtocolError
 from cclctl.runtime.algorithms import zero_copy
+from cclctl.runtime.comm import selection
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.transport.shm import shared_buffers
 from cclctl.runtime.transport.shm.shared_buffers import Descriptor, PeerBuffers
@@ -29,7 +30,7 @@ from cclctl.runtime.transport.shm.shared_buffers import Descriptor, PeerBuffers
 FAST_FAIL = RuntimeConfig(job="zc", timeout_s=10.0, connect_timeout_s=5.0)
 
 
-N = zero_copy.MIN_BYTES // 4  # float32/int32 elements: just large enough for zero-copy
+N = selection.ZERO_COPY_MIN_BYTES // 4  # float32/int32 elements: just large enough for zero-copy
 
 
 def test_collectives_on_shared_buffers_run_zero_copy_and_are_exact() -> None:

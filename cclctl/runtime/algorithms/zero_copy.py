@@ -38,12 +38,9 @@ from cclctl.runtime.transport.engines import OneCopy, PeerSlots, Round
 from cclctl.runtime.transport.shm import shared_buffers
 from cclctl.runtime.transport.shm.shared_buffers import DESCRIPTOR_SIZE, Descriptor
 
+#: the record's ``algo`` of a zero-copy call (selection says which calls: ZERO_COPY_FROM
+#: in :mod:`cclctl.runtime.comm.selection`)
 ALGO = "shm_zero_copy"
-#: The collectives that run zero-copy, from this many bytes (a call has the same size on
-#: every rank, so every rank decides alike). Below it, publishing descriptors and the
-#: extra synchronisations cost more than the copy they save.
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-MIN_BYTES = 256 << 10
 #: Bytes of result a reduction of more than two inputs builds at a time: the partial sum
 #: and the pieces of every input it reads fit in a core's L2 cache with 4 ranks.
 PIECE_BYTES = 256 << 10

@@ -30,7 +30,6 @@ from cclctl.runtime.transport.shm import shared_buffers
 Array = np.ndarray
 #: Run in a call's step once its result is whole (a retry's confirm: ``rerun.Ending``).
 Ending = Callable[[Step], None]
-_ZERO_COPY = dict.fromkeys(zero_copy.OPS, zero_copy.MIN_BYTES)
 
 
 class Collectives:
@@ -78,9 +77,7 @@ class Collectives:
         old one's memory are forgotten."""
         self.transport = transport
         self._caps = transport.capabilities
-        self._choose = selection.decide(
-            selection.parse(self.cfg.algo), self._caps, self.world_size, _ZERO_COPY
-        )
+        self._choose = selection.decide(selection.parse(self.cfg.algo), self._caps, self.world_size)
         # Zero-copy calls' checks, for the same arrays again.
         self._plans: PreparedCalls[zero_copy.Plan] = PreparedCalls()
         self._gathers: PreparedCalls[Gather] = PreparedCalls()

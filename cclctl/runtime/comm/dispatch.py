@@ -1,11 +1,15 @@
-"""Run what selection picked: one function per collective maps an algorithm name to its code.
+"""Run what selection picked: one table per collective maps an algorithm name to its code.
 
 The name is the call's record ``algo`` (see :mod:`~cclctl.runtime.comm.selection`), so what
-a record says is what ran. Engines come from the transport's capabilities as selection saw
-them; the algorithms themselves never choose.
+a record says is what ran; a name a table lacks raises :class:`UnknownAlgorithm` before
+anything moves. Engines come from the transport's capabilities as selection saw them; the
+algorithms themselves never choose.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from cclctl.runtime.algorithms import hierarchical, latency, pairwise, pipeline, ring, shared
 from cclctl.runtime.algorithms.context import COPY, SHARE, Array, Step, chunk_bounds
@@ -13,6 +17,19 @@ from cclctl.runtime.transport.capabilities import Capabilities
 from cclctl.runtime.transport.engines import HostHierarchy, OneCopy
 
 Bounds = list[tuple[int, int]]
+F = TypeVar("F")
+
+
+class UnknownAlgorithm(LookupError):
+    """Selection named an algorithm the op's dispatch table does not have."""
+
+
+def _lookup(table: Mapping[str, F], op: str, algo: str) -> F:
+    try:
+        return table[algo]
+    except KeyError:
+        known = ", ".join(sorted(table))
+        raise UnknownAlgorithm(f"{op} has no algorithm {algo!r} (it has {known})") from None
 
 
 def one_copy(step: Step, caps: Capabilities) -> OneCopy:
@@ -30,43 +47,108 @@ def _hierarchy(caps: Capabilities) -> HostHierarchy:
     return caps.hierarchy
 
 
+# ------------------------------------------------------------------ all_reduce
+AllReduce = Callable[[Step, Capabilities, Array, Array, str], None]
+
+
+def _all_reduce_rd(step: Step, caps: Capabilities, src: Array, dst: Array, redop: str) -> None:
+    if dst is not src:
+        dst[...] = src
+    latency.all_reduce(step, dst, redop)
+
+
+def _all_reduce_ring(step: Step, caps: Capabilities, src: Array, dst: Array, redop: str) -> None:
+    ring.all_reduce(step, src, dst, redop, chunk_bounds(src.size, step.size))
+
+
+def _one_copy_all_reduce(rsag: bool) -> AllReduce:
+    def run(step: Step, caps: Capabilities, src: Array, dst: Array, redop: str) -> None:
+        shared.all_reduce(step, one_copy(step, caps), src, dst, redop, rsag=rsag)
+
+    return run
+
+
+def _hierarchical_all_reduce(large: bool) -> AllReduce:
+    def run(step: Step, caps: Capabilities, src: Array, dst: Array, redop: str) -> None:
+        hierarchical.all_reduce(step, _hierarchy(caps), src, dst, redop, large)
+
+    return run
+
+
+_ALL_REDUCE: dict[str, AllReduce] = {
+    "rd": _all_reduce_rd,
+    "ring": _all_reduce_ring,
+    "shm_direct": _one_copy_all_reduce(rsag=False),
+    "shm_rsag": _one_copy_all_reduce(rsag=True),
+    "hier_rd": _hierarchical_all_reduce(large=False),
+    "hier_ring": _hierarchical_all_reduce(large=True),
+}
+
+
 def all_reduce(
     step: Step, algo: str, caps: Capabilities, src: Array, dst: Array, redop: str
 ) -> None:
     """``dst`` = the reduction of every rank's ``src`` by ``algo`` (``src`` may be ``dst``)."""
+    run = _lookup(_ALL_REDUCE, "all_reduce", algo)
     if step.size == 1 or not src.size:
         if dst is not src:
             dst[...] = src
-    elif algo == "rd":
-        if dst is not src:
-            dst[...] = src
-        latency.all_reduce(step, dst, redop)
-    elif algo == "ring":
-        ring.all_reduce(step, src, dst, redop, chunk_bounds(src.size, step.size))
-    elif algo == "shm_direct" or algo == "shm_rsag":
-        shared.all_reduce(step, one_copy(step, caps), src, dst, redop, rsag=algo == "shm_rsag")
-    else:
-        large = algo == "hier_ring"
-        hierarchical.all_reduce(step, _hierarchy(caps), src, dst, redop, large)
+        return
+    run(step, caps, src, dst, redop)
+
+
+# ------------------------------------------------------------------ broadcast
+Broadcast = Callable[[Step, Capabilities, Array, int], None]
+_BROADCAST: dict[str, Broadcast] = {
+    "chain": lambda step, caps, buf, root: pipeline.broadcast(step, buf, root),
+    "tree": lambda step, caps, buf, root: latency.broadcast(step, buf, root),
+    "shm_direct": lambda step, caps, buf, root: shared.broadcast(
+        step, one_copy(step, caps), buf, root
+    ),
+}
 
 
 def broadcast(step: Step, algo: str, caps: Capabilities, buf: Array, root: int) -> None:
     """Every rank's ``buf`` = the root's, by ``algo``."""
+    run = _lookup(_BROADCAST, "broadcast", algo)
     if step.size == 1 or not buf.size:
         return
-    if algo == "chain":
-        pipeline.broadcast(step, buf, root)
-    elif algo == "tree":
-        latency.broadcast(step, buf, root)
-    else:
-        shared.broadcast(step, one_copy(step, caps), buf, root)
+    run(step, caps, buf, root)
+
+
+# ------------------------------------------------------------------ reduce
+#: a reduce by reduce-scatter: this rank's reduced share of ``src``; the steps it took
+ScatterShare = Callable[[Step, Capabilities, Array, Array, Bounds, str], int]
+
+
+def _ring_share(
+    step: Step, caps: Capabilities, src: Array, mine: Array, bounds: Bounds, redop: str
+) -> int:
+    return ring.reduce_scatter(step, src, mine, bounds, redop)
+
+
+def _one_copy_share(
+    step: Step, caps: Capabilities, src: Array, mine: Array, bounds: Bounds, redop: str
+) -> int:
+    """The one-copy reduce-scatter (equal blocks): one step."""
+    shared.reduce_scatter(step, one_copy(step, caps), src, mine, bounds, redop)
+    return 1
+
+
+#: ``tree`` reduces to the root directly; the others reduce-scatter, then gather there
+_REDUCE_SHARES: dict[str, ScatterShare | None] = {
+    "tree": None,
+    "ring": _ring_share,
+    "shm_direct": _one_copy_share,
+}
 
 
 def reduce(
     step: Step, algo: str, caps: Capabilities, src: Array, dst: Array, redop: str, root: int
 ) -> None:
     """The root's ``dst`` = the reduction of every rank's ``src``, by ``algo``."""
-    if algo == "tree":
+    share = _lookup(_REDUCE_SHARES, "reduce", algo)
+    if share is None:
         if src.size:
             acc = step.scratch.get(COPY, src.size, src.dtype)
             acc[...] = src
@@ -77,27 +159,38 @@ def reduce(
     bounds = chunk_bounds(src.size, step.size)
     lo, hi = bounds[step.rank]
     mine = step.scratch.get(SHARE, hi - lo, src.dtype)
-    if algo == "ring":
-        steps = ring.reduce_scatter(step, src, mine, bounds, redop)
-    else:  # shm_direct: the one-copy reduce-scatter (equal blocks), then the gather
-        shared.reduce_scatter(step, one_copy(step, caps), src, mine, bounds, redop)
-        steps = 1
+    steps = share(step, caps, src, mine, bounds, redop)
     pairwise.gather_chunks(step, mine, dst, bounds, root, steps)
+
+
+# ------------------------------------------------------------------ all_gather, reduce_scatter
+AllGather = Callable[[Step, Capabilities, Array, Bounds], object]
+_ALL_GATHER: dict[str, AllGather] = {
+    "ring": lambda step, caps, dst, bounds: ring.all_gather(step, dst, bounds),
+    "shm_direct": lambda step, caps, dst, bounds: shared.all_gather(
+        step, one_copy(step, caps), dst, bounds
+    ),
+}
 
 
 def all_gather(step: Step, algo: str, caps: Capabilities, dst: Array, bounds: Bounds) -> None:
     """Fill every block of ``dst`` from its owner (this rank's block is in place)."""
-    if algo == "ring":
-        ring.all_gather(step, dst, bounds)
-    else:
-        shared.all_gather(step, one_copy(step, caps), dst, bounds)
+    _lookup(_ALL_GATHER, "all_gather", algo)(step, caps, dst, bounds)
+
+
+ReduceScatter = Callable[[Step, Capabilities, Array, Array, Bounds, str], object]
+_REDUCE_SCATTER: dict[str, ReduceScatter] = {
+    "ring": lambda step, caps, src, dst, bounds, redop: ring.reduce_scatter(
+        step, src, dst, bounds, redop
+    ),
+    "shm_direct": lambda step, caps, src, dst, bounds, redop: shared.reduce_scatter(
+        step, one_copy(step, caps), src, dst, bounds, redop
+    ),
+}
 
 
 def reduce_scatter(
     step: Step, algo: str, caps: Capabilities, src: Array, dst: Array, bounds: Bounds, redop: str
 ) -> None:
     """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (equal blocks)."""
-    if algo == "ring":
-        ring.reduce_scatter(step, src, dst, bounds, redop)
-    else:
-        shared.reduce_scatter(step, one_copy(step, caps), src, dst, bounds, redop)
+    _lookup(_REDUCE_SCATTER, "reduce_scatter", algo)(step, caps, src, dst, bounds, redop)

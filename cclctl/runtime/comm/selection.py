@@ -5,7 +5,7 @@ Every op has a small- and a large-message algorithm and a threshold between them
 transport with an engine (:class:`~cclctl.runtime.transport.capabilities.Capabilities`)
 each runs there: one-copy shared memory (``shm_direct``; ``shm_rsag`` for large messages,
 from 1 MiB with 2 ranks), zero-copy on shared buffers from
-:data:`~cclctl.runtime.algorithms.zero_copy.MIN_BYTES` (``shm_zero_copy``), or within
+:data:`ZERO_COPY_MIN_BYTES` (``shm_zero_copy``, :data:`ZERO_COPY_FROM`), or within
 hosts then across (``hier_rd``, ``hier_ring``).
 
 ``CCLCTL_ALGO`` is a comma list: ``ring`` runs ring wherever an op has it and
@@ -34,6 +34,13 @@ ALGORITHMS: dict[str, tuple[str, str, int]] = {
 _RING_NEEDS_ELEMENTS = ("all_reduce", "reduce")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 NEVER = 1 << 62  # a threshold no call reaches
+#: The collectives that run zero-copy on shared buffers, from this many bytes (a call has
+#: the same size on every rank, so every rank decides alike). Below it, publishing
+#: descriptors and the extra synchronisations cost more than the copy they save.
+ZERO_COPY_MIN_BYTES = 256 << 10
+ZERO_COPY_FROM = dict.fromkeys(
+    ("all_reduce", "all_gather", "reduce_scatter", "broadcast"), ZERO_COPY_MIN_BYTES
+)
 #: Where 2 ranks on one host switch from reducing everything (``shm_direct``: one
 #: synchronisation per round) to reducing half each (``shm_rsag``: two, half the adds).
 TWO_RANK_RSAG_FROM = 1 << 20
@@ -88,20 +95,16 @@ class Choices:
     barrier: Choice
 
 
-def decide(
-    sel: Selection, caps: Capabilities, world_size: int, zero_copy: dict[str, int]
-) -> Choices:
+def decide(sel: Selection, caps: Capabilities, world_size: int) -> Choices:
     """Every op's choice on a communicator of ``world_size`` ranks over a transport with
-    ``caps``; ``zero_copy``: the ops that run zero-copy, from how many bytes. Ranks with
-    the same configuration and transport decide alike."""
-    ops = {op: _choice(sel, op, caps, world_size, zero_copy) for op in ALGORITHMS}
+    ``caps``, zero-copy included. Ranks with the same configuration and transport decide
+    alike."""
+    ops = {op: _choice(sel, op, caps, world_size) for op in ALGORITHMS}
     barrier = _on_engine("all_reduce", "rd", caps, world_size)
     return Choices(**ops, barrier=Choice(barrier, barrier, NEVER))
 
 
-def _choice(
-    sel: Selection, op: str, caps: Capabilities, n: int, zero_copy: dict[str, int]
-) -> Choice:
+def _choice(sel: Selection, op: str, caps: Capabilities, n: int) -> Choice:
     small, large, default = ALGORITHMS[op]
     min_count = n if op in _RING_NEEDS_ELEMENTS else 0
     forced = sel.forced.get(op)
@@ -121,7 +124,7 @@ def _choice(
         min_count,
         parts=n if even else 1,
         uneven=large if even else engine_large,
-        zero_copy_from=NEVER if caps.one_copy is None else zero_copy.get(op, NEVER),
+        zero_copy_from=NEVER if caps.one_copy is None else ZERO_COPY_FROM.get(op, NEVER),
     )
 
 
