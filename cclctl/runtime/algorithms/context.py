@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cclctl.runtime.transport.base import Transfer, Transport, Wait
+from cclctl.runtime.transport.base import Exchanger, Transfer, Wait
 from cclctl.runtime.transport.wire import Call
 
 Array = np.ndarray
@@ -84,7 +84,7 @@ class Step:
     __slots__ = ("call", "rank", "scratch", "size", "transport", "wait")
 
     def __init__(
-        self, transport: Transport, rank: int, size: int, call: Call, wait: Wait, scratch: Scratch
+        self, transport: Exchanger, rank: int, size: int, call: Call, wait: Wait, scratch: Scratch
     ) -> None:
         self.transport = transport
         self.rank = rank

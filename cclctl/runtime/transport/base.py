@@ -21,7 +21,17 @@ from cclctl.runtime.transport.capabilities import Capabilities
 from cclctl.runtime.transport.wait import Transfer, Wait
 from cclctl.runtime.transport.wire import Call
 
-__all__ = ["Progress", "SteppedTransport", "Transfer", "Transport", "Wait"]
+__all__ = [
+    "Exchanger",
+    "LinkCounters",
+    "LinkFaults",
+    "PeerAnnouncer",
+    "Progress",
+    "SteppedTransport",
+    "Transfer",
+    "Transport",
+    "Wait",
+]
 
 
 class Progress(Protocol):
@@ -50,8 +60,9 @@ class Progress(Protocol):
         ...
 
 
-class Transport(Protocol):
-    """Moves the bytes of one algorithm step between this rank and its peers."""
+class Exchanger(Protocol):
+    """Moves the bytes of one algorithm step between this rank and its peers: all that
+    algorithms see of a transport."""
 
     name: str
     capabilities: Capabilities  # the engines beside point-to-point steps (selection reads it)
@@ -71,19 +82,37 @@ class Transport(Protocol):
         """
         ...
 
+
+class LinkFaults(Protocol):
+    """Fault injection's hold on a transport (``CCLCTL_FAULT=link:...``)."""
+
     def drop_link(self, peer: int) -> None:
-        """Close the link to ``peer`` (fault injection; the next use reconnects)."""
+        """Close the link to ``peer`` (the next use fails, or a retry renews the links)."""
         ...
+
+
+class LinkCounters(Protocol):
+    """Telemetry's view of a transport: the bytes moved with each peer."""
 
     def link_bytes(self) -> tuple[list[int], list[int]]:
         """Bytes sent to and received from each peer so far (indexed by rank)."""
         ...
 
+
+class PeerAnnouncer(Protocol):
+    """The failure state's hook on a transport: how a failure or a close reaches peers."""
+
     def announce(self, status: str, revocation: Revocation | None) -> None:
         """Tell this rank's peers it is ``broken`` (why: ``revocation``) or ``closed`` by
-        the transport's own means (the failure state's hook; shared memory: this rank's
-        revoke area and state word; TCP: a revoke frame on every link, then the close)."""
+        the transport's own means (shared memory: this rank's revoke area and state word;
+        TCP: a revoke frame on every link, then the close)."""
         ...
+
+
+class Transport(Exchanger, LinkFaults, LinkCounters, PeerAnnouncer, Protocol):
+    """A transport as a rank's communicator holds it: the steps algorithms run (the
+    :class:`Exchanger` they see), and beside them the hooks of fault injection, telemetry
+    and the failure state, each its own small Protocol."""
 
     def close(self) -> None: ...
 
