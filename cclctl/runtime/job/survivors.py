@@ -26,7 +26,8 @@ from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.shrink import Agreement, Joined, ShrinkExchange, agree
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
-from cclctl.runtime.transport.tcp.links import Links, local_address_towards
+from cclctl.runtime.transport.tcp.address import local_address_towards
+from cclctl.runtime.transport.tcp.links import Links
 from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.hub import Telemetry

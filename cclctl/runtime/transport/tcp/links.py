@@ -44,25 +44,6 @@ MAX_PENDING_HANDSHAKES = 64
 _RELINK_LOOK_S = 0.05  # how often a link awaited again looks at the failure state
 
 
-def local_address_towards(host: str) -> str:
-    """The local IP address that routes to ``host`` (the store), to advertise to peers."""
-    try:
-        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_DGRAM)
-        target = str(infos[0][4][0])
-    except OSError:
-        return "127.0.0.1"
-    if target.startswith("127."):
-        return "127.0.0.1"
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((target, 9))  # no packet is sent for a UDP connect
-        return str(probe.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
-    finally:
-        probe.close()
-
-
 def _prepare(sock: socket.socket, stall_ms: int) -> None:
     """A linked socket as steps use it: no Nagle, large buffers, probed, non-blocking."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
