@@ -1,16 +1,16 @@
 """Renewing a communicator's transport after a link fault: the job's side of a retry.
 
 Every rank of the communicator writes what it brings (:class:`~cclctl.runtime.comm.
-retrying.Ask`) under ``retry/<comm>/<epoch>/in/<rank>`` in the job's store, ``epoch`` being
-the communicator's next one, and waits for all of them until the budget's deadline: nobody
-re-runs alone. All read the same entries, so all make the same plan. Then the old transport
-is closed, a new one opens through a rendezvous scoped to ``retry/<comm>/<epoch>/x/`` with
-links of the new epoch (a socket of the old life is refused at its handshake), and the
-failure state starts the new epoch: its calls run again. Once every rank's entry is there,
-each clears the job's ``revoke`` key of the record this retry got past (and its own
-acknowledgement), so a later failure, an abort or another ``cclctl retry`` can be written;
-each writes ``retry/<comm>/<epoch>/up/<rank>`` once its new transport is up (what
-``cclctl retry`` waits for).
+recovery.retry_rules.Ask`) under ``retry/<comm>/<epoch>/in/<rank>`` in the job's store,
+``epoch`` being the communicator's next one, and waits for all of them until the budget's
+deadline: nobody re-runs alone. All read the same entries, so all make the same plan. Then
+the old transport is closed, a new one opens through a rendezvous scoped to
+``retry/<comm>/<epoch>/x/`` with links of the new epoch (a socket of the old life is
+refused at its handshake), and the failure state starts the new epoch: its calls run again.
+Once every rank's entry is there, each clears the job's ``revoke`` key of the record this
+retry got past (and its own acknowledgement), so a later failure, an abort or another
+``cclctl retry`` can be written; each writes ``retry/<comm>/<epoch>/up/<rank>`` once its
+new transport is up (what ``cclctl retry`` waits for).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from cclctl import revocation
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommError, StoreTimeout
 from cclctl.ranges import fold_ranks
-from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.comm.rerun import HELD_MARK, KEEP_MAX_BYTES, KEEP_MAX_CALLS
-from cclctl.runtime.comm.retrying import (
+from cclctl.runtime.comm.recovery.port import Port
+from cclctl.runtime.comm.recovery.retry_rules import (
     HELD,
     REPLAY,
     RERUNS,
@@ -35,6 +34,7 @@ from cclctl.runtime.comm.retrying import (
     Ask,
     Plan,
 )
+from cclctl.runtime.comm.rerun import HELD_MARK, KEEP_MAX_BYTES, KEEP_MAX_CALLS
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
@@ -100,8 +100,8 @@ def world_links(rank: int, size: int, cfg: RuntimeConfig, store_host: str, token
 
 
 class Retry:
-    """The job's retrier (:data:`~cclctl.runtime.comm.retrying.Retrier`) of its world
-    communicator: the rendezvous, the configuration and telemetry a new transport needs."""
+    """The job's retrier (:class:`~cclctl.runtime.comm.recovery.retry_rules.Retrier`) of its
+    world communicator: the rendezvous, the configuration and telemetry a new transport needs."""
 
     def __init__(
         self, rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str, telemetry: Telemetry
@@ -111,7 +111,7 @@ class Retry:
         self.store_host = store_host
         self.telemetry = telemetry
 
-    def __call__(self, comm: Communicator, ask: Ask) -> Plan:
+    def __call__(self, comm: Port, ask: Ask) -> Plan:
         epoch = comm.failure.epoch + 1
         prefix = f"retry/{comm.id}/{epoch}/"
         comm.transport.close()  # the failure was announced on it; its links are done
@@ -127,12 +127,12 @@ class Retry:
             if isinstance(exc, CommError):
                 raise
             raise CommError(f"rank {comm.rank}: retry of {comm.id}: {exc}") from exc
-        comm._use(transport)
+        comm.renew(transport)
         comm.failure.bump_epoch(transport.announce)
         self.telemetry.count_retry(comm.id, ask.call)  # cclctl_collective_retries_total
         return plan
 
-    def refuse(self, comm: Communicator, ask: Ask) -> None:
+    def refuse(self, comm: Port, ask: Ask) -> None:
         """Write this rank's entry for the next epoch and return: the call it was in is
         not re-run, so every rank's plan fails at once, naming it (:func:`decide`)."""
         prefix = f"retry/{comm.id}/{comm.failure.epoch + 1}/"
@@ -140,7 +140,7 @@ class Retry:
             scoped = ScopedStore.for_job(client, self.rdzv.job)
             scoped.set(f"{prefix}in/{comm.rank}", json.dumps(dataclasses.asdict(ask)).encode())
 
-    def all_closed(self, comm: Communicator, ask: Ask, wait_s: float) -> bool:
+    def all_closed(self, comm: Port, ask: Ask, wait_s: float) -> bool:
         """Write ``retry/<comm>/closed/<rank>`` (this rank closes after ``ask.pending - 1``)
         and wait up to ``wait_s`` for every rank's; a rank whose process on this host is
         gone counts as closed (it has nothing left to retry)."""
@@ -157,7 +157,7 @@ class Retry:
                 return False
         return True
 
-    def leave(self, comm: Communicator, ask: Ask) -> None:
+    def leave(self, comm: Port, ask: Ask) -> None:
         """Write ``retry/<comm>/left/<rank>``: this rank closed for good, so a retry that
         waits for it fails at once (:func:`_agree`), naming it."""
         with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
@@ -177,7 +177,7 @@ class Retry:
         )
 
     def _build(
-        self, comm: Communicator, epoch: int, scoped: ScopedStore, prefix: str, deadline: float
+        self, comm: Port, epoch: int, scoped: ScopedStore, prefix: str, deadline: float
     ) -> Transport:
         rank, size, cfg = comm.rank, comm.world_size, self.cfg
         links = world_links(rank, size, cfg, self.store_host, self.rdzv.token, epoch)
@@ -210,7 +210,7 @@ def clear_revoke_key(scoped: ScopedStore, comm_id: str, epoch: int, rank: int) -
     scoped.delete(revocation.ack_key(rank))
 
 
-def _agree(scoped: ScopedStore, prefix: str, comm: Communicator, ask: Ask) -> dict[int, Ask]:
+def _agree(scoped: ScopedStore, prefix: str, comm: Port, ask: Ask) -> dict[int, Ask]:
     """Write this rank's entry, wait for every rank's until the deadline, read them all.
     While it waits, the job's record may show that the job failed otherwise (a hang, a
     death, an abort): then the others never come, and that failure is raised at once."""
@@ -242,7 +242,7 @@ def _agree(scoped: ScopedStore, prefix: str, comm: Communicator, ask: Ask) -> di
     return {r: Ask(**json.loads(found[k])) for r, k in enumerate(keys)}
 
 
-def _left_for_good(scoped: ScopedStore, comm: Communicator, keys: list[str], rank: int,
+def _left_for_good(scoped: ScopedStore, comm: Port, keys: list[str], rank: int,
                    ask: Ask) -> None:  # fmt: skip
     """Raise at once where a rank the agreement waits for closed for good (it gave up
     waiting at its close, or a failure ended its waiting): it will never join."""
@@ -266,7 +266,7 @@ def _agreement(keys: list[str]) -> str:
     return keys[0].rpartition("/")[0] + "/"
 
 
-def _gone(comm: Communicator, rank: int) -> bool:
+def _gone(comm: Port, rank: int) -> bool:
     """Rank ``rank``'s process ran on this host and is gone."""
     peers, host = comm.failure.peers, comm.failure.host
     if not 0 <= rank < len(peers) or not host or peers[rank][0] != host or rank == comm.rank:
@@ -280,7 +280,7 @@ def _gone(comm: Communicator, rank: int) -> bool:
     return False
 
 
-def _job_failure(scoped: ScopedStore, comm: Communicator) -> revocation.Revocation | None:
+def _job_failure(scoped: ScopedStore, comm: Port) -> revocation.Revocation | None:
     """The job's record where it is a failure of ``comm``'s present life (an operator's of
     any epoch) that a retry does not recover from (the ranks it stopped do not join)."""
     rev = read_record(scoped)
