@@ -32,10 +32,10 @@ from retry_apart_worker import call_input
 
 from cclctl.errors import CommError
 from cclctl.runtime.comm.recovery.call import Call
+from cclctl.runtime.comm.recovery.retry_plan import decide
 from cclctl.runtime.comm.recovery.retry_rules import REPLAY, Ask, Plan
 from cclctl.runtime.comm.recovery.retrying import Retrying
 from cclctl.runtime.comm.rerun import Kept
-from cclctl.runtime.job.retry import decide
 from scripts import script
 
 WORLD, JOB = 4, "retryapart"

@@ -33,11 +33,12 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CommError
 from cclctl.revocation import Revocation
 from cclctl.runtime.comm.recovery.call import Call
+from cclctl.runtime.comm.recovery.retry_plan import decide
 from cclctl.runtime.comm.recovery.retry_rules import REPLAY, RERUNS, Ask, Plan
 from cclctl.runtime.comm.recovery.retrying import Retrying
 from cclctl.runtime.comm.rerun import Kept
 from cclctl.runtime.failure import FailureState
-from cclctl.runtime.job.retry import Retry, decide
+from cclctl.runtime.job.retry import Retry
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.scope import ScopedStore
 from scripts import script

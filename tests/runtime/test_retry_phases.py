@@ -29,10 +29,10 @@ import pytest
 from retry_phase_worker import call_input, digest
 
 from cclctl.errors import CommError
+from cclctl.runtime.comm.recovery.retry_plan import decide
 from cclctl.runtime.comm.recovery.retry_rules import HELD, HELD_ALGO, Ask, Plan
 from cclctl.runtime.comm.recovery.retrying import Retrying
 from cclctl.runtime.comm.rerun import CONFIRM_FROM, CONFIRM_STEP0, Ending, Inputs, Kept
-from cclctl.runtime.job.retry import decide
 from scripts import script
 
 WORLD, JOB = 2, "retryphases"

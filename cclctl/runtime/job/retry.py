@@ -25,16 +25,8 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.comm.recovery.port import Port
-from cclctl.runtime.comm.recovery.retry_rules import (
-    HELD,
-    REPLAY,
-    RERUNS,
-    RETRIED_KINDS,
-    SHARED,
-    Ask,
-    Plan,
-)
-from cclctl.runtime.comm.rerun import HELD_MARK, KEEP_MAX_BYTES, KEEP_MAX_CALLS
+from cclctl.runtime.comm.recovery.retry_plan import decide
+from cclctl.runtime.comm.recovery.retry_rules import RETRIED_KINDS, Ask, Plan
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
@@ -134,7 +126,8 @@ class Retry:
 
     def refuse(self, comm: Port, ask: Ask) -> None:
         """Write this rank's entry for the next epoch and return: the call it was in is
-        not re-run, so every rank's plan fails at once, naming it (:func:`decide`)."""
+        not re-run, so every rank's plan fails at once, naming it
+        (:func:`~cclctl.runtime.comm.recovery.retry_plan.decide`)."""
         prefix = f"retry/{comm.id}/{comm.failure.epoch + 1}/"
         with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
             scoped = ScopedStore.for_job(client, self.rdzv.job)
@@ -287,79 +280,3 @@ def _job_failure(scoped: ScopedStore, comm: Port) -> revocation.Revocation | Non
     if rev is None or rev.kind in RETRIED_KINDS:
         return None
     return rev if rev.of_life(comm.id, comm.failure.epoch) else None
-
-
-def decide(rank: int, entries: dict[int, Ask]) -> Plan:
-    """The plan every rank makes from the same entries. All at one seq: re-run it. Calls
-    apart (the ranks at the highest seq ``hi`` completed the seqs the others did not):
-    each seq from the lowest up to ``hi`` is caught up, the ranks behind taking the
-    result of the lowest rank ahead (a broadcast) or, where the result differs by rank,
-    the ranks ahead running it again with them from its kept input; then all re-run
-    ``hi`` (ranks closing there have nothing to re-run). Anything that cannot be made
-    exact is refused at once, naming why."""
-    pending = {r: e.pending for r, e in entries.items()}
-    lo, hi = min(pending.values()), max(pending.values())
-    closing = {r for r, e in entries.items() if e.call == "close" and lo < hi == e.pending}
-    odd = sorted(r for r, e in entries.items() if e.call not in RERUNS and r not in closing)
-    if odd:
-        named = sorted({entries[r].call for r in odd})
-        raise CommError(
-            f"rank {rank}: cannot retry: rank(s) {fold_ranks(odd)} were in {', '.join(named)}, "
-            f"which is not re-run (only {', '.join(RERUNS)})",
-            rank=rank,
-        )
-    roots = tuple(_catch_up(rank, seq, entries) for seq in range(lo, hi))
-    _one_call(rank, hi, {e.call for e in entries.values() if e.pending == hi})
-    return Plan(lo, roots)
-
-
-def _one_call(rank: int, seq: int, calls: set[str]) -> None:
-    if len(calls) > 1:
-        raise CommError(
-            f"rank {rank}: cannot retry: the ranks at seq {seq} were in different calls "
-            f"({', '.join(sorted(calls))})",
-            rank=rank,
-        )
-
-
-def _catch_up(rank: int, seq: int, entries: dict[int, Ask]) -> int:
-    """How seq ``seq``, which the ranks ahead of it completed, catches up the others: the
-    lowest rank ahead (whose kept result the others take), :data:`REPLAY`, or
-    :data:`HELD` where it ended with a confirm (the ranks behind, each inside it with its
-    result whole, return that). Every rank ahead must have kept it, as the same call the
-    ranks at it are in."""
-    ahead = sorted(r for r, e in entries.items() if e.pending > seq)
-    lacking = [r for r in ahead if not entries[r].kept_from <= seq <= entries[r].kept]
-    if lacking:
-        e = entries[lacking[0]]
-        held = f"seqs {e.kept_from} to {e.kept}" if e.kept else "none"
-        behind = sorted(r for r, x in entries.items() if x.pending <= seq)
-        stops = [x.pending for x in entries.values()]
-        raise CommError(
-            f"rank {rank}: cannot retry: the ranks stopped at seqs {min(stops)} to "
-            f"{max(stops)}, and rank(s) {fold_ranks(lacking)} "
-            f"no longer keep seq {seq}, which rank(s) {fold_ranks(behind)} lack (rank "
-            f"{lacking[0]} keeps {held}; a communicator keeps its completed calls up to "
-            f"{KEEP_MAX_BYTES >> 20} MiB or {KEEP_MAX_CALLS} calls)",
-            rank=rank,
-        )
-    labels = {e.kept_ops.split(",")[seq - e.kept_from] for r, e in entries.items() if r in ahead}
-    kept = {label.removesuffix(HELD_MARK) for label in labels}
-    _one_call(rank, seq, kept | {e.call for e in entries.values() if e.pending == seq})
-    (call,) = kept
-    if any(label.endswith(HELD_MARK) for label in labels):
-        _whole_behind(rank, seq, entries)
-        return HELD
-    return ahead[0] if call in SHARED else REPLAY
-
-
-def _whole_behind(rank: int, seq: int, entries: dict[int, Ask]) -> None:
-    """A call that ended with a confirm lets no rank complete it before every rank's
-    result is whole: every rank behind it must be inside it, holding its result."""
-    short = sorted(r for r, e in entries.items() if e.pending <= seq and e.done != seq)
-    if short:
-        raise CommError(
-            f"rank {rank}: cannot retry: seq {seq} ended with a confirm that a rank passed, "
-            f"yet rank(s) {fold_ranks(short)} do not hold its result",
-            rank=rank,
-        )

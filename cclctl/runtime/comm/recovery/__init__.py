@@ -3,8 +3,8 @@
 
 - :mod:`~.raising`: the call raises (the default);
 - :mod:`~.retrying`: ``CCLCTL_RETRY_BUDGET``, a call a link fault interrupted re-runs on
-  renewed links (what the ranks agree on: :mod:`~.retry_rules`; each call's inputs:
-  :mod:`~.rerun_inputs`);
+  renewed links (what the ranks bring and agree on: :mod:`~.retry_rules`; the plan they
+  make from it: :mod:`~.retry_plan`; each call's inputs: :mod:`~.rerun_inputs`);
 - :mod:`~.shrinking`: ``CCLCTL_ON_FAILURE=shrink``, a call a dead rank interrupted re-runs
   among the survivors (which calls can: :mod:`~.shrink_rules`).
 
