@@ -9,6 +9,7 @@ are one line each and no policy knows each op's signature.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,26 +83,27 @@ class Call:
         """Run the call once on ``run``; ``ending`` is called in its step once its result is
         whole (only the ops of :data:`ENDED` take one)."""
         assert ending is None or self.op in ENDED, self.op
-        buf, out = self.buf, self.out
-        if self.op == "all_reduce":
-            return run.all_reduce(buf, self.redop, out, ending)
-        if self.op == "all_gather":
-            assert out is not None
-            return run.all_gather(buf, out, ending)
-        if self.op == "reduce_scatter":
-            assert out is not None
-            return run.reduce_scatter(buf, out, self.redop, ending)
-        if self.op == "broadcast":
-            return run.broadcast(buf, self.root, out, ending)
-        if self.op == "reduce":
-            return run.reduce(buf, self.redop, self.root, out)
-        if self.op == "all_to_all":
-            assert out is not None
-            return run.all_to_all(buf, out)
-        if self.op == "barrier":
-            return run.barrier()
-        if self.op == "send":
-            return run.send(buf, self.peer)
-        if self.op == "recv":
-            return run.recv(buf, self.peer)
-        raise ValueError(f"unknown collective {self.op!r}")
+        once = _ATTEMPTS.get(self.op)
+        if once is None:
+            raise ValueError(f"unknown collective {self.op!r}")
+        return once(run, self, ending)
+
+    @property
+    def into(self) -> Array:
+        """``out``, for the ops that must have one."""
+        assert self.out is not None, self.op
+        return self.out
+
+
+#: How each op runs once: ``(run, call, ending) -> result``.
+_ATTEMPTS: dict[str, Callable[[Collectives, Call, Ending | None], Any]] = {
+    "all_reduce": lambda run, c, e: run.all_reduce(c.buf, c.redop, c.out, e),
+    "all_gather": lambda run, c, e: run.all_gather(c.buf, c.into, e),
+    "reduce_scatter": lambda run, c, e: run.reduce_scatter(c.buf, c.into, c.redop, e),
+    "broadcast": lambda run, c, e: run.broadcast(c.buf, c.root, c.out, e),
+    "reduce": lambda run, c, e: run.reduce(c.buf, c.redop, c.root, c.out),
+    "all_to_all": lambda run, c, e: run.all_to_all(c.buf, c.into),
+    "barrier": lambda run, c, e: run.barrier(),
+    "send": lambda run, c, e: run.send(c.buf, c.peer),
+    "recv": lambda run, c, e: run.recv(c.buf, c.peer),
+}
