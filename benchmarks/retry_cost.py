@@ -55,6 +55,7 @@ BLOCK_BYTES = 16 << 20
 def _worker(args: argparse.Namespace) -> int:
     """One rank: every op and size in rounds of blocks; rank 0 prints one JSON line each."""
     import cclctl
+    from cclctl.runtime.comm.recovery.call import Call
 
     comm = cclctl.init()
     n, rank = comm.world_size, comm.rank
@@ -73,7 +74,7 @@ def _worker(args: argparse.Namespace) -> int:
         return on if name == "on" else off
 
     def slowest(seconds: float) -> float:
-        return float(comm._all_reduce(np.array([seconds]), "max", None)[0])
+        return float(comm.attempt(Call.all_reduce(np.array([seconds]), "max"))[0])
 
     for size in (int(s) for s in args.sizes.split(",")):
         count = max(size // 4 // n * n, n)
@@ -115,13 +116,18 @@ Pair = tuple[Callable[[], object], Callable[[], object]]
 
 def _calls(comm: Any, x: np.ndarray, big: np.ndarray, part: np.ndarray) -> dict[str, Pair]:
     """Each op's (public call, one attempt) on these buffers."""
+    from cclctl.runtime.comm.recovery.call import Call
+
     return {
-        "all_reduce": (lambda: comm.all_reduce(x), lambda: comm._all_reduce(x, "sum", None)),
-        "all_gather": (lambda: comm.all_gather(part, big), lambda: comm._all_gather(part, big)),
-        "broadcast": (lambda: comm.broadcast(x, 0), lambda: comm._broadcast(x, 0, None)),
+        "all_reduce": (lambda: comm.all_reduce(x), lambda: comm.attempt(Call.all_reduce(x))),
+        "all_gather": (
+            lambda: comm.all_gather(part, big),
+            lambda: comm.attempt(Call.all_gather(part, big)),
+        ),
+        "broadcast": (lambda: comm.broadcast(x, 0), lambda: comm.attempt(Call.broadcast(x, 0))),
         "reduce_scatter": (
             lambda: comm.reduce_scatter(big, part),
-            lambda: comm._reduce_scatter(big, part, "sum"),
+            lambda: comm.attempt(Call.reduce_scatter(big, part)),
         ),
     }
 

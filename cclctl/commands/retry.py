@@ -3,7 +3,7 @@ run it again under a new epoch, with no process restarted.
 
 It writes an operator's ``retry`` record to the job's ``revoke`` key (first writer wins, as
 for ``cclctl abort``); every rank adopts it, its blocked call ends, and the retry loop
-(:mod:`cclctl.runtime.comm.retrying`) agrees and renews the transport as for a link fault.
+(:mod:`cclctl.runtime.comm.recovery.retrying`) agrees and renews the transport as for a link fault.
 The command then reads the ranks' ``retry/<comm>/<epoch>/{in,up}/<rank>`` entries
 (:mod:`cclctl.live.rejoins`) until every live rank re-runs or ``--wait`` ends.
 """

@@ -31,9 +31,11 @@ import pytest
 from retry_apart_worker import call_input
 
 from cclctl.errors import CommError
+from cclctl.runtime.comm.recovery.call import Call
+from cclctl.runtime.comm.recovery.retry_plan import decide
+from cclctl.runtime.comm.recovery.retry_rules import REPLAY, Ask, Plan
+from cclctl.runtime.comm.recovery.retrying import Retrying
 from cclctl.runtime.comm.rerun import Kept
-from cclctl.runtime.comm.retrying import REPLAY, Ask, Plan, _recover
-from cclctl.runtime.job.retry import decide
 from scripts import script
 
 WORLD, JOB = 4, "retryapart"
@@ -237,15 +239,15 @@ def test_a_rank_between_serves_the_seqs_it_completed_before_it_takes_its_own() -
     ran: list[tuple[int, int]] = []
     seqs = iter(range(5, 10))
 
-    def broadcast(buf: np.ndarray, root: int, out: object) -> np.ndarray:
-        ran.append((next(seqs), root))
-        return buf
+    def broadcast(call: Call) -> np.ndarray:
+        assert call.op == "broadcast"
+        ran.append((next(seqs), call.root))
+        return call.buf
 
-    comm = SimpleNamespace(
-        rank=1, _kept=kept, _catchup=None, _broadcast=broadcast,
-        _calls=SimpleNamespace(completed=6, rewind=lambda seq, attempt: None),
-        _retrier=lambda comm, ask: Plan(5, (0, 0, 0)),
-    )  # fmt: skip
-    answered, _ = _recover(comm, "broadcast", 7, CommError("cut"), 2, 1e18, np.zeros(4))  # type: ignore[arg-type]
+    port = SimpleNamespace(
+        rank=1, kept=kept, attempt=broadcast, completed=6, rewind=lambda seq, attempt: None
+    )
+    retrying = Retrying(port, lambda comm, ask: Plan(5, (0, 0, 0)))  # type: ignore[arg-type]
+    answered, _ = retrying.recover("broadcast", 7, CommError("cut"), 2, 1e18, np.zeros(4))
     assert answered
     assert ran == [(5, 0), (6, 0), (7, 0)]

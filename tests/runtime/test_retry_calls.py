@@ -32,10 +32,13 @@ from cclctl import revocation
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CommError
 from cclctl.revocation import Revocation
+from cclctl.runtime.comm.recovery.call import Call
+from cclctl.runtime.comm.recovery.retry_plan import decide
+from cclctl.runtime.comm.recovery.retry_rules import REPLAY, RERUNS, Ask, Plan
+from cclctl.runtime.comm.recovery.retrying import Retrying
 from cclctl.runtime.comm.rerun import Kept
-from cclctl.runtime.comm.retrying import REPLAY, RERUNS, Ask, Plan, _recover, not_rerun
 from cclctl.runtime.failure import FailureState
-from cclctl.runtime.job.retry import Retry, decide
+from cclctl.runtime.job.retry import Retry
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.scope import ScopedStore
 from scripts import script
@@ -258,19 +261,18 @@ def test_a_call_that_is_not_rerun_tells_the_agreement_at_once(server: StoreServe
         store=SimpleNamespace(host=server.host, port=server.port), token="", job=JOB
     )
     retry = Retry(rdzv, RuntimeConfig(), server.host, telemetry=None)  # type: ignore[arg-type]
-    comm = SimpleNamespace(
-        id="0:0-2", rank=1, cfg=RuntimeConfig(retry_budget_s=20), _retrier=retry,
-        failure=SimpleNamespace(epoch=3), _calls=SimpleNamespace(completed=6),
-        _kept=_kept_at(5),
-    )  # fmt: skip
     fault = CommError("link between rank 0 and rank 1 broke")
     fault.revocation = Revocation(kind="link", origin=0, reason="peer closed", seen_by=1)
 
-    def cut() -> None:
+    def cut(call: Call) -> None:
         raise fault
 
+    port = SimpleNamespace(
+        id="0:0-2", rank=1, cfg=RuntimeConfig(retry_budget_s=20), attempt=cut,
+        failure=SimpleNamespace(epoch=3), completed=6, kept=_kept_at(5),
+    )  # fmt: skip
     with pytest.raises(CommError) as raised:
-        not_rerun(comm, "send", cut)  # type: ignore[arg-type]
+        Retrying(port, retry).not_rerun(Call.send(np.zeros(1), 0))  # type: ignore[arg-type]
     assert raised.value is fault
     with StoreClient(server.host, server.port) as client:
         entry = ScopedStore.for_job(client, JOB).try_get("retry/0:0-2/4/in/1")
@@ -347,12 +349,10 @@ def test_a_rank_ahead_runs_the_call_whose_result_differs_by_rank_again_from_its_
         def retrier(comm: object, ask: Ask) -> Plan:
             return Plan(4, (REPLAY,))
 
-        comm = SimpleNamespace(
-            _calls=SimpleNamespace(completed=pending - 1, rewind=rewind), _kept=kept,
-            _retrier=retrier, rank=0, _catchup=None,
-        )  # fmt: skip
+        port = SimpleNamespace(completed=pending - 1, rewind=rewind, kept=kept, rank=0)
         cut = CommError("cut")
-        answered, attempt = _recover(comm, "all_reduce", pending, cut, 2, 1e18, given)  # type: ignore[arg-type]
+        retrying = Retrying(port, retrier)  # type: ignore[arg-type]
+        answered, attempt = retrying.recover("all_reduce", pending, cut, 2, 1e18, given)
         assert (answered, attempt) == (False, 2)
         assert len(replayed) == runs_again
         if runs_again:
@@ -395,10 +395,8 @@ def test_a_failure_the_retry_does_not_recover_from_is_raised_as_it_is() -> None:
     def retrier(comm: object, ask: Ask) -> Plan:
         raise job_failed
 
-    comm = SimpleNamespace(
-        _calls=SimpleNamespace(completed=6), _kept=Kept(), _retrier=retrier, rank=0,
-        cfg=RuntimeConfig(retry_budget_s=20), _catchup=None,
-    )  # fmt: skip
+    port = SimpleNamespace(completed=6, kept=Kept(), rank=0, cfg=RuntimeConfig(retry_budget_s=20))
+    retrying = Retrying(port, retrier)  # type: ignore[arg-type]
     with pytest.raises(CommError) as raised:
-        _recover(comm, "all_reduce", 7, CommError("link broke"), 2, 1e18, np.zeros(1))  # type: ignore[arg-type]
+        retrying.recover("all_reduce", 7, CommError("link broke"), 2, 1e18, np.zeros(1))
     assert raised.value is job_failed

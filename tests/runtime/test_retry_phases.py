@@ -8,7 +8,7 @@ and in its confirm (both ranks hold the whole result, neither returned: both run
 again); an all_gather, an in-place broadcast and a reduce_scatter cut in their data. Then
 each of the four with one rank's confirm message lost after it got the other's: that rank
 returns and fails its next call, and the rank still inside the call returns the result it
-holds (nothing moves, :data:`~cclctl.runtime.comm.retrying.HELD`), and ``cclctl diagnose
+holds (nothing moves, :data:`~cclctl.runtime.comm.recovery.retry_rules.HELD`), and ``cclctl diagnose
 hang`` reads the dumps as healthy. Every rank's every result has the bits of a fault-free
 run (random float32 inputs: a sum taken twice or in another order would differ). And the
 plan the ranks make from such entries. Needs no root.
@@ -29,9 +29,10 @@ import pytest
 from retry_phase_worker import call_input, digest
 
 from cclctl.errors import CommError
+from cclctl.runtime.comm.recovery.retry_plan import decide
+from cclctl.runtime.comm.recovery.retry_rules import HELD, HELD_ALGO, Ask, Plan
+from cclctl.runtime.comm.recovery.retrying import Retrying
 from cclctl.runtime.comm.rerun import CONFIRM_FROM, CONFIRM_STEP0, Ending, Inputs, Kept
-from cclctl.runtime.comm.retrying import HELD, HELD_ALGO, Ask, Plan, _recover, serve
-from cclctl.runtime.job.retry import decide
 from scripts import script
 
 WORLD, JOB = 2, "retryphases"
@@ -147,7 +148,7 @@ def test_a_confirmed_call_keeps_no_copy_and_drops_the_calls_before_it() -> None:
     assert not Ending.of("reduce", 1 << 30, f4).confirm
 
 
-def _comm(plan: Plan, completed: int, kept: Kept, opened: list[tuple[str, str]]) -> Any:
+def _retrying(plan: Plan, completed: int, kept: Kept, opened: list[tuple[str, str]]) -> Retrying:
     class _Opened:
         def __init__(self, op: str, arr: np.ndarray, algo: str, **size: int) -> None:
             opened.append((op, algo))
@@ -158,11 +159,11 @@ def _comm(plan: Plan, completed: int, kept: Kept, opened: list[tuple[str, str]])
         def __exit__(self, *exc: object) -> None:
             return None
 
-    return SimpleNamespace(
-        rank=0, _kept=kept, _catchup=None, _call=_Opened,
-        _calls=SimpleNamespace(completed=completed, rewind=lambda seq, attempt: None),
-        _retrier=lambda comm, ask: plan,
+    port = SimpleNamespace(
+        rank=0, kept=kept, record=_Opened, completed=completed,
+        rewind=lambda seq, attempt: None,
     )  # fmt: skip
+    return Retrying(port, lambda comm, ask: plan)  # type: ignore[arg-type]
 
 
 def test_a_held_seq_is_closed_with_a_record_and_moves_nothing() -> None:
@@ -170,12 +171,12 @@ def test_a_held_seq_is_closed_with_a_record_and_moves_nothing() -> None:
     catch-up opens the same seq's record; neither broadcasts."""
     opened: list[tuple[str, str]] = []
     dst = np.ones(4)
-    comm = _comm(Plan(4, (HELD,)), 3, Kept(), opened)
-    answered, _ = _recover(comm, "all_reduce", 4, CommError("cut"), 2, 1e18, dst, True)
+    retrying = _retrying(Plan(4, (HELD,)), 3, Kept(), opened)
+    answered, _ = retrying.recover("all_reduce", 4, CommError("cut"), 2, 1e18, dst, True)
     assert answered and dst.tolist() == [1.0] * 4
     kept = Kept()
     kept.hold(4, "all_reduce")
-    serve(_comm(Plan(4, (HELD,)), 4, kept, opened), Plan(4, (HELD,)), 5)
+    _retrying(Plan(4, (HELD,)), 4, kept, opened).serve(Plan(4, (HELD,)), 5)
     assert opened == [("all_reduce", HELD_ALGO)] * 2
 
 

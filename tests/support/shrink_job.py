@@ -25,8 +25,10 @@ class ShrinkJob:
     """``n`` ranks running ``iters`` exact all_reduces (see ``shrink_worker.py``)."""
 
     def __init__(
-        self, tmp: Path, n: int, *, iters: int = 12, job: str = "shrinkjob", **env: str
-    ) -> None:
+        self, tmp: Path, n: int, *, iters: int = 12, job: str = "shrinkjob",
+        worker: str = WORKER, **env: str,
+    ) -> None:  # fmt: skip
+        """``worker``: the rank's script (default ``shrink_worker.py``)."""
         self.n = n
         self.out = tmp / "out"
         self.out.mkdir(exist_ok=True)
@@ -38,7 +40,7 @@ class ShrinkJob:
         base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
         self.procs = [
             subprocess.Popen(
-                [sys.executable, WORKER],
+                [sys.executable, worker],
                 env={
                     **base,
                     "RANK": str(rank),

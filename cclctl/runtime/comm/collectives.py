@@ -6,7 +6,8 @@ every rank for the same call, and a trace record naming that algorithm), runs it
 (:mod:`~cclctl.runtime.comm.dispatch`) and closes the record. The record is what telemetry
 counts, what the flight recorder keeps and what diagnosis reads, so every rank can always
 say which collective it is in and whom it waits on. One attempt each: what a failure then
-does (raise, retry, shrink) is the :class:`~cclctl.runtime.comm.communicator.Communicator`'s.
+does (raise, retry, shrink) is the recovery policy's (:mod:`cclctl.runtime.comm.recovery`),
+which the :class:`~cclctl.runtime.comm.communicator.Communicator` runs each call through.
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ class Collectives:
         if hasattr(self, "_calls"):
             self._calls.transport = transport
 
+    def renew(self, transport: Transport) -> None:
+        """Run the next calls over ``transport``, a retry's renewed links."""
+        self._use(transport)
+
+    @property
+    def calls(self) -> Calls:
+        """Where each call opens: its seq, its record, the failure state."""
+        return self._calls
+
     @property
     def failure(self) -> FailureState:
         """Whether calls may run here and, once not, the first failure's origin."""
@@ -116,7 +126,7 @@ class Collectives:
         return shared_buffers.zeros(shape, dtype)
 
     # ----------------------------------------------------------------- one attempt each
-    def _all_reduce(self, buf: Array, op: str, out: Array | None, ending: Ending | None = None
+    def all_reduce(self, buf: Array, op: str, out: Array | None, ending: Ending | None = None
                     ) -> Array:  # fmt: skip
         buffers.check_redop(op, "all_reduce")
         zc, src, dst = prepared.remembered(self._plans, "all_reduce", buf, out)
@@ -144,7 +154,7 @@ class Collectives:
                 ending(step)
         return dst if out is None else out
 
-    def _all_gather(self, buf: Array, out: Array, ending: Ending | None = None) -> Array:
+    def all_gather(self, buf: Array, out: Array, ending: Ending | None = None) -> Array:
         prep = self._gathers.get("all_gather", buf, out)
         if prep is not None:
             src, dst = buf.reshape(-1), out.reshape(-1)
@@ -177,7 +187,7 @@ class Collectives:
                 ending(step)
         return out
 
-    def _reduce_scatter(self, buf: Array, out: Array, op: str, ending: Ending | None = None
+    def reduce_scatter(self, buf: Array, out: Array, op: str, ending: Ending | None = None
                         ) -> Array:  # fmt: skip
         buffers.check_redop(op, "reduce_scatter")
         prep = self._scatters.get("reduce_scatter", buf, out)
@@ -212,7 +222,7 @@ class Collectives:
                 ending(step)
         return out
 
-    def _broadcast(self, buf: Array, root: int, out: Array | None, ending: Ending | None = None
+    def broadcast(self, buf: Array, root: int, out: Array | None, ending: Ending | None = None
                    ) -> Array:  # fmt: skip
         root = buffers.check_root(root, self.world_size, "broadcast")
         zc, src, dst = prepared.remembered(self._plans, "broadcast", buf, out)
@@ -238,7 +248,7 @@ class Collectives:
                 ending(step)
         return dst if out is None else out
 
-    def _reduce(self, buf: Array, op: str, root: int, out: Array | None) -> Array:
+    def reduce(self, buf: Array, op: str, root: int, out: Array | None) -> Array:
         src, dst = buffers.in_out(buf, out, "reduce", writable=out is None and self.rank == root)
         buffers.check_redop(op, "reduce")
         root = buffers.check_root(root, self.world_size, "reduce")
@@ -249,7 +259,7 @@ class Collectives:
                 finish_avg(dst, self.world_size)
         return dst if out is None else out
 
-    def _all_to_all(self, buf: Array, out: Array) -> Array:
+    def all_to_all(self, buf: Array, out: Array) -> Array:
         n = self.world_size
         src = buffers.flat(buf, "buf", "all_to_all")
         if src.size % n:
@@ -268,14 +278,14 @@ class Collectives:
                 pairwise.all_to_all(step, src, dst, src.size // n)
         return out
 
-    def _send(self, buf: Array, dst: int) -> None:
+    def send(self, buf: Array, dst: int) -> None:
         src = buffers.flat(buf, "buf", "send")
         peer = buffers.check_peer(dst, self.rank, self.world_size, "send")
         self._p2p_sent[peer] += 1
         with self._call("send", src, "direct", peer=peer, seq=self._p2p_sent[peer]) as step:
             step.xfer(0, sends=[(peer, as_bytes(src))])
 
-    def _recv(self, buf: Array, src: int) -> Array:
+    def recv(self, buf: Array, src: int) -> Array:
         dst = buffers.flat(buf, "buf", "recv", writable=True)
         peer = buffers.check_peer(src, self.rank, self.world_size, "recv")
         self._p2p_received[peer] += 1
@@ -283,7 +293,7 @@ class Collectives:
             step.xfer(0, recvs=[(peer, as_bytes(dst))])
         return buf
 
-    def _barrier(self) -> None:
+    def barrier(self) -> None:
         token = np.zeros(1, dtype=np.uint8)
         algo = self._choose.barrier.small
         with self._call("barrier", token, algo, redop="max", nbytes=0) as step:

@@ -8,8 +8,8 @@ from typing import Any
 from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
 from cclctl.errors import UsageError
 from cclctl.records import CollectiveRecord
-from cclctl.runtime.comm import retrying
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
+from cclctl.runtime.comm.recovery import retry_rules
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.retry import Retry, world_links
@@ -132,8 +132,8 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         publish=telemetry.publish_now,
         hang_after_s=cfg.timeout_s / 2,  # the watchdog expires a call after cfg.timeout_s
         stale_after_s=max(cfg.timeout_s, 3 * cfg.status_interval_s),
-        deferred=lambda rev: retrying.enabled(comm) and rev.kind in retrying.RETRIED_KINDS,
-        no_retry=lambda: retrying.why_not(comm),
+        deferred=lambda rev: retry_rules.enabled(comm) and rev.kind in retry_rules.RETRIED_KINDS,
+        no_retry=lambda: retry_rules.why_not(comm),
     )
     survivors.revoker = revoker  # a shrunk communicator's failures go through the store too
     telemetry.revoke_source = lambda: survivors.revoke_record(comm)

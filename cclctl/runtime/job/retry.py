@@ -1,16 +1,16 @@
 """Renewing a communicator's transport after a link fault: the job's side of a retry.
 
 Every rank of the communicator writes what it brings (:class:`~cclctl.runtime.comm.
-retrying.Ask`) under ``retry/<comm>/<epoch>/in/<rank>`` in the job's store, ``epoch`` being
-the communicator's next one, and waits for all of them until the budget's deadline: nobody
-re-runs alone. All read the same entries, so all make the same plan. Then the old transport
-is closed, a new one opens through a rendezvous scoped to ``retry/<comm>/<epoch>/x/`` with
-links of the new epoch (a socket of the old life is refused at its handshake), and the
-failure state starts the new epoch: its calls run again. Once every rank's entry is there,
-each clears the job's ``revoke`` key of the record this retry got past (and its own
-acknowledgement), so a later failure, an abort or another ``cclctl retry`` can be written;
-each writes ``retry/<comm>/<epoch>/up/<rank>`` once its new transport is up (what
-``cclctl retry`` waits for).
+recovery.retry_rules.Ask`) under ``retry/<comm>/<epoch>/in/<rank>`` in the job's store,
+``epoch`` being the communicator's next one, and waits for all of them until the budget's
+deadline: nobody re-runs alone. All read the same entries, so all make the same plan. Then
+the old transport is closed, a new one opens through a rendezvous scoped to
+``retry/<comm>/<epoch>/x/`` with links of the new epoch (a socket of the old life is
+refused at its handshake), and the failure state starts the new epoch: its calls run again.
+Once every rank's entry is there, each clears the job's ``revoke`` key of the record this
+retry got past (and its own acknowledgement), so a later failure, an abort or another
+``cclctl retry`` can be written; each writes ``retry/<comm>/<epoch>/up/<rank>`` once its
+new transport is up (what ``cclctl retry`` waits for).
 """
 
 from __future__ import annotations
@@ -24,17 +24,9 @@ from cclctl import revocation
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommError, StoreTimeout
 from cclctl.ranges import fold_ranks
-from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.comm.rerun import HELD_MARK, KEEP_MAX_BYTES, KEEP_MAX_CALLS
-from cclctl.runtime.comm.retrying import (
-    HELD,
-    REPLAY,
-    RERUNS,
-    RETRIED_KINDS,
-    SHARED,
-    Ask,
-    Plan,
-)
+from cclctl.runtime.comm.recovery.port import Port
+from cclctl.runtime.comm.recovery.retry_plan import decide
+from cclctl.runtime.comm.recovery.retry_rules import RETRIED_KINDS, Ask, Plan
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
@@ -101,8 +93,8 @@ def world_links(rank: int, size: int, cfg: RuntimeConfig, store_host: str, token
 
 
 class Retry:
-    """The job's retrier (:data:`~cclctl.runtime.comm.retrying.Retrier`) of its world
-    communicator: the rendezvous, the configuration and telemetry a new transport needs."""
+    """The job's retrier (:class:`~cclctl.runtime.comm.recovery.retry_rules.Retrier`) of its
+    world communicator: the rendezvous, the configuration and telemetry a new transport needs."""
 
     def __init__(
         self, rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str, telemetry: Telemetry
@@ -112,7 +104,7 @@ class Retry:
         self.store_host = store_host
         self.telemetry = telemetry
 
-    def __call__(self, comm: Communicator, ask: Ask) -> Plan:
+    def __call__(self, comm: Port, ask: Ask) -> Plan:
         epoch = comm.failure.epoch + 1
         prefix = f"retry/{comm.id}/{epoch}/"
         comm.transport.close()  # the failure was announced on it; its links are done
@@ -128,20 +120,21 @@ class Retry:
             if isinstance(exc, CommError):
                 raise
             raise CommError(f"rank {comm.rank}: retry of {comm.id}: {exc}") from exc
-        comm._use(transport)
+        comm.renew(transport)
         comm.failure.bump_epoch(transport.announce)
         self.telemetry.count_retry(comm.id, ask.call)  # cclctl_collective_retries_total
         return plan
 
-    def refuse(self, comm: Communicator, ask: Ask) -> None:
+    def refuse(self, comm: Port, ask: Ask) -> None:
         """Write this rank's entry for the next epoch and return: the call it was in is
-        not re-run, so every rank's plan fails at once, naming it (:func:`decide`)."""
+        not re-run, so every rank's plan fails at once, naming it
+        (:func:`~cclctl.runtime.comm.recovery.retry_plan.decide`)."""
         prefix = f"retry/{comm.id}/{comm.failure.epoch + 1}/"
         with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
             scoped = ScopedStore.for_job(client, self.rdzv.job)
             scoped.set(f"{prefix}in/{comm.rank}", json.dumps(dataclasses.asdict(ask)).encode())
 
-    def all_closed(self, comm: Communicator, ask: Ask, wait_s: float) -> bool:
+    def all_closed(self, comm: Port, ask: Ask, wait_s: float) -> bool:
         """Write ``retry/<comm>/closed/<rank>`` (this rank closes after ``ask.pending - 1``)
         and wait up to ``wait_s`` for every rank's; a rank whose process on this host is
         gone counts as closed (it has nothing left to retry)."""
@@ -158,7 +151,7 @@ class Retry:
                 return False
         return True
 
-    def leave(self, comm: Communicator, ask: Ask) -> None:
+    def leave(self, comm: Port, ask: Ask) -> None:
         """Write ``retry/<comm>/left/<rank>``: this rank closed for good, so a retry that
         waits for it fails at once (:func:`_agree`), naming it."""
         with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
@@ -178,7 +171,7 @@ class Retry:
         )
 
     def _build(
-        self, comm: Communicator, epoch: int, scoped: ScopedStore, prefix: str, deadline: float
+        self, comm: Port, epoch: int, scoped: ScopedStore, prefix: str, deadline: float
     ) -> Transport:
         rank, size, cfg = comm.rank, comm.world_size, self.cfg
         links = world_links(rank, size, cfg, self.store_host, self.rdzv.token, epoch)
@@ -211,7 +204,7 @@ def clear_revoke_key(scoped: ScopedStore, comm_id: str, epoch: int, rank: int) -
     scoped.delete(revocation.ack_key(rank))
 
 
-def _agree(scoped: ScopedStore, prefix: str, comm: Communicator, ask: Ask) -> dict[int, Ask]:
+def _agree(scoped: ScopedStore, prefix: str, comm: Port, ask: Ask) -> dict[int, Ask]:
     """Write this rank's entry, wait for every rank's until the deadline, read them all.
     While it waits, the job's record may show that the job failed otherwise (a hang, a
     death, an abort): then the others never come, and that failure is raised at once."""
@@ -243,7 +236,7 @@ def _agree(scoped: ScopedStore, prefix: str, comm: Communicator, ask: Ask) -> di
     return {r: Ask(**json.loads(found[k])) for r, k in enumerate(keys)}
 
 
-def _left_for_good(scoped: ScopedStore, comm: Communicator, keys: list[str], rank: int,
+def _left_for_good(scoped: ScopedStore, comm: Port, keys: list[str], rank: int,
                    ask: Ask) -> None:  # fmt: skip
     """Raise at once where a rank the agreement waits for closed for good (it gave up
     waiting at its close, or a failure ended its waiting): it will never join."""
@@ -267,7 +260,7 @@ def _agreement(keys: list[str]) -> str:
     return keys[0].rpartition("/")[0] + "/"
 
 
-def _gone(comm: Communicator, rank: int) -> bool:
+def _gone(comm: Port, rank: int) -> bool:
     """Rank ``rank``'s process ran on this host and is gone."""
     peers, host = comm.failure.peers, comm.failure.host
     if not 0 <= rank < len(peers) or not host or peers[rank][0] != host or rank == comm.rank:
@@ -281,86 +274,10 @@ def _gone(comm: Communicator, rank: int) -> bool:
     return False
 
 
-def _job_failure(scoped: ScopedStore, comm: Communicator) -> revocation.Revocation | None:
+def _job_failure(scoped: ScopedStore, comm: Port) -> revocation.Revocation | None:
     """The job's record where it is a failure of ``comm``'s present life (an operator's of
     any epoch) that a retry does not recover from (the ranks it stopped do not join)."""
     rev = read_record(scoped)
     if rev is None or rev.kind in RETRIED_KINDS:
         return None
     return rev if rev.of_life(comm.id, comm.failure.epoch) else None
-
-
-def decide(rank: int, entries: dict[int, Ask]) -> Plan:
-    """The plan every rank makes from the same entries. All at one seq: re-run it. Calls
-    apart (the ranks at the highest seq ``hi`` completed the seqs the others did not):
-    each seq from the lowest up to ``hi`` is caught up, the ranks behind taking the
-    result of the lowest rank ahead (a broadcast) or, where the result differs by rank,
-    the ranks ahead running it again with them from its kept input; then all re-run
-    ``hi`` (ranks closing there have nothing to re-run). Anything that cannot be made
-    exact is refused at once, naming why."""
-    pending = {r: e.pending for r, e in entries.items()}
-    lo, hi = min(pending.values()), max(pending.values())
-    closing = {r for r, e in entries.items() if e.call == "close" and lo < hi == e.pending}
-    odd = sorted(r for r, e in entries.items() if e.call not in RERUNS and r not in closing)
-    if odd:
-        named = sorted({entries[r].call for r in odd})
-        raise CommError(
-            f"rank {rank}: cannot retry: rank(s) {fold_ranks(odd)} were in {', '.join(named)}, "
-            f"which is not re-run (only {', '.join(RERUNS)})",
-            rank=rank,
-        )
-    roots = tuple(_catch_up(rank, seq, entries) for seq in range(lo, hi))
-    _one_call(rank, hi, {e.call for e in entries.values() if e.pending == hi})
-    return Plan(lo, roots)
-
-
-def _one_call(rank: int, seq: int, calls: set[str]) -> None:
-    if len(calls) > 1:
-        raise CommError(
-            f"rank {rank}: cannot retry: the ranks at seq {seq} were in different calls "
-            f"({', '.join(sorted(calls))})",
-            rank=rank,
-        )
-
-
-def _catch_up(rank: int, seq: int, entries: dict[int, Ask]) -> int:
-    """How seq ``seq``, which the ranks ahead of it completed, catches up the others: the
-    lowest rank ahead (whose kept result the others take), :data:`REPLAY`, or
-    :data:`HELD` where it ended with a confirm (the ranks behind, each inside it with its
-    result whole, return that). Every rank ahead must have kept it, as the same call the
-    ranks at it are in."""
-    ahead = sorted(r for r, e in entries.items() if e.pending > seq)
-    lacking = [r for r in ahead if not entries[r].kept_from <= seq <= entries[r].kept]
-    if lacking:
-        e = entries[lacking[0]]
-        held = f"seqs {e.kept_from} to {e.kept}" if e.kept else "none"
-        behind = sorted(r for r, x in entries.items() if x.pending <= seq)
-        stops = [x.pending for x in entries.values()]
-        raise CommError(
-            f"rank {rank}: cannot retry: the ranks stopped at seqs {min(stops)} to "
-            f"{max(stops)}, and rank(s) {fold_ranks(lacking)} "
-            f"no longer keep seq {seq}, which rank(s) {fold_ranks(behind)} lack (rank "
-            f"{lacking[0]} keeps {held}; a communicator keeps its completed calls up to "
-            f"{KEEP_MAX_BYTES >> 20} MiB or {KEEP_MAX_CALLS} calls)",
-            rank=rank,
-        )
-    labels = {e.kept_ops.split(",")[seq - e.kept_from] for r, e in entries.items() if r in ahead}
-    kept = {label.removesuffix(HELD_MARK) for label in labels}
-    _one_call(rank, seq, kept | {e.call for e in entries.values() if e.pending == seq})
-    (call,) = kept
-    if any(label.endswith(HELD_MARK) for label in labels):
-        _whole_behind(rank, seq, entries)
-        return HELD
-    return ahead[0] if call in SHARED else REPLAY
-
-
-def _whole_behind(rank: int, seq: int, entries: dict[int, Ask]) -> None:
-    """A call that ended with a confirm lets no rank complete it before every rank's
-    result is whole: every rank behind it must be inside it, holding its result."""
-    short = sorted(r for r, e in entries.items() if e.pending <= seq and e.done != seq)
-    if short:
-        raise CommError(
-            f"rank {rank}: cannot retry: seq {seq} ended with a confirm that a rank passed, "
-            f"yet rank(s) {fold_ranks(short)} do not hold its result",
-            rank=rank,
-        )

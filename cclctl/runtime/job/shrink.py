@@ -2,7 +2,7 @@
 
 Shrink ``n`` (the new communicator's creation index) lives under ``shrink/<n>/``. Every
 survivor writes ``shrink/<n>/in/<rank>`` (its rank in the old communicator, its last
-completed seq, its last kept all_reduce seq and the call it was in), then waits until
+completed seq, its last kept call's seq and the call it was in), then waits until
 every rank not excluded wrote it or the deadline passes: the dead origin of the revoke
 record is excluded from the start, so nobody waits on it, and a rank silent past the
 deadline (stopped, frozen) is excluded too. Then each survivor proposes the ranks it saw
@@ -27,7 +27,7 @@ POLL_S = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class Joined:
-    """One survivor's entry: its old rank, last completed seq, last kept all_reduce seq,
+    """One survivor's entry: its old rank, last completed seq, last kept call's seq,
     and the call a dead rank interrupted ("" for an explicit ``shrink()``)."""
 
     rank: int

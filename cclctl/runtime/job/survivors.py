@@ -17,7 +17,7 @@ from cclctl.errors import CommError
 from cclctl.ranges import fold_ranks
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.comm.communicator import Communicator
-from cclctl.runtime.comm.shrinking import ShrinkInfo
+from cclctl.runtime.comm.recovery.shrink_rules import ShrinkInfo
 from cclctl.runtime.failure import FailureState
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
@@ -66,9 +66,9 @@ class Survivors:
             excluded.add(comm.members.index(first.origin))  # origins are the job's ranks
         if comm.rank in excluded:
             raise CommError(f"rank {comm.rank}: cannot shrink {comm.id} without itself")
-        kept = comm._kept.seq
+        kept = comm.kept.seq
         self.got_past = comm.failure.first or self.got_past
-        mine = Joined(comm.rank, comm._calls.completed, kept, call)
+        mine = Joined(comm.rank, comm.completed, kept, call)
         comm.release()  # nothing after this waits on the old communicator's peers
         with StoreClient(
             self.rdzv.store.host,

@@ -13,7 +13,7 @@ bytes, so the result is the one a fault-free run gives: on a plain link from the
 receiver reached, on a link with MACs (whose tag covers the whole message) the message
 whole, under the new link's session. A message its sender no longer holds makes the link
 one that cannot be resumed, and the fault goes on to the retry
-(:mod:`cclctl.runtime.comm.retrying`), which re-runs the call. A stalled link (nothing
+(:mod:`cclctl.runtime.comm.recovery.retrying`), which re-runs the call. A stalled link (nothing
 acknowledged) is never resumed here: the retry's budget bounds that wait.
 """
 
