@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from cclctl import call_fault
 from cclctl.errors import (
     CollectiveAborted,
     CollectiveTimeout,
@@ -37,6 +38,7 @@ def timeout_error(rank: int, op: str, seq: int, peer: int, what: str, elapsed: f
         op=op,
         elapsed=round(elapsed, 3),
         waiting_for=what,
+        fault=call_fault.TIMEOUT,
     )
 
 
@@ -44,10 +46,10 @@ def revoked(where: str, rev: Revocation, **fields: Any) -> CommAborted:
     """The error of a call that another rank's failure ``rev`` ended (``where``: ``rank 4:
     all_reduce(float32, sum, count 8) seq 5``): :class:`CommRevoked`, or
     :class:`CollectiveAborted` for an abort."""
-    fields.update(origin=rev.origin, kind=rev.kind)
+    fields.update(origin=rev.origin, kind=rev.kind, fault=call_fault.REVOKED)
     exc: CommAborted
     if rev.kind == "aborted":
-        fields["reason"] = rev.reason
+        fields.update(reason=rev.reason, fault=call_fault.ABORTED)
         exc = CollectiveAborted(f"{where} {rev.describe()}", **fields)
     else:
         exc = CommRevoked(f"{where} revoked: {rev.describe()}", **fields)
@@ -68,6 +70,7 @@ def refusal(state: FailureState, op: str) -> CommError:
             comm=state.comm,
             op=op,
             reason=first.reason,
+            fault=call_fault.ABORTED,
         )
     else:
         at = f" in {first.at()}" if first.op else ""
@@ -78,6 +81,7 @@ def refusal(state: FailureState, op: str) -> CommError:
             comm=state.comm,
             op=op,
             origin=first.origin,
+            fault=call_fault.REVOKED,
         )
     exc.revocation = first
     return exc
@@ -114,7 +118,7 @@ def error_for(state: FailureState, first: Revocation, where: str, **fields: Any)
     all_reduce(...) seq 5``): its own kind where this rank saw it, else revoked."""
     own = first.seen_by == state.rank
     kw = {k: v for k, v in fields.items() if k not in ("elapsed", "what")}
-    kw.update(rank=state.rank, origin=first.origin, kind=first.kind)
+    kw.update(rank=state.rank, origin=first.origin, kind=first.kind, fault=call_fault.FAILED)
     exc: CommError
     if first.kind == "aborted":
         return revoked(where, first, **kw)
@@ -124,6 +128,7 @@ def error_for(state: FailureState, first: Revocation, where: str, **fields: Any)
         what, peer = fields.get("what"), fields.get("peer")
         if what in ("send", "recv") and isinstance(peer, int):
             took += f" waiting to {what} {'to' if what == 'send' else 'from'} rank {peer}"
+        kw["fault"] = call_fault.TIMEOUT  # its peer and direction, where ``took`` names them
         exc = CollectiveTimeout(
             f"{where} timed out{took}: {first.describe()}", waiting_for=fields.get("what"), **kw
         )
