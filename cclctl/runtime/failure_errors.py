@@ -8,7 +8,7 @@ the error's ``revocation``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from cclctl import call_fault
 from cclctl.errors import (
@@ -22,8 +22,17 @@ from cclctl.errors import (
 )
 from cclctl.revocation import Revocation
 
-if TYPE_CHECKING:
-    from cclctl.runtime.failure import FailureState
+
+class Failed(Protocol):
+    """What the errors read of the failure state (:class:`cclctl.runtime.failure.
+    FailureState`): the rank, the communicator, its first failure and whether it closed."""
+
+    rank: int
+    comm: str
+    first: Revocation | None
+
+    @property
+    def closed(self) -> bool: ...
 
 
 def timeout_error(rank: int, op: str, seq: int, peer: int, what: str, elapsed: float) -> NoReturn:
@@ -57,7 +66,7 @@ def revoked(where: str, rev: Revocation, **fields: Any) -> CommAborted:
     return exc
 
 
-def refusal(state: FailureState, op: str) -> CommError:
+def refusal(state: Failed, op: str) -> CommError:
     """Raise for ``op``, a call opening on this failed or closed communicator."""
     rank, first = state.rank, state.first
     if state.closed or first is None:
@@ -88,7 +97,7 @@ def refusal(state: FailureState, op: str) -> CommError:
 
 
 def stopped(
-    state: FailureState, call: str, op: str, seq: int, peer: int, what: str, elapsed: float
+    state: Failed, call: str, op: str, seq: int, peer: int, what: str, elapsed: float
 ) -> CommError:
     """Raise for call ``op`` ``seq`` (``call``: in words), blocked ``elapsed`` seconds on
     ``peer`` when the state failed: a timeout, an abort, another rank's failure, a close."""
@@ -113,7 +122,7 @@ def stopped(
     )
 
 
-def error_for(state: FailureState, first: Revocation, where: str, **fields: Any) -> CommError:
+def error_for(state: Failed, first: Revocation, where: str, **fields: Any) -> CommError:
     """The exception a call raises for failure ``first`` (``where``: ``rank 4:
     all_reduce(...) seq 5``): its own kind where this rank saw it, else revoked."""
     own = first.seen_by == state.rank
