@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cclctl.diagnose import model
 from cclctl.diagnose.model import Options
-from cclctl.diagnose.revoked import HANG_REASONS
+from cclctl.diagnose.revoke_verdict import HANG_REASONS
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import CclError
 from cclctl.live.snapshot import JobStatuses
