@@ -44,7 +44,7 @@ KEY = "revoke"
 MAX_BYTES = 2048
 _MAX_REASON = 400
 #: The facts a record holds as text fields beside its words (see :class:`Revocation`).
-_FACTS = ("called", "peer_called", "not_retried")
+_FACTS = ("called", "peer_called", "not_retried", "symptom")
 
 
 def ack_key(rank: int) -> str:
@@ -61,9 +61,10 @@ class Revocation:
     (``peer``), who aborted (``by``) and when (``time_ns``, wall clock).
 
     As fields beside the words: a ``mismatch`` names what the origin ``called`` and what
-    ``peer`` called (``peer_called``), in the runtime's words; an abort that stands for an
-    operator's retry this rank could not do says why (``not_retried``). Older records have
-    them empty."""
+    ``peer`` called (``peer_called``), in the runtime's words; a ``hang`` the ``symptom``
+    its origin was named by (a diagnosis verdict kind: ``stopped``, ``stale``, ``missing``,
+    ``not_entered``, ``stuck``); an abort that stands for an operator's retry this rank
+    could not do says why (``not_retried``). Older records have them empty."""
 
     kind: str
     origin: int
@@ -83,6 +84,7 @@ class Revocation:
     called: str = ""
     peer_called: str = ""
     not_retried: str = ""
+    symptom: str = ""
 
     def of_life(self, comm: str, epoch: int) -> bool:
         """A record for ``comm``'s present life (its ``epoch``): an operator's (any epoch),
@@ -230,6 +232,7 @@ def from_dict(data: object, where: str = "revoke record") -> Revocation:
         called=_str(data, "called", where),
         peer_called=_str(data, "peer_called", where),
         not_retried=_str(data, "not_retried", where),
+        symptom=_str(data, "symptom", where)[:32],
     )
 
 

@@ -70,7 +70,10 @@ def record_verdict(record: Revocation, states: dict[int, RankState]) -> Verdict:
 
 
 def _hang_kind(record: Revocation) -> str:
-    """The verdict a hang record was named from, by its reason (stuck when unknown)."""
+    """The verdict a hang record was named from: its ``symptom``, or in a record written
+    before that field existed the words of its reason (stuck when unknown)."""
+    if record.symptom:
+        return record.symptom if record.symptom in HANG_REASONS else STUCK
     for kind, words in HANG_REASONS.items():
         if record.reason.startswith(words.split("{")[0]):
             return kind

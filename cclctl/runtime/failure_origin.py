@@ -57,7 +57,12 @@ def witnessed(state: Seer, exc: BaseException, rec: CollectiveRecord, call: str)
         return _peer_failed(state, peer, str(fields.get("why") or exc), at)
     if isinstance(exc, CollectiveTimeout) and isinstance(peer, int):
         return state.record(
-            "hang", f"did not answer for {fields.get('elapsed', 0)}s", peer, via="call", **at
+            "hang",
+            f"did not answer for {fields.get('elapsed', 0)}s",
+            peer,
+            via="call",
+            symptom="stuck",
+            **at,
         )
     if isinstance(exc, CommAborted):
         return state.record("aborted", str(exc), state.rank, **at)
@@ -84,9 +89,8 @@ def hang(state: Seer, rec: CollectiveRecord) -> Revocation:
     pid = state.peers[peer][1] if 0 <= peer < len(state.peers) else 0
     local = 0 <= peer < len(state.peers) and state.peers[peer][0] == state.host
     took = (time.time_ns() - rec.start_ns) / 1e9 if rec.start_ns else 0.0
-    reason = (
-        "is stopped (process state T)"
-        if local and process_state(pid) == "T"
-        else f"has not answered for {took:.1f}s"
-    )
-    return state.record("hang", reason, peer, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog")
+    stopped = bool(local) and process_state(pid) == "T"
+    reason = "is stopped (process state T)" if stopped else f"has not answered for {took:.1f}s"
+    symptom = "stopped" if stopped else "stuck"
+    at = {"seq": rec.seq, "op": rec.op, "call": rec.op}
+    return state.record("hang", reason, peer, via="watchdog", symptom=symptom, **at)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from diagnose_factory import T0, Job
+from diagnose_factory import T0, Job, revocation
 
 from cclctl.call_fault import (
     LINK_BROKE,
@@ -143,3 +143,21 @@ def test_a_fault_reads_back_as_written():
     rec = record_from_dict({"comm": "c", "seq": 4, "op": "a", "fault": fault.to_dict()})
     assert rec.fault == fault
     assert record_from_dict({"comm": "c", "seq": 4, "op": "a", "fault": None}).fault is None
+
+
+@pytest.mark.parametrize("reason", ["is stopped (process state T)", "is frozen, in new words"])
+def test_a_hang_record_names_its_symptom_as_a_field(reason):
+    """The watchdog's record says the origin was stopped; its reason's words do not matter
+    (a record written before the field existed is read by them)."""
+    proc = {0: "running", 1: "running", 2: "running", 3: "stopped"}
+    record = revocation("hang", 3, reason, seen_by=0, via="watchdog", symptom="stopped")
+    verdict = next(
+        v
+        for v in diagnose(Job(4).revoke(range(4), record).snapshots(), proc=proc).verdicts
+        if v.ranks == "3"
+    )
+    assert verdict.kind == "stopped"
+    assert verdict.next_step.startswith("kill -CONT 1003 on host-0")
+    older = revocation("hang", 3, "is stopped (process state T)", seen_by=0, via="watchdog")
+    diag = diagnose(Job(4).revoke(range(4), older).snapshots(), proc=proc)
+    assert next(v for v in diag.verdicts if v.ranks == "3").kind == "stopped"

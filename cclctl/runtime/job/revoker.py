@@ -290,10 +290,11 @@ class Revoker:
         found = hang_suspect(statuses, self._hang_after_s, self._stale_after_s)
         if found is None:
             return None
-        rank, kind, reason, peer = found
+        rank, kind, reason, peer, symptom = found
         return self.failure.record(
-            kind, reason, rank, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog", peer=peer
-        )
+            kind, reason, rank, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog", peer=peer,
+            symptom=symptom,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:
