@@ -13,7 +13,7 @@ from cclctl.diagnose import errtext_fallback
 from cclctl.diagnose.errtext_fallback import Edge
 from cclctl.records import CollectiveRecord
 
-__all__ = ["Edge", "broken_link", "mismatch_claim", "waited_on"]
+__all__ = ["Edge", "broken_link", "mismatch_claim", "revoked", "waited_on"]
 
 #: Kinds whose peer is the call's own link, broken under it (not a peer that failed).
 _BROKEN = frozenset({call_fault.LINK_BROKE, call_fault.LINK_DROPPED})
@@ -34,6 +34,14 @@ def waited_on(rec: CollectiveRecord) -> Edge | None:
     if fault.kind in _WAITED and fault.peer is not None:
         return fault.peer, fault.direction
     return None
+
+
+def revoked(rec: CollectiveRecord) -> bool:
+    """The call was revoked: it names the job failure's origin, not a peer it talked to."""
+    fault = rec.fault
+    if fault is None:
+        return errtext_fallback.revoked(rec.error)
+    return fault.kind == call_fault.REVOKED
 
 
 def broken_link(rec: CollectiveRecord) -> int | None:

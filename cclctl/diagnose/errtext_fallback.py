@@ -44,6 +44,11 @@ def waited_on(error: str | None) -> Edge | None:
     return None
 
 
+def revoked(error: str | None) -> bool:
+    """The call was revoked by the job's failure (its error names the origin)."""
+    return " revoked: " in (error or "")
+
+
 def broken_link(error: str | None) -> int | None:
     """The peer at the far end of a link this call saw break (not a peer that failed)."""
     if not error:

@@ -42,7 +42,7 @@ class Failure:
     @property
     def revoked(self) -> bool:
         """Its call was revoked: the error names the job's origin, not a peer it talked to."""
-        return " revoked: " in (self.rec.error or "")
+        return call_facts.revoked(self.rec)
 
     @property
     def report(self) -> str:
