@@ -251,16 +251,9 @@ class FailureState:
         its origin's host and pid filled in."""
         host, pid = self.peers[origin] if 0 <= origin < len(self.peers) else ("", 0)
         return Revocation(
-            kind,
-            origin,
-            reason,
-            host=host,
-            pid=pid,
-            comm=self.comm,
-            epoch=self.epoch,
-            seen_by=self.rank,
-            **fields,
-        )
+            kind, origin, reason, host=host, pid=pid, comm=self.comm, epoch=self.epoch,
+            seen_by=self.rank, **fields,
+        )  # fmt: skip
 
     def witnessed(self, exc: BaseException, rec: CollectiveRecord, call: str) -> Revocation:
         """Whose failure ``exc`` is (:func:`failure_origin.witnessed`)."""
