@@ -8,14 +8,14 @@ library only, so every layer (and tests with record factories) can use it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from cclctl import limits, revocation
-from cclctl.errors import BadInput, UsageError
-from cclctl.ranges import fold_ranks, parse_ranks
+from cclctl.call_fault import CallFault, fault_from_dict
+from cclctl.comm_info import CommInfo, clip, comms_from_dict
+from cclctl.errors import BadInput
 from cclctl.revocation import Revocation
 from cclctl.signals import Signals, signals_from_dict
 from cclctl.stacks import ThreadStack, stacks_from_list
@@ -66,9 +66,17 @@ class CollectiveRecord:
     pg_name: str = ""  # a torch job's process group name, as PyTorch's Flight Recorder has it
     torch_seq: int | None = None  # the backend's own seq (Flight Recorder's collective_seq_id)
     attempt: int = 1  # 1 for a seq's first run, 2 for its first retry, ... (see ``epoch``)
+    #: how a failed call failed, as fields (see :mod:`cclctl.call_fault`); None while it
+    #: has not failed, and in documents written before the field existed
+    fault: CallFault | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The record as JSON; ``fault`` only where there is one (older readers skip it)."""
+        doc = dataclasses.asdict(self)
+        del doc["fault"]
+        if self.fault is not None:
+            doc["fault"] = self.fault.to_dict()
+        return doc
 
     @property
     def duration_ns(self) -> int:
@@ -100,9 +108,13 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
     for name in _RECORD_FIELDS:
         if name not in data:
             continue
+        if name == "fault":
+            fault = data[name]
+            kwargs[name] = None if fault is None else fault_from_dict(fault, f"{where}: fault")
+            continue
         value = data[name]
         if name in _INT_FIELDS and not _is_int(value):
-            raise _fail(where, f"field {name!r} must be an integer, got {_clip(repr(value))}")
+            raise _fail(where, f"field {name!r} must be an integer, got {clip(repr(value))}")
         if name in _OPTIONAL_INT_FIELDS and value is not None and not _is_int(value):
             raise _fail(where, f"field {name!r} must be an integer or null, got {value!r}")
         if _is_int(value) and not -limits.MAX_INT <= value <= limits.MAX_INT:
@@ -115,81 +127,6 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
     if kwargs.get("state", STARTED) not in STATES:
         raise _fail(where, f"unknown state {kwargs['state']!r}")
     return CollectiveRecord(**kwargs)
-
-
-@dataclasses.dataclass(slots=True)
-class CommInfo:
-    """What a rank knows about one communicator: members and how far it got.
-
-    In JSON the members are folded (``"0-4095"``): every rank's status repeats them, and a
-    list of 10,000 integers in each of 10,000 statuses would be most of what a reader parses.
-    Parsed member lists are shared between snapshots: readers must not modify them.
-    """
-
-    ranks: list[int]
-    last_started: int = 0
-    last_completed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ranks": fold_ranks(self.ranks),
-            "last_started": self.last_started,
-            "last_completed": self.last_completed,
-        }
-
-
-#: Members one document may name over all its communicators: the world and a few groups.
-MAX_MEMBERS = 4 * limits.MAX_WORLD_SIZE
-
-
-@functools.lru_cache(maxsize=1024)
-def _members(folded: str) -> list[int] | None:
-    try:
-        return parse_ranks(folded, limits.MAX_WORLD_SIZE)
-    except UsageError:
-        return None
-
-
-def _clip(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _comms_from_dict(data: object, where: str) -> dict[str, CommInfo]:
-    if not isinstance(data, Mapping):
-        raise _fail(where, "field 'comms' must be an object")
-    comms: dict[str, CommInfo] = {}
-    members = 0
-    for name, info in data.items():
-        raw = info.get("ranks") if isinstance(info, Mapping) else None
-        label = _clip(str(name))
-        if isinstance(raw, str):
-            ranks = _members(raw)
-            if ranks is None:
-                raise _fail(
-                    where,
-                    f"communicator {label!r} has members {_clip(raw)!r}, not like 0-3,7 "
-                    f"(below {limits.MAX_WORLD_SIZE:,})",
-                )
-        elif isinstance(raw, list) and set(map(type, raw)) <= {int}:  # older writers: a list
-            ranks = list(raw)
-            if ranks and not 0 <= min(ranks) <= max(ranks) < limits.MAX_WORLD_SIZE:
-                outside = f"outside 0-{limits.MAX_WORLD_SIZE - 1}"
-                raise _fail(where, f"communicator {label!r} has a member {outside}")
-        else:
-            raise _fail(where, f"communicator {label!r} has no list of ranks")
-        assert isinstance(info, Mapping)
-        started = info.get("last_started", 0)
-        completed = info.get("last_completed", 0)
-        if not _is_int(started) or not _is_int(completed):
-            raise _fail(where, f"communicator {name!r} has non-integer fields")
-        members += len(ranks)
-        if members > MAX_MEMBERS:  # folded ranges are short: bound what they expand to
-            raise limits.TooLarge(
-                f"{where}: its communicators name over {MAX_MEMBERS:,} members in all",
-                where=where,
-            )
-        comms[str(name)] = CommInfo(ranks, started, completed)
-    return comms
 
 
 @dataclasses.dataclass(slots=True)
@@ -293,7 +230,7 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         host=str(data.get("host", "")),
         pid=data["pid"],
         time_ns=data["time_ns"],
-        comms=_comms_from_dict(data.get("comms", {}), where),
+        comms=comms_from_dict(data.get("comms", {}), where),
         records=[record_from_dict(r, f"{where}: record {i}") for i, r in enumerate(records_raw)],
         inflight=None
         if inflight_raw is None

@@ -43,6 +43,8 @@ KEY = "revoke"
 #: Bytes a record may take on the wire, in shared memory and in the store.
 MAX_BYTES = 2048
 _MAX_REASON = 400
+#: The facts a record holds as text fields beside its words (see :class:`Revocation`).
+_FACTS = ("called", "peer_called", "not_retried", "symptom")
 
 
 def ack_key(rank: int) -> str:
@@ -56,7 +58,13 @@ class Revocation:
     known), ``reason`` in words, the communicator, epoch and call it hit (``seq``, ``op``,
     ``call``: the call in words), who saw it first (``seen_by``, ``via``: ``pidfd``,
     ``link``, ``watchdog``, ``call``, ``operator``, ``launcher``), the other end of a link
-    (``peer``), who aborted (``by``) and when (``time_ns``, wall clock)."""
+    (``peer``), who aborted (``by``) and when (``time_ns``, wall clock).
+
+    As fields beside the words: a ``mismatch`` names what the origin ``called`` and what
+    ``peer`` called (``peer_called``), in the runtime's words; a ``hang`` the ``symptom``
+    its origin was named by (a diagnosis verdict kind: ``stopped``, ``stale``, ``missing``,
+    ``not_entered``, ``stuck``); an abort that stands for an operator's retry this rank
+    could not do says why (``not_retried``). Older records have them empty."""
 
     kind: str
     origin: int
@@ -73,6 +81,10 @@ class Revocation:
     peer: int | None = None
     by: str = ""
     time_ns: int = dataclasses.field(default_factory=time.time_ns)
+    called: str = ""
+    peer_called: str = ""
+    not_retried: str = ""
+    symptom: str = ""
 
     def of_life(self, comm: str, epoch: int) -> bool:
         """A record for ``comm``'s present life (its ``epoch``): an operator's (any epoch),
@@ -130,16 +142,16 @@ class Revocation:
     def to_dict(self) -> dict[str, Any]:
         doc = {"schema": SCHEMA, "version": VERSION, **dataclasses.asdict(self)}
         doc["reason"] = self.reason[:_MAX_REASON]
-        doc["call"] = self.call[:_MAX_REASON]
+        for name in ("call", *_FACTS):
+            doc[name] = doc[name][:_MAX_REASON]
         return doc
 
     def encode(self) -> bytes:
         """The record as compact JSON, at most :data:`MAX_BYTES` (long texts are cut)."""
         data = json.dumps(self.to_dict(), separators=(",", ":")).encode()
         if len(data) > MAX_BYTES:  # only the free texts can be long
-            short = dataclasses.replace(
-                self, reason=self.reason[:100], call=self.call[:100], by=self.by[:100]
-            )
+            texts = ("reason", "call", "by", *_FACTS)
+            short = dataclasses.replace(self, **{k: getattr(self, k)[:100] for k in texts})
             data = json.dumps(short.to_dict(), separators=(",", ":")).encode()
         return data[:MAX_BYTES]
 
@@ -217,6 +229,10 @@ def from_dict(data: object, where: str = "revoke record") -> Revocation:
         peer=_int(data, "peer", where, optional=True, rank=True),
         by=_str(data, "by", where),
         time_ns=_int(data, "time_ns", where, optional=True) or 0,
+        called=_str(data, "called", where),
+        peer_called=_str(data, "peer_called", where),
+        not_retried=_str(data, "not_retried", where),
+        symptom=_str(data, "symptom", where)[:32],
     )
 
 

@@ -159,9 +159,9 @@ def _aborted(statuses: JobStatuses, world_size: int) -> dict[int, str]:
             and rev is not None
             and rev.kind == "aborted"
             and rev.origin == OPERATOR
-            and "retry asked, but " in rev.reason
+            and rev.not_retried
         ):
-            found[rank] = rev.reason.partition("retry asked, but ")[2]
+            found[rank] = rev.not_retried
     return found
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from cclctl.diagnose import errtext, links, text
+from cclctl.diagnose import call_facts, links, text
 from cclctl.diagnose.model import Verdict
 from cclctl.diagnose.view import CommView, RankState
 from cclctl.records import CollectiveRecord
@@ -42,7 +42,7 @@ class Failure:
     @property
     def revoked(self) -> bool:
         """Its call was revoked: the error names the job's origin, not a peer it talked to."""
-        return " revoked: " in (self.rec.error or "")
+        return call_facts.revoked(self.rec)
 
     @property
     def report(self) -> str:
@@ -111,8 +111,8 @@ def _failures(views: list[CommView]) -> dict[int, Failure]:
             old = found.get(rank)
             if old is not None and (old.rec.end_ns, old.rec.comm) <= (rec.end_ns, rec.comm):
                 continue
-            broken = errtext.broken_link(rec.error)
-            edge = errtext.waited_on(rec.error) if broken is None else (broken, "")
+            broken = call_facts.broken_link(rec)
+            edge = call_facts.waited_on(rec) if broken is None else (broken, "")
             blames = None if edge is None else cv.resolve(edge[0])
             found[rank] = Failure(rank, rec, cv, blames, broken is not None)
     return found

@@ -11,7 +11,7 @@ tells, no link is named.
 from __future__ import annotations
 
 from cclctl.diagnose import text
-from cclctl.diagnose.errtext import Edge
+from cclctl.diagnose.call_facts import Edge
 from cclctl.diagnose.model import LINK, STUCK, Suspect, Verdict
 from cclctl.diagnose.view import CommView, RankState
 

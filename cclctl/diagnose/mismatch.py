@@ -9,7 +9,7 @@ a verdict: once ranks diverge, every later seq tends to disagree too, and those 
 
 from __future__ import annotations
 
-from cclctl.diagnose import errtext, text
+from cclctl.diagnose import call_facts, text
 from cclctl.diagnose.model import MISMATCH, Verdict
 from cclctl.diagnose.view import CommView, RankState
 from cclctl.ranges import fold_ranks
@@ -92,7 +92,7 @@ def _calls(
     for rank in sorted(cv.position):
         for seq, rec in states[rank].tail.get(cv.comm, {}).items():
             by_seq.setdefault(seq, {})[rank] = (rec.op, rec.dtype, rec.count, rec.root)
-            claim = errtext.mismatch_claim(rec.error, seq)
+            claim = call_facts.mismatch_claim(rec, seq)
             if claim is not None:
                 claims.setdefault(seq, {})[claim[0]] = _parse(claim[1])
     inferred: dict[int, list[int]] = {}

@@ -11,8 +11,8 @@ cleared (it timed out or failed), the runtime's error message still names the pe
 
 from __future__ import annotations
 
-from cclctl.diagnose import errtext, links, text
-from cclctl.diagnose.errtext import Edge
+from cclctl.diagnose import call_facts, links, text
+from cclctl.diagnose.call_facts import Edge
 from cclctl.diagnose.model import STUCK, Suspect, Verdict
 from cclctl.diagnose.view import CommView, RankState, in_flight
 
@@ -69,7 +69,7 @@ def _edge(cv: CommView, rank: int) -> Edge | None:
     """Whom ``rank`` waits on: for a failed call, the peer its error blames (what it waited
     on before is stale), else its ``waiting_on``, else what its error says."""
     rec = cv.open[rank]
-    edge = errtext.waited_on(rec.error)
+    edge = call_facts.waited_on(rec)
     if rec.waiting_on is not None and (edge is None or in_flight(rec)):
         return cv.resolve(rec.waiting_on), rec.waiting_for or ""
     return None if edge is None else (cv.resolve(edge[0]), edge[1])

@@ -194,6 +194,19 @@ def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDu
     if not isinstance(entries, list):
         raise _fail(path, "field 'entries' is not a list")
     done_op, members = _last_completed(doc), _members(doc, path)
+    groups, open_sites, newest, latest = _scan(entries, done_op, path)
+    version = str(doc.get("version", ""))
+    time_ns = max(mtime_ns, latest)
+    found = [newest] if newest is not None else []
+    found += [open_sites[name] for name in sorted(open_sites)]
+    return RankDump(rank, path, fmt, version, time_ns, len(entries), groups, members, found)
+
+
+def _scan(
+    entries: list[Any], done_op: dict[str, int], path: str
+) -> tuple[dict[str, Group], dict[str, Site], Site | None, int]:
+    """Each group's progress and kept records, every group's oldest open call site, the
+    newest entry's site and the latest start: (groups, open sites, newest, latest)."""
     groups: dict[str, Group] = {}
     open_sites: dict[str, Site] = {}  # group -> where its oldest open call was made
     newest: Site | None = None
@@ -246,11 +259,7 @@ def read_rank(doc: Any, rank: int, path: str, fmt: str, mtime_ns: int) -> RankDu
         group.records.append(rec)
     for group in groups.values():
         group.records.reverse()
-    version = str(doc.get("version", ""))
-    time_ns = max(mtime_ns, latest)
-    found = [newest] if newest is not None else []
-    found += [open_sites[name] for name in sorted(open_sites)]
-    return RankDump(rank, path, fmt, version, time_ns, len(entries), groups, members, found)
+    return groups, open_sites, newest, latest
 
 
 def _group_of(e: dict[str, Any], pg: object) -> tuple[str, str]:

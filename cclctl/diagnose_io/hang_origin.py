@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cclctl.diagnose import model
 from cclctl.diagnose.model import Options
-from cclctl.diagnose.revoked import HANG_REASONS
+from cclctl.diagnose.revoke_verdict import HANG_REASONS
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import CclError
 from cclctl.live.snapshot import JobStatuses
@@ -26,11 +26,12 @@ _WORDS = {
 
 def hang_suspect(
     statuses: JobStatuses, stuck_after_s: float, stale_after_s: float
-) -> tuple[int, str, str, int | None] | None:
-    """(rank, kind, reason, peer) of the first suspect of the live diagnosis, or None when
-    it names none (the statuses show no fault yet, or cannot be read). The watchdog knows
-    the call is hung: ``stuck_after_s`` (half its timeout) is when a call in flight counts
-    as hung, ``stale_after_s`` when a heartbeat counts as stale."""
+) -> tuple[int, str, str, int | None, str] | None:
+    """(rank, kind, reason, peer, symptom) of the first suspect of the live diagnosis
+    (``symptom``: a hang's verdict kind, empty for other kinds), or None when it names none
+    (the statuses show no fault yet, or cannot be read). The watchdog knows the call is
+    hung: ``stuck_after_s`` (half its timeout) is when a call in flight counts as hung,
+    ``stale_after_s`` when a heartbeat counts as stale."""
     options = Options(stale_after_s=stale_after_s, stuck_after_s=stuck_after_s)
     try:
         diagnosis = diagnose_live(statuses, options=options)
@@ -40,10 +41,11 @@ def hang_suspect(
         if not verdict.suspects or verdict.kind not in _WORDS or verdict.shrunk_away:
             continue  # a rank a shrink left out holds up nothing the survivors run
         kind, words = _WORDS[verdict.kind]
+        symptom = verdict.kind if kind == "hang" else ""
         call = f"{verdict.op} seq {verdict.seq}" if verdict.op else "the collective"
         peer = None
         if verdict.link is not None:
             a, b = verdict.link
             peer = b if a == verdict.suspects[0].rank else a
-        return verdict.suspects[0].rank, kind, words.format(call=call), peer
+        return verdict.suspects[0].rank, kind, words.format(call=call), peer, symptom
     return None

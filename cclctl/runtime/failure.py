@@ -6,14 +6,12 @@ peer's shared memory, a link or the job's store), an abort (an operator, the wat
 ``abort`` policy), a hang the watchdog expired, and ``close()``. The first failure wins and
 is kept as a :class:`~cclctl.revocation.Revocation` naming its origin; later ones are only
 counted, so every rank's error names the origin, never a neighbour that failed after it.
-Every call checks ``status`` when it opens and every blocked wait checks it on each turn
-(one attribute read while all is well).
+Every call checks ``status`` when it opens and every blocked wait checks it on each turn.
 
 The first failure spreads at once: the transport's ``announce`` hook tells the peers it
-can reach (shared memory: this rank's revoke area and state word; TCP: a revoke frame on
-every link), and the ``on_first`` listeners (the job's store) tell the rest. What a rank
-saw is made into the origin in :mod:`~cclctl.runtime.witness`; the errors calls raise are
-in :mod:`~cclctl.runtime.failure_errors`.
+can reach, and the ``on_first`` listeners (the job's store) tell the rest. What a rank saw
+is made into the origin in :mod:`~cclctl.runtime.failure_origin`; the errors calls raise
+are in :mod:`~cclctl.runtime.failure_errors`.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from typing import Any, NoReturn
 from cclctl.errors import CclError, CommError
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
-from cclctl.runtime import failure_errors, witness
+from cclctl.runtime import failure_errors, failure_origin
 
 #: ``FailureState.status`` values (always one of these objects: compare with ``is``).
 OK, BROKEN, ABORTED, CLOSED = "ok", "broken", "aborted", "closed"
@@ -200,8 +198,8 @@ class FailureState:
         return self.fail(origin or self.hang_record(rec))
 
     def hang_record(self, rec: CollectiveRecord) -> Revocation:
-        """A hang as this rank alone sees it: the peer its call waits on is the origin."""
-        return witness.hang(self, rec)
+        """A hang as this rank alone sees it (:func:`failure_origin.hang`)."""
+        return failure_origin.hang(self, rec)
 
     def close(self) -> bool:
         """Close: every later call is refused. False if it was closed already. A failure
@@ -253,20 +251,13 @@ class FailureState:
         its origin's host and pid filled in."""
         host, pid = self.peers[origin] if 0 <= origin < len(self.peers) else ("", 0)
         return Revocation(
-            kind,
-            origin,
-            reason,
-            host=host,
-            pid=pid,
-            comm=self.comm,
-            epoch=self.epoch,
-            seen_by=self.rank,
-            **fields,
-        )
+            kind, origin, reason, host=host, pid=pid, comm=self.comm, epoch=self.epoch,
+            seen_by=self.rank, **fields,
+        )  # fmt: skip
 
     def witnessed(self, exc: BaseException, rec: CollectiveRecord, call: str) -> Revocation:
-        """What this rank saw when its call failed with ``exc``: whose failure it was."""
-        return witness.witnessed(self, exc, rec, call)
+        """Whose failure ``exc`` is (:func:`failure_origin.witnessed`)."""
+        return failure_origin.witnessed(self, exc, rec, call)
 
     # ------------------------------------------------------------------ waking waits
     @property
@@ -288,18 +279,16 @@ class FailureState:
 
     # ------------------------------------------------------------------ reading it
     def refuse(self, op: str) -> NoReturn:
-        """Raise for ``op``, a call opening on this failed or closed communicator."""
+        """Raise for ``op``, opening on this failed or closed communicator."""
         raise failure_errors.refusal(self, op)
 
     def stop(self, call: str, op: str, seq: int, peer: int, what: str, elapsed: float) -> NoReturn:
         """Raise for call ``op`` ``seq`` (``call``: in words), blocked ``elapsed`` seconds on
-        job rank ``peer`` when the state failed: a timeout, an abort, another rank's failure,
-        a close."""
+        job rank ``peer`` when the state failed (:func:`failure_errors.stopped`)."""
         raise failure_errors.stopped(self, call, op, seq, peer, what, elapsed)
 
     def error(self, first: Revocation, where: str, **fields: Any) -> CommError:
-        """The exception a call raises for failure ``first`` (``where``: ``rank 4:
-        all_reduce(...) seq 5``): its own kind where this rank saw it, else revoked."""
+        """The exception a call raises for failure ``first`` (:func:`failure_errors.error_for`)."""
         return failure_errors.error_for(self, first, where, **fields)
 
     def __repr__(self) -> str:

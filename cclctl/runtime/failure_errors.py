@@ -8,8 +8,9 @@ the error's ``revocation``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
+from cclctl import call_fault
 from cclctl.errors import (
     CollectiveAborted,
     CollectiveTimeout,
@@ -21,8 +22,17 @@ from cclctl.errors import (
 )
 from cclctl.revocation import Revocation
 
-if TYPE_CHECKING:
-    from cclctl.runtime.failure import FailureState
+
+class Failed(Protocol):
+    """What the errors read of the failure state (:class:`cclctl.runtime.failure.
+    FailureState`): the rank, the communicator, its first failure and whether it closed."""
+
+    rank: int
+    comm: str
+    first: Revocation | None
+
+    @property
+    def closed(self) -> bool: ...
 
 
 def timeout_error(rank: int, op: str, seq: int, peer: int, what: str, elapsed: float) -> NoReturn:
@@ -37,6 +47,7 @@ def timeout_error(rank: int, op: str, seq: int, peer: int, what: str, elapsed: f
         op=op,
         elapsed=round(elapsed, 3),
         waiting_for=what,
+        fault=call_fault.TIMEOUT,
     )
 
 
@@ -44,10 +55,10 @@ def revoked(where: str, rev: Revocation, **fields: Any) -> CommAborted:
     """The error of a call that another rank's failure ``rev`` ended (``where``: ``rank 4:
     all_reduce(float32, sum, count 8) seq 5``): :class:`CommRevoked`, or
     :class:`CollectiveAborted` for an abort."""
-    fields.update(origin=rev.origin, kind=rev.kind)
+    fields.update(origin=rev.origin, kind=rev.kind, fault=call_fault.REVOKED)
     exc: CommAborted
     if rev.kind == "aborted":
-        fields["reason"] = rev.reason
+        fields.update(reason=rev.reason, fault=call_fault.ABORTED)
         exc = CollectiveAborted(f"{where} {rev.describe()}", **fields)
     else:
         exc = CommRevoked(f"{where} revoked: {rev.describe()}", **fields)
@@ -55,7 +66,7 @@ def revoked(where: str, rev: Revocation, **fields: Any) -> CommAborted:
     return exc
 
 
-def refusal(state: FailureState, op: str) -> CommError:
+def refusal(state: Failed, op: str) -> CommError:
     """Raise for ``op``, a call opening on this failed or closed communicator."""
     rank, first = state.rank, state.first
     if state.closed or first is None:
@@ -68,6 +79,7 @@ def refusal(state: FailureState, op: str) -> CommError:
             comm=state.comm,
             op=op,
             reason=first.reason,
+            fault=call_fault.ABORTED,
         )
     else:
         at = f" in {first.at()}" if first.op else ""
@@ -78,13 +90,14 @@ def refusal(state: FailureState, op: str) -> CommError:
             comm=state.comm,
             op=op,
             origin=first.origin,
+            fault=call_fault.REVOKED,
         )
     exc.revocation = first
     return exc
 
 
 def stopped(
-    state: FailureState, call: str, op: str, seq: int, peer: int, what: str, elapsed: float
+    state: Failed, call: str, op: str, seq: int, peer: int, what: str, elapsed: float
 ) -> CommError:
     """Raise for call ``op`` ``seq`` (``call``: in words), blocked ``elapsed`` seconds on
     ``peer`` when the state failed: a timeout, an abort, another rank's failure, a close."""
@@ -109,12 +122,12 @@ def stopped(
     )
 
 
-def error_for(state: FailureState, first: Revocation, where: str, **fields: Any) -> CommError:
+def error_for(state: Failed, first: Revocation, where: str, **fields: Any) -> CommError:
     """The exception a call raises for failure ``first`` (``where``: ``rank 4:
     all_reduce(...) seq 5``): its own kind where this rank saw it, else revoked."""
     own = first.seen_by == state.rank
     kw = {k: v for k, v in fields.items() if k not in ("elapsed", "what")}
-    kw.update(rank=state.rank, origin=first.origin, kind=first.kind)
+    kw.update(rank=state.rank, origin=first.origin, kind=first.kind, fault=call_fault.FAILED)
     exc: CommError
     if first.kind == "aborted":
         return revoked(where, first, **kw)
@@ -124,6 +137,7 @@ def error_for(state: FailureState, first: Revocation, where: str, **fields: Any)
         what, peer = fields.get("what"), fields.get("peer")
         if what in ("send", "recv") and isinstance(peer, int):
             took += f" waiting to {what} {'to' if what == 'send' else 'from'} rank {peer}"
+        kw["fault"] = call_fault.TIMEOUT  # its peer and direction, where ``took`` names them
         exc = CollectiveTimeout(
             f"{where} timed out{took}: {first.describe()}", waiting_for=fields.get("what"), **kw
         )

@@ -142,8 +142,8 @@ class TorchRevoke:
         )
         if found is None:
             return None
-        origin, kind, reason, peer = found
-        record = self._record(kind, reason, origin, rec, "watchdog", peer=peer)
+        origin, kind, reason, peer, symptom = found
+        record = self._record(kind, reason, origin, rec, "watchdog", peer=peer, symptom=symptom)
         snap = statuses.statuses.get(origin)
         return record if snap is None else record.replace(host=snap.host, pid=snap.pid)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from cclctl import records
+from cclctl.call_fault import fault_of
 from cclctl.errors import CollectiveTimeout, CommAborted
 from cclctl.records import CollectiveRecord
 
@@ -51,6 +52,7 @@ def close_record(rec: CollectiveRecord, exc: BaseException | None) -> None:
             else records.FAILED
         )
         rec.error = str(exc) or type(exc).__name__
+        rec.fault = fault_of(exc)
     rec.end_ns = end_ns
 
 

@@ -120,7 +120,7 @@ class Revoker:
         if not why:
             return rev
         asked = f"{rev.reason}; " if rev.reason else ""
-        return rev.replace(kind="aborted", reason=f"{asked}retry asked, but {why}")
+        return rev.replace(kind="aborted", reason=f"{asked}retry asked, but {why}", not_retried=why)
 
     # ------------------------------------------------------------------ telling
     def _first(self, rev: Revocation, how: str) -> None:
@@ -220,7 +220,8 @@ class Revoker:
         other = min(r for r, c in calls.items() if c == common)
         why = f"called {calls[odd]} where rank {other} called {common}"
         at = {"seq": rev.seq, "op": rev.op, "call": rev.call}
-        return self.failure.record("mismatch", why, odd, peer=other, **at)
+        calls_ = {"called": calls[odd], "peer_called": common}
+        return self.failure.record("mismatch", why, odd, peer=other, **calls_, **at)
 
     def _outvoted_by_completions(
         self, rev: Revocation, statuses: Mapping[int, RankSnapshot]
@@ -234,17 +235,17 @@ class Revoker:
             if r not in (self.rank, peer)
             and s.comms.get(rev.comm, _NONE).last_completed >= (rev.seq or 0)
         ]
-        theirs, _, rest = rev.reason.removeprefix("called ").partition(" where rank ")
-        mine = rest.partition(" called ")[2]
+        theirs, mine = rev.called, rev.peer_called
         if not done or not mine:
             return None
         why = f"called {mine} where rank {peer} called {theirs}"
-        at = {"seq": rev.seq, "op": rev.op, "call": rev.call}
+        at = {"seq": rev.seq, "op": rev.op, "call": rev.call, "called": mine, "peer_called": theirs}
         return self.failure.record("mismatch", why, self.rank, peer=peer, **at)
 
     def _observe(self, rev: Revocation) -> None:
         """Leave what this rank saw of a mismatch: its own call and its peer's."""
         seen = {"rank": self.rank, "peer": rev.origin, "reason": rev.reason, "call": rev.call}
+        seen.update(called=rev.called, other=rev.peer, peer_called=rev.peer_called)
         self._scoped.set(f"mismatch/{rev.seq}/{self.rank}", json.dumps(seen).encode())
 
     def _odd_one_out(self, rev: Revocation) -> Revocation | None:
@@ -255,12 +256,8 @@ class Revoker:
         for raw in listing.values():
             with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
                 seen = json.loads(raw)
-                mine, _, theirs = (
-                    str(seen["reason"]).removeprefix("called ").partition(" where rank ")
-                )
-                calls[int(seen["peer"])] = mine
-                rank, _, own = theirs.partition(" called ")
-                calls[int(rank)] = own
+                calls[int(seen["peer"])] = str(seen["called"])
+                calls[int(seen["other"])] = str(seen["peer_called"])
         counts = Counter(calls.values())
         if len(counts) < 2:
             return None
@@ -273,8 +270,9 @@ class Revoker:
         other = min(r for r, c in calls.items() if c == common)
         why = f"called {calls[odd[0]]} where rank {other} called {common}"
         return self.failure.record(
-            "mismatch", why, odd[0], seq=rev.seq, op=rev.op, call=rev.call, peer=other
-        )
+            "mismatch", why, odd[0], seq=rev.seq, op=rev.op, call=rev.call, peer=other,
+            called=calls[odd[0]], peer_called=common,
+        )  # fmt: skip
 
     def hang_origin(self, rec: CollectiveRecord, fallback: Revocation) -> Revocation:
         """The watchdog expired ``rec``: the job's record if there is one, else the rank the
@@ -292,10 +290,11 @@ class Revoker:
         found = hang_suspect(statuses, self._hang_after_s, self._stale_after_s)
         if found is None:
             return None
-        rank, kind, reason, peer = found
+        rank, kind, reason, peer, symptom = found
         return self.failure.record(
-            kind, reason, rank, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog", peer=peer
-        )
+            kind, reason, rank, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog", peer=peer,
+            symptom=symptom,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:

@@ -163,4 +163,5 @@ def check(got: Header, expected: Call, step: int, nbytes: int, rank: int, peer: 
         mine=expected.what(),
         theirs=got.call.what() if got.call != wanted else f"step {got.step} ({got.nbytes} bytes)",
         hint=hint,
+        fault="mismatch" if got.call != wanted else "step_mismatch",
     )

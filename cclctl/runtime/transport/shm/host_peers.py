@@ -208,6 +208,7 @@ class HostPeers:
             seq=call.seq,
             op=call.op,
             why=why,
+            fault="peer_failed",
         )
 
     def announce(self, status: str, record: Revocation | None = None) -> None:

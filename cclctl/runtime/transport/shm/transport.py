@@ -160,6 +160,7 @@ class ShmTransport(DrivenAlone):
                 seq=call.seq,
                 op=call.op,
                 why="the link was dropped",
+                fault="link_dropped",
             )
         rings, local = self._rings, self._local
         items: list[Outgoing | Incoming] = []

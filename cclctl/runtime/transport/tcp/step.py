@@ -251,6 +251,8 @@ class TcpStep:
             seq=call.seq,
             op=call.op,
             why=why,
+            fault="link_broke",
+            waiting_for="recv" if isinstance(item, Recv) else "send",
         ) from None
 
     def _resume(self, peer: int) -> None:

@@ -1,11 +1,12 @@
-"""What the runtime's error messages say about peers, for records that say nothing else.
+"""The fallback for records without facts: what an error's words say about peers.
 
-A call that timed out, failed or was revoked has its ``waiting_on`` cleared, and a live
-status keeps only a rank's last calls, so the error text is often the only word on whom a
-rank waited for, which link broke, where the job's failure started (a revoked call names
-its origin), or what a mismatched peer called. The patterns are cclctl's own messages
-(``runtime/transport/``: the interface, tcp, shm and wire; the revoke error of
-``runtime/comm``); anything else matches nothing.
+Records written by cclctl carry how a call failed as fields (``CollectiveRecord.fault``,
+read by :mod:`cclctl.diagnose.call_facts`); this module reads the same facts out of the
+words, only for records that have no such field: dumps and statuses written before the
+field existed, and PyTorch Flight Recorder dumps. The patterns are the messages cclctl's
+runtime wrote (``runtime/transport/``: the interface, tcp, shm and wire; the revoke error
+of ``runtime/comm``); anything else matches nothing. Nothing on the path of a record with
+fields uses it, so rewording a message never changes a verdict.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def waited_on(error: str | None) -> Edge | None:
     if m := _DROPPED.search(error) or _PEER_FAILED.search(error):
         return int(m["peer"]), ""
     return None
+
+
+def revoked(error: str | None) -> bool:
+    """The call was revoked by the job's failure (its error names the origin)."""
+    return " revoked: " in (error or "")
 
 
 def broken_link(error: str | None) -> int | None:
