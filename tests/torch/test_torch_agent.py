@@ -40,7 +40,8 @@ def test_both_front_ends_of_a_rank_share_one_agent(
     address = f"127.0.0.1:{store.port}"
     monkeypatch.setenv("CCLCTL_STORE", address)  # where the torch side finds the job's store
     monkeypatch.setenv("CCLCTL_TOKEN", TOKEN)
-    before = {name: len(_threads(name)) for name in (*SERVICES, "cclctl-revoke", "cclctl-torch")}
+    listeners = ("cclctl-revoke", "cclctl-torch-revoke")
+    before = {name: len(_threads(name)) for name in (*SERVICES, *listeners)}
     comm = cclctl.init(
         rank=0, world_size=1, store=address, token=TOKEN, trace_dir=str(tmp_path), timeout_s=30
     )
@@ -56,8 +57,8 @@ def test_both_front_ends_of_a_rank_share_one_agent(
         assert sess.store is not None and sess.store.link is agent.status
         for name in SERVICES:
             assert len(_threads(name)) == before[name] + 1, (name, _threads(name))
-        revoke = _threads("cclctl-revoke") + _threads("cclctl-torch-revoke")
-        assert len(revoke) == before["cclctl-revoke"] + before["cclctl-torch"] + 1, revoke
+        revoke = [name for prefix in listeners for name in _threads(prefix)]
+        assert len(revoke) == sum(before[p] for p in listeners) + 1, revoke
 
         t = torch.ones(4)
         dist.all_reduce(t)
@@ -75,5 +76,5 @@ def test_both_front_ends_of_a_rank_share_one_agent(
         comm.close()
     assert agent.closed  # the last front end ended the services
     assert agents.current(0) is None
-    for name in SERVICES:
+    for name in (*SERVICES, *listeners):
         assert len(_threads(name)) == before[name], (name, _threads(name))
