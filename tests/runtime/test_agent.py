@@ -4,6 +4,7 @@ by the last front end that releases it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from cclctl.config import RuntimeConfig
@@ -44,3 +45,21 @@ def test_an_expired_call_goes_to_the_front_end_of_its_communicator(tmp_path: Pat
         assert sorted(seen) == [("a", "0:0-1"), ("a", "9:0"), ("b", "1:0-1")]
     finally:
         assert agent.release()
+
+
+def test_the_dump_triggers_are_installed_by_the_first_front_end_only(tmp_path: Path) -> None:
+    agent = for_process(_cfg(tmp_path), rank=3, world_size=4)
+    for_process(_cfg(tmp_path), rank=3, world_size=4)
+    installed: list[str] = []
+
+    def install(who: str) -> list[Callable[[], None]]:
+        installed.append(who)
+        return [lambda: installed.remove(who)]
+
+    undo = agent.install_dumps(lambda: install("runtime"))
+    assert agent.install_dumps(lambda: install("torch")) == []
+    assert installed == ["runtime"]
+    for fn in undo:
+        fn()
+    assert installed == []
+    assert not agent.release() and agent.release()

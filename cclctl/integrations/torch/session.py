@@ -86,7 +86,8 @@ class Session:
         """Start the background parts; a failure here is logged, never raised to the job."""
         tel = self.telemetry
         self.comm(self.world)
-        self._undo_dumps = ending.install(tel, lambda: self.revoke)  # into the job's folder
+        # with no setup, into the job's folder (unless cclctl.init() installed its own)
+        self._undo_dumps = self.agent.install_dumps(lambda: ending.install(tel, self._namer))
         try:
             self.store = attach(self.agent, self.cfg, self.rank, self.world_size)
         except Exception as exc:
@@ -101,6 +102,9 @@ class Session:
         self.agent.watch(outcome=hang_outcome(self.cfg.on_hang, str(self._dist.get_backend())))
         self.folder = Folder(self).start()
         return self
+
+    def _namer(self) -> TorchRevoke | None:
+        return self.revoke
 
     def _revoker(self, store: StoreAttachment) -> TorchRevoke | None:
         """The agent's revoke end, made here unless ``cclctl.init()`` made the runtime's

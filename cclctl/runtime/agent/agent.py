@@ -1,6 +1,7 @@
 """One rank's per-process services, shared by every front end of that rank.
 
-The agent owns the telemetry (counters, flight recorder, dumps, exporter), the watchdog,
+The agent owns the telemetry (counters, flight recorder, dumps and their triggers, exporter),
+the watchdog,
 the status line to the job's store (publisher and dump requests, :mod:`.status_link`) and
 the revoke end. A front end registers its communicators with :meth:`Agent.register`, with
 the :class:`FailureHooks` the watchdog calls for their calls, and takes the services it
@@ -25,6 +26,7 @@ from cclctl.telemetry.watchdog import Watchdog
 log = logging.getLogger("cclctl.agent")
 
 Hook = Callable[[CollectiveRecord, str], None]
+Undo = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Agent:
         self._default: FailureHooks | None = None
         self._lock = threading.RLock()
         self._users = 0
+        self._dumps_installed = False
         self.closed = False
 
     # -- front ends -----------------------------------------------------------------------
@@ -115,6 +118,15 @@ class Agent:
                     outcome=outcome,
                 ).start()
             return self.watchdog
+
+    def install_dumps(self, install: Callable[[], list[Undo]]) -> list[Undo]:
+        """The process's dump triggers (signals, exit), installed by the first front end
+        that asks (``install()``, which returns how to undo them); [] for the others."""
+        with self._lock:
+            if self._dumps_installed:
+                return []
+            self._dumps_installed = True
+        return install()
 
     def serve_metrics(self) -> str | None:
         """Serve the exporter once (when a port is configured); its URL or None."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
@@ -159,23 +160,30 @@ def _in_call(telemetry: Telemetry) -> str:
 def _open_agent(rdzv: Rendezvous, cfg: RuntimeConfig, comm_id: str) -> Agent:
     """This rank's agent with its services started: counters and flight recorder always;
     the exporter when a port is configured; the status line to the job's store. Dumps on
-    every way out, into the job's folder unless CCLCTL_TRACE_DIR names another, with an
-    earlier run's documents removed (by the front end that makes the agent).
+    every way out (unless another front end of this rank installed its triggers first).
     """
     agent = for_process(cfg, rdzv.rank, rdzv.world_size, rdzv.local_rank)
     telemetry = agent.telemetry
     telemetry.register_comm(comm_id, list(range(rdzv.world_size)))  # in the first status
+    undo: list[Callable[[], None]] = []
     try:
-        if agent.status is None:
-            telemetry.remove_stale_dumps()
-            if threading.current_thread() is threading.main_thread():
-                telemetry.install_signal_dump()  # kill -USR1 <pid>: dump now, keep running
-                telemetry.install_termination_dump()
-                telemetry.install_exit_dump()
+        undo = agent.install_dumps(lambda: _install_dumps(telemetry))
         agent.serve_metrics()
         agent.attach(rdzv)
     except BaseException:
-        telemetry.remove_hooks()
+        for fn in undo:
+            fn()
         agent.release()
         raise
     return agent
+
+
+def _install_dumps(telemetry: Telemetry) -> list[Callable[[], None]]:
+    """Dumps on every way out, into the job's folder unless CCLCTL_TRACE_DIR names another,
+    with an earlier run's documents removed."""
+    telemetry.remove_stale_dumps()
+    if threading.current_thread() is threading.main_thread():
+        telemetry.install_signal_dump()  # kill -USR1 <pid>: dump now, keep running
+        telemetry.install_termination_dump()
+        telemetry.install_exit_dump()
+    return [telemetry.remove_hooks]
