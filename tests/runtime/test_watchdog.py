@@ -14,8 +14,8 @@ from thread_ranks import make_comms, run_comms, run_ranks
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CollectiveTimeout, CommAborted, ConfigError, ProtocolError
 from cclctl.records import STARTED, TIMED_OUT, CollectiveRecord
+from cclctl.runtime.agent.dump_requests import DumpRequests, request_dump
 from cclctl.runtime.comm import faults
-from cclctl.runtime.job.signals import DumpRequests, request_dump
 from cclctl.telemetry.watchdog import Watchdog
 
 S = 1_000_000_000

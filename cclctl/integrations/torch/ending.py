@@ -28,12 +28,12 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from cclctl.records import CollectiveRecord
+from cclctl.revocation import Revocation
 from cclctl.telemetry import dumps
-
-if TYPE_CHECKING:
-    from cclctl.integrations.torch.session import Session
+from cclctl.telemetry.hub import Telemetry
 
 log = logging.getLogger("cclctl.torch")
 
@@ -44,21 +44,33 @@ TERMINATED, UNCAUGHT = dumps.TERMINATED, dumps.UNCAUGHT
 TERMINATION_WAIT_S = 10.0
 
 
-class Ending:
-    """The :class:`~cclctl.telemetry.dumps.Dumpable` the exit and termination triggers call."""
+class Namer(Protocol):
+    """What a SIGTERM asks of the rank's revoke end (see
+    :meth:`~cclctl.integrations.torch.revoke.TorchRevoke.on_stopped`)."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
+    @property
+    def record(self) -> Revocation | None: ...
+
+    def on_stopped(self, rec: CollectiveRecord | None) -> Revocation | None: ...
+
+
+class Ending:
+    """The :class:`~cclctl.telemetry.dumps.Dumpable` the exit and termination triggers call:
+    ``telemetry``'s, naming the failure with ``namer()`` (None: no revoke end)."""
+
+    def __init__(self, telemetry: Telemetry, namer: Callable[[], Namer | None]) -> None:
+        self.telemetry = telemetry
+        self._namer = namer
 
     def failures(self) -> int:
-        return self.session.telemetry.failures()
+        return self.telemetry.failures()
 
     def recovered(self) -> int:
-        return self.session.telemetry.recovered()
+        return self.telemetry.recovered()
 
     def dump(self, reason: str, path: str | None = None) -> str | None:
         """Say why this rank ends (its revoke record first, on a SIGTERM), then dump."""
-        tel = self.session.telemetry
+        tel = self.telemetry
         ending = reason.startswith((TERMINATED, UNCAUGHT))
         if ending and not tel.exit_reason:
             tel.exit_reason = reason
@@ -69,10 +81,10 @@ class Ending:
         return tel.dump(reason, path)
 
     def _name_the_failure(self) -> None:
-        revoke = self.session.revoke
+        revoke = self._namer()
         if revoke is None or revoke.record is not None:
             return
-        inflight = self.session.telemetry.inflight()
+        inflight = self.telemetry.inflight()
         revoke.on_stopped(inflight[0] if inflight else None)
 
 
@@ -136,12 +148,13 @@ def _default_action(signum: int) -> None:
         pass
 
 
-def install(session: Session) -> list[Callable[[], None]]:
-    """Dump on SIGUSR1 (and keep running), on SIGTERM, after an uncaught exception and at an
-    exit after failed calls; main thread only (else nothing). Returns the undo functions."""
+def install(tel: Telemetry, namer: Callable[[], Namer | None]) -> list[Callable[[], None]]:
+    """Dump ``tel`` on SIGUSR1 (and keep running), on SIGTERM, after an uncaught exception
+    and at an exit after failed calls; main thread only (else nothing). Returns the undo
+    functions."""
     if threading.current_thread() is not threading.main_thread():
         return []
-    tel, ending = session.telemetry, Ending(session)
+    ending = Ending(tel, namer)
     try:
         undo = [dumps.install_signal_dump(tel, None), dumps.install_exit_dump(ending, None)]
         if signal.getsignal(signal.SIGTERM) != signal.SIG_IGN:  # a job that ignores it runs on

@@ -18,11 +18,11 @@ import logging
 import threading
 
 from cclctl.errors import CclError
-from cclctl.integrations.torch.ending import TERMINATED
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
-from cclctl.runtime.job.revoke_key import LISTEN_SLICE_S, RevokeKey
+from cclctl.runtime.job.revoke_key import RevokeKey, RevokeListener
 from cclctl.runtime.peer_process import PEER_EXIT_GRACE_S, exit_reason, first_gone
+from cclctl.telemetry.dumps import TERMINATED
 from cclctl.telemetry.hub import Telemetry
 
 log = logging.getLogger("cclctl.torch")
@@ -52,13 +52,9 @@ class TorchRevoke:
         self.job = job
         self.record: Revocation | None = None  # the record this rank adopted
         self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._withdrawn = threading.Event()
         self._key = RevokeKey(address, token, job, self.rank)
-        self._thread = threading.Thread(
-            target=self._listen, name="cclctl-torch-revoke", daemon=True
-        )
-        self._thread.start()
+        #: adopts the record another rank writes; after a withdrawn hang, listens again
+        self._listener = RevokeListener(self._key, self.adopt, "cclctl-torch-revoke")
 
     # ------------------------------------------------------------------ naming
     def on_hang(self, rec: CollectiveRecord) -> Revocation | None:
@@ -112,7 +108,7 @@ class TorchRevoke:
             self.telemetry.revoke = None
         with contextlib.suppress(CclError):
             self._key.withdraw(record)
-        self._withdrawn.set()
+        self._listener.renew()
         log.warning("cclctl: the hang at %s of comm %s is over", record.at(), record.comm)
 
     def adopt(self, record: Revocation) -> Revocation:
@@ -192,23 +188,6 @@ class TorchRevoke:
             **more,  # type: ignore[arg-type]
         )
 
-    # ------------------------------------------------------------------ listening
-    def _listen(self) -> None:
-        """Adopt the record another rank writes; after a withdrawn hang, listen again."""
-        while not self._stopped.is_set():
-            if self.record is not None:
-                self._withdrawn.wait(LISTEN_SLICE_S)
-                self._withdrawn.clear()
-                continue
-            record = self._key.next_record(self._stopped)
-            if record is None:
-                return
-            self.adopt(record)
-
     def close(self) -> None:
         """Stop listening; the store may already be gone."""
-        self._stopped.set()
-        self._withdrawn.set()
-        self._key.stop_listening()  # ends a blocking wait at once
-        self._thread.join(2.0)
-        self._key.close()
+        self._listener.close()

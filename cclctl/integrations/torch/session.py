@@ -1,10 +1,12 @@
 """One instrumented torch.distributed process: its telemetry and its process groups.
 
 A session starts when the default process group exists (``init_process_group`` returned) and
-ends with ``destroy_process_group()`` or at exit. It owns the same parts the runtime wires up
-in ``cclctl.runtime.job.init``: counters and flight recorder (:class:`Telemetry`), the watchdog,
-the exporter, dumps and, when the job's store can be found, the status publisher and
-job-wide dump requests (see :mod:`cclctl.integrations.torch.store`).
+ends with ``destroy_process_group()`` or at exit. Its per-process services are the rank's
+agent's (:mod:`cclctl.runtime.agent`), shared with ``cclctl.init()`` in the same process:
+counters and flight recorder (:class:`Telemetry`), the watchdog, the exporter and, when the
+job's store can be found, the status publisher, job-wide dump requests (see
+:mod:`cclctl.integrations.torch.store`) and the revoke end. The session registers its
+process groups and the watchdog's hooks for their calls with the agent.
 
 Every process group is a communicator: id ``<group name>:<folded member ranks>`` (torch
 names groups by creation order, the same on every rank, so ``0:0-7`` is the world of 8 as in
@@ -34,8 +36,7 @@ from cclctl.integrations.torch.revoke import TorchRevoke
 from cclctl.integrations.torch.store import StoreAttachment, attach
 from cclctl.integrations.torch.timing import Completions
 from cclctl.records import STARTED, CollectiveRecord
-from cclctl.telemetry.hub import Telemetry
-from cclctl.telemetry.watchdog import Watchdog
+from cclctl.runtime.agent import FailureHooks, for_process
 
 log = logging.getLogger("cclctl.torch")
 
@@ -67,16 +68,14 @@ class Session:
         self.world = world
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.telemetry = Telemetry(
-            cfg, rank=self.rank, world_size=self.world_size, backend=str(dist.get_backend())
-        )
+        self.agent = for_process(cfg, self.rank, self.world_size, backend=str(dist.get_backend()))
+        self.telemetry = self.agent.telemetry
         self.completions = Completions(self.close_record)
         #: known process groups, by group object
         self.comms: dict[Any, TorchComm] = {}
         self._seq_lock = threading.Lock()
         self._lock = threading.Lock()
         self.store: StoreAttachment | None = None
-        self.watchdog: Watchdog | None = None
         self.folder: Folder | None = None
         self.revoke: TorchRevoke | None = None
         self._closed = False
@@ -87,37 +86,39 @@ class Session:
         """Start the background parts; a failure here is logged, never raised to the job."""
         tel = self.telemetry
         self.comm(self.world)
-        self._undo_dumps = ending.install(self)  # with no setup: into the job's folder
+        # with no setup, into the job's folder (unless cclctl.init() installed its own)
+        self._undo_dumps = self.agent.install_dumps(lambda: ending.install(tel, self._namer))
         try:
-            self.store = attach(tel, self.cfg, self.rank, self.world_size)
+            self.store = attach(self.agent, self.cfg, self.rank, self.world_size)
         except Exception as exc:
             log.warning("cclctl: no live status for this job: %s", exc)
         if self.store is not None:
             tel.local_rank = self.store.local_rank
             self.revoke = self._revoker(self.store)
         try:
-            tel.serve_metrics()
+            self.agent.serve_metrics()
         except Exception as exc:
             log.warning("cclctl: no metrics endpoint: %s", exc)
-        self.watchdog = Watchdog(
-            tel,
-            self.cfg.timeout_s,
-            self.cfg.on_hang,
-            on_abort=self._abort,
-            on_expire=self._expired,
-            outcome=hang_outcome(self.cfg.on_hang, str(self._dist.get_backend())),
-        ).start()
+        self.agent.watch(outcome=hang_outcome(self.cfg.on_hang, str(self._dist.get_backend())))
         self.folder = Folder(self).start()
         return self
 
+    def _namer(self) -> TorchRevoke | None:
+        return self.revoke
+
     def _revoker(self, store: StoreAttachment) -> TorchRevoke | None:
+        """The agent's revoke end, made here unless ``cclctl.init()`` made the runtime's
+        (whose failure states then carry the job's record)."""
         rdzv = store.rdzv
+        address = (rdzv.store.host, rdzv.store.port)
         try:
-            address = (rdzv.store.host, rdzv.store.port)
-            return TorchRevoke(address, rdzv.token, rdzv.job, self.telemetry)
+            end = self.agent.revoke_end(
+                lambda: TorchRevoke(address, rdzv.token, rdzv.job, self.telemetry)
+            )
         except Exception as exc:
             log.warning("cclctl: this rank does not share the job's revoke record: %s", exc)
             return None
+        return end if isinstance(end, TorchRevoke) else None
 
     # -- process groups -------------------------------------------------------------------
 
@@ -138,7 +139,7 @@ class Session:
             return None
         with self._lock:
             comm = self.comms.setdefault(key, TorchComm(key, name, ranks))
-        self.telemetry.register_comm(comm.id, ranks)
+        self.agent.register(comm.id, ranks, FailureHooks(self._expired, self._abort))
         return comm
 
     def forget(self, group: Any) -> None:
@@ -209,8 +210,7 @@ class Session:
         revoke record (dumped again once adopted), and ask every rank to dump."""
         if self.revoke is not None:
             self.revoke.on_hang(rec)
-        if self.store is not None:
-            self.store.request_dump(why)
+        self.agent.request_dump(why)
 
     def _abort(self, rec: CollectiveRecord, why: str) -> None:
         """``CCLCTL_ON_HANG=abort``: abort the group (NCCL unblocks; gloo ignores it)."""
@@ -245,16 +245,12 @@ class Session:
         if self._closed or os.getpid() != self._pid:
             return
         self._closed = True
-        if self.watchdog is not None:
-            self.watchdog.stop()
         if self.folder is not None:
             self.folder.stop()
         self.completions.poll()
         self.completions.close()
         try:
-            self.telemetry.finish()
+            self.agent.release()  # the last front end ends the agent's services
         finally:
-            if self.revoke is not None:
-                quietly(self.revoke.close)
             if self.store is not None:
                 self.store.close()

@@ -10,16 +10,12 @@ or a duplicate rank on the same store is caught as it is for cclctl's own runtim
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 from cclctl.config import RuntimeConfig, attach_from_env
+from cclctl.runtime.agent import Agent
+from cclctl.runtime.agent.status_link import StatusLink
 from cclctl.runtime.job.rendezvous import Rendezvous, join
-from cclctl.runtime.job.signals import DumpRequests, request_dump
-from cclctl.store.client import StoreClient
-from cclctl.store.scope import ScopedStore
-from cclctl.telemetry.counters import StoreCounts
-from cclctl.telemetry.hub import Telemetry
 
 #: torch's init_process_group has just lined the ranks up, so they reach cclctl's store
 #: together; a store that does not answer by then is missing, and the job must not wait.
@@ -27,69 +23,41 @@ ATTACH_TIMEOUT_S = 15.0
 
 
 class StoreAttachment:
-    """The rendezvous, the publisher's own connection and the dump-request poller."""
+    """The rendezvous that placed this rank in the job's store, and the agent's status line
+    to that store (its publisher and dump-request poller)."""
 
-    def __init__(
-        self, rdzv: Rendezvous, client: StoreClient, requests: DumpRequests, local_rank: int
-    ) -> None:
-        self.rdzv = rdzv
-        self.client = client
-        self.requests = requests
+    def __init__(self, link: StatusLink, local_rank: int, own: Rendezvous | None) -> None:
+        self.rdzv = link.rdzv
+        self.link = link
         self.local_rank = local_rank
-        self.signals = ScopedStore.for_job(client, rdzv.job)
+        self._own = own  # None: another front end of this rank joined the store
 
     @property
     def address(self) -> str:
         return self.rdzv.store.address
 
-    def request_dump(self, why: str) -> None:
-        """Ask every rank of the job to dump its flight recorder (after a hang)."""
-        request_dump(self.signals, self.rdzv.rank, why)
-
     def close(self) -> None:
-        """Leave the store; the rank that hosts it waits for the others to leave first."""
-        self.requests.stop()
-        try:
-            self.client.close()
-        finally:
-            self.rdzv.close()
+        """Leave the store (when this front end joined it); the rank that hosts it waits
+        for the others to leave first. The status line is the agent's, which ends it."""
+        if self._own is not None:
+            self._own.close()
 
 
-def attach(
-    telemetry: Telemetry, cfg: RuntimeConfig, rank: int, world_size: int
-) -> StoreAttachment | None:
-    """Join the job's store and start publishing; None when no store can be found.
-
-    The publisher has a store connection of its own, as in the runtime, so a rank whose
-    main thread is blocked (in a gloo or NCCL call) still shows a fresh heartbeat.
-    """
+def attach(agent: Agent, cfg: RuntimeConfig, rank: int, world_size: int) -> StoreAttachment | None:
+    """Join the job's store and start the agent's status line; None when no store can be
+    found. A rank whose agent has a status line already (``cclctl.init()`` joined) uses it."""
+    if agent.status is not None:
+        return StoreAttachment(agent.status, agent.status.rdzv.local_rank, None)
     where = attach_from_env(rank, world_size)
     if where is None:
         return None
     rdzv = join(where, cfg.replace(connect_timeout_s=min(cfg.connect_timeout_s, ATTACH_TIMEOUT_S)))
     try:
-        client = StoreClient(
-            rdzv.store.host,
-            rdzv.store.port,
-            timeout_s=cfg.timeout_s,
-            connect_timeout_s=cfg.connect_timeout_s,
-            token=rdzv.token or None,
-        )
+        link = agent.attach(rdzv)
     except BaseException:
         rdzv.close()
         raise
-    server = rdzv.server
-    if server is not None:  # rank 0 hosts the store: its exporter shows what it turned away
-        telemetry.add_store_source(lambda: StoreCounts(server.rejected, server.refused))
-    try:
-        telemetry.publish_to(ScopedStore.for_job(client, rdzv.job))
-        requests = DumpRequests(ScopedStore.for_job(client, rdzv.job), telemetry, rank).start()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            client.close()
-        rdzv.close()
-        raise
-    attachment = StoreAttachment(rdzv, client, requests, where.local_rank)
+    attachment = StoreAttachment(link, where.local_rank, rdzv)
     if rank == 0:
         print(
             f"cclctl: job {rdzv.job!r} publishes its status to {attachment.address}: "

@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
 from cclctl.errors import UsageError
 from cclctl.records import CollectiveRecord
+from cclctl.runtime.agent import Agent, FailureHooks, for_process
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.comm.recovery import retry_rules
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.retry import Retry, world_links
 from cclctl.runtime.job.revoker import Revoker
-from cclctl.runtime.job.signals import DumpRequests, request_dump
 from cclctl.runtime.job.survivors import Survivors
 from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.store.client import StoreClient, parse_address
-from cclctl.store.scope import ScopedStore
-from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.hub import Telemetry
-from cclctl.telemetry.watchdog import Watchdog
 
 
 def init(
@@ -85,25 +83,30 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         host=f"{cfg.hostname}|{host_key()}",
     )
     comm_id = world_comm_id(rdzv.world_size)
-    telemetry, status_client = _start_telemetry(rdzv, cfg, comm_id)
+    agent = _open_agent(rdzv, cfg, comm_id)
+    telemetry = agent.telemetry
     link_telemetry.watch(telemetry, transport, links)
-    signals = ScopedStore.for_job(status_client, rdzv.job)
-    dump_requests = DumpRequests(signals, telemetry, rdzv.rank).start()
-    watchdog: Watchdog | None = None
-    revoker: Revoker | None = None
 
     def close() -> None:
         try:
-            if watchdog is not None:
-                watchdog.stop()
-            if revoker is not None:
+            if agent.revoke is not revoker:  # another front end's revoke end is the agent's
                 revoker.close()
-            dump_requests.stop()
-            telemetry.finish()  # the last status and final document say "finished"
+            agent.release()  # the last status and final document say "finished"
         finally:
-            status_client.close()
             rdzv.close()
 
+    def expired(rec: CollectiveRecord, why: str) -> None:
+        """The policy decides what becomes of the call, naming the rank the hang waits on
+        as the job agrees it (the live diagnosis of its statuses), in the world's
+        communicator or the one a shrink made; every rank of the job dumps."""
+        state = survivors.failure_of(rec, comm)
+        origin = None
+        if cfg.on_hang == "raise" and not rec.end_ns and rec.comm == state.comm:
+            origin = revoker.hang_origin(rec, state.hang_record(rec))
+        state.hung(rec, why, cfg.on_hang, origin)
+        agent.request_dump(why)
+
+    agent.register(comm_id, range(rdzv.world_size), FailureHooks(expired))
     survivors = Survivors(rdzv, cfg, store_host, telemetry)
     comm = Communicator(
         rank=rdzv.rank,
@@ -117,16 +120,27 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         shrinker=survivors,
         retrier=Retry(rdzv, cfg, store_host, telemetry),
     )
-
     failure = comm.failure
     failure.host = cfg.hostname
     failure.evidence = telemetry.dump_dir.rstrip("/") + "/"
     failure.peers = list(zip(rdzv.hosts, rdzv.pids, strict=False))
-    revoker = Revoker(
+    revoker = _revoker(rdzv, cfg, comm, telemetry)
+    agent.revoke_end(lambda: revoker)
+    survivors.revoker = revoker  # a shrunk communicator's failures go through the store too
+    telemetry.revoke_source = lambda: survivors.revoke_record(comm)
+    agent.watch()
+    return comm
+
+
+def _revoker(
+    rdzv: Rendezvous, cfg: RuntimeConfig, comm: Communicator, telemetry: Telemetry
+) -> Revoker:
+    """The world communicator's end of the job's revoke record."""
+    return Revoker(
         (rdzv.store.host, rdzv.store.port),
         rdzv.token,
         rdzv.job,
-        failure,
+        comm.failure,
         in_call=lambda: _in_call(telemetry),
         dump=telemetry.dump,
         publish=telemetry.publish_now,
@@ -135,22 +149,6 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         deferred=lambda rev: retry_rules.enabled(comm) and rev.kind in retry_rules.RETRIED_KINDS,
         no_retry=lambda: retry_rules.why_not(comm),
     )
-    survivors.revoker = revoker  # a shrunk communicator's failures go through the store too
-    telemetry.revoke_source = lambda: survivors.revoke_record(comm)
-
-    def expired(rec: CollectiveRecord, why: str) -> None:
-        """The policy decides what becomes of the call, naming the rank the hang waits on
-        as the job agrees it (the live diagnosis of its statuses), in the world's
-        communicator or the one a shrink made; every rank of the job dumps."""
-        state = survivors.failure_of(rec, comm)
-        origin = None
-        if cfg.on_hang == "raise" and not rec.end_ns and rec.comm == state.comm:
-            origin = revoker.hang_origin(rec, state.hang_record(rec))
-        state.hung(rec, why, cfg.on_hang, origin)
-        request_dump(signals, rdzv.rank, why)
-
-    watchdog = Watchdog(telemetry, cfg.timeout_s, cfg.on_hang, on_expire=expired).start()
-    return comm
 
 
 def _in_call(telemetry: Telemetry) -> str:
@@ -159,39 +157,33 @@ def _in_call(telemetry: Telemetry) -> str:
     return f"{inflight[0].op} seq {inflight[0].seq}" if inflight else ""
 
 
-def _start_telemetry(
-    rdzv: Rendezvous, cfg: RuntimeConfig, comm_id: str
-) -> tuple[Telemetry, StoreClient]:
-    """Counters and flight recorder always; the exporter when a port is configured; the
-    status publisher on a store connection of its own, so a rank blocked on the store in
-    its main thread still shows a fresh heartbeat. Dumps on every way out, into the job's
-    folder unless CCLCTL_TRACE_DIR names another, with an earlier run's documents removed.
+def _open_agent(rdzv: Rendezvous, cfg: RuntimeConfig, comm_id: str) -> Agent:
+    """This rank's agent with its services started: counters and flight recorder always;
+    the exporter when a port is configured; the status line to the job's store. Dumps on
+    every way out (unless another front end of this rank installed its triggers first).
     """
-    telemetry = Telemetry(
-        cfg, rank=rdzv.rank, world_size=rdzv.world_size, local_rank=rdzv.local_rank
-    )
+    agent = for_process(cfg, rdzv.rank, rdzv.world_size, rdzv.local_rank)
+    telemetry = agent.telemetry
+    telemetry.register_comm(comm_id, list(range(rdzv.world_size)))  # in the first status
+    undo: list[Callable[[], None]] = []
+    try:
+        undo = agent.install_dumps(lambda: _install_dumps(telemetry))
+        agent.serve_metrics()
+        agent.attach(rdzv)
+    except BaseException:
+        for fn in undo:
+            fn()
+        agent.release()
+        raise
+    return agent
+
+
+def _install_dumps(telemetry: Telemetry) -> list[Callable[[], None]]:
+    """Dumps on every way out, into the job's folder unless CCLCTL_TRACE_DIR names another,
+    with an earlier run's documents removed."""
     telemetry.remove_stale_dumps()
-    telemetry.register_comm(comm_id, list(range(rdzv.world_size)))
-    server = rdzv.server
-    if server is not None:  # the rank that hosts the store shows what it turned away
-        telemetry.add_store_source(lambda: StoreCounts(server.rejected, server.refused))
     if threading.current_thread() is threading.main_thread():
         telemetry.install_signal_dump()  # kill -USR1 <pid>: dump now, keep running
         telemetry.install_termination_dump()
         telemetry.install_exit_dump()
-    status_client = StoreClient(
-        rdzv.store.host,
-        rdzv.store.port,
-        timeout_s=cfg.timeout_s,
-        connect_timeout_s=cfg.connect_timeout_s,
-        token=rdzv.token or None,
-    )
-    try:
-        telemetry.serve_metrics()
-        telemetry.publish_to(ScopedStore.for_job(status_client, rdzv.job))
-    except BaseException:
-        telemetry.close()
-        telemetry.remove_hooks()
-        status_client.close()
-        raise
-    return telemetry, status_client
+    return [telemetry.remove_hooks]

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from cclctl import revocation
 from cclctl.errors import BadInput, CclError, StoreTimeout
@@ -129,3 +130,44 @@ class RevokeKey:
     def close(self) -> None:
         self.stop_listening()
         self.scoped.client.close()
+
+
+class RevokeListener:
+    """A thread that hands the job's record to ``handle`` as it appears in ``key``, then
+    waits for :meth:`renew` (its owner is ready for the next one: a retry or a shrink began a
+    new life, a hang record was withdrawn) before it listens again. The one listening loop
+    of a rank's revoke end, the runtime's and the PyTorch integration's alike."""
+
+    def __init__(self, key: RevokeKey, handle: Callable[[Revocation], object], name: str):
+        self._key = key
+        self._handle = handle
+        self._stopped = threading.Event()
+        self._renewed = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def stopped(self) -> threading.Event:
+        """Set once the listener is closed (a wait on it ends then)."""
+        return self._stopped
+
+    def renew(self) -> None:
+        """Listen again: the record handled last no longer holds this rank."""
+        self._renewed.set()
+
+    def _listen(self) -> None:
+        while not self._stopped.is_set():
+            record = self._key.next_record(self._stopped)
+            if record is None:
+                return
+            self._handle(record)
+            self._renewed.wait()
+            self._renewed.clear()
+
+    def close(self) -> None:
+        """Stop listening and close the key's connections; the store may already be gone."""
+        self._stopped.set()
+        self._renewed.set()
+        self._key.stop_listening()  # ends a blocking wait at once
+        self._thread.join(2.0)
+        self._key.close()

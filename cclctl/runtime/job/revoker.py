@@ -27,7 +27,7 @@ from cclctl.errors import CclError, StoreTimeout
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
 from cclctl.revocation import Revocation
 from cclctl.runtime.failure import STORE, FailureState
-from cclctl.runtime.job.revoke_key import RevokeKey
+from cclctl.runtime.job.revoke_key import RevokeKey, RevokeListener
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +72,15 @@ class Revoker:
         self._hang_after_s, self._stale_after_s = hang_after_s, stale_after_s
         self._key = RevokeKey(address, token, job, self.rank)
         self._scoped = self._key.scoped
-        self._stopped = threading.Event()
-        self._renewed = threading.Event()  # a retry or a shrink began a new life: listen again
+        self._last: Revocation | None = None  # the record the listener handled last
+        self._listener: RevokeListener | None = None
         self._serve(failure)
-        self._thread = threading.Thread(
-            target=self._listen, name=f"cclctl-revoke-r{self.rank}", daemon=True
-        )
-        self._thread.start()
+        self._listener = RevokeListener(self._key, self._on_record, f"cclctl-revoke-r{self.rank}")
+        self._stopped = self._listener.stopped
 
     def _serve(self, failure: FailureState) -> None:
         failure.on_first(self._first)
-        failure.on_renew(lambda epoch: self._renewed.set())
+        failure.on_renew(lambda epoch: self._renew())
         failure.resolve = self.resolve
 
     def follow(self, failure: FailureState) -> None:
@@ -92,23 +90,20 @@ class Revoker:
         an abort and a second shrink go through the store as the first did."""
         self.failure = failure
         self._serve(failure)
-        self._renewed.set()
+        self._renew()
+
+    def _renew(self) -> None:
+        """A retry or a shrink began a new life (each clears the key): listen again."""
+        if self._listener is not None:
+            self._listener.renew()
 
     # ------------------------------------------------------------------ listening
-    def _listen(self) -> None:
-        """Adopt the job's record; after a retry or a shrink (each clears the key) listen
-        again, so a later failure, an abort or another ``cclctl retry`` still reaches this
-        rank."""
-        last: Revocation | None = None
-        while not self._stopped.is_set():
-            rev = self._key.next_record(self._stopped)
-            if rev is None:
-                return
-            if rev != last and self._fresh(rev):
-                self.failure.adopt(self._as_adopted(rev), STORE)
-            last = rev
-            self._renewed.wait()
-            self._renewed.clear()
+    def _on_record(self, rev: Revocation) -> None:
+        """Adopt the job's record; the listener listens again after a retry or a shrink,
+        so a later failure, an abort or another ``cclctl retry`` still reaches this rank."""
+        if rev != self._last and self._fresh(rev):
+            self.failure.adopt(self._as_adopted(rev), STORE)
+        self._last = rev
 
     def _fresh(self, rev: Revocation) -> bool:
         """A record for this communicator's present life (:meth:`Revocation.of_life`)."""
@@ -299,8 +294,5 @@ class Revoker:
     # ------------------------------------------------------------------ closing
     def close(self) -> None:
         """Stop listening; the store may already be gone."""
-        self._stopped.set()
-        self._renewed.set()
-        self._key.stop_listening()  # ends a blocking wait at once
-        self._thread.join(2.0)
-        self._key.close()
+        if self._listener is not None:
+            self._listener.close()
