@@ -34,7 +34,6 @@ _ENDED = ("uncaught ", "terminated by ")
 
 #: Flags: each is a reason a rank looks wrong. "failed": its in-flight call failed or timed out.
 FLAGS = ("missing", "bad_status", "stale", "failed", "slow", "behind", "errors", "hangs")
-SEVERE_FLAGS = frozenset(("missing", "bad_status", "stale", "failed"))
 
 #: The same as ``cclctl diagnose hang``'s defaults (stale after, stuck after), so a rank the
 #: table flags and the verdict above it are judged by one clock.
@@ -80,11 +79,6 @@ class RankView:
     @property
     def wrong(self) -> bool:
         return bool(self.flags)
-
-    @property
-    def severe(self) -> bool:
-        """Dead, stale, unreadable or failed (as opposed to slow, behind or once erred)."""
-        return not SEVERE_FLAGS.isdisjoint(self.flags)
 
     @property
     def last_completed(self) -> int:
