@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from live_job import live_job
 
-from cclctl.commands.top import screen_of
+from cclctl.commands.top_screen import screen_of
 from cclctl.live import table
 from cclctl.live.classify import Thresholds, classify
 from cclctl.live.document import to_document
