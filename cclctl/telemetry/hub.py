@@ -30,7 +30,7 @@ from cclctl.telemetry import dumps
 from cclctl.telemetry.counter_sources import CounterSources, LinkSource
 from cclctl.telemetry.counters import MetricsView, StoreCounts, summarize
 from cclctl.telemetry.recorder import Recorder
-from cclctl.telemetry.stacks import capture_stacks
+from cclctl.telemetry.stack_capture import capture_stacks
 from cclctl.telemetry.status import StatusPublisher, StatusStore
 from cclctl.telemetry.windows import Windows
 

@@ -23,7 +23,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from cclctl.records import COMPLETED, FINAL_STATES, CollectiveRecord, CommInfo
-from cclctl.signals import Signals
+from cclctl.slow_signals import Signals
 from cclctl.telemetry.counters import DURATION_BOUNDS_NS, CommState, CommView, OpStats, add_run
 from cclctl.telemetry.windows import Windows
 

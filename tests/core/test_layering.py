@@ -27,10 +27,10 @@ BASE = {
     "bandwidth",
     "ranges",
     "periodic",
-    "stacks",
+    "stack_records",
     "auth",
     "limits",
-    "signals",
+    "slow_signals",
     "probe_record",
 }
 
