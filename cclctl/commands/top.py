@@ -29,8 +29,8 @@ from cclctl.commands.store_access import connect, store_option
 from cclctl.commands.top_screen import Screen, fit_rows, read_screen, render
 from cclctl.errors import ConfigError, StoreError, UsageError
 from cclctl.limits import MAX_WORLD_SIZE
-from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, Thresholds
 from cclctl.live.document import to_document
+from cclctl.live.rank_view import DEFAULT_SLOW_S, DEFAULT_STALE_S, Thresholds
 from cclctl.store.client import StoreClient
 
 HELP = (

@@ -15,9 +15,10 @@ from cclctl.diagnose.slow_model import SlowReport
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.diagnose_io.slow_inputs import slow_live
 from cclctl.live import table as rows_of
-from cclctl.live.classify import JobView, Thresholds, classify
+from cclctl.live.classify import classify
 from cclctl.live.culprit import OK, SUSPECT, WAITING, WARN, Culprits, read_culprits
 from cclctl.live.probe_line import probe_line, unreadable_line
+from cclctl.live.rank_view import JobView, Thresholds
 from cclctl.live.slow_cells import add_slow_columns
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.probe_record import ProbeRecord

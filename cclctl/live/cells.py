@@ -3,8 +3,8 @@ on, how its publisher fared with the store, sizes and ages as people read them."
 
 from __future__ import annotations
 
-from cclctl.live.classify import ERROR, MISSING, STALE, RankView
 from cclctl.live.culprit import Culprits
+from cclctl.live.rank_view import ERROR, MISSING, STALE, RankView
 from cclctl.ranges import fold_ranks
 
 #: Flags a row's state word already says, so the state cell does not repeat them.

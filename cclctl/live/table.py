@@ -15,8 +15,8 @@ import datetime
 from cclctl.diagnose.model import MISSING as NO_STATUS
 from cclctl.diagnose.report import suspects_line
 from cclctl.live.cells import human_age, human_bytes, state_text, store_text, waiting_text
-from cclctl.live.classify import MISSING, JobView, RankView
 from cclctl.live.culprit import SUSPECT, Culprits, display_order
+from cclctl.live.rank_view import MISSING, JobView, RankView
 
 COLUMNS = (
     "rank",

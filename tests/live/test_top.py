@@ -18,8 +18,9 @@ from live_job import live_job
 
 from cclctl.commands.top_screen import screen_of
 from cclctl.live import cells, table
-from cclctl.live.classify import Thresholds, classify
+from cclctl.live.classify import classify
 from cclctl.live.document import to_document
+from cclctl.live.rank_view import Thresholds
 from cclctl.live.snapshot import fetch
 from cclctl.live.table import COLUMNS
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
