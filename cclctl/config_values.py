@@ -58,7 +58,7 @@ MIN_SLOW_WINDOW_S, MAX_SLOW_WINDOW_S = 0.1, 3600.0
 
 
 def slow_window(raw: str) -> float:
-    """The slowness signals' window in seconds: 0.1 to 3600 (see cclctl/signals.py)."""
+    """The slowness signals' window in seconds: 0.1 to 3600 (see cclctl/slow_signals.py)."""
     value = positive_float(raw)
     if not MIN_SLOW_WINDOW_S <= value <= MAX_SLOW_WINDOW_S:
         raise ValueError(

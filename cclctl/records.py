@@ -17,8 +17,8 @@ from cclctl.call_fault import CallFault, fault_from_dict
 from cclctl.comm_info import CommInfo, clip, comms_from_dict
 from cclctl.errors import BadInput
 from cclctl.revocation import Revocation
-from cclctl.signals import Signals, signals_from_dict
-from cclctl.stacks import ThreadStack, stacks_from_list
+from cclctl.slow_signals import Signals, signals_from_dict
+from cclctl.stack_records import ThreadStack, stacks_from_list
 
 DUMP_SCHEMA = "cclctl.dump"
 STATUS_SCHEMA = "cclctl.status"
@@ -136,7 +136,7 @@ class RankSnapshot:
 
     A status carries the in-flight record, counters and the heartbeat; a dump carries the
     ring of recent records, why it was written and the Python stack of each thread (see
-    :mod:`cclctl.stacks`; older dumps have none). Both are one JSON document.
+    :mod:`cclctl.stack_records`; older dumps have none). Both are one JSON document.
     """
 
     kind: str  # "dump" or "status"
@@ -157,7 +157,7 @@ class RankSnapshot:
     revoke: Revocation | None = None
     #: True in the final status of a rank that closed its communicator and exited cleanly
     finished: bool = False
-    #: the rank's slowness signals (see :mod:`cclctl.signals`); None where none were kept
+    #: the rank's slowness signals (see :mod:`cclctl.slow_signals`); None where none were kept
     signals: Signals | None = None
 
     @property

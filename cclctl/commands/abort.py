@@ -22,8 +22,9 @@ from cclctl.commands.store_access import store_option
 from cclctl.diagnose.text import ranks_word
 from cclctl.errors import BadInput, FaultFound, StoreTimeout
 from cclctl.live.acks import AbortReport, Ack, Silent, acks_in, silent_ranks, to_document
-from cclctl.live.classify import DEFAULT_STALE_S, Thresholds, classify
+from cclctl.live.classify import classify
 from cclctl.live.culprit import read_culprits
+from cclctl.live.rank_view import DEFAULT_STALE_S, Thresholds
 from cclctl.live.snapshot import job_prefix, parse
 from cclctl.revocation import KEY, OPERATOR, Revocation, ack_key, decode
 from cclctl.store.scope import ScopedStore

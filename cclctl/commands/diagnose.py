@@ -9,7 +9,6 @@ to the pure engine in :mod:`cclctl.diagnose`, and draws the answer: a rich repor
 from __future__ import annotations
 
 import json
-import sys
 from typing import Annotated
 
 import typer
@@ -18,18 +17,17 @@ from rich.table import Table
 from rich.text import Text
 
 from cclctl import ui
+from cclctl.commands import diagnose_slow
 from cclctl.commands.checks import check_command
-from cclctl.commands.store_access import connect
-from cclctl.config import job_dir, jobs_dir, trace_dir_from_env
+from cclctl.commands.diagnose_console import report_console
+from cclctl.commands.diagnose_sources import default_folder, live_statuses, read_dumps
 from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
-from cclctl.diagnose_io import jobs, procs, sources
-from cclctl.diagnose_io.inputs import Inputs
+from cclctl.diagnose_io import procs
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, FaultFound, UsageError
 from cclctl.limits import MAX_WORLD_SIZE
-from cclctl.live.snapshot import JobStatuses, fetch
 
 HELP = "Diagnose a job: the rank or link that hangs it (hang), or that slows it (slow)."
 
@@ -72,16 +70,10 @@ HANG_HELP = (
     "(the message names the file), 1 store unreachable."
 )
 
-#: Folders with more dump files than this get a progress bar while they load.
-PROGRESS_FILES = 64
-PIPE_WIDTH = 160
-
 
 def register(app: typer.Typer) -> None:
     sub = typer.Typer(help=HELP, no_args_is_help=True)
     sub.command("hang", help=HANG_HELP, no_args_is_help=False)(hang)
-    from cclctl.commands import diagnose_slow  # it reads this module's helpers
-
     diagnose_slow.register(sub)
     app.add_typer(sub, name="diagnose")
 
@@ -132,25 +124,32 @@ def hang(
         raise UsageError("give dump files or --store, not both")
     address = None if dumps else check_command("diagnose hang", {"--store": store}).store
     if dumps or address is None:  # given dumps use no CCLCTL_* variable
-        inputs = _dumps(dumps or [_default_folder(job)], job)
-        diag = diagnose(
-            inputs.snapshots,
-            world_size=world_size if world_size is not None else inputs.world_size,
-            now_ns=inputs.now_ns,
-            proc=procs.for_post_mortem(procs.process_states(inputs.snapshots)),
-            unreadable=inputs.unreadable,
-            notes=inputs.notes,
-            remarks=inputs.remarks,
-            options=opts,
-        )
+        diag = _from_dumps(dumps or [default_folder(job)], job, world_size, opts)
     else:  # the same verdict as top's
-        diag = diagnose_live(_live(address, job), world_size, opts)
+        diag = diagnose_live(live_statuses(address, job), world_size, opts)
     if as_json:
         ui.write_result(json.dumps(diag.to_dict(), indent=2) + "\n")
     else:
         _print(diag, stacks)
     if diag.fault:
         raise FaultFound(report.fault_message(diag), kinds=[v.kind for v in diag.faults])
+
+
+def _from_dumps(
+    paths: list[str], job: str | None, world_size: int | None, opts: Options
+) -> Diagnosis:
+    """The verdict over the dumps among ``paths``, with this host's view of their processes."""
+    inputs = read_dumps(paths, job)
+    return diagnose(
+        inputs.snapshots,
+        world_size=world_size if world_size is not None else inputs.world_size,
+        now_ns=inputs.now_ns,
+        proc=procs.for_post_mortem(procs.process_states(inputs.snapshots)),
+        unreadable=inputs.unreadable,
+        notes=inputs.notes,
+        remarks=inputs.remarks,
+        options=opts,
+    )
 
 
 def _options(stale: float, skew: float, stuck_after: float, world_size: int | None) -> Options:
@@ -169,49 +168,8 @@ def _options(stale: float, skew: float, stuck_after: float, world_size: int | No
     return Options(stale_after_s=stale, skew_margin_s=skew, stuck_after_s=stuck_after)
 
 
-def _dumps(paths: list[str], job: str | None) -> Inputs:
-    """cclctl's dumps and PyTorch Flight Recorder dumps among the paths, as one job."""
-    count = sources.count_files(paths)
-    with ui.progress_bar(count, "reading dumps", enabled=count > PROGRESS_FILES) as bar:
-        return sources.load(paths, job, progress=lambda done: bar.advance())
-
-
-def _default_folder(job: str | None) -> str:
-    """Where the ranks dumped, with no path given: CCLCTL_TRACE_DIR, else the job's folder
-    (``--job``) or the newest job's under ``${TMPDIR:-/tmp}/cclctl-<uid>/``; said on stderr."""
-    trace_dir = trace_dir_from_env()
-    if trace_dir:
-        _say(f"reading the dumps in {trace_dir} (CCLCTL_TRACE_DIR)")
-        return trace_dir
-    if job is not None:
-        folder = jobs.named_job(job_dir(job), job)
-        _say(f"reading job {job!r} from {folder.path}")
-        return folder.path
-    folder, count = jobs.newest_job(jobs_dir())
-    others = f"the newest of {count} jobs; --job picks another" if count > 1 else "the only job"
-    _say(f"reading job {folder.name!r} from {folder.path} ({others})")
-    return folder.path
-
-
-def _say(line: str) -> None:
-    print(f"cclctl: {line}", file=sys.stderr)
-
-
-def _live(address: str, job: str | None) -> JobStatuses:
-    client = connect(address)
-    try:
-        statuses = fetch(client, job)
-    finally:
-        client.close()
-    if not statuses.statuses and not statuses.bad:
-        raise UsageError(f"job {statuses.job!r} has published no status to {address} yet")
-    return statuses
-
-
 def _print(diag: Diagnosis, stacks: bool) -> None:
-    console = ui.ResultConsole(highlight=False, soft_wrap=True)  # commands stay whole
-    if not console.is_terminal and console.width <= 80:
-        console.width = PIPE_WIDTH  # a pipe or a log: no column squeezed away
+    console = report_console()
     console.print(Text(report.headline(diag), style="bold"))
     for i, block in enumerate(report.blocks(diag), 1):
         style = "bold red" if block.fault else "bold green"

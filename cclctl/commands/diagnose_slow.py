@@ -19,7 +19,8 @@ from rich.text import Text
 
 from cclctl import ui
 from cclctl.commands.checks import check_command
-from cclctl.commands.diagnose import PIPE_WIDTH, _default_folder, _dumps, _live
+from cclctl.commands.diagnose_console import report_console
+from cclctl.commands.diagnose_sources import default_folder, live_statuses, read_dumps
 from cclctl.diagnose import slow_report
 from cclctl.diagnose.slow_model import SLOW, SlowOptions, SlowReport
 from cclctl.diagnose.slow_probe import ProbeEvidence
@@ -100,11 +101,11 @@ def slow(
     opts = _options(min_slowdown, confirm, skew, ongoing=live)
     probe: ProbeEvidence | None = None
     if live and address is not None:
-        statuses = _live(address, job)
+        statuses = live_statuses(address, job)
         report, probe = with_probe(slow_live(statuses, opts), statuses)
     else:
-        paths = dumps or [_default_folder(job)]
-        report = slow_from_inputs(_dumps(paths, job), opts, paths)
+        paths = dumps or [default_folder(job)]
+        report = slow_from_inputs(read_dumps(paths, job), opts, paths)
     if as_json:
         doc = report.to_dict()
         if probe is not None:
@@ -130,9 +131,7 @@ def _options(min_slowdown: float, confirm: int, skew: float, ongoing: bool) -> S
 
 
 def _print(report: SlowReport, probe: ProbeEvidence | None = None) -> None:
-    console = ui.ResultConsole(highlight=False, soft_wrap=True)
-    if not console.is_terminal and console.width <= 80:
-        console.width = PIPE_WIDTH
+    console = report_console()
     style = "bold red" if report.status == SLOW else "bold"
     console.print(Text(slow_report.headline(report), style=style))
     for i, finding in enumerate(report.findings, 1):

@@ -11,7 +11,6 @@ table per refresh when stdout is a pipe (like ``top -b``), or the JSON document 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import select
@@ -22,28 +21,16 @@ from collections.abc import Iterator
 from types import FrameType
 
 import typer
-from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from cclctl.commands.checks import store_to_read
 from cclctl.commands.store_access import connect, store_option
-from cclctl.diagnose.model import Options
-from cclctl.diagnose.slow_model import SlowReport
-from cclctl.diagnose_io.live import diagnose_live
-from cclctl.diagnose_io.slow_inputs import slow_live
+from cclctl.commands.top_screen import Screen, fit_rows, read_screen, render
 from cclctl.errors import ConfigError, StoreError, UsageError
 from cclctl.limits import MAX_WORLD_SIZE
-from cclctl.live import table as rows_of
-from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, JobView, Thresholds, classify
-from cclctl.live.culprit import OK, SUSPECT, WAITING, WARN, Culprits, read_culprits
 from cclctl.live.document import to_document
-from cclctl.live.probe_line import probe_line, unreadable_line
-from cclctl.live.slow_cells import add_slow_columns
-from cclctl.live.snapshot import JobStatuses, fetch
-from cclctl.probe_record import ProbeRecord
+from cclctl.live.rank_view import DEFAULT_SLOW_S, DEFAULT_STALE_S, Thresholds
 from cclctl.store.client import StoreClient
 
 HELP = (
@@ -74,11 +61,8 @@ HELP = (
     "quits, even where the shell that started top ignores Ctrl-C (a background job)."
 )
 
-#: A store that does not answer this fast is reported unreachable (exit 1), not waited for.
-#: Lines around the rows: header, the table's borders and column titles, the footer.
-CHROME_LINES = 7
+#: the width of top's output in a pipe or a log (a terminal's own width otherwise)
 PIPE_WIDTH = 200
-_STYLES = {SUSPECT: "bold red", WAITING: "dim", WARN: "yellow", OK: ""}
 
 
 def register(app: typer.Typer) -> None:
@@ -129,53 +113,12 @@ def top(
             return
         console = _console()
         if once:
-            fit = rows if rows is not None else _fit(console, screen)
+            fit = rows if rows is not None else fit_rows(console, screen)
             console.print(render(screen, fit, width=console.width))
         elif console.is_terminal:
             watch.live(console, interval, rows)
         else:
             watch.batch(console, interval, rows)
-
-
-@dataclasses.dataclass(frozen=True)
-class Screen:
-    """One refresh: every rank classified, and the diagnosis read onto the rows; ``slow``
-    is ``diagnose slow --store``'s verdict for the same statuses (None before any)."""
-
-    view: JobView
-    culprits: Culprits
-    slow: SlowReport | None = None
-    probe: ProbeRecord | None = None  # the job's last probe, if it published one
-    probe_error: str = ""  # why the job's probe document is unusable, if it is
-
-    def probe_line(self) -> str | None:
-        """The line about the last probe (80 columns), None without one."""
-        if self.probe is None:
-            return unreadable_line(self.probe_error) if self.probe_error else None
-        return probe_line(self.probe, self.view.fetched_ns)
-
-
-def read_screen(
-    client: StoreClient, job: str | None, world_size: int | None, limits: Thresholds
-) -> Screen:
-    """Fetch once; classify the ranks and diagnose the same statuses (no second fetch).
-
-    The diagnosis is ``diagnose hang --store``'s, with --stale and --slow as its stale and
-    stuck thresholds; none while no rank has published. Its UsageError (a --world-size
-    below a rank seen) is the user's to fix, as in diagnose.
-    """
-    return screen_of(fetch(client, job), world_size, limits)
-
-
-def screen_of(statuses: JobStatuses, world_size: int | None, limits: Thresholds) -> Screen:
-    """Classify and diagnose fetched statuses (see :func:`read_screen`)."""
-    view = classify(statuses, world_size=world_size, thresholds=limits)
-    options = Options(stale_after_s=limits.stale_s, stuck_after_s=limits.slow_s)
-    published = bool(statuses.statuses or statuses.bad)
-    diagnosis = diagnose_live(statuses, world_size, options) if published else None
-    slow = slow_live(statuses) if published else None
-    culprits = read_culprits(diagnosis, view)
-    return Screen(view, culprits, slow, statuses.probe, statuses.probe_error)
 
 
 def _probe_document(screen: Screen) -> dict[str, object] | None:
@@ -210,58 +153,6 @@ def _console() -> Console:
     if not console.is_terminal and console.width <= 80:
         console.width = PIPE_WIDTH
     return console
-
-
-def _fit(console: Console, screen: Screen, extra_lines: int = 0) -> int | None:
-    """Rows that fit the terminal under the verdict lines (at least a few), or all of them
-    in a pipe.
-    """
-    if not console.is_terminal:
-        return None
-    width = max(1, console.width)
-    lines = [f"{label}: {words}" for label, words in rows_of.verdict_lines(screen.culprits)]
-    lines += screen.culprits.waiting_lines
-    lines += [line] if (line := screen.probe_line()) else []
-    wrapped = sum(-(-len(line) // width) for line in lines)
-    return max(3, console.size.height - CHROME_LINES - wrapped - extra_lines)
-
-
-def render(screen: Screen, max_rows: int | None, note: str = "", width: int = 0) -> RenderableType:
-    """Header, verdicts, who waits on them, the table of the rows that fit (in ``width``
-    characters; 0: every column) and the line counting the rest.
-    """
-    model = add_slow_columns(
-        rows_of.build_table(screen.view, screen.culprits, max_rows), screen.slow
-    )
-    if width > 0:
-        model = model.fit(width)
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False)
-    for name in model.columns:
-        numeric = name in rows_of.NUMERIC or name.startswith("busbw")
-        state = name == "state"
-        table.add_column(
-            name,
-            justify="right" if numeric else "left",
-            no_wrap=not state,
-            max_width=rows_of.STATE_MAX if state else None,
-            overflow="fold",
-        )
-    for row in model.rows:
-        table.add_row(*row.cells, style=_STYLES[row.severity])
-    parts: list[RenderableType] = [Text(model.header, style="bold")]
-    if note:
-        parts.append(Text(note, style="bold red"))
-    for label, words in model.verdicts:
-        parts.append(Text(f"{label}: ", style="bold red").append(words, style="red"))
-    parts += [Text(line, style="dim") for line in model.waiting]
-    probe = screen.probe_line()
-    if probe is not None:
-        found = screen.probe_error != "" or (screen.probe is not None and not screen.probe.ok)
-        parts.append(Text(probe, style="yellow" if found else "dim"))
-    parts.append(table)
-    if model.footer:
-        parts.append(Text(model.footer, style="dim"))
-    return Group(*parts)
 
 
 class _Watch:
@@ -346,7 +237,7 @@ class _Watch:
         screen = self.screen
         with self._quit_on_signals(), Live(console=console, auto_refresh=False) as live:
             while not self.stopped:
-                fit = rows or _fit(console, screen, extra_lines=1 if self.note else 0)
+                fit = rows or fit_rows(console, screen, extra_lines=1 if self.note else 0)
                 live.update(render(screen, fit, self.note, console.width), refresh=True)
                 if self.pause(interval):
                     return

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from cclctl.ranges import fold_ranks
-from cclctl.stacks import ThreadStack
+from cclctl.stack_records import ThreadStack
 
 DIAGNOSIS_SCHEMA = "cclctl.diagnosis"
 DIAGNOSIS_VERSION = 1

@@ -38,7 +38,7 @@ from cclctl.diagnose.slow_model import (
     span_ns,
 )
 from cclctl.diagnose.slow_stats import median
-from cclctl.signals import Window
+from cclctl.slow_signals import Window
 
 #: A suspect: ("rank", (r,)), ("host", name) for its ranks, ("link", (src, dst)),
 #: ("egress" or "ingress", host).

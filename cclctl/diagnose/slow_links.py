@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 from cclctl.diagnose.slow_model import SlowOptions, span_ns
 from cclctl.diagnose.slow_stats import below, median
-from cclctl.signals import Window
+from cclctl.slow_signals import Window
 
 NS = 1e9
 SHM = "shared memory"

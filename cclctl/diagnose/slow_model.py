@@ -1,6 +1,6 @@
 """What the slow-job analysis reads and says: per-rank windows in, findings out.
 
-The input is the ``signals`` field of status documents and dumps (:mod:`cclctl.signals`),
+The input is the ``signals`` field of status documents and dumps (:mod:`cclctl.slow_signals`),
 one :class:`RankSignals` per rank: complete windows cut on the rank's own clock, each with
 per-communicator call counts, time inside calls and sampled entry times, and per-peer
 bytes and waits. The output is a :class:`SlowReport`, the versioned ``cclctl.slow``
@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from cclctl.signals import Window
+from cclctl.slow_signals import Window
 
 SLOW_SCHEMA = "cclctl.slow"
 SLOW_VERSION = 1

@@ -12,7 +12,7 @@ import keyword
 import re
 from collections.abc import Sequence
 
-from cclctl.stacks import Frame, ThreadStack
+from cclctl.stack_records import Frame, ThreadStack
 
 USER = "user"
 STDLIB = "stdlib"

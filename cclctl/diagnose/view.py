@@ -22,7 +22,7 @@ from cclctl.records import (
     RankSnapshot,
 )
 from cclctl.revocation import Revocation
-from cclctl.stacks import ThreadStack
+from cclctl.stack_records import ThreadStack
 
 #: Collective records kept per rank and communicator: enough to compare the last few calls.
 TAIL = 8

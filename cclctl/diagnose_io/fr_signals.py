@@ -2,15 +2,15 @@
 
 A Flight Recorder entry says, per collective, its process group, its ``collective_seq_id``
 and ``time_created_ns``: when the rank issued the call, on the rank's wall clock (ns since
-the epoch, per host, like the entry times of :mod:`cclctl.signals`). That is the entry time
+the epoch, per host, like the entry times of :mod:`cclctl.slow_signals`). That is the entry time
 the straggler analysis compares at equal (communicator, seq). Some backends also say when
 the call ended (``time_discovered_completed_ns``, or ``duration_ms`` with timing on);
 gloo says neither. :func:`rank_windows` folds one rank's entries into the windows a torch
 rank publishes under ``cclctl run`` (comms only, no peers): per communicator the calls
 that ended in each window, the time inside them where their ends are known, and sampled
-entry times (:func:`~cclctl.signals.sample_entries`, so every rank keeps the same seqs).
+entry times (:func:`~cclctl.slow_signals.sample_entries`, so every rank keeps the same seqs).
 Only complete windows count: the ones holding the rank's first and last entry are partial
-and left out; the newest :data:`~cclctl.signals.MAX_WINDOWS` are kept.
+and left out; the newest :data:`~cclctl.slow_signals.MAX_WINDOWS` are kept.
 
 Where no end is known, :func:`infer_inside` fills the time inside calls from the ranks'
 entries together: a member's call of a seq cannot end before the last member entered it,
@@ -19,7 +19,7 @@ so the time from its entry to the last member's entry is a lower bound of its ti
 window's calls. Entry times of different hosts compare only up to their clocks' skew,
 which dumps do not let cclctl measure (they name no host).
 
-Pure: plain data in (a parsed dump's ``entries``), :class:`~cclctl.signals.Signals` out;
+Pure: plain data in (a parsed dump's ``entries``), :class:`~cclctl.slow_signals.Signals` out;
 entries that cannot be used (not a mapping, no integer seq, a time out of range) are
 skipped and counted, never raised on.
 """
@@ -30,7 +30,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from cclctl.signals import MAX_COMMS, MAX_WINDOWS, CommWindow, Signals, Window, sample_entries
+from cclctl.slow_signals import MAX_COMMS, MAX_WINDOWS, CommWindow, Signals, Window, sample_entries
 
 #: Times after this (ns since the epoch, the year 2262) are not a clock's: skipped.
 MAX_TIME_NS = (1 << 63) - 1

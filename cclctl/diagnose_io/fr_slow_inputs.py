@@ -27,7 +27,7 @@ from cclctl.diagnose_io.flight_recorder import find_dumps, gc_paused, parse, ran
 from cclctl.diagnose_io.fr_signals import FrCalls, calls_of, infer_inside, rank_windows
 from cclctl.errors import BadInput
 from cclctl.records import RankSnapshot
-from cclctl.signals import DEFAULT_WINDOW_S, Signals
+from cclctl.slow_signals import DEFAULT_WINDOW_S, Signals
 
 #: What every report over Flight Recorder signals says of its source.
 SOURCE_NOTE = (

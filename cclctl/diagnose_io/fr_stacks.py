@@ -3,7 +3,7 @@
 PyTorch records the Python stack of each collective call (innermost frame first, as
 ``{"name", "filename", "line"}``; pickled dumps have them, JSON ones may not). It says where
 the rank *was* when it called, not where it is now, so the stack cclctl makes of it names
-that call (:attr:`cclctl.stacks.ThreadStack.call`). Only the calls a diagnosis can point at
+that call (:attr:`cclctl.stack_records.ThreadStack.call`). Only the calls a diagnosis can point at
 keep their frames: each group's oldest open call and the rank's newest call.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cclctl.records import CollectiveRecord
-from cclctl.stacks import MAX_FRAMES, MAX_NAME, Frame, ThreadStack, clip, frame_from_dict
+from cclctl.stack_records import MAX_FRAMES, MAX_NAME, Frame, ThreadStack, clip, frame_from_dict
 
 NAME = "Flight Recorder"
 

@@ -20,8 +20,9 @@ from cclctl.config import inherited_environment, job_dir, store_server_from_env
 from cclctl.config_check import MAX_LOCAL_RANKS
 from cclctl.errors import StoreError, UsageError
 from cclctl.launch import streaming_copies
+from cclctl.launch.outcome import LaunchResult, RankExit, Waiting
 from cclctl.launch.output import LineSink
-from cclctl.launch.ranks import FailureHook, LaunchResult, RankExit, RankJob, WaitHook, Waiting
+from cclctl.launch.ranks import FailureHook, RankJob, WaitHook
 from cclctl.launch.witness import StoreSeen, Witness
 from cclctl.runtime.job.store_process import spawn_store
 from cclctl.store.linger import FIRST_RANK_S

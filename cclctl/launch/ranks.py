@@ -8,7 +8,6 @@ forwarded to the ranks before they are stopped the same way.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from types import FrameType
 
 from cclctl.errors import EXIT_ERROR, CclError, UsageError
 from cclctl.launch import child_guard
+from cclctl.launch.outcome import LaunchResult, RankExit, Waiting, signal_name
 from cclctl.launch.output import LineSink, OutputPump
 from cclctl.launch.pidfds import ExitWaiter
 from cclctl.launch.witness import StoreSeen, Witness, death_record
@@ -29,83 +29,17 @@ OUTPUT_DRAIN_S = 5.0
 #: Called once when the job first fails (the failed rank, or None when ``timeout_s`` ran
 #: out), with what the store holds then, before the launcher stops the other ranks: the
 #: moment a diagnosis still sees the job as it failed.
-FailureHook = Callable[["RankExit | None", "StoreSeen | None"], None]
+FailureHook = Callable[[RankExit | None, StoreSeen | None], None]
 
 #: Called every ``wait_interval_s`` while some ranks have exited 0 and the others still run
 #: (and the launcher is not stopping the job): who the launcher waits on, and what the
 #: store holds then. A job that waits on a stopped or lagging rank says so.
-WaitHook = Callable[["Waiting", "StoreSeen | None"], None]
+WaitHook = Callable[[Waiting, StoreSeen | None], None]
 
 #: After a rank's failure the others are revoked (the job's revoke record reaches them in
 #: milliseconds) and end by themselves, each printing its own error naming the origin:
 #: they get this long to do so before the launcher stops them.
 REPORT_S = 1.0
-
-
-@dataclasses.dataclass
-class RankExit:
-    """How one rank ended. ``returncode`` is as Popen reports it: ``-N`` = killed by signal N."""
-
-    rank: int
-    returncode: int
-    signal_name: str | None
-    pid: int = 0
-    stopped: bool = False  # it ended after the launcher began stopping the ranks
-
-    @property
-    def failed(self) -> bool:
-        return self.returncode != 0
-
-    @property
-    def own_signal(self) -> bool:
-        """Killed by a signal the launcher did not send (SIGKILL from the OOM killer, ...)."""
-        return self.signal_name is not None and not self.stopped
-
-    def __str__(self) -> str:
-        if self.signal_name is not None:
-            return f"rank {self.rank} was killed by {self.signal_name}"
-        if self.returncode:
-            return f"rank {self.rank} failed with exit code {self.returncode}"
-        return f"rank {self.rank} succeeded"
-
-
-@dataclasses.dataclass(frozen=True)
-class Waiting:
-    """The ranks still running (rank -> pid) after the ``finished`` ones exited 0, and for
-    how long the launcher has waited on them."""
-
-    running: dict[int, int]
-    finished: tuple[int, ...]
-    for_s: float
-
-
-@dataclasses.dataclass
-class LaunchResult:
-    """The job's outcome: ``returncode`` is 0, the first failed rank's code (1 for a signal),
-    128 + N after the launcher got signal N (130 for Ctrl-C), or 1 when ``timeout_s`` ran out."""
-
-    returncode: int
-    first_failure: RankExit | None
-    exits: list[RankExit]  # by rank
-    timed_out: bool = False
-    timeout_s: float | None = None
-    interrupted: bool = False
-    others_stopped: bool = False  # ranks still running were stopped by the launcher
-    job: str = ""
-    store_address: str = ""
-    order: list[int] = dataclasses.field(default_factory=list)  # ranks in the order they ended
-    launcher_revoked: bool = False  # the launcher wrote the job's revoke record
-    store: StoreSeen | None = None  # what the store held once every rank had ended
-
-    def describe(self) -> str:
-        """One line for people: what went wrong, and that the other ranks were stopped."""
-        if self.interrupted:
-            return "interrupted; all ranks stopped"
-        if self.first_failure is not None:
-            return f"{self.first_failure}" + (" (others stopped)" if self.others_stopped else "")
-        if self.timed_out:
-            return f"the job did not finish within {self.timeout_s:g}s; all ranks stopped"
-        return f"all {len(self.exits)} ranks succeeded"
 
 
 def _ended(proc: subprocess.Popen[bytes]) -> int | None:
@@ -121,15 +55,6 @@ def _ended(proc: subprocess.Popen[bytes]) -> int | None:
     if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
         return -info.si_status
     return info.si_status
-
-
-def _signal_name(returncode: int) -> str | None:
-    if returncode >= 0:
-        return None
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
 
 
 class RankJob:
@@ -231,7 +156,7 @@ class RankJob:
 
     def _reap(self, grace_s: float) -> None:
         ended = [
-            RankExit(rank, code, _signal_name(code), proc.pid, self.stopping)
+            RankExit(rank, code, signal_name(code), proc.pid, self.stopping)
             for rank, proc in enumerate(self.procs)
             if rank not in self.exits and (code := _ended(proc)) is not None
         ]

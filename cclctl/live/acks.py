@@ -18,8 +18,8 @@ from typing import Any
 from cclctl import limits
 from cclctl.diagnose.model import DEAD, MISSING, STALE, STOPPED
 from cclctl.diagnose.view import CLOSED
-from cclctl.live.classify import JobView
 from cclctl.live.culprit import Culprits
+from cclctl.live.rank_view import JobView
 from cclctl.live.snapshot import JobStatuses, job_prefix
 from cclctl.revocation import Revocation, ack_key
 

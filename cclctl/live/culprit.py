@@ -15,7 +15,7 @@ import re
 
 from cclctl.diagnose import text
 from cclctl.diagnose.model import Diagnosis, Verdict
-from cclctl.live.classify import JobView, RankView
+from cclctl.live.rank_view import JobView, RankView
 
 SUSPECT = "suspect"
 WAITING = "waiting"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cclctl.live.classify import JobView, RankView
 from cclctl.live.culprit import Culprits, display_order
+from cclctl.live.rank_view import JobView, RankView
 
 TOP_SCHEMA = "cclctl.top"
 TOP_VERSION = 1

@@ -11,21 +11,38 @@ import asyncio
 import hmac
 import socket
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cclctl import auth
 from cclctl.store import access
 from cclctl.store.frames import FrameReader, FrameRefused, Request
+from cclctl.store.limits import EventLog, StoreLimits
 from cclctl.store.protocol import Op, Status, pack_reply
+from cclctl.store.state import StoreState
 
-if TYPE_CHECKING:
-    from cclctl.store.server import StoreServer
+
+class ConnectionHost(Protocol):
+    """What a connection needs of the server that accepted it (its keys, token, limits and
+    event log; its clock; its register of connections and of their buffered bytes)."""
+
+    @property
+    def state(self) -> StoreState: ...
+    @property
+    def token(self) -> str | None: ...
+    @property
+    def limits(self) -> StoreLimits: ...
+    @property
+    def events(self) -> EventLog: ...
+    def now(self) -> float: ...
+    def admit(self, conn: Connection) -> None: ...
+    def forget(self, conn: Connection) -> None: ...
+    def account(self, conn: Connection) -> None: ...
 
 
 class Connection(asyncio.Protocol):
     """One client. Requests are answered in order; a blocking one holds back the rest."""
 
-    def __init__(self, server: StoreServer) -> None:
+    def __init__(self, server: ConnectionHost) -> None:
         self._server = server
         self._state = server.state
         self.authenticated = server.token is None  # an open store trusts every client

@@ -16,12 +16,32 @@ import asyncio
 import dataclasses
 import json
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cclctl.store.protocol import Op
+from cclctl.store.state import StoreState
 
-if TYPE_CHECKING:
-    from cclctl.store.server import StoreServer
+
+class LingeringStore(Protocol):
+    """What the grace needs of a store: its keys, address, membership and counts, its clock,
+    a way to stop it, and its mark that its job is over."""
+
+    ended: bool
+
+    @property
+    def state(self) -> StoreState: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def members(self) -> int: ...
+    @property
+    def member_left(self) -> float: ...
+    @property
+    def rejected(self) -> dict[str, int]: ...
+    @property
+    def refused(self) -> int: ...
+    def now(self) -> float: ...
+    def stop_serving(self) -> None: ...
 
 
 #: Set (outside every job's scope) once a lingering store's last rank left.
@@ -46,7 +66,7 @@ class Linger:
         return min(1.0, max(0.05, self.seconds / 4))
 
 
-def report(server: StoreServer, linger: Linger) -> bytes:
+def report(server: LingeringStore, linger: Linger) -> bytes:
     """What the store says about itself: its pid, address, grace and what it turned away."""
     return json.dumps(
         {
@@ -61,7 +81,7 @@ def report(server: StoreServer, linger: Linger) -> bytes:
     ).encode()
 
 
-async def watch(server: StoreServer, linger: Linger) -> None:
+async def watch(server: LingeringStore, linger: Linger) -> None:
     """On the store's loop: stop the server ``linger.seconds`` after it last had a rank
     (at least ``linger.first_rank_s`` after it started, while no rank came)."""
     last_member = server.now()
@@ -86,7 +106,7 @@ async def watch(server: StoreServer, linger: Linger) -> None:
         await asyncio.sleep(linger.tick_s)
 
 
-def mark_ended(server: StoreServer) -> None:
+def mark_ended(server: LingeringStore) -> None:
     """On the loop: the store's last rank left; ranks that come now belong to a later run."""
     server.ended = True
     server.state.apply(Op.SET, [ENDED_KEY.encode(), b"1"])

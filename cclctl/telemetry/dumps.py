@@ -34,7 +34,7 @@ log = logging.getLogger("cclctl.telemetry")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 #: The functions below that dump from the thread they interrupt: a dump's stacks leave
-#: them, and all they call, out (see cclctl.telemetry.stacks).
+#: them, and all they call, out (see cclctl.telemetry.stack_capture).
 TRIGGERS = frozenset(("handler", "hook", "at_exit"))
 
 

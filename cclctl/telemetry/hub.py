@@ -27,11 +27,12 @@ from cclctl.probe_record import ProbeRecord
 from cclctl.records import RankSnapshot
 from cclctl.revocation import Revocation
 from cclctl.telemetry import dumps
+from cclctl.telemetry.counter_sources import CounterSources, LinkSource
 from cclctl.telemetry.counters import MetricsView, StoreCounts, summarize
 from cclctl.telemetry.recorder import Recorder
-from cclctl.telemetry.stacks import capture_stacks
+from cclctl.telemetry.stack_capture import capture_stacks
 from cclctl.telemetry.status import StatusPublisher, StatusStore
-from cclctl.telemetry.windows import PeerTotals, PeerWaits, Windows
+from cclctl.telemetry.windows import Windows
 
 if TYPE_CHECKING:
     from cclctl.telemetry.exporter import MetricsExporter
@@ -40,12 +41,14 @@ log = logging.getLogger("cclctl.telemetry")
 
 SNAPSHOT_KINDS = ("status", "dump")
 
-#: Returns bytes sent to and received from each peer so far, both indexed by peer rank.
-LinkSource = Callable[[], tuple[Sequence[int], Sequence[int]]]
 
+class Telemetry:
+    """Counters, flight recorder, dumps, status and metrics of one process (one per rank).
 
-class Telemetry(Recorder):
-    """Counters, flight recorder, dumps, status and metrics of one process (one per rank)."""
+    It holds the process's :class:`~.recorder.Recorder` (:attr:`recorder`) and offers its
+    methods as its own: they are the recorder's bound methods, set once here, so the hot path
+    (:attr:`start`, a bare ``deque.append``) pays no extra call.
+    """
 
     def __init__(
         self,
@@ -56,7 +59,23 @@ class Telemetry(Recorder):
         local_rank: int = 0,
         backend: str = "cclctl",
     ) -> None:
-        super().__init__(cfg.trace_buffer, world_size)
+        #: the counters telemetry reads from the transports and the store when it looks
+        self.sources = CounterSources()
+        #: the slowness signals' windows, fed by every fold (see telemetry/windows.py)
+        windows = self.windows = Windows(cfg.slow_window_s, self.sources.peer_totals)
+        recorder = self.recorder = Recorder(cfg.trace_buffer, world_size, windows)
+        self.start = recorder.start
+        self.register_comm, self.queued, self.fold = (
+            recorder.register_comm,
+            recorder.queued,
+            recorder.fold,
+        )
+        self.link_bytes, self.count_error = recorder.link_bytes, recorder.count_error
+        self.count_retry, self.count_hang = recorder.count_retry, recorder.count_hang
+        self.inflight, self.records = recorder.inflight, recorder.records
+        self.last_finished, self.comm_infos = recorder.last_finished, recorder.comm_infos
+        self.signals, self.failures = recorder.signals, recorder.failures
+        self.recovered, self.copy_counters = recorder.recovered, recorder.copy_counters
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
@@ -71,10 +90,6 @@ class Telemetry(Recorder):
         self._hooks: list[Callable[[], None]] = []
         self._dump_lock = threading.Lock()
         self._ended = False  # an ending dump was written (uncaught, terminated, exit)
-        self._link_sources: list[LinkSource] = []
-        self._store_source: Callable[[], StoreCounts] | None = None
-        self._auth_failure_sources: list[Callable[[], int]] = []
-        self._resume_sources: list[Callable[[], Sequence[int]]] = []
         self._close_lock = threading.Lock()
         self._closed = False
         #: the job's failure as this rank adopted it (the runtime's), for statuses and dumps
@@ -83,35 +98,19 @@ class Telemetry(Recorder):
         #: why this process ends other than cleanly, once it knows ("uncaught RuntimeError:
         #: ...", "terminated by SIGTERM"): its statuses say so from then on, never "closed"
         self.exit_reason = ""
-        #: where the runtime's transports add the time they block on each peer (None: not
-        #: measured; a communicator reads it when its tracer is set)
-        self.peer_waits: PeerWaits | None = PeerWaits()
-        self._vias: dict[int, str] = {}
+        #: where the runtime's transports add the time they block on each peer (a
+        #: communicator reads it when its tracer is set)
+        self.peer_waits = self.sources.peer_waits
         #: the last probe this rank published (see set_probe), for the exporter
         self._probe: ProbeRecord | None = None
-        #: the slowness signals' windows, fed by every fold (see telemetry/windows.py)
-        self.windows = Windows(cfg.slow_window_s, self._peer_totals)
 
     # -- reading -------------------------------------------------------------------------
-
-    def _add_link_bytes(self, links: dict[int, tuple[int, int]]) -> None:
-        """Add each transport's bytes sent to and received from every peer into ``links``."""
-        for source in self._link_sources:
-            sent, received = source()
-            for peer, (s, r) in enumerate(zip(sent, received, strict=True)):
-                if s or r:
-                    old = links.get(peer, (0, 0))
-                    links[peer] = (old[0] + s, old[1] + r)
 
     def metrics_view(self) -> MetricsView:
         """A consistent copy of every counter, for the exporter and status summaries."""
         ops, comms, links = self.copy_counters()
-        self._add_link_bytes(links)
-        resumes: dict[int, int] = {}
-        for resumed in self._resume_sources:
-            for peer, n in enumerate(resumed()):
-                if n:
-                    resumes[peer] = resumes.get(peer, 0) + n
+        sources = self.sources
+        sources.add_link_bytes(links)
         publisher = self._publisher
         return MetricsView(
             job=self.cfg.job,
@@ -124,12 +123,12 @@ class Telemetry(Recorder):
             links=links,
             heartbeat_ns=self.heartbeat_ns,
             publish_errors=publisher.errors if publisher else 0,
-            store=self._store_source() if self._store_source is not None else None,
-            link_auth_failures=sum(source() for source in self._auth_failure_sources),
+            store=sources.store_counts(),
+            link_auth_failures=sources.auth_failure_count(),
             store_reconnects=publisher.reconnects if publisher else 0,
             store_gap_s=publisher.gap_s if publisher else 0.0,
-            link_resumes=resumes,
-            peer_waits=self.peer_waits.copy() if self.peer_waits is not None else {},
+            link_resumes=sources.link_resumes(),
+            peer_waits=sources.peer_waits.copy(),
             probe=self._probe,
         )
 
@@ -154,7 +153,7 @@ class Telemetry(Recorder):
 
     def add_store_source(self, source: Callable[[], StoreCounts]) -> None:
         """On the rank that hosts the job's store: read what it turned away, at scrape time."""
-        self._store_source = source
+        self.sources.store = source
 
     def add_link_source(self, source: LinkSource) -> None:
         """Read per-peer link bytes from a transport that already counts them.
@@ -162,38 +161,19 @@ class Telemetry(Recorder):
         The transport's counters are read only when metrics or a status are built, so the
         hot path pays nothing for per-peer accounting.
         """
-        self._link_sources.append(source)
+        self.sources.links.append(source)
 
     def add_vias(self, vias: dict[int, str]) -> None:
         """Say how each peer (a job rank) is reached, ``shm`` or ``tcp``, for the signals."""
-        self._vias.update(vias)
-
-    def _peer_totals(self) -> PeerTotals:
-        """Each peer's running totals for the signals' windows (see telemetry/windows.py):
-        bytes from the transports' own counters, time blocked and messages' transfer times
-        from :attr:`peer_waits`."""
-        links: dict[int, tuple[int, int]] = {}
-        self._add_link_bytes(links)
-        waits = self.peer_waits.copy() if self.peer_waits is not None else {}
-        transfers = self.peer_waits.transfers() if self.peer_waits is not None else {}
-        vias = self._vias
-        totals = {}
-        for peer in links.keys() | waits.keys():
-            bytes_sent, bytes_received = links.get(peer, (0, 0))
-            send_wait, recv_wait, entry_send, entry_recv = waits.get(peer, (0, 0, 0, 0))
-            via = vias.get(peer, "tcp")
-            entry_wait = entry_send + entry_recv
-            totals[peer] = (via, bytes_sent, bytes_received, send_wait, recv_wait, entry_wait,
-                            transfers.get(peer, 0))  # fmt: skip
-        return totals
+        self.sources.vias.update(vias)
 
     def add_auth_failure_source(self, source: Callable[[], int]) -> None:
         """Read how many link handshakes the transport refused (a stranger, a wrong token)."""
-        self._auth_failure_sources.append(source)
+        self.sources.auth_failures.append(source)
 
     def add_resume_source(self, source: Callable[[], Sequence[int]]) -> None:
         """Read how many links to each peer the transport made again after a reset."""
-        self._resume_sources.append(source)
+        self.sources.resumes.append(source)
 
     def snapshot(self, kind: str = "status", reason: str = "") -> RankSnapshot:
         """This rank's state as a status record (the calls in flight and the last finished

@@ -23,7 +23,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from cclctl.records import COMPLETED, FINAL_STATES, CollectiveRecord, CommInfo
-from cclctl.signals import Signals
+from cclctl.slow_signals import Signals
 from cclctl.telemetry.counters import DURATION_BOUNDS_NS, CommState, CommView, OpStats, add_run
 from cclctl.telemetry.windows import Windows
 
@@ -47,8 +47,9 @@ class Recorder:
     also sees the record's final state.
     """
 
-    def __init__(self, ring_size: int, world_size: int = 1) -> None:
-        """``world_size`` sizes communicators never declared with :meth:`register_comm`."""
+    def __init__(self, ring_size: int, world_size: int = 1, windows: Windows | None = None) -> None:
+        """``world_size`` sizes communicators never declared with :meth:`register_comm`;
+        ``windows`` are the slowness signals' windows every fold feeds (None: none kept)."""
         self._lock = threading.Lock()
         self._ring_size = max(0, ring_size)
         self._comms: dict[str, CommState] = {}
@@ -58,9 +59,8 @@ class Recorder:
         self._world_size = world_size
         #: ``rec`` has begun: queue it for its ring, and to be counted once it has ended.
         self.start: Callable[[CollectiveRecord], None] = self._queue.append
-        self._sources: list[Callable[[], None]] = []
         #: the slowness signals' windows, fed by every fold (None: none kept)
-        self.windows: Windows | None = None
+        self.windows = windows
 
     def _comm(self, comm: str) -> CommState:
         """The state of ``comm``, created on first use; the caller holds the lock."""
@@ -82,14 +82,6 @@ class Recorder:
         with self._lock:
             self._comm(comm).ranks = list(ranks)
 
-    def add_source(self, hand_over: Callable[[], None]) -> None:
-        """Run ``hand_over`` before every fold, under the lock: a caller that holds calls
-        back (the PyTorch integration's quick path builds their records off the calling
-        thread) gives them to :attr:`start` there, so every reader still sees every call.
-        ``hand_over`` must not call back into this recorder, except :attr:`start`.
-        """
-        self._sources.append(hand_over)
-
     def queued(self) -> int:
         """How many started records wait for the next fold (no lock: a deque's length)."""
         return len(self._queue)
@@ -110,8 +102,6 @@ class Recorder:
         ``end_ns`` is read once per record and decides: a record that ends just after it
         was looked at stays in flight and is counted by the next fold, never twice.
         """
-        for hand_over in self._sources:
-            hand_over()
         inflight = self._inflight
         if inflight:
             for key, rec in list(inflight.items()):

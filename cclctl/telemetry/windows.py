@@ -1,4 +1,4 @@
-"""The slowness signals of one process, folded into windows (see :mod:`cclctl.signals`).
+"""The slowness signals of one process, folded into windows (see :mod:`cclctl.slow_signals`).
 
 :class:`Windows` sees every record the recorder folds (once, as it is taken from the queue)
 and adds it to the windows of ``window_s`` seconds it touches, cut on this process's wall
@@ -6,8 +6,8 @@ clock at multiples of the window since the epoch, so every rank's windows line u
 clock skew: the calls that ended in each, the time spent inside calls in each (a call that
 spans a boundary is split at it, and one still running when a window closes counts up to
 its end) and, for collectives, sampled entry times ``(seq, start_ns)`` (the seqs whose
-:func:`~cclctl.signals.seq_hash` has its low bits 0, as many bits as keep at most
-:data:`~cclctl.signals.MAX_ENTRIES`, so every rank keeps the same seqs and every call
+:func:`~cclctl.slow_signals.seq_hash` has its low bits 0, as many bits as keep at most
+:data:`~cclctl.slow_signals.MAX_ENTRIES`, so every rank keeps the same seqs and every call
 position of a training step is sampled alike). The calls' own folds only hand the records
 over (:meth:`Windows.defer`, under the recorder's lock: a list append per fold);
 :meth:`Windows.update`, as each status is built (at least once a status interval, on the
@@ -15,7 +15,7 @@ publisher's thread, under a lock of its own), adds them and closes the windows t
 so the windows cost the calls nothing more. The per-peer totals (bytes, time blocked,
 messages' transfer times) are read then, and their growth since the last close is the
 window's, so a window's peers may hold up to a status interval of the next window's. Only
-the last :data:`~cclctl.signals.MAX_WINDOWS` complete windows are kept.
+the last :data:`~cclctl.slow_signals.MAX_WINDOWS` complete windows are kept.
 
 :class:`PeerWaits` is where the runtime's transports add the time they block on a peer and
 the time a peer's TCP messages take to arrive.
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from cclctl.records import CollectiveRecord
-from cclctl.signals import (
+from cclctl.slow_signals import (
     MAX_COMMS,
     MAX_ENTRIES,
     MAX_PEERS,

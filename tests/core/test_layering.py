@@ -29,10 +29,10 @@ BASE = {
     "bandwidth",
     "ranges",
     "periodic",
-    "stacks",
+    "stack_records",
     "auth",
     "limits",
-    "signals",
+    "slow_signals",
     "probe_record",
 }
 

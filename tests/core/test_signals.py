@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from cclctl import limits, signals
+from cclctl import limits, slow_signals
 from cclctl.errors import BadInput
 from cclctl.records import RankSnapshot, snapshot_from_dict, snapshot_from_json
-from cclctl.signals import CommWindow, PeerWindow, Signals, Window, sample_entries
+from cclctl.slow_signals import CommWindow, PeerWindow, Signals, Window, sample_entries
 
 SECOND = 1_000_000_000
 
@@ -39,7 +39,7 @@ def _status(sig: Signals | None) -> RankSnapshot:
 
 def test_signals_round_trip_through_json() -> None:
     text = json.dumps(_doc())
-    assert signals.signals_from_dict(json.loads(text)) == _signals()
+    assert slow_signals.signals_from_dict(json.loads(text)) == _signals()
     assert Signals.from_dict(json.loads(text)) == _signals()
 
 
@@ -119,12 +119,12 @@ W0 = ("windows", 0)
 )
 def test_malformed_signals_are_bad_input(path: tuple[Any, ...], value: Any, match: str) -> None:
     with pytest.raises(BadInput, match=match):
-        signals.signals_from_dict(_mutated(path, value))
+        slow_signals.signals_from_dict(_mutated(path, value))
 
 
 def test_not_an_object_is_bad_input() -> None:
     with pytest.raises(BadInput, match="expected an object, got list"):
-        signals.signals_from_dict([])
+        slow_signals.signals_from_dict([])
 
 
 def _window(i: int, **fields: Any) -> dict[str, Any]:
@@ -134,9 +134,13 @@ def _window(i: int, **fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("doc", "match"),
     [
-        ({"windows": [_window(i) for i in range(signals.MAX_WINDOWS + 1)]}, "13 windows"),
+        ({"windows": [_window(i) for i in range(slow_signals.MAX_WINDOWS + 1)]}, "13 windows"),
         (
-            {"windows": [_window(0, comms={f"{i}:0-1": {} for i in range(signals.MAX_COMMS + 1)})]},
+            {
+                "windows": [
+                    _window(0, comms={f"{i}:0-1": {} for i in range(slow_signals.MAX_COMMS + 1)})
+                ]
+            },
             "33 communicators",
         ),
         (
@@ -155,7 +159,7 @@ def _window(i: int, **fields: Any) -> dict[str, Any]:
 )
 def test_sizes_beyond_the_bounds_are_too_large(doc: dict[str, Any], match: str) -> None:
     with pytest.raises(limits.TooLarge, match=match):
-        signals.signals_from_dict(doc)
+        slow_signals.signals_from_dict(doc)
 
 
 def test_documents_at_the_bounds_are_read() -> None:
@@ -166,20 +170,20 @@ def test_documents_at_the_bounds_are_read() -> None:
                 comms={f"{c}:0-1": {"entries": [[s, s] for s in range(64)]} for c in range(32)},
                 peers={str(p): {"via": "tcp"} for p in range(8)},
             )
-            for i in range(signals.MAX_WINDOWS)
+            for i in range(slow_signals.MAX_WINDOWS)
         ]
     }
-    parsed = signals.signals_from_dict(doc)
+    parsed = slow_signals.signals_from_dict(doc)
     assert len(parsed.windows) == 12 and len(parsed.windows[0].comms) == 32
-    assert parsed.window_s == signals.DEFAULT_WINDOW_S
+    assert parsed.window_s == slow_signals.DEFAULT_WINDOW_S
 
 
 def test_sampling_keeps_the_same_seqs_whatever_the_times() -> None:
     one = sample_entries((seq, 1000 + seq) for seq in range(1, 201))
     other = sample_entries((seq, 5 * seq) for seq in range(1, 201))
     assert [s for s, _ in one] == [s for s, _ in other]
-    assert len(one) <= signals.MAX_ENTRIES
-    assert len(one) > signals.MAX_ENTRIES // 4  # thinned no further than it had to be
+    assert len(one) <= slow_signals.MAX_ENTRIES
+    assert len(one) > slow_signals.MAX_ENTRIES // 4  # thinned no further than it had to be
 
 
 def test_sampling_keeps_everything_that_fits() -> None:

@@ -22,7 +22,7 @@ from diagnose_factory import Job, ring_left
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.stacks import frame_kind, one_line
 from cclctl.records import STARTED, CollectiveRecord, CommInfo, RankSnapshot, snapshot_from_json
-from cclctl.stacks import Frame, ThreadStack
+from cclctl.stack_records import Frame, ThreadStack
 from scripts import script
 
 EXIT_FAULT = 3

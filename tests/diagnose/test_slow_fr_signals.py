@@ -29,7 +29,7 @@ from cclctl.diagnose_io.fr_signals import (
 )
 from cclctl.diagnose_io.fr_slow_inputs import SOURCE_NOTE
 from cclctl.diagnose_io.slow_inputs import slow_from_inputs
-from cclctl.signals import MAX_ENTRIES, MAX_WINDOWS, Signals
+from cclctl.slow_signals import MAX_ENTRIES, MAX_WINDOWS, Signals
 
 MS = 1_000_000
 S = 1_000 * MS

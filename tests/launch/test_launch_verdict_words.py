@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cclctl.commands.launch_verdict import verdict_line
-from cclctl.launch.ranks import LaunchResult, RankExit
+from cclctl.launch.outcome import LaunchResult, RankExit
 from cclctl.launch.witness import StoreSeen
 from cclctl.revocation import OPERATOR, Revocation
 

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from live_job import live_job
 
-from cclctl.commands.top import screen_of
-from cclctl.live import table
-from cclctl.live.classify import Thresholds, classify
+from cclctl.commands.top_screen import screen_of
+from cclctl.live import cells, table
+from cclctl.live.classify import classify
 from cclctl.live.document import to_document
+from cclctl.live.rank_view import Thresholds
 from cclctl.live.snapshot import fetch
 from cclctl.live.table import COLUMNS
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
@@ -383,14 +384,14 @@ def test_only_the_rows_that_fit_are_built() -> None:
 
 
 def test_human_units() -> None:
-    assert [table.human_bytes(n) for n in (0, 1023, 1536, 4 << 20, (1 << 30) + 1)] == [
+    assert [cells.human_bytes(n) for n in (0, 1023, 1536, 4 << 20, (1 << 30) + 1)] == [
         "0 B",
         "1023 B",
         "1.5 KiB",
         "4 MiB",
         "1.0 GiB",
     ]
-    assert [table.human_age(s) for s in (None, 0.25, 3.21, 75, 7300)] == [
+    assert [cells.human_age(s) for s in (None, 0.25, 3.21, 75, 7300)] == [
         "-",
         "250ms",
         "3.2s",

@@ -18,10 +18,10 @@ import pytest
 from rich.console import Console
 from test_top import JOB, in_flight, put, rendezvous, status, top_json
 
-from cclctl.commands.top import Screen, render, screen_of
+from cclctl.commands.top_screen import Screen, render, screen_of
 from cclctl.diagnose.model import Options
 from cclctl.live import table
-from cclctl.live.classify import DEFAULT_SLOW_S, DEFAULT_STALE_S, Thresholds
+from cclctl.live.rank_view import DEFAULT_SLOW_S, DEFAULT_STALE_S, Thresholds
 from cclctl.live.snapshot import JobStatuses, parse
 from cclctl.revocation import Revocation
 from cclctl.store.client import StoreClient, StoreServer

@@ -16,9 +16,9 @@ import pytest
 from diagnose_factory import Job
 from test_top_culprit import check_layout, draw, line_of
 
-from cclctl.commands.top import Screen, screen_of
-from cclctl.live.classify import DONE, ERROR, Thresholds
+from cclctl.commands.top_screen import Screen, screen_of
 from cclctl.live.document import to_document
+from cclctl.live.rank_view import DONE, ERROR, Thresholds
 from cclctl.live.snapshot import JobStatuses
 from cclctl.records import FAILED, RankSnapshot
 

@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 from slow_factory import Job, documents, ending_now
 
-from cclctl.commands.top import render, screen_of
-from cclctl.live.classify import Thresholds
+from cclctl.commands.top_screen import render, screen_of
+from cclctl.live.rank_view import Thresholds
 from cclctl.live.snapshot import fetch
 from cclctl.store.client import StoreClient, StoreServer
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from cclctl.records import COMPLETED, STARTED, TIMED_OUT, CollectiveRecord, CommInfo, RankSnapshot
 from cclctl.revocation import Revocation
-from cclctl.stacks import Frame, ThreadStack
+from cclctl.stack_records import Frame, ThreadStack
 
 T0 = 1_700_000_000_000_000_000  # the reader's clock when it fetched (live mode)
 NS = 1_000_000_000

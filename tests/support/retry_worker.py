@@ -23,7 +23,7 @@ import numpy as np
 import cclctl
 from cclctl.errors import CclError
 from cclctl.runtime.comm.communicator import Communicator
-from cclctl.telemetry.recorder import Recorder
+from cclctl.telemetry.hub import Telemetry
 
 ITERS = int(os.environ.get("ITERS", "4"))
 COUNT = int(os.environ.get("COUNT", str(16 << 20)))  # 64 MiB of float32
@@ -38,7 +38,7 @@ def _last_attempt(comm: Communicator) -> str:
     """``<seq> <attempt> <start_ns>`` of the latest attempt of the call just completed, from
     the rank's flight recorder: when its re-run began."""
     tracer = comm.tracer
-    assert isinstance(tracer, Recorder)
+    assert isinstance(tracer, Telemetry)
     rec = max(tracer.records(), key=lambda r: (r.seq, r.attempt, r.start_ns))
     return f"{rec.seq} {rec.attempt} {rec.start_ns}"
 

@@ -24,7 +24,7 @@ from collections.abc import Collection, Sequence
 
 from cclctl.diagnose.slow_model import RankSignals
 from cclctl.records import CommInfo, RankSnapshot
-from cclctl.signals import CommWindow, PeerWindow, Signals, Window, sample_entries
+from cclctl.slow_signals import CommWindow, PeerWindow, Signals, Window, sample_entries
 
 NS = 1_000_000_000
 START_NS = 1_733_400_000 * NS

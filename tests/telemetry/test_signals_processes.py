@@ -17,7 +17,7 @@ import pytest
 from ports import free_port_block
 
 from cclctl.records import snapshot_from_dict
-from cclctl.signals import Signals
+from cclctl.slow_signals import Signals
 
 pytestmark = pytest.mark.slow
 

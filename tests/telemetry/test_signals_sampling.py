@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cclctl.records import COMPLETED, CollectiveRecord
-from cclctl.signals import MAX_ENTRIES, sample_entries, seq_hash
+from cclctl.slow_signals import MAX_ENTRIES, sample_entries, seq_hash
 from cclctl.telemetry.recorder import Recorder
 from cclctl.telemetry.windows import Windows
 

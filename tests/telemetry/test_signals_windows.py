@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from cclctl.records import COMPLETED, CollectiveRecord, snapshot_from_json
-from cclctl.signals import MAX_ENTRIES, MAX_WINDOWS, sample_entries
+from cclctl.slow_signals import MAX_ENTRIES, MAX_WINDOWS, sample_entries
 from cclctl.telemetry import windows as windows_module
 from cclctl.telemetry.recorder import Recorder
 from cclctl.telemetry.windows import (

@@ -160,7 +160,7 @@ def test_queued_calls_are_counted_as_soon_as_anyone_reads(make_tel):
     """The hot path only queues; a scrape or status between folds still sees every call."""
     tel = make_tel()
     rec = run(tel, "w", 1, nbytes=100)
-    assert len(tel._queue) == 1  # queued: the caller has not folded yet
+    assert tel.queued() == 1  # queued: the caller has not folded yet
     assert tel.copy_counters()[0][("w", "all_reduce")].collectives == 1
     assert tel.snapshot().counters["bytes"] == 100
     assert tel.records() == [rec] and tel.inflight() == []

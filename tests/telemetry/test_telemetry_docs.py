@@ -12,7 +12,8 @@ from telemetry_helpers import run
 from cclctl import probe_record
 from cclctl.records import FAILED
 from cclctl.telemetry.counters import StoreCounts
-from cclctl.telemetry.exporter import JOB_LABEL, MetricsExporter
+from cclctl.telemetry.exporter import MetricsExporter
+from cclctl.telemetry.exporter_families import JOB_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
 METRIC = re.compile(r"\bcclctl_[a-z_]+")

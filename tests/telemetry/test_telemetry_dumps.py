@@ -266,7 +266,7 @@ held, release = threading.Event(), threading.Event()
 if hold:  # a fold thread inside the recorder's lock when the process forks
 
     def fold():
-        with tel._lock:
+        with tel.recorder._lock:
             held.set()
             release.wait()
 

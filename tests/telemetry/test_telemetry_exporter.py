@@ -19,7 +19,8 @@ from cclctl.bandwidth import COLLECTIVES
 from cclctl.errors import ConfigError
 from cclctl.records import FAILED, CollectiveRecord
 from cclctl.telemetry.counters import ERROR_REASONS
-from cclctl.telemetry.exporter import JOB_LABEL, MetricsExporter
+from cclctl.telemetry.exporter import MetricsExporter
+from cclctl.telemetry.exporter_families import JOB_LABEL
 from cclctl.telemetry.hub import Telemetry
 
 ALLOWED_LABELS = {JOB_LABEL, "rank", "comm", "op", "peer", "reason", "le", "direction", "phase"}

@@ -73,24 +73,3 @@ def test_records_keep_inflight_calls_the_ring_has_evicted(make_tel):
         run(tel, "w", seq, "send", peer=1)
     assert [r.op for r in tel.records()] == ["all_reduce", "send", "send", "send"]
     assert tel.records()[0] is stuck
-
-
-def test_sources_hand_over_their_calls_before_every_fold(make_tel):
-    """A caller that holds calls back (the torch quick path) is asked for them first, under
-    the lock, by the writers' folds and by every reader."""
-    tel = make_tel()
-    held: list[CollectiveRecord] = []
-
-    def hand_over() -> None:
-        while held:
-            tel.start(held.pop(0))
-
-    tel.add_source(hand_over)
-    rec = CollectiveRecord("w", 1, "all_reduce", nbytes=8, start_ns=5)
-    held.append(rec)
-    assert tel.inflight() == [rec]
-    rec.state, rec.end_ns = "completed", 9
-    held.append(CollectiveRecord("w", 2, "all_reduce", nbytes=8, start_ns=10))
-    tel.fold()
-    assert held == [] and [r.seq for r in tel.inflight()] == [2]
-    assert tel.copy_counters()[0][("w", "all_reduce")].collectives == 1

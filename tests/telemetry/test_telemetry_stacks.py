@@ -12,8 +12,8 @@ import pytest
 
 from cclctl.errors import BadInput
 from cclctl.records import snapshot_from_json
-from cclctl.stacks import MAX_CODE, MAX_FRAMES, MAX_THREADS, stacks_from_list
-from cclctl.telemetry.stacks import capture_stacks
+from cclctl.stack_records import MAX_CODE, MAX_FRAMES, MAX_THREADS, stacks_from_list
+from cclctl.telemetry.stack_capture import capture_stacks
 
 
 def _recurse(depth: int, release: threading.Event, ready: threading.Event) -> None:
@@ -73,7 +73,7 @@ def test_dump_round_trips_its_stacks(make_tel, tmp_path: Path):
     assert path is not None
     snap = snapshot_from_json(Path(path).read_text(), where=path)
     main = snap.stacks[0]
-    assert main.main and main.frames[-1].file.endswith("stacks.py")  # the dump's own caller
+    assert main.main and main.frames[-1].file.endswith("stack_capture.py")  # the dump's own caller
     assert any(f.func == "test_dump_round_trips_its_stacks" for f in main.frames)
     status = tel.snapshot("status")
     assert status.stacks == [] and "stacks" not in status.to_dict()  # statuses stay small

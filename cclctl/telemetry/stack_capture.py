@@ -7,7 +7,7 @@ main thread is. The dumping thread itself is left out unless it is the main thre
 own stack is cclctl writing the dump). A dump trigger that runs on the main thread (the
 SIGTERM handler, the excepthook) is cut from its stack with everything it called: the
 stack ends where the thread was when the trigger interrupted it. Bounds are
-:mod:`cclctl.stacks`'.
+:mod:`cclctl.stack_records`'.
 """
 
 from __future__ import annotations
@@ -18,7 +18,15 @@ import threading
 import traceback
 from types import FrameType
 
-from cclctl.stacks import MAX_CODE, MAX_FRAMES, MAX_NAME, MAX_THREADS, Frame, ThreadStack, clip
+from cclctl.stack_records import (
+    MAX_CODE,
+    MAX_FRAMES,
+    MAX_NAME,
+    MAX_THREADS,
+    Frame,
+    ThreadStack,
+    clip,
+)
 from cclctl.telemetry import dumps
 
 

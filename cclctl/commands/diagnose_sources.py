@@ -1,0 +1,56 @@
+"""Where `cclctl diagnose` reads a job from: dump files and folders, the folder the ranks
+dumped into when none is given, or a live job's store."""
+
+from __future__ import annotations
+
+import sys
+
+from cclctl import ui
+from cclctl.commands.store_access import connect
+from cclctl.config import job_dir, jobs_dir, trace_dir_from_env
+from cclctl.diagnose_io import jobs, sources
+from cclctl.diagnose_io.inputs import Inputs
+from cclctl.errors import UsageError
+from cclctl.live.snapshot import JobStatuses, fetch
+
+#: Folders with more dump files than this get a progress bar while they load.
+PROGRESS_FILES = 64
+
+
+def read_dumps(paths: list[str], job: str | None) -> Inputs:
+    """cclctl's dumps and PyTorch Flight Recorder dumps among the paths, as one job."""
+    count = sources.count_files(paths)
+    with ui.progress_bar(count, "reading dumps", enabled=count > PROGRESS_FILES) as bar:
+        return sources.load(paths, job, progress=lambda done: bar.advance())
+
+
+def default_folder(job: str | None) -> str:
+    """Where the ranks dumped, with no path given: CCLCTL_TRACE_DIR, else the job's folder
+    (``--job``) or the newest job's under ``${TMPDIR:-/tmp}/cclctl-<uid>/``; said on stderr."""
+    trace_dir = trace_dir_from_env()
+    if trace_dir:
+        _say(f"reading the dumps in {trace_dir} (CCLCTL_TRACE_DIR)")
+        return trace_dir
+    if job is not None:
+        folder = jobs.named_job(job_dir(job), job)
+        _say(f"reading job {job!r} from {folder.path}")
+        return folder.path
+    folder, count = jobs.newest_job(jobs_dir())
+    others = f"the newest of {count} jobs; --job picks another" if count > 1 else "the only job"
+    _say(f"reading job {folder.name!r} from {folder.path} ({others})")
+    return folder.path
+
+
+def _say(line: str) -> None:
+    print(f"cclctl: {line}", file=sys.stderr)
+
+
+def live_statuses(address: str, job: str | None) -> JobStatuses:
+    client = connect(address)
+    try:
+        statuses = fetch(client, job)
+    finally:
+        client.close()
+    if not statuses.statuses and not statuses.bad:
+        raise UsageError(f"job {statuses.job!r} has published no status to {address} yet")
+    return statuses
