@@ -218,3 +218,75 @@ def test_the_cli_starts_without_the_runtimes_heavy_imports() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _module_name(rel: Path) -> str:
+    parts = rel.with_suffix("").parts
+    return ".".join(("cclctl", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def _imported_modules(tree: ast.Module, known: set[str]) -> Iterator[str]:
+    """The cclctl modules a module imports, type-only and function-level imports included
+    (``from a.b import c`` is module ``a.b.c`` where that exists, else ``a.b``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                if name in known:
+                    yield name
+                elif node.module in known:
+                    yield node.module
+
+
+def import_cycles(trees: dict[str, ast.Module]) -> list[list[str]]:
+    """Every set of modules that import each other round (Tarjan's strongly connected
+    components of more than one module); a package's own __init__ is not an edge."""
+    known = set(trees)
+    graph = {
+        name: sorted({m for m in _imported_modules(tree, known) if not name.startswith(f"{m}.")})
+        for name, tree in trees.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while (top := stack.pop()) != node:
+                component.append(top)
+            if component:
+                cycles.append(sorted([node, *component]))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return sorted(cycles)
+
+
+def test_no_module_imports_itself_round_a_cycle() -> None:
+    """A callee is never written against its caller: no import cycle, even a type-only one
+    (``if TYPE_CHECKING:``), which is the same knot of design with the runtime cost hidden."""
+    assert import_cycles({_module_name(rel): tree for rel, tree in _modules()}) == []
+
+
+def test_the_cycle_rule_catches_a_type_only_cycle() -> None:
+    trees = {
+        "cclctl.a": ast.parse("from cclctl.b import B\n"),
+        "cclctl.b": ast.parse(
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cclctl import a\n"
+        ),
+        "cclctl.c": ast.parse("import cclctl.a\n"),
+    }
+    assert import_cycles(trees) == [["cclctl.a", "cclctl.b"]]
