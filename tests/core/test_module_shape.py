@@ -4,7 +4,7 @@ Limits from the house rules (docs/architecture.md, "Shape of the code"): a modul
 ``MAX_MODULE_LINES`` or a function over ``MAX_FUNCTION_LINES`` has more than one job; split
 it by job. Also: no object swaps its identity by copying another's attributes, and the
 diagnosis reads facts from fields, never from cclctl's own error wording (the one parser of
-old messages is ``diagnose/errtext.py``, for dumps that predate the fields and for PyTorch
+old messages is ``diagnose/errtext_fallback.py``, for dumps that predate the fields and for PyTorch
 Flight Recorder dumps; ``diagnose/stacks.py`` parses Python stack text).
 """
 
@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 60
 #: the diagnosis modules that may use regular expressions, and why (module docstring above)
-DIAGNOSE_REGEX = {"diagnose/errtext.py", "diagnose/stacks.py"}
+DIAGNOSE_REGEX = {"diagnose/errtext_fallback.py", "diagnose/stacks.py"}
 
 
 def _sources() -> list[tuple[str, str]]:
