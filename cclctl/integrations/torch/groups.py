@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cclctl.integrations.torch.session import Session
-from cclctl.integrations.torch.traced import Tracer, group_class
+from cclctl.integrations.torch.traced import TorchTracer, group_class
 
 log = logging.getLogger("cclctl.torch")
 
@@ -121,7 +121,7 @@ class Groups:
         base_store = opts.store.underlying_store  # torch's per-group prefix store
         rank, size = opts.group_rank, opts.group_size
         inner = c10d.ProcessGroup(base_store, rank, size)
-        tracer = Tracer(self._session, inner, torch.Tensor)
+        tracer = TorchTracer(self._session, inner, torch.Tensor)
         wrapper = self._cls(inner, tracer)
         device_map = c10d.BackendConfig(pending_backend).get_device_backend_map()
         shared = len(set(device_map.values())) == 1  # one backend for every device

@@ -23,7 +23,7 @@ from cclctl.integrations.torch.session import Session, quietly
 log = logging.getLogger("cclctl.torch")
 
 
-class Tracer:
+class TorchTracer:
     """Traces the calls of one wrapper group: ``session()`` is the live session (or None)."""
 
     def __init__(self, session: Callable[[], Session | None], inner: Any, tensor: type) -> None:
@@ -138,7 +138,7 @@ def group_class(dist: Any) -> type:
     """
     base = dist.ProcessGroup
 
-    def __init__(self: Any, inner: Any, tracer: Tracer) -> None:
+    def __init__(self: Any, inner: Any, tracer: TorchTracer) -> None:
         base.__init__(self, inner.rank(), inner.size())
         self._cclctl_tracer = tracer
 

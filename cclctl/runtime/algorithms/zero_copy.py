@@ -47,13 +47,13 @@ PIECE_BYTES = 256 << 10
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Plan:
+class BufferPlan:
     """Where a zero-copy call's arrays lie, as its peers find them: one descriptor each."""
 
     descs: list[Descriptor]
 
 
-def plan(*arrays: Array) -> Plan | None:
+def plan(*arrays: Array) -> BufferPlan | None:
     """The plan for a call on ``arrays`` when every one lies in a shared buffer; else None."""
     if not shared_buffers.in_use():
         return None
@@ -63,7 +63,7 @@ def plan(*arrays: Array) -> Plan | None:
         if desc is None:
             return None
         descs.append(desc)
-    return Plan(descs)
+    return BufferPlan(descs)
 
 
 def _publish(ctx: Step, g: OneCopy, descs: list[Descriptor]) -> Round:
@@ -117,7 +117,9 @@ def _release(g: OneCopy, rnd: Round, readers: Sequence[PeerSlots]) -> None:
         g.await_read(view, rnd)
 
 
-def all_reduce(ctx: Step, g: OneCopy, src: Array, dst: Array, redop: str, where: Plan) -> None:
+def all_reduce(
+    ctx: Step, g: OneCopy, src: Array, dst: Array, redop: str, where: BufferPlan
+) -> None:
     """``dst`` = the reduction of every rank's ``src``; ``where`` locates ``src`` and ``dst``."""
     fn = reducer(redop)
     rnd = _publish(ctx, g, where.descs)
@@ -151,7 +153,7 @@ def all_gather(
     g: OneCopy,
     out: Array,
     bounds: list[tuple[int, int]],
-    where: Plan,
+    where: BufferPlan,
     copy_in: Array | None = None,
 ) -> None:
     """Fill every block of ``out`` from its owner. ``where`` locates this rank's block: in
@@ -176,7 +178,7 @@ def reduce_scatter(
     dst: Array,
     bounds: list[tuple[int, int]],
     redop: str,
-    where: Plan,
+    where: BufferPlan,
 ) -> None:
     """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (``where``: its place)."""
     fn = reducer(redop)
@@ -188,7 +190,7 @@ def reduce_scatter(
     g.account((hi - lo) * src.dtype.itemsize)
 
 
-def broadcast(ctx: Step, g: OneCopy, buf: Array, root: int, where: Plan) -> None:
+def broadcast(ctx: Step, g: OneCopy, buf: Array, root: int, where: BufferPlan) -> None:
     """Every rank's ``buf`` = the root's, copied straight out of the root's buffer."""
     source = g.views[g.ranks.index(root)]
     if g.rank == root:

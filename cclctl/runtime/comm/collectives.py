@@ -80,7 +80,7 @@ class Collectives:
         self._caps = transport.capabilities
         self._choose = selection.decide(selection.parse(self.cfg.algo), self._caps, self.world_size)
         # Zero-copy calls' checks, for the same arrays again.
-        self._plans: PreparedCalls[zero_copy.Plan] = PreparedCalls()
+        self._plans: PreparedCalls[zero_copy.BufferPlan] = PreparedCalls()
         self._gathers: PreparedCalls[Gather] = PreparedCalls()
         self._scatters: PreparedCalls[Scatter] = PreparedCalls()
         if hasattr(self, "_calls"):

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from cclctl.runtime.algorithms import zero_copy
-from cclctl.runtime.algorithms.zero_copy import Plan
+from cclctl.runtime.algorithms.zero_copy import BufferPlan
 
 T = TypeVar("T")
 _Facts = tuple[Any, ...]
@@ -30,7 +30,7 @@ class Gather:
     when ``copy_in``, copied into the output meanwhile; else in the output, where it is
     ``staged`` first unless the input is that slot already), and every rank's block."""
 
-    where: Plan
+    where: BufferPlan
     bounds: Bounds
     copy_in: bool
     staged: bool
@@ -40,7 +40,7 @@ class Gather:
 class Scatter:
     """A zero-copy reduce_scatter: ``where`` the input lies, and every rank's block of it."""
 
-    where: Plan
+    where: BufferPlan
     bounds: Bounds
 
 
@@ -87,8 +87,8 @@ class PreparedCalls(Generic[T]):
 
 
 def remembered(
-    calls: PreparedCalls[Plan], op: str, buf: np.ndarray, out: np.ndarray | None
-) -> tuple[Plan | None, np.ndarray, np.ndarray]:
+    calls: PreparedCalls[BufferPlan], op: str, buf: np.ndarray, out: np.ndarray | None
+) -> tuple[BufferPlan | None, np.ndarray, np.ndarray]:
     """The plan of a recent zero-copy ``op`` on these very arrays, with their flat views
     (unchecked: the arrays passed every check then); ``(None, buf, buf)`` if none."""
     zc = calls.get(op, buf, out)

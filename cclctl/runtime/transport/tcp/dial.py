@@ -16,14 +16,14 @@ from cclctl.errors import PeerError
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp import link_auth
 from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
-from cclctl.runtime.transport.tcp.mac import Session
+from cclctl.runtime.transport.tcp.mac import LinkMac
 from cclctl.runtime.transport.wire import Call
 
 _RELINK_LOOK_S = 0.05  # how often a link dialed again retries
 #: a peer's refusals that mean "not now" (no handshake slot free, closing): dial again
 _NOT_NOW = ("evicted", "closed")
 
-Dialed = tuple[socket.socket, Session | None]
+Dialed = tuple[socket.socket, LinkMac | None]
 
 
 def peer_error(rank: int, peer: int, call: Call, what: str) -> PeerError:
@@ -49,7 +49,7 @@ class Dialer:
     connect_timeout_s: float
     handshake_s: float
 
-    def _handshake(self, sock: socket.socket, peer: int) -> Session | None:
+    def _handshake(self, sock: socket.socket, peer: int) -> LinkMac | None:
         return link_auth.connect(
             sock, self.token, self.job, self.epoch, self.rank, peer, self.world_size, self.flags
         )

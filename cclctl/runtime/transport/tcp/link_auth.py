@@ -16,7 +16,7 @@ The token never crosses the wire, a proof answers one exchange only (both nonces
 roles are bound (an acceptor's proof is never a connector's), and the connector proves
 itself before the acceptor answers with a proof of its own. Both sides derive the link's
 session key from the same context; with ``CCLCTL_LINK_MAC=1`` it keys an HMAC-SHA256 tag on
-every message (:class:`~.mac.Session`).
+every message (:class:`~.mac.LinkMac`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import struct
 import zlib
 
 from cclctl import auth
-from cclctl.runtime.transport.tcp.mac import Session
+from cclctl.runtime.transport.tcp.mac import LinkMac
 
 VERSION = 1
 FLAG_MAC = 0x01
@@ -129,12 +129,12 @@ class LinkContext:
     def proof(self, token: str, role: str) -> bytes:
         return auth.prove(token, role, *self.parts())
 
-    def session(self, token: str, sender: int) -> Session | None:
+    def session(self, token: str, sender: int) -> LinkMac | None:
         """This side's session (None without FLAG_MAC); ``sender`` is this rank."""
         if not self.flags & FLAG_MAC:
             return None
         key = auth.prove(token, "session", *self.parts())
-        return Session(key, sender, self.acceptor if sender == self.connector else self.connector)
+        return LinkMac(key, sender, self.acceptor if sender == self.connector else self.connector)
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -179,7 +179,7 @@ def connect(
     peer: int,
     world_size: int,
     flags: int,
-) -> Session | None:
+) -> LinkMac | None:
     """The connector's side, on a blocking socket with a deadline; raises
     :class:`HandshakeRefused` (or OSError) when the peer is not the job's rank ``peer``."""
     nonce_a = auth.nonce()

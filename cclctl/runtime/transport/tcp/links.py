@@ -30,7 +30,7 @@ from cclctl.runtime.transport.tcp import link_auth, stall
 from cclctl.runtime.transport.tcp.accept import POLL_S, Acceptor
 from cclctl.runtime.transport.tcp.dial import Dialer, peer_error
 from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused, LinkContext
-from cclctl.runtime.transport.tcp.mac import Session
+from cclctl.runtime.transport.tcp.mac import LinkMac
 from cclctl.runtime.transport.tcp.refusals import RefusalLog
 from cclctl.runtime.transport.wire import Call
 
@@ -105,7 +105,7 @@ class Links:
         )
         self.peers: list[str] = []
         self.socks: dict[int, socket.socket] = {}
-        self.sessions: dict[int, Session] = {}
+        self.sessions: dict[int, LinkMac] = {}
         #: peers whose link broke or was closed in this epoch: never linked again in it
         self.dropped: set[int] = set()
         #: messages started to and received whole from each peer in this epoch (a resume's
@@ -117,7 +117,7 @@ class Links:
         #: large message sent whole to it on a plain link, for a resume
         self.tails: dict[int, tuple[int, int, bytes]] = {}
         #: new links from linked peers (their side of the link broke), for a resume to take
-        self._fresh: dict[int, tuple[socket.socket, Session | None]] = {}
+        self._fresh: dict[int, tuple[socket.socket, LinkMac | None]] = {}
         self.refusals = RefusalLog(rank)  # handshakes refused since the links opened
         self._linked = threading.Condition()
         self._closed = threading.Event()
@@ -165,7 +165,7 @@ class Links:
             )
         return sock
 
-    def session(self, peer: int) -> Session | None:
+    def session(self, peer: int) -> LinkMac | None:
         """The link's MAC session; None when messages carry no MAC."""
         return self.sessions.get(peer)
 
@@ -247,11 +247,11 @@ class Links:
                 self._keep(claimed, sock, session)
             self._linked.notify_all()
 
-    def _keep(self, peer: int, sock: socket.socket, session: Session | None) -> None:
+    def _keep(self, peer: int, sock: socket.socket, session: LinkMac | None) -> None:
         _prepare(sock, self.stall_ms)
         self._file(peer, sock, session)
 
-    def _file(self, peer: int, sock: socket.socket, session: Session | None) -> None:
+    def _file(self, peer: int, sock: socket.socket, session: LinkMac | None) -> None:
         if session is not None:
             self.sessions[peer] = session
         self.socks[peer] = sock

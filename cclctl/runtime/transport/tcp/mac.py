@@ -16,7 +16,7 @@ from cclctl.errors import ProtocolError
 TAG_BYTES = 16  # a message's MAC (HMAC-SHA256, truncated)
 
 
-class Session:
+class LinkMac:
     """The MAC of every message on one link, in both directions, numbered so that a
     message dropped, repeated or reordered in flight fails its check as surely as a
     changed byte."""

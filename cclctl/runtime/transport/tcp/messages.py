@@ -16,7 +16,7 @@ from cclctl import revocation
 from cclctl.errors import BadInput, CclError, ProtocolError
 from cclctl.runtime.failure_errors import revoked
 from cclctl.runtime.transport import wire
-from cclctl.runtime.transport.tcp.mac import TAG_BYTES, Session, tag_of
+from cclctl.runtime.transport.tcp.mac import TAG_BYTES, LinkMac, tag_of
 
 _REVOKE_READ_S = 0.2  # a revoke frame is sent whole: the longest its rest may take to arrive
 
@@ -142,7 +142,7 @@ class MacSend(Send):
     __slots__ = ("hashed", "mac", "tagged", "view")
 
     def __init__(
-        self, sock: socket.socket, peer: int, header: bytes, view: memoryview, session: Session
+        self, sock: socket.socket, peer: int, header: bytes, view: memoryview, session: LinkMac
     ) -> None:
         super().__init__(sock, peer, header, view)
         self.mac = session.send_mac()
@@ -180,7 +180,7 @@ class MacRecv(Recv):
         call: wire.Call,
         step: int,
         rank: int,
-        session: Session,
+        session: LinkMac,
     ) -> None:
         super().__init__(sock, peer, view, call, step, rank)
         self.session = session

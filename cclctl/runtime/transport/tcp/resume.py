@@ -34,7 +34,7 @@ from cclctl.runtime.peer_process import exit_reason
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
 from cclctl.runtime.transport.tcp.links import Links
-from cclctl.runtime.transport.tcp.mac import TAG_BYTES, Session, tag_of
+from cclctl.runtime.transport.tcp.mac import TAG_BYTES, LinkMac, tag_of
 from cclctl.runtime.transport.wire import Call
 
 log = logging.getLogger("cclctl.links")
@@ -118,7 +118,7 @@ def resend(mine: Cursor, theirs: Cursor) -> bool:
 
 
 def exchange(
-    sock: socket.socket, mine: Cursor, session: Session | None, call: Call, peer: int,
+    sock: socket.socket, mine: Cursor, session: LinkMac | None, call: Call, peer: int,
     wait: Wait, deadline: float,
 ) -> Cursor:  # fmt: skip
     """Send ``mine`` on the new connection and read the peer's cursor, each followed by its
