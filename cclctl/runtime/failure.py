@@ -26,6 +26,7 @@ from cclctl.errors import CclError, CommError
 from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
 from cclctl.runtime import failure_errors, failure_origin
+from cclctl.runtime.identity import UNKNOWN, RankIdentity
 
 #: ``FailureState.status`` values (always one of these objects: compare with ``is``).
 OK, BROKEN, ABORTED, CLOSED = "ok", "broken", "aborted", "closed"
@@ -83,10 +84,12 @@ class FailureState:
         comm: str = "",
         announce: Announce | None = None,
         members: Sequence[int] = (),
+        identity: RankIdentity = UNKNOWN,
     ) -> None:
         """``announce(status, record)``: tells this rank's peers it is ``broken`` (why:
         ``record``) or ``closed``, by the transport's own means. ``members``: the job's rank
-        of each of the communicator's ranks (empty: they are the same)."""
+        of each of the communicator's ranks (empty: they are the same); ``identity``: this
+        rank's host and evidence, every job rank's process."""
         self.rank = rank
         self.comm = comm
         self.members = tuple(members)
@@ -94,10 +97,10 @@ class FailureState:
         self.status = OK
         self.first: Revocation | None = None
         self.later = 0
-        self.host = ""
+        self.host = identity.host
         #: where this rank's dump goes when it fails (its error says so); empty: nowhere
-        self.evidence = ""
-        self.peers: Sequence[tuple[str, int]] = ()
+        self.evidence = identity.evidence
+        self.peers: Sequence[tuple[str, int]] = identity.peers
         #: agrees a one-sided record (a broken link, a mismatch) with the other ranks
         #: before it is final (the job's store); None: the record stands as seen
         self.resolve: Resolver | None = None

@@ -24,6 +24,7 @@ from cclctl.runtime.algorithms.context import Scratch, Step
 from cclctl.runtime.comm import buffers, faults
 from cclctl.runtime.comm.tracing import Traced, Tracer, close_record
 from cclctl.runtime.failure import OK, FailureState
+from cclctl.runtime.identity import UNKNOWN, RankIdentity
 from cclctl.runtime.transport.base import Transport, Wait
 from cclctl.runtime.transport.wire import Call, comm_tag
 from cclctl.telemetry.recorder import FOLD_BATCH
@@ -33,7 +34,7 @@ class Calls:
     """The calls of one communicator (``comm_id``, this process's ``rank`` of
     ``world_size``), over ``transport``; ``scratch`` is the algorithms' reusable memory.
     ``members``: each of its ranks' rank in the job (empty: the same), which records,
-    errors and fault plans name.
+    errors and fault plans name; ``identity``: where its failures point (the failure state's).
 
     ``watchdog``: a watchdog thread expires hung calls through the failure state (see
     :meth:`FailureState.hung`), so calls wait without a deadline of their own.
@@ -50,6 +51,7 @@ class Calls:
         scratch: Scratch,
         watchdog: bool,
         members: Sequence[int] = (),
+        identity: RankIdentity = UNKNOWN,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -58,7 +60,7 @@ class Calls:
         self.scratch = scratch
         #: every call checks it when it opens and whenever it blocks
         self.failure = FailureState(
-            members[rank] if members else rank, comm_id, transport.announce, members
+            members[rank] if members else rank, comm_id, transport.announce, members, identity
         )
         self._tag = comm_tag(comm_id)
         self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s

@@ -25,6 +25,7 @@ from cclctl.runtime.comm.calls import Calls
 from cclctl.runtime.comm.prepared import Gather, PreparedCalls, Scatter
 from cclctl.runtime.comm.tracing import Tracer
 from cclctl.runtime.failure import FailureState
+from cclctl.runtime.identity import UNKNOWN, RankIdentity
 from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.shm import shared_buffers
 
@@ -47,9 +48,11 @@ class Collectives:
         tracer: Tracer | None = None,
         watchdog: bool = False,
         members: Sequence[int] | None = None,
+        identity: RankIdentity = UNKNOWN,
     ) -> None:
         """``watchdog``: a watchdog thread expires hung calls (through :attr:`failure`).
-        ``members``: each rank's rank in the job (None: the same)."""
+        ``members``: each rank's rank in the job (None: the same); ``identity``: where its
+        failures point."""
         self.rank = rank
         self.world_size = world_size
         self.members = list(range(world_size) if members is None else members)
@@ -66,6 +69,7 @@ class Collectives:
             scratch=self._scratch,
             watchdog=watchdog,
             members=() if members is None else members,
+            identity=identity,
         )
         self._calls.tracer = tracer
         self._call = self._calls.open  # every call opens here: one bound method

@@ -28,6 +28,7 @@ from cclctl.runtime.comm.recovery.shrink_rules import ShrinkInfo
 from cclctl.runtime.comm.rerun import Kept
 from cclctl.runtime.comm.tracing import Tracer
 from cclctl.runtime.failure import FailureState
+from cclctl.runtime.identity import UNKNOWN, RankIdentity
 from cclctl.runtime.transport.base import Transport
 
 Array = np.ndarray
@@ -62,14 +63,17 @@ class Communicator:
         members: Sequence[int] | None = None,
         shrinker: Shrinker | None = None,
         retrier: Retrier | None = None,
+        identity: RankIdentity = UNKNOWN,
     ) -> None:
         """``watchdog``: a watchdog thread expires hung calls (through :attr:`failure`).
         ``members``: each rank's global rank; ``shrinker`` builds :meth:`shrink`'s result;
-        ``retrier`` renews the links after a link fault (``CCLCTL_RETRY_BUDGET``)."""
+        ``retrier`` renews the links after a link fault (``CCLCTL_RETRY_BUDGET``);
+        ``identity``: this rank's host and evidence, every job rank's process (its failures
+        name them)."""
         #: the ranks, links and calls that run each attempt (a shrink in place swaps it)
         self._run = Collectives(
             rank=rank, world_size=world_size, transport=transport, cfg=cfg, comm_id=comm_id,
-            tracer=tracer, watchdog=watchdog, members=members,
+            tracer=tracer, watchdog=watchdog, members=members, identity=identity,
         )  # fmt: skip
         #: how the survivors agreed on this communicator (None: it is not a shrink's)
         self.shrink_info: ShrinkInfo | None = None

@@ -12,6 +12,7 @@ from cclctl.records import CollectiveRecord
 from cclctl.runtime.agent import Agent, FailureHooks, for_process
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.comm.recovery import retry_rules
+from cclctl.runtime.identity import RankIdentity
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.retry import Retry, world_links
@@ -119,11 +120,12 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         watchdog=True,
         shrinker=survivors,
         retrier=Retry(rdzv, cfg, store_host, telemetry),
+        identity=RankIdentity(
+            cfg.hostname,
+            telemetry.dump_dir.rstrip("/") + "/",
+            tuple(zip(rdzv.hosts, rdzv.pids, strict=False)),
+        ),
     )
-    failure = comm.failure
-    failure.host = cfg.hostname
-    failure.evidence = telemetry.dump_dir.rstrip("/") + "/"
-    failure.peers = list(zip(rdzv.hosts, rdzv.pids, strict=False))
     revoker = _revoker(rdzv, cfg, comm, telemetry)
     agent.revoke_end(lambda: revoker)
     survivors.revoker = revoker  # a shrunk communicator's failures go through the store too

@@ -19,6 +19,7 @@ from cclctl.records import CollectiveRecord
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.comm.recovery.shrink_rules import ShrinkInfo
 from cclctl.runtime.failure import FailureState
+from cclctl.runtime.identity import RankIdentity
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
@@ -124,13 +125,11 @@ class Survivors:
             watchdog=True,
             members=members,
             shrinker=self,
+            # by the job's rank, as every origin is
+            identity=RankIdentity(cfg.hostname, old.failure.evidence, old.failure.peers),
         )
         old._on_close = None
-        failure = new.failure
-        failure.epoch = n
-        failure.host = cfg.hostname
-        failure.evidence = old.failure.evidence
-        failure.peers = old.failure.peers  # by the job's rank, as every origin is
+        new.failure.epoch = n
         self.current = new
         return new
 
