@@ -15,13 +15,13 @@ from collections.abc import Callable, Mapping
 
 from cclctl import config_values as values
 from cclctl.config import (
-    attach_address,
     environment,
     in_launched_job,
     rendezvous_from_env,
     runtime_from_env,
     store_server_from_env,
 )
+from cclctl.config_rendezvous import attach_address
 from cclctl.errors import ConfigError
 
 #: Ranks one ``cclctl launch`` starts, at most.

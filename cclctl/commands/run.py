@@ -17,12 +17,12 @@ import typer
 
 from cclctl.commands.checks import check_command
 from cclctl.config import (
-    attach_address,
     in_launched_job,
     inherited_environment,
     rendezvous_from_env,
     runtime_from_env,
 )
+from cclctl.config_rendezvous import attach_address
 from cclctl.errors import UsageError
 from cclctl.launch.output import where_to_watch
 

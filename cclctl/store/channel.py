@@ -33,6 +33,7 @@ from cclctl.store.protocol import (
     pack_request,
     split_fields,
 )
+from cclctl.store.store_connect import connect, reason
 
 #: Extra time a blocking request waits for the server's own timeout reply.
 ANSWER_SLACK_S = 5.0
@@ -45,10 +46,6 @@ MAX_RETRY_DELAY_S = 0.5
 #: ``compare_set`` could report its own win as a loss and ``delete`` its own removal as
 #: "not found": those fail with a StoreError saying they may have been applied.
 IDEMPOTENT = frozenset({Op.SET, Op.GET, Op.TRY_GET, Op.WAIT, Op.LIST, Op.PING})
-
-
-def _reason(exc: BaseException) -> str:
-    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 class StoreChannel:
@@ -81,31 +78,11 @@ class StoreChannel:
             self._authenticate(self._sock, self._token, self.timeout_s)
 
     def _connect(self, connect_timeout_s: float, refused_is_final: bool = False) -> socket.socket:
-        """Retry until the deadline: ranks routinely start before the store is up.
-        ``refused_is_final``: a refused connection raises ConnectionRefusedError at once
-        (after a loss: nothing listens any more, the store has gone)."""
-        deadline = time.monotonic() + connect_timeout_s
-        delay = 0.01
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                sock = socket.create_connection(
-                    (self.host, self.port), timeout=max(min(remaining, 5.0), 0.05)
-                )
-            except OSError as exc:
-                if refused_is_final and isinstance(exc, ConnectionRefusedError):
-                    raise
-                if time.monotonic() + delay >= deadline:
-                    raise StoreTimeout(
-                        f"cannot reach the store at {self.address} after "
-                        f"{connect_timeout_s:g}s: {_reason(exc)}",
-                        address=self.address,
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, self.max_retry_delay_s)
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
+        """A connection to the store (:func:`~.store_connect.connect`: retried until the
+        deadline; ``refused_is_final`` after a loss)."""
+        return connect(
+            self.host, self.port, connect_timeout_s, self.max_retry_delay_s, refused_is_final
+        )
 
     def _authenticate(self, sock: socket.socket, token: str, within_s: float) -> None:
         """The token's handshake on ``sock`` (see :mod:`cclctl.store.access`); the store
@@ -229,11 +206,11 @@ class StoreChannel:
             if isinstance(exc, ValueError) or (sent and op not in IDEMPOTENT):
                 unsure = f"; the {op.name.lower()} may have been applied, so it is not repeated"
                 raise StoreError(
-                    f"lost the connection to the store at {self.address}: {_reason(exc)}"
+                    f"lost the connection to the store at {self.address}: {reason(exc)}"
                     + (unsure if sent and op not in IDEMPOTENT else ""),
                     address=self.address,
                 ) from None
-            return _reason(exc)
+            return reason(exc)
         return status, split_fields(payload, lengths)
 
     def _back_off(self, delay: float, deadline: float) -> float:
@@ -262,7 +239,7 @@ class StoreChannel:
             why = f"lost the connection to the store at {self.address}: {lost}; " if lost else ""
             raise StoreError(
                 f"{why}the store at {self.address} is closed: it refuses connections "
-                f"({_reason(exc)})",
+                f"({reason(exc)})",
                 address=self.address,
             ) from None
         self._reader = self._sock.makefile("rb")

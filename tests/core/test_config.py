@@ -8,13 +8,13 @@ import sys
 import pytest
 
 from cclctl.config import (
-    RendezvousConfig,
     RuntimeConfig,
     in_launched_job,
     rendezvous_from_env,
     runtime_from_env,
 )
 from cclctl.config_check import VARIABLES, check_option
+from cclctl.config_rendezvous import RendezvousConfig
 from cclctl.errors import ConfigError
 from cclctl.runtime.comm import selection
 

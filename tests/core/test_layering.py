@@ -26,6 +26,7 @@ BASE = {
     "config",
     "config_values",
     "config_check",
+    "config_rendezvous",
     "bandwidth",
     "ranges",
     "periodic",

@@ -29,6 +29,7 @@ import pytest
 from retry_phase_worker import call_input, digest
 
 from cclctl.errors import CommError
+from cclctl.runtime.comm.recovery.retry_catchup import serve
 from cclctl.runtime.comm.recovery.retry_plan import decide
 from cclctl.runtime.comm.recovery.retry_rules import HELD, HELD_ALGO, Ask, Plan
 from cclctl.runtime.comm.recovery.retrying import Retrying
@@ -176,7 +177,7 @@ def test_a_held_seq_is_closed_with_a_record_and_moves_nothing() -> None:
     assert answered and dst.tolist() == [1.0] * 4
     kept = Kept()
     kept.hold(4, "all_reduce")
-    _retrying(Plan(4, (HELD,)), 4, kept, opened).serve(Plan(4, (HELD,)), 5)
+    serve(_retrying(Plan(4, (HELD,)), 4, kept, opened).port, Plan(4, (HELD,)), 5)
     assert opened == [("all_reduce", HELD_ALGO)] * 2
 
 

@@ -15,11 +15,11 @@ import time
 from typing import Any
 
 from cclctl.config import (
-    RendezvousConfig,
     RuntimeConfig,
     StoreServerConfig,
     store_server_from_env,
 )
+from cclctl.config_rendezvous import RendezvousConfig
 from cclctl.errors import RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.job.job_store import bind_host as _bind_host

@@ -17,16 +17,17 @@ receive it from the lowest rank ahead (a broadcast at that seq, from what it kep
 reduce, all_to_all) the ranks ahead run it once more from a copy of its input, with the
 ranks behind, and drop what it gives them. A rank behind returns from its call and meets
 the next seqs the same way as its program makes them (the agreed
-:class:`~.retry_rules.Plan` says how each catches up); then every rank re-runs the highest
-seq. A call that ends with a confirm (:class:`~cclctl.runtime.comm.rerun.Ending`: 1 MiB or
-more of the common collectives) keeps nothing: no rank completes it before every rank's
-result is whole, so the ranks behind it are inside it, holding their result, and return it
-(:data:`~.retry_rules.HELD`). A rank that closes with retry on waits for the others to
-close, and serves a retry meanwhile (:meth:`Retrying.closing`). Past the budget, counted
-from the first fault of the call, every rank raises that fault's error (naming its
-origin), with its in-place buffer holding the input again. Point-to-point calls are not
-re-run: a link fault fails them as with retry off, and the rank's refusal goes to the next
-epoch's agreement (:meth:`Retrying.not_rerun`).
+:class:`~.retry_rules.Plan` says how each catches up; :mod:`~.retry_catchup` runs it); then
+every rank re-runs the highest seq. A call that ends with a confirm
+(:class:`~cclctl.runtime.comm.rerun.Ending`: 1 MiB or more of the common collectives)
+keeps nothing: no rank completes it before every rank's result is whole, so the ranks
+behind it are inside it, holding their result, and return it (:data:`~.retry_rules.HELD`).
+A rank that closes with retry on waits for the others to close, and serves a retry
+meanwhile (:meth:`Retrying.closing`). Past the budget, counted from the first fault of the
+call, every rank raises that fault's error (naming its origin), with its in-place buffer
+holding the input again. Point-to-point calls are not re-run: a link fault fails them as
+with retry off, and the rank's refusal goes to the next epoch's agreement
+(:meth:`Retrying.not_rerun`).
 """
 
 from __future__ import annotations
@@ -42,11 +43,10 @@ from cclctl.errors import CclError, CommError
 from cclctl.runtime.comm.recovery.call import Call
 from cclctl.runtime.comm.recovery.port import Port
 from cclctl.runtime.comm.recovery.rerun_inputs import Rerun, prepare
+from cclctl.runtime.comm.recovery.retry_catchup import close_held, serve
 from cclctl.runtime.comm.recovery.retry_rules import (
     AGREE_WAIT_S,
     HELD,
-    HELD_ALGO,
-    REPLAY,
     RERUNS,
     RETRIED_KINDS,
     Ask,
@@ -182,12 +182,12 @@ class Retrying:
             plan = self.retrier(port, ask)
             self.catchup = plan
             port.rewind(plan.seq, attempt)
-            self.serve(plan, min(own, plan.rerun))  # the seqs this rank completed, others not
+            serve(port, plan, min(own, plan.rerun))  # the seqs this rank completed, others not
             if own >= plan.rerun:
                 return False, attempt
             root = plan.step(own)  # behind: this call is one the ranks ahead completed
             if root == HELD:  # it ended with a confirm that a rank passed: whole here
-                self._held(call, form)
+                close_held(port, call, form)
                 return True, attempt
             if root is not None and root >= 0 and dst is not None:
                 port.attempt(Call.broadcast(dst, root))
@@ -199,34 +199,6 @@ class Retrying:
             if exc.revocation is not None and not retryable(exc):
                 raise exc from first  # the job failed otherwise (a hang, a death): its origin
             raise _exhausted(first, attempt - 1, port.cfg.retry_budget_s, exc) from exc
-
-    def serve(self, plan: Plan, stop: int) -> None:
-        """Run each catch-up seq below ``stop`` (those this rank completed and a rank behind
-        did not) with the ranks behind, from what this rank kept: a broadcast of the kept
-        result (from the plan's root, the others dropping what they receive), or the call
-        again from its kept input; nothing for a call that ended with a confirm."""
-        port = self.port
-        for seq in range(plan.seq, stop):
-            kept, root = port.kept.get(seq), plan.step(seq)
-            assert kept is not None and root is not None  # the plan checked every rank keeps it
-            if root == HELD:
-                self._held(kept.op, kept.form)
-                continue
-            assert kept.data is not None
-            if root == REPLAY:
-                kept.run_again()
-            elif root == port.rank:
-                port.attempt(Call.broadcast(kept.data, root))
-            else:
-                port.attempt(Call.broadcast(np.empty_like(kept.data), root))
-
-    def _held(self, call: str, form: Form | None) -> None:
-        """Close the :data:`~.retry_rules.HELD` seq the calls are at, here, with a record of
-        its own (of the call's ``form``, as every rank's first one said): every rank's seqs
-        stay aligned, and the diagnosis sees it completed in the new epoch."""
-        dtype, count, nbytes = (np.dtype(np.uint8), 0, 0) if form is None else form
-        with self.port.record(call, np.empty(0, dtype), HELD_ALGO, count=count, nbytes=nbytes):
-            pass
 
     def not_rerun(self, call: Call) -> Any:
         """One attempt of a call a retry does not re-run: a link fault fails it as with
