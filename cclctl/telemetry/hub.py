@@ -26,7 +26,7 @@ from cclctl.errors import CclError, UsageError
 from cclctl.probe_record import ProbeRecord
 from cclctl.records import RankSnapshot
 from cclctl.revocation import Revocation
-from cclctl.telemetry import dumps
+from cclctl.telemetry import dump_files, dumps
 from cclctl.telemetry.counter_sources import CounterSources, LinkSource
 from cclctl.telemetry.counters import MetricsView, StoreCounts, summarize
 from cclctl.telemetry.recorder import Recorder
@@ -233,7 +233,7 @@ class Telemetry:
         target = path or self.dump_dir
         if target.endswith(".json") and not os.path.isdir(target):
             return target
-        return os.path.join(target, dumps.dump_filename(self.cfg.job, self.rank))
+        return os.path.join(target, dump_files.dump_filename(self.cfg.job, self.rank))
 
     def dump(self, reason: str, path: str | None = None) -> str:
         """Write the flight recorder as one JSON document (atomically); returns the path.
@@ -245,14 +245,14 @@ class Telemetry:
         with self._dump_lock:  # one at a time, each snapshot taken as its turn comes
             if self._ended and not ending:
                 return target  # the process's last word stands (it holds more than this)
-            dumps.write_atomic(target, self.snapshot("dump", reason).to_json())
+            dump_files.write_atomic(target, self.snapshot("dump", reason).to_json())
             self._ended = self._ended or ending
         return target
 
     def remove_stale_dumps(self) -> list[str]:
         """At a job's start: remove an earlier run's documents from :attr:`dump_dir` (this
         rank's own; rank 0 also those of ranks beyond this world size). Returns them."""
-        return dumps.remove_stale(self.dump_dir, self.cfg.job, self.rank, self.world_size)
+        return dump_files.remove_stale(self.dump_dir, self.cfg.job, self.rank, self.world_size)
 
     def install_signal_dump(
         self, directory: str | None = None, signum: int = signal.SIGUSR1
@@ -357,7 +357,7 @@ class Telemetry:
             return None
         path = self.dump_path()
         try:
-            dumps.write_atomic(path, self.snapshot("status", "finished").to_json())
+            dump_files.write_atomic(path, self.snapshot("status", "finished").to_json())
         except CclError as exc:  # a clean exit must stay clean
             log.warning("cclctl: final status not written: %s", exc)
             return None
