@@ -18,7 +18,10 @@ LinkSource = Callable[[], tuple[Sequence[int], Sequence[int]]]
 
 
 class CounterSources:
-    """The process's counter sources, registered once and read at scrape or status time."""
+    """The process's counter sources, registered once and read at scrape or status time.
+
+    :class:`~.hub.Telemetry` offers the ``add_*`` registrations, bound once, as its own.
+    """
 
     def __init__(self) -> None:
         self.links: list[LinkSource] = []
@@ -29,6 +32,30 @@ class CounterSources:
         self.vias: dict[int, str] = {}
         #: where the runtime's transports add the time they block on each peer
         self.peer_waits = PeerWaits()
+
+    def add_store_source(self, source: Callable[[], StoreCounts]) -> None:
+        """On the rank that hosts the job's store: read what it turned away, at scrape time."""
+        self.store = source
+
+    def add_link_source(self, source: LinkSource) -> None:
+        """Read per-peer link bytes from a transport that already counts them.
+
+        The transport's counters are read only when metrics or a status are built, so the
+        hot path pays nothing for per-peer accounting.
+        """
+        self.links.append(source)
+
+    def add_vias(self, vias: dict[int, str]) -> None:
+        """Say how each peer (a job rank) is reached, ``shm`` or ``tcp``, for the signals."""
+        self.vias.update(vias)
+
+    def add_auth_failure_source(self, source: Callable[[], int]) -> None:
+        """Read how many link handshakes the transport refused (a stranger, a wrong token)."""
+        self.auth_failures.append(source)
+
+    def add_resume_source(self, source: Callable[[], Sequence[int]]) -> None:
+        """Read how many links to each peer the transport made again after a reset."""
+        self.resumes.append(source)
 
     def add_link_bytes(self, links: dict[int, tuple[int, int]]) -> None:
         """Add each transport's bytes sent to and received from every peer into ``links``."""

@@ -1,6 +1,7 @@
 """Prometheus exporter: serves a custom collector that reads the counters only when scraped.
 
-The collector and its metric families are in :mod:`.exporter_families`. Each process has
+The metric families are in :mod:`.exporter_families` (the counters) and
+:mod:`.exporter_probe` (the last probe). Each process has
 its own ``CollectorRegistry``, so nothing is global and tests can run several exporters
 side by side. See docs/metrics.md for what every metric means.
 
@@ -18,14 +19,29 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 
 from cclctl.errors import ConfigError
 from cclctl.telemetry.counters import MetricsView
-from cclctl.telemetry.exporter_families import TelemetryCollector
+from cclctl.telemetry.exporter_families import counter_families
+from cclctl.telemetry.exporter_probe import probe_metrics
 from cclctl.telemetry.http_serve import MetricsHTTPServer
+
+
+class TelemetryCollector:
+    """A prometheus_client collector over a ``MetricsView`` source, read at scrape time."""
+
+    def __init__(self, view: Callable[[], MetricsView]) -> None:
+        self._view = view
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._view()
+        base = [view.job, str(view.rank)]
+        yield from counter_families(view, base)
+        yield from probe_metrics(view, base)
 
 
 class MetricsExporter:

@@ -1,8 +1,10 @@
-"""The exporter's metric families: one consistent copy of the plain counters, turned into
-Prometheus metrics at scrape time (see docs/metrics.md for what every metric means).
+"""The exporter's metric families of the counters: one consistent copy of the plain
+counters, turned into Prometheus metrics at scrape time (see docs/metrics.md for what every
+metric means).
 
-:class:`TelemetryCollector` is the prometheus_client collector :mod:`.exporter` registers;
-the hot path never touches prometheus_client (no per-call label lookups).
+:func:`counter_families` is what the collector :mod:`.exporter` registers reads at each
+scrape (the last probe's families are in :mod:`.exporter_probe`); the hot path never
+touches prometheus_client (no per-call label lookups).
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ JOB_LABEL = "cclctl_job"
 _OP_LABELS = [JOB_LABEL, "rank", "comm", "op"]
 _COMM_LABELS = [JOB_LABEL, "rank", "comm"]
 _PEER_LABELS = [JOB_LABEL, "rank", "peer"]
-_RANK_LABELS = [JOB_LABEL, "rank"]
+RANK_LABELS = [JOB_LABEL, "rank"]
+
+
+def counter_families(view: MetricsView, base: list[str]) -> Iterator[Metric]:
+    """Every family of the counters in ``view``; ``base`` is the job and rank labels."""
+    yield from _op_counters(view, base)
+    yield from _fault_counters(view, base)
+    yield _histogram(view, base)
+    yield from _process_metrics(view, base)
+    yield from _store_metrics(view, base)
 
 
 def _op_counters(view: MetricsView, base: list[str]) -> Iterator[Metric]:
@@ -182,19 +193,19 @@ def _rank_health(view: MetricsView, base: list[str]) -> Iterator[Metric]:
     heartbeat = GaugeMetricFamily(
         "cclctl_status_heartbeat_timestamp_seconds",
         "Last status heartbeat of this rank (Unix seconds); 0 before the first.",
-        labels=_RANK_LABELS,
+        labels=RANK_LABELS,
     )
     heartbeat.add_metric(base, view.heartbeat_ns / 1e9)
     publish = CounterMetricFamily(
         "cclctl_status_publish_errors",
         "Status publishes the job's store refused.",
-        labels=_RANK_LABELS,
+        labels=RANK_LABELS,
     )
     publish.add_metric(base, view.publish_errors)
     refused = CounterMetricFamily(
         "cclctl_link_auth_failures",
         "Link handshakes this rank refused: a bad proof, another job, a rank already linked.",
-        labels=_RANK_LABELS,
+        labels=RANK_LABELS,
     )
     refused.add_metric(base, view.link_auth_failures)
     info = InfoMetricFamily("cclctl", "cclctl version, host and backend of this rank.")
@@ -218,88 +229,14 @@ def _store_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
     rejected = CounterMetricFamily(
         "cclctl_store_rejected_connections",
         "Connections the job's store closed, by reason (a limit, a wrong token).",
-        labels=[*_RANK_LABELS, "reason"],
+        labels=[*RANK_LABELS, "reason"],
     )
     for reason, count in sorted(view.store.rejected.items()):
         rejected.add_metric([*base, reason], count)
     refused = CounterMetricFamily(
         "cclctl_store_refused_requests",
         "Requests the job's store refused to clients without the job's token.",
-        labels=_RANK_LABELS,
+        labels=RANK_LABELS,
     )
     refused.add_metric(base, view.store.refused)
     yield from (rejected, refused)
-
-
-#: Links of the last probe a rank publishes as series, those that did not pass first (a
-#: 32-rank job's full matrix is 992 links); the rest are counted in cclctl_probe_links.
-MAX_PROBE_SERIES = 1024
-_PROBE_LINK_LABELS = [*_RANK_LABELS, "src", "dst", "kind"]
-
-
-def _probe_metrics(view: MetricsView, base: list[str]) -> Iterator[Metric]:
-    """The last probe's links, on the rank that ran it (rank 0 of a probe inside the job):
-    when it ended, how many links it had and found by kind, and per directed link (up to
-    :data:`MAX_PROBE_SERIES`) its bandwidth, latency and whether it was flagged."""
-    probe = view.probe
-    if probe is None:
-        return
-    when = GaugeMetricFamily(
-        "cclctl_probe_timestamp_seconds",
-        "When the last probe ended (Unix seconds).",
-        labels=_RANK_LABELS,
-    )
-    when.add_metric(base, probe.time_ns / 1e9)
-    links = GaugeMetricFamily(
-        "cclctl_probe_links", "Directed links the last probe had.", labels=_RANK_LABELS
-    )
-    links.add_metric(base, probe.links_total)
-    findings = GaugeMetricFamily(
-        "cclctl_probe_findings",
-        "The last probe's findings, by kind (slow_link, slow_host, unreachable).",
-        labels=[*_RANK_LABELS, "kind"],
-    )
-    kinds = ("slow_link", "slow_host", "unreachable")
-    for kind in sorted(set(kinds) | {f.kind for f in probe.findings}):
-        findings.add_metric([*base, kind], sum(1 for f in probe.findings if f.kind == kind))
-    bandwidth = GaugeMetricFamily(
-        "cclctl_probe_link_bandwidth_bytes_per_second",
-        "Bandwidth the last probe measured on a directed link (src sends to dst).",
-        labels=_PROBE_LINK_LABELS,
-    )
-    latency = GaugeMetricFamily(
-        "cclctl_probe_link_latency_seconds",
-        "Latency (half the median round trip of small messages) the last probe measured.",
-        labels=_PROBE_LINK_LABELS,
-    )
-    flagged = GaugeMetricFamily(
-        "cclctl_probe_link_flagged",
-        "1 when the last probe flagged a directed link slow or found it unreachable, else 0.",
-        labels=_PROBE_LINK_LABELS,
-    )
-    shown = sorted(probe.links, key=lambda x: (x.passed, x.src, x.dst))[:MAX_PROBE_SERIES]
-    for link in sorted(shown, key=lambda x: (x.src, x.dst)):
-        labels = [*base, str(link.src), str(link.dst), link.kind]
-        if link.bandwidth is not None:
-            bandwidth.add_metric(labels, link.bandwidth)
-        if link.latency is not None:
-            latency.add_metric(labels, link.latency)
-        flagged.add_metric(labels, 0 if link.passed else 1)
-    yield from (when, links, findings, bandwidth, latency, flagged)
-
-
-class TelemetryCollector:
-    """A prometheus_client collector over a ``MetricsView`` source, read at scrape time."""
-
-    def __init__(self, view: Callable[[], MetricsView]) -> None:
-        self._view = view
-
-    def collect(self) -> Iterator[Metric]:
-        view = self._view()
-        base = [view.job, str(view.rank)]
-        yield from _op_counters(view, base)
-        yield from _fault_counters(view, base)
-        yield _histogram(view, base)
-        yield from _process_metrics(view, base)
-        yield from _store_metrics(view, base)
-        yield from _probe_metrics(view, base)

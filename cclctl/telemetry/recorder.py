@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import collections
 import threading
-from bisect import bisect_left
 from collections.abc import Callable
 
-from cclctl.records import COMPLETED, FINAL_STATES, CollectiveRecord, CommInfo
+from cclctl.records import FINAL_STATES, CollectiveRecord, CommInfo
 from cclctl.slow_signals import Signals
-from cclctl.telemetry.counters import DURATION_BOUNDS_NS, CommState, CommView, OpStats, add_run
+from cclctl.telemetry.counters import CommState, CommView, OpStats
+from cclctl.telemetry.fold_pass import count_ended, take_queued
 from cclctl.telemetry.windows import Windows
 
 #: How many calls a caller lets queue before it runs :meth:`Recorder.fold` (the runtime's
@@ -107,79 +107,12 @@ class Recorder:
             for key, rec in list(inflight.items()):
                 if rec.end_ns:
                     del inflight[key]
-                    self._count_one(rec)
+                    count_ended(rec, self._stats, self._world_size)
         if self._queue:
-            taken = self._take()
+            taken = take_queued(self._queue, inflight, self._stats, self._world_size)
             windows = self.windows
             if windows is not None:
                 windows.defer(taken)
-
-    def _take(self) -> list[CollectiveRecord]:
-        """Move every queued record into its ring, counting those that have ended and
-        keeping the rest in flight (the caller holds the lock); returns them in order.
-
-        One pass, summing in locals over each run of records of one (comm, op), written
-        back when the run ends: each record is read once, while it is in cache (records
-        are cold after a large reduction).
-        """
-        queue, inflight, bounds = self._queue, self._inflight, DURATION_BOUNDS_NS
-        popleft = queue.popleft
-        comm, op = queue[0].comm, queue[0].op
-        cs, st = self._stats(comm, op)
-        keep, buckets = cs.ring.append, st.buckets
-        calls = nbytes = busy = started = done = 0
-        last = None
-        taken: list[CollectiveRecord] = []
-        took = taken.append
-        for _ in range(len(queue)):
-            rec = popleft()
-            took(rec)
-            if rec.op is not op or rec.comm is not comm:  # a new run (identity: the usual)
-                add_run(cs, st, self._world_size, calls, nbytes, busy, last, started, done)
-                calls = nbytes = busy = started = done = 0
-                last = None
-                comm, op = rec.comm, rec.op
-                cs, st = self._stats(comm, op)
-                keep, buckets = cs.ring.append, st.buckets
-            keep(rec)
-            end = rec.end_ns
-            seq = 0
-            if rec.peer is None:  # point-to-point seqs are per pair: not the comm's
-                seq = rec.seq
-                if seq > started:
-                    started = seq
-            if not end:
-                inflight[id(rec)] = rec
-                continue
-            if rec.state != COMPLETED:
-                st.errors[rec.state] = st.errors.get(rec.state, 0) + 1
-                continue
-            ns = end - rec.start_ns
-            if ns < 0:  # wall clocks can step back; counters must not
-                ns = 0
-            calls += 1
-            nbytes += rec.nbytes
-            busy += ns
-            buckets[bisect_left(bounds, ns)] += 1
-            last = rec
-            if seq > done:
-                done = seq
-        add_run(cs, st, self._world_size, calls, nbytes, busy, last, started, done)
-        return taken
-
-    def _count_one(self, rec: CollectiveRecord) -> None:
-        """Count one ended record that an earlier fold left in flight (the caller holds
-        the lock): a completed call feeds the throughput counters and the histogram, any
-        other final state counts one error whose reason is that state.
-        """
-        cs, st = self._stats(rec.comm, rec.op)
-        if rec.state != COMPLETED:
-            st.errors[rec.state] = st.errors.get(rec.state, 0) + 1
-            return
-        ns = max(0, rec.end_ns - rec.start_ns)
-        st.buckets[bisect_left(DURATION_BOUNDS_NS, ns)] += 1
-        seq = rec.seq if rec.peer is None else 0
-        add_run(cs, st, self._world_size, 1, rec.nbytes, ns, rec, 0, seq)
 
     def _stats(self, comm: str, op: str) -> tuple[CommState, OpStats]:
         """The state of ``comm`` and the counters of its ``op``, created on first use."""

@@ -21,7 +21,7 @@ from cclctl.probe.in_job import probe, publish
 from cclctl.probe.model import OK, UNREACHABLE, Link, ProbeRun
 from cclctl.probe.verdict import judge
 from cclctl.telemetry.exporter import MetricsExporter
-from cclctl.telemetry.exporter_families import MAX_PROBE_SERIES
+from cclctl.telemetry.exporter_probe import MAX_PROBE_SERIES
 from cclctl.telemetry.hub import Telemetry
 
 HOSTS = ("h0", "h1", "h2", "h3")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cclctl.telemetry import dumps
+from cclctl.telemetry import dump_files
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -25,16 +25,16 @@ def test_an_exception_mid_write_leaves_no_temporary_file(
     def interrupted(src: str, dst: str) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dumps.os, "replace", interrupted)
+    monkeypatch.setattr(dump_files.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        dumps.write_atomic(str(tmp_path / "d.json"), "{}")
+        dump_files.write_atomic(str(tmp_path / "d.json"), "{}")
     assert leftovers(tmp_path) == []
 
 
 TERMINATED_MID_DUMP = textwrap.dedent(
     """
     import os, sys, threading
-    from cclctl.telemetry import dumps
+    from cclctl.telemetry import dump_files, dumps
 
     folder = sys.argv[1]
     writing = threading.Event()
@@ -44,8 +44,8 @@ TERMINATED_MID_DUMP = textwrap.dedent(
             def slow_fdopen(*a, **k):  # the file exists; its write never ends
                 writing.set()
                 threading.Event().wait()
-            dumps.os.fdopen = slow_fdopen
-            dumps.write_atomic(os.path.join(folder, "cclctl-j-rank0.json"), "{}")
+            dump_files.os.fdopen = slow_fdopen
+            dump_files.write_atomic(os.path.join(folder, "cclctl-j-rank0.json"), "{}")
         def failures(self):
             return 0
 
@@ -69,11 +69,11 @@ def test_a_termination_that_cuts_a_dump_short_removes_its_temporary_file(tmp_pat
 def test_the_next_run_removes_what_a_killed_writer_left(tmp_path: Path) -> None:
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    dead = tmp_path / f"{dumps.tmp_prefix(int(gone.stdout))}abc.tmp"
-    mine = tmp_path / f"{dumps.tmp_prefix()}def.tmp"  # being written by a live process
+    dead = tmp_path / f"{dump_files.tmp_prefix(int(gone.stdout))}abc.tmp"
+    mine = tmp_path / f"{dump_files.tmp_prefix()}def.tmp"  # being written by a live process
     other_host = tmp_path / f".cclctl-elsewhere-{int(gone.stdout)}-ghi.tmp"
     for path in (dead, mine, other_host):
         path.write_text("")
-    removed = dumps.remove_stale(str(tmp_path), "j", 1, 4)
+    removed = dump_files.remove_stale(str(tmp_path), "j", 1, 4)
     assert removed == [str(dead)]
     assert leftovers(tmp_path) == sorted([mine.name, other_host.name])

@@ -61,7 +61,7 @@ def test_a_thousand_half_sent_requests_leave_the_thread_count_alone(make_tel, fd
     url = tel.serve_metrics()
     assert url is not None
     threads = threading.active_count()
-    server = tel._exporter.server
+    server = tel.services.exporter.server
     assert server is not None
     flood = []
     try:

@@ -17,8 +17,8 @@ from telemetry_helpers import T0, run, wait_for
 
 from cclctl.errors import CclError, UsageError
 from cclctl.records import FAILED, CollectiveRecord, snapshot_from_json
-from cclctl.telemetry import dumps as dumps_module
-from cclctl.telemetry.dumps import dump_filename
+from cclctl.telemetry import dump_files
+from cclctl.telemetry.dump_files import dump_filename
 
 
 def test_dump_round_trips_through_snapshot_from_json(make_tel, tmp_path):
@@ -101,7 +101,7 @@ def test_dumps_take_turns_so_a_slow_earlier_dump_cannot_overwrite_the_ending_one
     """The revocation's dump is still writing when the ending dump starts: it waits its turn
     and the ending one, written last, holds the later state."""
     tel = make_tel(trace_dir=str(tmp_path))
-    real_write = dumps_module.write_atomic
+    real_write = dump_files.write_atomic
     writing, release = threading.Event(), threading.Event()
 
     def write_atomic(path: str, data: str) -> None:
@@ -110,7 +110,7 @@ def test_dumps_take_turns_so_a_slow_earlier_dump_cannot_overwrite_the_ending_one
             assert release.wait(20)
         real_write(path, data)
 
-    monkeypatch.setattr(dumps_module, "write_atomic", write_atomic)
+    monkeypatch.setattr(dump_files, "write_atomic", write_atomic)
     revoke = threading.Thread(target=tel.dump, args=("revoked: x",), name="revoke-dump")
     revoke.start()
     assert writing.wait(20)
