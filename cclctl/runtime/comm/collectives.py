@@ -13,7 +13,6 @@ which the :class:`~cclctl.runtime.comm.communicator.Communicator` runs each call
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -27,7 +26,6 @@ from cclctl.runtime.comm.tracing import Tracer
 from cclctl.runtime.failure import FailureState
 from cclctl.runtime.identity import UNKNOWN, RankIdentity
 from cclctl.runtime.transport.base import Transport
-from cclctl.runtime.transport.shm import shared_buffers
 
 Array = np.ndarray
 #: Run in a call's step once its result is whole (a retry's confirm: ``rerun.Ending``).
@@ -112,22 +110,6 @@ class Collectives:
     @tracer.setter
     def tracer(self, tracer: Tracer | None) -> None:
         self._calls.tracer = tracer
-
-    # ----------------------------------------------------------------- buffers
-    def empty(self, shape: Any, dtype: Any = np.float32) -> Array:
-        """A new, uninitialised array that ranks on this host read directly.
-
-        Collectives whose buffers come from here on every rank of a one-host communicator
-        run zero-copy (nothing is staged through shared-memory slots): about 2-3x the
-        bandwidth from a few MiB up. Pass such buffers on every rank or on none: a mix is a
-        collective mismatch. Allocate them once and reuse them (e.g. as staging buffers);
-        each lives as long as any array that views it.
-        """
-        return shared_buffers.empty(shape, dtype)
-
-    def zeros(self, shape: Any, dtype: Any = np.float32) -> Array:
-        """As :meth:`empty`, zeroed (free: new shared memory starts zero-filled)."""
-        return shared_buffers.zeros(shape, dtype)
 
     # ----------------------------------------------------------------- one attempt each
     def all_reduce(self, buf: Array, op: str, out: Array | None, ending: Ending | None = None

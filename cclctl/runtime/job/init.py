@@ -120,11 +120,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         watchdog=True,
         shrinker=survivors,
         retrier=Retry(rdzv, cfg, store_host, telemetry),
-        identity=RankIdentity(
-            cfg.hostname,
-            telemetry.dump_dir.rstrip("/") + "/",
-            tuple(zip(rdzv.hosts, rdzv.pids, strict=False)),
-        ),
+        identity=_identity(rdzv, cfg, telemetry),
     )
     revoker = _revoker(rdzv, cfg, comm, telemetry)
     agent.revoke_end(lambda: revoker)
@@ -132,6 +128,12 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
     telemetry.revoke_source = lambda: survivors.revoke_record(comm)
     agent.watch()
     return comm
+
+
+def _identity(rdzv: Rendezvous, cfg: RuntimeConfig, telemetry: Telemetry) -> RankIdentity:
+    """Where this rank's failures point: its host, its dump folder, every rank's process."""
+    peers = tuple(zip(rdzv.hosts, rdzv.pids, strict=False))
+    return RankIdentity(cfg.hostname, telemetry.dump_dir.rstrip("/") + "/", peers)
 
 
 def _revoker(
