@@ -187,6 +187,31 @@ def test_the_floor_rule_catches_a_transport_that_imports_the_communicator() -> N
     assert _runtime_upward(Path("runtime/job/init.py"), tree) == []
 
 
+#: concrete transports, which algorithms reach only through transport/engines.py's Protocols
+CONCRETE_TRANSPORTS = ("cclctl.runtime.transport.shm", "cclctl.runtime.transport.tcp")
+
+
+def _concrete_transport_imports(rel: Path, tree: ast.Module) -> list[str]:
+    if rel.parts[:2] != ("runtime", "algorithms"):
+        return []
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [f"{n.module}.{a.name}" for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module for a in n.names]  # fmt: skip
+    return [f"{rel} imports {m}" for m in names if m.startswith(CONCRETE_TRANSPORTS)]
+
+
+def test_algorithms_import_no_concrete_transport() -> None:
+    assert [line for rel, t in _modules() for line in _concrete_transport_imports(rel, t)] == []
+
+
+def test_the_transport_rule_catches_an_algorithm_that_imports_shm() -> None:
+    tree = ast.parse("from cclctl.runtime.transport import shm\n")
+    assert _concrete_transport_imports(Path("runtime/algorithms/ring.py"), tree) == [
+        "runtime/algorithms/ring.py imports cclctl.runtime.transport.shm"
+    ]
+    assert _concrete_transport_imports(Path("runtime/comm/dispatch.py"), tree) == []
+
+
 @pytest.mark.parametrize("package", sorted(CONFINED))
 def test_third_party_packages_stay_in_their_modules(package: str) -> None:
     wrong = []

@@ -28,15 +28,12 @@ calls on shared buffers.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
-from cclctl.runtime.transport.engines import OneCopy, PeerSlots, Round
-from cclctl.runtime.transport.shm import shared_buffers
-from cclctl.runtime.transport.shm.shared_buffers import DESCRIPTOR_SIZE, Descriptor
+from cclctl.runtime.transport.engines import BufferPlan, OneCopy, PeerSlots, Round
 
 #: the record's ``algo`` of a zero-copy call (selection says which calls: ZERO_COPY_FROM
 #: in :mod:`cclctl.runtime.comm.selection`)
@@ -46,29 +43,10 @@ ALGO = "shm_zero_copy"
 PIECE_BYTES = 256 << 10
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class BufferPlan:
-    """Where a zero-copy call's arrays lie, as its peers find them: one descriptor each."""
-
-    descs: list[Descriptor]
-
-
-def plan(*arrays: Array) -> BufferPlan | None:
-    """The plan for a call on ``arrays`` when every one lies in a shared buffer; else None."""
-    if not shared_buffers.in_use():
-        return None
-    descs = []
-    for arr in arrays:
-        desc = shared_buffers.describe(arr)
-        if desc is None:
-            return None
-        descs.append(desc)
-    return BufferPlan(descs)
-
-
-def _publish(ctx: Step, g: OneCopy, descs: list[Descriptor]) -> Round:
-    """Put this call's header and ``descs`` in this rank's next slot; return the round."""
-    payload = b"".join(d.pack() for d in descs)
+def _publish(ctx: Step, g: OneCopy, where: BufferPlan) -> Round:
+    """Put this call's header and ``where``'s descriptors in this rank's next slot; return
+    the round."""
+    payload = where.pack()
     rnd = g.claim_round(ctx.call, ctx.wait, 0, len(payload))
     g.publish_bytes(rnd, payload)
     return rnd
@@ -80,10 +58,11 @@ def _peer_arrays(
     """Wait for ``view``'s ``rnd``, check its header and map the buffers it names, the
     last ``writable`` of them writable."""
     mv, peers = g.input_bytes(view, rnd), g.peer_buffers
-    count = rnd.nbytes // DESCRIPTOR_SIZE
+    size = peers.descriptor_size
+    count = rnd.nbytes // size
     return [
-        peers.array(bytes(mv[at : at + DESCRIPTOR_SIZE]), dtype, view.rank, i >= count - writable)
-        for i, at in enumerate(range(0, rnd.nbytes, DESCRIPTOR_SIZE))
+        peers.array(bytes(mv[at : at + size]), dtype, view.rank, i >= count - writable)
+        for i, at in enumerate(range(0, rnd.nbytes, size))
     ]
 
 
@@ -122,7 +101,7 @@ def all_reduce(
 ) -> None:
     """``dst`` = the reduction of every rank's ``src``; ``where`` locates ``src`` and ``dst``."""
     fn = reducer(redop)
-    rnd = _publish(ctx, g, where.descs)
+    rnd = _publish(ctx, g, where)
     ins: list[Array] = []
     outs: list[Array] = []
     for view in g.views:
@@ -159,7 +138,7 @@ def all_gather(
     """Fill every block of ``out`` from its owner. ``where`` locates this rank's block: in
     ``out`` already, or in ``copy_in`` (its input), which is copied into ``out`` while the
     peers read it."""
-    rnd = _publish(ctx, g, where.descs)
+    rnd = _publish(ctx, g, where)
     lo, hi = bounds[g.rank]
     if copy_in is not None:
         out[lo:hi] = copy_in
@@ -182,7 +161,7 @@ def reduce_scatter(
 ) -> None:
     """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (``where``: its place)."""
     fn = reducer(redop)
-    rnd = _publish(ctx, g, where.descs)
+    rnd = _publish(ctx, g, where)
     lo, hi = bounds[g.rank]
     ins = [src if view is g.me else _peer_arrays(g, view, rnd, src.dtype)[0] for view in g.views]
     _reduce(fn, ins, g.local, lo, hi, dst)
@@ -194,12 +173,12 @@ def broadcast(ctx: Step, g: OneCopy, buf: Array, root: int, where: BufferPlan) -
     """Every rank's ``buf`` = the root's, copied straight out of the root's buffer."""
     source = g.views[g.ranks.index(root)]
     if g.rank == root:
-        rnd = _publish(ctx, g, where.descs)
+        rnd = _publish(ctx, g, where)
         _release(g, rnd, g.others)  # the readers: wait until they have their copy
         for view in g.others:
             g.sent[view.rank] += buf.nbytes
         return
-    rnd = g.next_round(ctx.call, ctx.wait, 0, DESCRIPTOR_SIZE)
+    rnd = g.next_round(ctx.call, ctx.wait, 0, g.peer_buffers.descriptor_size)
     (theirs,) = _peer_arrays(g, source, rnd, buf.dtype)
     buf[...] = theirs
     _release(g, rnd, [])

@@ -82,7 +82,7 @@ class Collectives:
         self._caps = transport.capabilities
         self._choose = selection.decide(selection.parse(self.cfg.algo), self._caps, self.world_size)
         # Zero-copy calls' checks, for the same arrays again.
-        self._plans: PreparedCalls[zero_copy.BufferPlan] = PreparedCalls()
+        self._plans: PreparedCalls[shared_buffers.CallDescriptors] = PreparedCalls()
         self._gathers: PreparedCalls[Gather] = PreparedCalls()
         self._scatters: PreparedCalls[Scatter] = PreparedCalls()
         if hasattr(self, "_calls"):
@@ -119,7 +119,7 @@ class Collectives:
         if zc is None:
             src, dst = buffers.reduce_args(buf, out, "all_reduce")
             if src.nbytes >= self._choose.all_reduce.zero_copy_from:
-                zc = zero_copy.plan(src, dst)
+                zc = shared_buffers.plan(src, dst)
                 if zc is not None:
                     self._plans.keep("all_reduce", (buf, out), zc)
         if zc is not None:
@@ -186,7 +186,7 @@ class Collectives:
             bounds = [(i * k, (i + 1) * k) for i in range(self.world_size)]
             where = None
             if src.nbytes >= self._choose.reduce_scatter.zero_copy_from:
-                where = zero_copy.plan(src)
+                where = shared_buffers.plan(src)
                 if where is not None:
                     self._scatters.keep("reduce_scatter", (buf, out), Scatter(where, bounds))
         if where is not None:
@@ -215,7 +215,7 @@ class Collectives:
         if zc is None:
             src, dst = buffers.in_out(buf, out, "broadcast", writable=out is None)
             if dst.nbytes >= self._choose.broadcast.zero_copy_from:
-                zc = zero_copy.plan(dst)
+                zc = shared_buffers.plan(dst)
                 if zc is not None:
                     self._plans.keep("broadcast", (buf, out), zc)
         if self.rank == root and dst is not src:

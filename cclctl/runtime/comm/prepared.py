@@ -16,8 +16,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from cclctl.runtime.algorithms import zero_copy
-from cclctl.runtime.algorithms.zero_copy import BufferPlan
+from cclctl.runtime.transport.shm import shared_buffers
+from cclctl.runtime.transport.shm.shared_buffers import CallDescriptors
 
 T = TypeVar("T")
 _Facts = tuple[Any, ...]
@@ -30,7 +30,7 @@ class Gather:
     when ``copy_in``, copied into the output meanwhile; else in the output, where it is
     ``staged`` first unless the input is that slot already), and every rank's block."""
 
-    where: BufferPlan
+    where: CallDescriptors
     bounds: Bounds
     copy_in: bool
     staged: bool
@@ -40,7 +40,7 @@ class Gather:
 class Scatter:
     """A zero-copy reduce_scatter: ``where`` the input lies, and every rank's block of it."""
 
-    where: BufferPlan
+    where: CallDescriptors
     bounds: Bounds
 
 
@@ -87,8 +87,8 @@ class PreparedCalls(Generic[T]):
 
 
 def remembered(
-    calls: PreparedCalls[BufferPlan], op: str, buf: np.ndarray, out: np.ndarray | None
-) -> tuple[BufferPlan | None, np.ndarray, np.ndarray]:
+    calls: PreparedCalls[CallDescriptors], op: str, buf: np.ndarray, out: np.ndarray | None
+) -> tuple[CallDescriptors | None, np.ndarray, np.ndarray]:
     """The plan of a recent zero-copy ``op`` on these very arrays, with their flat views
     (unchecked: the arrays passed every check then); ``(None, buf, buf)`` if none."""
     zc = calls.get(op, buf, out)
@@ -104,9 +104,9 @@ def gather_plan(
     """How an all_gather runs zero-copy, if its arrays let it. Peers read this rank's block
     from a shared input while this rank copies it into the output (the copies overlap),
     else from its slot of a shared output."""
-    where = None if in_slot else zero_copy.plan(src)
+    where = None if in_slot else shared_buffers.plan(src)
     if where is not None:
         return Gather(where, bounds, copy_in=True, staged=False)
     lo, hi = bounds[rank]
-    where = zero_copy.plan(dst[lo:hi])
+    where = shared_buffers.plan(dst[lo:hi])
     return None if where is None else Gather(where, bounds, copy_in=False, staged=not in_slot)

@@ -38,8 +38,22 @@ class SlotLayout(Protocol):
     def slot_bytes(self) -> int: ...
 
 
+class BufferPlan(Protocol):
+    """Where a zero-copy call's arrays lie, as its peers find them (the shared-buffer
+    registry makes these: ``shared_buffers.plan``)."""
+
+    def pack(self) -> bytes:
+        """One packed descriptor per array, in order, as peers read them."""
+        ...
+
+
 class PeerBuffers(Protocol):
     """Peers' shared buffers (``comm.empty()``), mapped from the descriptors they publish."""
+
+    @property
+    def descriptor_size(self) -> int:
+        """Bytes of one packed descriptor."""
+        ...
 
     def array(
         self, packed: bytes, dtype: np.dtype, peer: int, writable: bool = False

@@ -57,6 +57,17 @@ class Descriptor:
         return cls(*_DESC.unpack(data))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallDescriptors:
+    """Where a zero-copy call's arrays lie, as its peers find them: one descriptor each
+    (a :class:`~cclctl.runtime.transport.engines.BufferPlan`)."""
+
+    descs: list[Descriptor]
+
+    def pack(self) -> bytes:
+        return b"".join(d.pack() for d in self.descs)
+
+
 @dataclasses.dataclass(slots=True)
 class _Buffer:
     start: int
@@ -171,6 +182,19 @@ def describe(arr: np.ndarray) -> Descriptor | None:
     return _registry.describe(arr)
 
 
+def plan(*arrays: np.ndarray) -> CallDescriptors | None:
+    """The plan for a call on ``arrays`` when every one lies in a shared buffer; else None."""
+    if not in_use():
+        return None
+    descs = []
+    for arr in arrays:
+        desc = describe(arr)
+        if desc is None:
+            return None
+        descs.append(desc)
+    return CallDescriptors(descs)
+
+
 class PeerBuffers:
     """Peers' shared buffers, mapped on first use and kept for later calls: read-only, or
     writable where a collective writes its results into a peer's output (all_reduce).
@@ -180,6 +204,8 @@ class PeerBuffers:
     after call) gets the same array back without a lookup, which matters because
     everything the lookup touches is cold after a large call's copies.
     """
+
+    descriptor_size = DESCRIPTOR_SIZE
 
     def __init__(self, limit: int = MAX_PEER_MAPS) -> None:
         self._maps: collections.OrderedDict[tuple[int, int, bool], mmap.mmap] = (
