@@ -26,6 +26,7 @@ from cclctl.runtime.comm.tracing import Tracer
 from cclctl.runtime.failure import FailureState
 from cclctl.runtime.identity import UNKNOWN, RankIdentity
 from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.shm import shared_buffers
 
 Array = np.ndarray
 #: Run in a call's step once its result is whole (a retry's confirm: ``rerun.Ending``).
