@@ -20,9 +20,17 @@ from fault_job import TOKEN, WORKER, FaultJob, free_port
 from processes import gone, until
 
 from cclctl.store.client import StoreClient
+from cclctl.store.linger import ENDED_KEY
 
 JOB = "lingering"
 REPORT_KEY = f"cclctl/{JOB}/store/process"
+
+
+def marked_ended(store: str) -> bool:
+    """Whether the store has seen its last rank leave and marked itself ended (a reader's
+    connection is no member: asking does not change the answer)."""
+    with StoreClient.from_address(store, timeout_s=5, connect_timeout_s=10, token=TOKEN) as c:
+        return c.try_get(ENDED_KEY) is not None
 
 
 def store_report(store: str) -> dict[str, object]:
@@ -147,6 +155,9 @@ def ended_run(tmp_path: Path, store_pids: list[int]) -> tuple[FaultJob, int]:
         old = int(str(store_report(first.store)["pid"]))
         store_pids.append(old)
         assert first.wait_all_exited(60) == [0, 0]
+        # The store learns that its ranks left from their connections' ends, on its own
+        # loop: a rerun is "after the run ended" once it has (a loaded machine can lag).
+        until("the first run's store marked itself ended", lambda: marked_ended(first.store), 30)
     finally:
         first.finish()
     return first, old
