@@ -14,18 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import tempfile
 import time
 
 import numpy as np
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from fault_matrix_cases import free_port
 
 
 def main() -> None:
@@ -35,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as dumps:
         os.environ.update(
-            RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+            RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
             CCLCTL_TRACE_DIR=dumps,
         )  # fmt: skip
         import cclctl

@@ -1,6 +1,7 @@
 """A communicator's link counts reach telemetry under the job's ranks: the world's as they
 are, a shrunk communicator's (which numbers its members 0..n-1) mapped through its members,
-and the handshakes every transport's links refused, renewed or shrunk links included."""
+and the handshakes every transport's links refused, renewed or shrunk links included; a
+transport that counts no bytes (no :class:`LinkCounters`) has no link series."""
 
 from __future__ import annotations
 
@@ -56,3 +57,16 @@ def test_counts_are_read_when_a_view_is_built() -> None:
     finally:
         tel.close()
     assert (view.link_resumes, view.link_auth_failures, view.links) == ({1: 1}, 4, {1: (64, 0)})
+
+
+def test_a_transport_without_link_counters_has_no_link_series() -> None:
+    class ExchangeOnly:
+        name = "bare"
+
+    tel = Telemetry(config(), rank=0, world_size=2)
+    try:
+        _watch(tel, cast(Any, ExchangeOnly()), _Links([0, 3], 2))
+        view = tel.metrics_view()
+    finally:
+        tel.close()
+    assert (view.links, view.link_resumes, view.link_auth_failures) == ({}, {1: 3}, 2)

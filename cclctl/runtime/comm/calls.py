@@ -25,7 +25,7 @@ from cclctl.runtime.comm import buffers, faults
 from cclctl.runtime.comm.tracing import Traced, Tracer, close_record
 from cclctl.runtime.failure import OK, FailureState
 from cclctl.runtime.identity import UNKNOWN, RankIdentity
-from cclctl.runtime.transport.base import Transport, Wait
+from cclctl.runtime.transport.base import Transport, Wait, announcer
 from cclctl.runtime.transport.wire import Call, comm_tag
 from cclctl.telemetry.recorder import FOLD_BATCH
 
@@ -60,13 +60,12 @@ class Calls:
         self.scratch = scratch
         #: every call checks it when it opens and whenever it blocks
         self.failure = FailureState(
-            members[rank] if members else rank, comm_id, transport.announce, members, identity
+            members[rank] if members else rank, comm_id, announcer(transport), members, identity
         )
         self._tag = comm_tag(comm_id)
         self._timeout_s = math.inf if cfg.on_hang == "wait" or watchdog else cfg.timeout_s
-        self._faults = faults.parse(cfg.fault)
-        #: a persistent slowdown the plan gives this rank (``slow``), else None
-        self._slow = self._faults.slowdown(self.failure.rank)
+        #: what ``CCLCTL_FAULT`` injects into these calls here (None: nothing, the usual case)
+        self.injector = faults.injector(faults.parse(cfg.fault), self.failure.rank, comm_id)
         self._seq = 0
         #: a retry's attempt number, carried by every collective opened at a seq up to
         #: ``_rerun_upto`` (the seqs opened before the retry rewound): 1 beyond it
@@ -128,11 +127,11 @@ class Calls:
             seq = self._seq
         count, nbytes, dtype = self._sized(arr, count, nbytes)
         attempt = self._attempt if seq <= self._rerun_upto and peer is None else 1
-        fault = self._faults.at(failure.rank, seq, self.id) if self._faults else None
-        if self._slow is not None and peer is None:
-            self._slow.before(seq, self.id)
-        if fault is not None and attempt == 1:  # an injected incident strikes once per seq
-            op, count, dtype = faults.strike(fault, op, count, dtype, self.transport.drop_link)
+        injector = self.injector
+        if injector is not None:
+            op, count, dtype = injector.before(
+                seq, attempt, peer is None, op, count, dtype, self.transport
+            )
         epoch = failure.epoch
         rec = CollectiveRecord(
             comm=self.id,
@@ -168,8 +167,9 @@ class Calls:
         return count, nbytes, buffers.dtype_name(arr.dtype)
 
     def _finished(self, rec: CollectiveRecord, exc: BaseException | None) -> None:
-        if self._slow is not None:
-            self._slow.ended()
+        injector = self.injector
+        if injector is not None:
+            injector.ended()
         final = exc if exc is None else self._failed(rec, exc)
         close_record(rec, final)
         if final is None and rec.peer is None:

@@ -9,7 +9,7 @@ algorithms themselves never choose.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import NoReturn
 
 from cclctl.runtime.algorithms import hierarchical, latency, pairwise, pipeline, ring, shared
 from cclctl.runtime.algorithms.context import COPY, SHARE, Array, Step, chunk_bounds
@@ -17,19 +17,16 @@ from cclctl.runtime.transport.capabilities import Capabilities
 from cclctl.runtime.transport.engines import HostHierarchy, OneCopy
 
 Bounds = list[tuple[int, int]]
-F = TypeVar("F")
 
 
 class UnknownAlgorithm(LookupError):
     """Selection named an algorithm the op's dispatch table does not have."""
 
 
-def _lookup(table: Mapping[str, F], op: str, algo: str) -> F:
-    try:
-        return table[algo]
-    except KeyError:
-        known = ", ".join(sorted(table))
-        raise UnknownAlgorithm(f"{op} has no algorithm {algo!r} (it has {known})") from None
+def _unknown(table: Mapping[str, object], op: str, algo: str) -> NoReturn:
+    """Raise for an ``algo`` that ``table`` lacks (looked up inline: every call looks)."""
+    known = ", ".join(sorted(table))
+    raise UnknownAlgorithm(f"{op} has no algorithm {algo!r} (it has {known})")
 
 
 def one_copy(step: Step, caps: Capabilities) -> OneCopy:
@@ -89,7 +86,7 @@ def all_reduce(
     step: Step, algo: str, caps: Capabilities, src: Array, dst: Array, redop: str
 ) -> None:
     """``dst`` = the reduction of every rank's ``src`` by ``algo`` (``src`` may be ``dst``)."""
-    run = _lookup(_ALL_REDUCE, "all_reduce", algo)
+    run = _ALL_REDUCE.get(algo) or _unknown(_ALL_REDUCE, "all_reduce", algo)
     if step.size == 1 or not src.size:
         if dst is not src:
             dst[...] = src
@@ -110,7 +107,7 @@ _BROADCAST: dict[str, Broadcast] = {
 
 def broadcast(step: Step, algo: str, caps: Capabilities, buf: Array, root: int) -> None:
     """Every rank's ``buf`` = the root's, by ``algo``."""
-    run = _lookup(_BROADCAST, "broadcast", algo)
+    run = _BROADCAST.get(algo) or _unknown(_BROADCAST, "broadcast", algo)
     if step.size == 1 or not buf.size:
         return
     run(step, caps, buf, root)
@@ -147,7 +144,9 @@ def reduce(
     step: Step, algo: str, caps: Capabilities, src: Array, dst: Array, redop: str, root: int
 ) -> None:
     """The root's ``dst`` = the reduction of every rank's ``src``, by ``algo``."""
-    share = _lookup(_REDUCE_SHARES, "reduce", algo)
+    if algo not in _REDUCE_SHARES:  # its entries may be None
+        _unknown(_REDUCE_SHARES, "reduce", algo)
+    share = _REDUCE_SHARES[algo]
     if share is None:
         if src.size:
             acc = step.scratch.get(COPY, src.size, src.dtype)
@@ -175,7 +174,8 @@ _ALL_GATHER: dict[str, AllGather] = {
 
 def all_gather(step: Step, algo: str, caps: Capabilities, dst: Array, bounds: Bounds) -> None:
     """Fill every block of ``dst`` from its owner (this rank's block is in place)."""
-    _lookup(_ALL_GATHER, "all_gather", algo)(step, caps, dst, bounds)
+    run = _ALL_GATHER.get(algo) or _unknown(_ALL_GATHER, "all_gather", algo)
+    run(step, caps, dst, bounds)
 
 
 ReduceScatter = Callable[[Step, Capabilities, Array, Array, Bounds, str], object]
@@ -193,4 +193,5 @@ def reduce_scatter(
     step: Step, algo: str, caps: Capabilities, src: Array, dst: Array, bounds: Bounds, redop: str
 ) -> None:
     """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (equal blocks)."""
-    _lookup(_REDUCE_SCATTER, "reduce_scatter", algo)(step, caps, src, dst, bounds, redop)
+    run = _REDUCE_SCATTER.get(algo) or _unknown(_REDUCE_SCATTER, "reduce_scatter", algo)
+    run(step, caps, src, dst, bounds, redop)

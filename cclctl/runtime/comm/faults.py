@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 from cclctl.bandwidth import COLLECTIVES
 from cclctl.errors import ConfigError
+from cclctl.runtime.transport.base import LinkCutter
 from cclctl.runtime.transport.wire import DTYPE_NAMES
 
 #: How long a stopped rank waits, once continued, before it enters the collective: a
@@ -190,6 +191,60 @@ class Slowdown:
     def ended(self) -> None:
         """A call of this rank ended now (its next step starts)."""
         self.last_end = self._clock()
+
+
+class Injector:
+    """The plan's hold on the calls of communicator ``comm`` at job rank ``rank``: only the
+    faults that can strike there. Calls hold one only when there is something to inject
+    (:func:`injector`), so a job without ``CCLCTL_FAULT`` pays nothing for it."""
+
+    def __init__(self, plan: FaultPlan, rank: int, comm: str) -> None:
+        self.faults = _striking(plan.faults, rank, comm)
+        slow = _striking(plan.slow, rank, comm)
+        #: the persistent slowdown of this rank (``slow``), else None
+        self.slow = Slowdown(slow) if slow else None
+        self._rank = rank
+        self._comm = comm
+
+    def before(
+        self, seq: int, attempt: int, collective: bool, op: str, count: int, dtype: str,
+        cutter: object,
+    ) -> tuple[str, int, str]:  # fmt: skip
+        """A call at ``seq`` is about to start: enter it late (``slow``, collectives only),
+        then let the fault of that seq strike, once (``attempt`` 1). Returns what the call
+        then claims to be; ``cutter``: the transport whose link a ``link`` fault cuts."""
+        if self.slow is not None and collective:
+            self.slow.before(seq, self._comm)
+        fault = next((f for f in self.faults if f.matches(self._rank, seq, self._comm)), None)
+        if fault is None or attempt != 1:  # an injected incident strikes once per seq
+            return op, count, dtype
+        return strike(fault, op, count, dtype, lambda peer: cut_link(cutter, peer))
+
+    def ended(self) -> None:
+        """A call of this rank ended now (a ``factor`` slowdown measures from here)."""
+        if self.slow is not None:
+            self.slow.ended()
+
+
+def _striking(found: tuple[Fault, ...], rank: int, comm: str) -> tuple[Fault, ...]:
+    return tuple(f for f in found if f.rank == rank and f.comm in ("", comm))
+
+
+def injector(plan: FaultPlan, rank: int, comm: str) -> Injector | None:
+    """What ``plan`` injects into ``comm``'s calls at job rank ``rank`` (None: nothing)."""
+    mine = Injector(plan, rank, comm)
+    return mine if mine.faults or mine.slow is not None else None
+
+
+def cut_link(transport: object, peer: int) -> None:
+    """Cut ``transport``'s link to ``peer``, which it must offer (:class:`LinkCutter`)."""
+    if not isinstance(transport, LinkCutter):
+        name = getattr(transport, "name", type(transport).__name__)
+        raise ConfigError(
+            f"CCLCTL_FAULT link:...:peer={peer}: the {name} transport cannot cut a link",
+            variable="CCLCTL_FAULT",
+        )
+    transport.drop_link(peer)
 
 
 def strike(

@@ -10,9 +10,9 @@ as every other count is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.base import LinkCounters, Transport
 from cclctl.runtime.transport.tcp.links import Links
 from cclctl.telemetry.hub import Telemetry
 
@@ -20,24 +20,34 @@ from cclctl.telemetry.hub import Telemetry
 def watch(
     telemetry: Telemetry, transport: Transport, links: Links, members: Sequence[int] | None = None
 ) -> None:
-    """Count ``transport``'s bytes and ``links``' resumes and refusals on ``telemetry``
-    (``members``: each peer's job rank; None: they are the same)."""
+    """Count ``transport``'s bytes (where it offers :class:`LinkCounters`; else it has no
+    link series) and ``links``' resumes and refusals on ``telemetry`` (``members``: each
+    peer's job rank; None: they are the same)."""
     if members is None:
-        telemetry.add_link_source(transport.link_bytes)
+        if isinstance(transport, LinkCounters):
+            telemetry.add_link_source(transport.link_bytes)
         telemetry.add_resume_source(lambda: links.resumed)
     else:
         job = list(members)
-
-        def link_bytes() -> tuple[list[int], list[int]]:
-            sent, received = transport.link_bytes()
-            return by_job_rank(sent, job), by_job_rank(received, job)
-
-        telemetry.add_link_source(link_bytes)
+        if isinstance(transport, LinkCounters):
+            telemetry.add_link_source(_in_job_ranks(transport, job))
         telemetry.add_resume_source(lambda: by_job_rank(links.resumed, job))
     telemetry.add_auth_failure_source(lambda: links.auth_failures)
     near = local_peers(transport)
     ranks = list(members) if members is not None else list(range(len(links.resumed)))
     telemetry.add_vias({rank: "shm" if i in near else "tcp" for i, rank in enumerate(ranks)})
+
+
+def _in_job_ranks(
+    counters: LinkCounters, job: Sequence[int]
+) -> Callable[[], tuple[list[int], list[int]]]:
+    """``counters``' bytes per peer, filed under each peer's job rank."""
+
+    def link_bytes() -> tuple[list[int], list[int]]:
+        sent, received = counters.link_bytes()
+        return by_job_rank(sent, job), by_job_rank(received, job)
+
+    return link_bytes
 
 
 def local_peers(transport: Transport) -> set[int]:

@@ -31,7 +31,7 @@ from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
 from cclctl.runtime.job.shrink import ShrinkExchange
-from cclctl.runtime.transport.base import Transport
+from cclctl.runtime.transport.base import Transport, announcer
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.runtime.transport.tcp.address import local_address_towards
@@ -121,7 +121,7 @@ class Retry:
                 raise
             raise CommError(f"rank {comm.rank}: retry of {comm.id}: {exc}") from exc
         comm.renew(transport)
-        comm.failure.bump_epoch(transport.announce)
+        comm.failure.bump_epoch(announcer(transport))
         self.telemetry.count_retry(comm.id, ask.call)  # cclctl_collective_retries_total
         return plan
 

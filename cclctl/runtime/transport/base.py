@@ -9,14 +9,20 @@ Underneath, TCP and shared memory hand out a step as a :class:`Progress` (moved 
 blocking, waited on when stuck: :class:`SteppedTransport`), so one loop
 (:mod:`cclctl.runtime.transport.drive`) runs a step over one transport or over several at
 once (the hybrid transport).
+
+Beside the steps, a transport may offer a hook that one other part of the runtime asks for,
+each a small Protocol of its own: :class:`LinkCutter` (fault injection), :class:`LinkCounters`
+(telemetry) and :class:`PeerAnnouncer` (the failure state). TCP, shared memory and the hybrid
+offer all three; a transport without one simply goes without what it gives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from cclctl.revocation import Revocation
+from cclctl.runtime.failure import Announce
 from cclctl.runtime.transport.capabilities import Capabilities
 from cclctl.runtime.transport.wait import Transfer, Wait
 from cclctl.runtime.transport.wire import Call
@@ -24,13 +30,14 @@ from cclctl.runtime.transport.wire import Call
 __all__ = [
     "Exchanger",
     "LinkCounters",
-    "LinkFaults",
+    "LinkCutter",
     "PeerAnnouncer",
     "Progress",
     "SteppedTransport",
     "Transfer",
     "Transport",
     "Wait",
+    "announcer",
 ]
 
 
@@ -83,24 +90,38 @@ class Exchanger(Protocol):
         ...
 
 
-class LinkFaults(Protocol):
-    """Fault injection's hold on a transport (``CCLCTL_FAULT=link:...``)."""
+class Transport(Exchanger, Protocol):
+    """A transport as a rank's communicator holds it: the steps algorithms run (the
+    :class:`Exchanger` they see) and its close. What else a transport can do is a
+    capability of its own below, asked for by the one part that needs it."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class LinkCutter(Protocol):
+    """Fault injection's hold on a transport (``CCLCTL_FAULT=link:...``): only a fault plan
+    that names a link fault asks for it (``runtime/comm/faults.py``)."""
 
     def drop_link(self, peer: int) -> None:
         """Close the link to ``peer`` (the next use fails, or a retry renews the links)."""
         ...
 
 
+@runtime_checkable
 class LinkCounters(Protocol):
-    """Telemetry's view of a transport: the bytes moved with each peer."""
+    """Telemetry's view of a transport: the bytes moved with each peer
+    (``runtime/job/link_telemetry.py``; a transport without it has no link series)."""
 
     def link_bytes(self) -> tuple[list[int], list[int]]:
         """Bytes sent to and received from each peer so far (indexed by rank)."""
         ...
 
 
+@runtime_checkable
 class PeerAnnouncer(Protocol):
-    """The failure state's hook on a transport: how a failure or a close reaches peers."""
+    """The failure state's hook on a transport: how a failure or a close reaches peers
+    (a transport without it leaves that to the job's store)."""
 
     def announce(self, status: str, revocation: Revocation | None) -> None:
         """Tell this rank's peers it is ``broken`` (why: ``revocation``) or ``closed`` by
@@ -109,12 +130,9 @@ class PeerAnnouncer(Protocol):
         ...
 
 
-class Transport(Exchanger, LinkFaults, LinkCounters, PeerAnnouncer, Protocol):
-    """A transport as a rank's communicator holds it: the steps algorithms run (the
-    :class:`Exchanger` they see), and beside them the hooks of fault injection, telemetry
-    and the failure state, each its own small Protocol."""
-
-    def close(self) -> None: ...
+def announcer(transport: Transport) -> Announce | None:
+    """``transport``'s hook for the failure state (None: it has none)."""
+    return transport.announce if isinstance(transport, PeerAnnouncer) else None
 
 
 class SteppedTransport(Transport, Protocol):

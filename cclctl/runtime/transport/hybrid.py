@@ -15,10 +15,20 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Collection, Sequence
+from typing import Protocol
 
 from cclctl.revocation import Revocation
 from cclctl.runtime.transport import wire
-from cclctl.runtime.transport.base import Progress, SteppedTransport, Transfer, Transport, Wait
+from cclctl.runtime.transport.base import (
+    LinkCounters,
+    LinkCutter,
+    PeerAnnouncer,
+    Progress,
+    SteppedTransport,
+    Transfer,
+    Transport,
+    Wait,
+)
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
 from cclctl.runtime.transport.drive import drive, exchanged
 from cclctl.runtime.transport.shm.group import ShmGroup
@@ -77,16 +87,21 @@ def build_transport(
     return HybridTransport(shm, tcp, near, hierarchy if one_copy else None)
 
 
+class Part(SteppedTransport, LinkCutter, LinkCounters, PeerAnnouncer, Protocol):
+    """What the hybrid needs of each transport it joins: steps it can drive beside the
+    other's, and the hooks it offers in turn (a cut link, the bytes, the announce)."""
+
+
 class HybridTransport:
     """One transport to the peers on this host (shared memory), another to the rest (TCP),
-    each step's shares of both driven in one loop. Only the Transport interface is used."""
+    each step's shares of both driven in one loop, through :class:`Part` alone."""
 
     name = "hybrid"
 
     def __init__(
         self,
-        shm: SteppedTransport | None,
-        tcp: SteppedTransport,
+        shm: Part | None,
+        tcp: Part,
         local: Collection[int],
         hierarchy: Hierarchy | None,
     ) -> None:
