@@ -1,0 +1,83 @@
+"""The torch relay on CPU tensors under forced staging (``CCLCTL_STAGE=always``): the same
+results, bit for bit, as the communicator's own calls on the tensors' numpy views, for
+every collective and dtype numpy holds; bfloat16 is refused in words. (No accelerator
+here: the device path, a copy stream and timing events, runs in ``benchmarks/relay.py``
+where one is present.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from thread_ranks import run_ranks
+
+from cclctl.config import RuntimeConfig
+from cclctl.errors import InvalidArgument
+from cclctl.runtime.comm.communicator import Communicator
+
+torch = pytest.importorskip("torch")
+
+from cclctl.integrations.torch.relay_copier import TensorRelay  # noqa: E402
+
+CFG = RuntimeConfig(
+    job="relay", timeout_s=30.0, connect_timeout_s=10.0, stage="always",
+    stage_chunk=4096, stage_depth=3,
+)  # fmt: skip
+DTYPES = (torch.float32, torch.float64, torch.int32, torch.float16)
+
+
+def _pair(comm: Communicator, relay: TensorRelay, dtype: torch.dtype, part: int) -> list[str]:
+    """Each collective on a tensor, staged and on the numpy view unstaged; what differs."""
+    n, wrong = comm.world_size, []
+    gen = torch.Generator().manual_seed(comm.rank * 7 + part)
+    x = (torch.randn(n * part, generator=gen) * 100).to(dtype)
+    part_x, nd = x[:part].clone(), x.numpy().dtype
+    cases = {
+        "all_reduce": (lambda: relay.all_reduce(part_x.clone()),
+                       lambda: comm.all_reduce(part_x.numpy().copy())),
+        "broadcast": (lambda: relay.broadcast(part_x.clone(), 1),
+                      lambda: comm.broadcast(part_x.numpy().copy(), 1)),
+        "reduce": (lambda: relay.reduce(part_x.clone(), "sum", 0),
+                   lambda: comm.reduce(part_x.numpy().copy(), "sum", 0)),
+        "all_gather": (lambda: relay.all_gather(part_x, torch.empty(n * part, dtype=dtype)),
+                       lambda: comm.all_gather(part_x.numpy(), np.empty(n * part, nd))),
+        "reduce_scatter": (lambda: relay.reduce_scatter(x, torch.empty(part, dtype=dtype)),
+                           lambda: comm.reduce_scatter(x.numpy(), np.empty(part, nd))),
+        "all_to_all": (lambda: relay.all_to_all(x, torch.empty_like(x)),
+                       lambda: comm.all_to_all(x.numpy(), np.empty_like(x.numpy()))),
+    }  # fmt: skip
+    for op, (staged, unstaged) in cases.items():
+        if staged().numpy().tobytes() != unstaged().tobytes():
+            wrong.append(f"{op} {dtype} x{part}")
+    return wrong
+
+
+@pytest.mark.timeout(120)
+def test_staged_tensors_match_the_unstaged_calls():
+    def rank(comm: Communicator) -> list[str]:
+        relay = TensorRelay(comm, CFG)
+        assert relay.staged(torch.ones(1))  # forced: a CPU tensor is staged too
+        return [
+            w for dtype in DTYPES for part in (50, 3001) for w in _pair(comm, relay, dtype, part)
+        ]
+
+    assert run_ranks(2, rank, CFG) == [[], []]
+
+
+@pytest.mark.timeout(60)
+def test_bfloat16_and_strided_tensors_are_refused_in_words():
+    def rank(comm: Communicator) -> list[str]:
+        relay, said = TensorRelay(comm, CFG), []
+        for bad in (torch.ones(8, dtype=torch.bfloat16), torch.ones(4, 4).t()):
+            with pytest.raises(InvalidArgument) as err:
+                relay.all_reduce(bad)
+            said.append(str(err.value))
+        return said
+
+    said = run_ranks(2, rank, CFG)[0]
+    assert "bfloat16" in said[0] and "contiguous" in said[1]
+
+
+def test_auto_stages_only_device_tensors():
+    relay = TensorRelay(comm=None, cfg=CFG.replace(stage="auto"))  # type: ignore[arg-type]
+    assert relay.staged(torch.ones(1)) is False
+    assert relay.staged(torch.ones(1, device="meta")) is True
