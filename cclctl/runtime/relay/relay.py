@@ -66,6 +66,8 @@ class Relay:
         self.pool = StagingPool(copier, cfg.stage_chunk, cfg.stage_depth)
         self.id = relay_comm_id(comm.id)
         self._seq = 0
+        #: the last relayed call's record (its ``stages``), telemetry on or off
+        self.last: CollectiveRecord | None = None
         register = getattr(comm.tracer, "register_comm", None)
         if register is not None:
             register(self.id, comm.members)
@@ -179,7 +181,7 @@ class Relay:
         """Relay ``chunks`` of ``src`` into ``dst`` by ``call``, recorded as ``op``
         (``count`` elements per rank as the caller passed them; ``nbytes``: the recorded
         size in ``count``'s bytes, nccl-tests' full buffer for all_gather)."""
-        rec = self._record(op, count, dtype, count * dtype.itemsize * nbytes, root)
+        rec = self.last = self._record(op, count, dtype, count * dtype.itemsize * nbytes, root)
         start: Callable[[CollectiveRecord], None] | None = getattr(self.comm.tracer, "start", None)
         if start is not None:
             start(rec)
