@@ -120,3 +120,20 @@ def test_larger_float_sums_of_four_ranks_differ_only_in_rounding():
     results = tcp_run_ranks(4, rank, CFG)
     assert all(close for close, _ in results)
     assert len({bits for _, bits in results}) == 1  # every rank rounds alike either way
+
+
+@pytest.mark.timeout(120)
+def test_min_and_max_of_four_ranks_keep_every_bit_at_ring_sizes():
+    def rank(comm: Communicator) -> list[str]:
+        relay, wrong = Relay(comm, HostCopier(), CFG), []
+        x = np.random.default_rng(comm.rank).standard_normal(64 << 10).astype(np.float32)
+        for op in ("max", "min"):
+            if comm.all_reduce(x.copy(), op).tobytes() != relay.all_reduce(x.copy(), op).tobytes():
+                wrong.append(f"all_reduce {op}")
+            n = comm.world_size
+            want = comm.reduce_scatter(x, np.empty(x.size // n, x.dtype), op)
+            if want.tobytes() != relay.reduce_scatter(x, np.empty_like(want), op).tobytes():
+                wrong.append(f"reduce_scatter {op}")
+        return wrong
+
+    assert tcp_run_ranks(4, rank, CFG) == [[]] * 4
