@@ -46,6 +46,22 @@ def test_a_relayed_call_is_one_record_with_its_stages():
 
 
 @pytest.mark.timeout(60)
+def test_a_relayed_call_reaches_telemetry_ended_never_in_flight():
+    """What is in flight during a relay is the chunk's own call (the watchdog's business),
+    so a long relay of healthy chunks is never taken for a hang."""
+
+    def rank(comm: Communicator) -> list[tuple[str, bool]]:
+        seen: list[tuple[str, bool]] = []
+        comm.tracer = RecordingTracer(on_start=lambda r: seen.append((r.comm, r.end_ns > 0)))
+        Relay(comm, HostCopier(), CFG).broadcast(np.ones(3000, np.float32), 0)
+        return seen
+
+    for seen in run_ranks(2, rank, CFG):
+        assert seen[-1] == ("0:0-1/relay", True)
+        assert {ended for comm, ended in seen[:-1]} == {False} and len(seen) == 4
+
+
+@pytest.mark.timeout(60)
 def test_stage_seconds_reach_the_exporter():
     made: list[Telemetry] = []
 

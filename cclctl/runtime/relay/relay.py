@@ -8,8 +8,13 @@ fixed ring of staging buffers (:class:`~.pool.StagingPool`, ``CCLCTL_STAGE_CHUNK
 and the result is stored back, pipelined (:mod:`.pipeline`). Each relayed call is one
 trace record of its own, on the communicator's relay id (``<comm>/relay``, its own seq, the
 same on every rank), whose ``stages`` say how long the loads, the host collectives and the
-stores took; the host collective of each chunk is a call of the communicator, recorded as
-any other.
+stores took; it reaches telemetry once it has ended. The host collective of each chunk is
+a call of the communicator, recorded as any other: that is what is in flight while a relay
+runs (and what the watchdog would find hung).
+
+Every rank of a communicator must relay a call alike (the chunks are calls of the
+communicator): in a job whose ranks mix device and CPU tensors, ``CCLCTL_STAGE=always``
+makes the CPU ranks stage too.
 """
 
 from __future__ import annotations
@@ -182,15 +187,21 @@ class Relay:
         (``count`` elements per rank as the caller passed them; ``nbytes``: the recorded
         size in ``count``'s bytes, nccl-tests' full buffer for all_gather)."""
         rec = self.last = self._record(op, count, dtype, count * dtype.itemsize * nbytes, root)
-        start: Callable[[CollectiveRecord], None] | None = getattr(self.comm.tracer, "start", None)
-        if start is not None:
-            start(rec)
         try:
             rec.stages = relay(self.pool, src, dst, dtype, chunks, call)
         except BaseException as exc:
             close_record(rec, exc)
             raise
-        close_record(rec, None)
+        else:
+            close_record(rec, None)
+        finally:
+            # Handed over ended: what is in flight meanwhile is the chunk's own call, which
+            # the watchdog and the diagnosis see; a relayed call is never a hang of its own.
+            start: Callable[[CollectiveRecord], None] | None = getattr(
+                self.comm.tracer, "start", None
+            )
+            if start is not None:
+                start(rec)
 
     def _record(
         self, op: str, count: int, dtype: np.dtype, nbytes: int, root: int
