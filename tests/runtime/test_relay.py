@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 from shm_thread_ranks import run_ranks as shm_run_ranks
@@ -31,7 +32,8 @@ CFG = RuntimeConfig(
     stage_chunk=CHUNK, stage_depth=3,
 )  # fmt: skip
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all")
-DTYPES = (np.float32, np.float64, np.int32, np.float16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = (np.float32, np.float64, np.int32, np.float16, BF16)
 #: per-rank elements: one chunk, a few chunks (not a multiple of one), many chunks
 SIZES = (96, 1003, 12_347)
 MOVES = ("broadcast", "all_gather", "all_to_all")
@@ -81,7 +83,8 @@ def _compare(comm: Communicator, copier: Copier) -> list[str]:
                 if _exact(op, dtype, n) or one_chunk:
                     same = want.tobytes() == got.tobytes()
                 else:
-                    same = np.allclose(want, got, rtol=1e-3 if dtype == np.float16 else 1e-5)
+                    rtol = {np.float16: 1e-3, BF16: 1e-2}.get(dtype, 1e-5)
+                    same = np.allclose(want.astype(np.float64), got.astype(np.float64), rtol=rtol)
                 if not same:
                     wrong.append(f"{op} {np.dtype(dtype).name} x{part}")
     assert relay.pool.allocated_bytes <= CFG.stage_depth * CFG.stage_chunk

@@ -42,13 +42,28 @@ class TorchCopy:
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    """The numpy dtype of a torch dtype the relay can stage (not bfloat16: numpy has none)."""
+    """The numpy dtype of a torch dtype the relay can stage; bfloat16 is ml_dtypes' (the
+    ``bf16`` extra), the dtype cclctl's runtime reduces bfloat16 in."""
+    if dtype == torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise InvalidArgument(
+                "the relay stages bfloat16 tensors with the ml_dtypes package "
+                "(pip install cclctl[bf16])"
+            ) from None
+        return np.dtype(ml_dtypes.bfloat16)
     try:
         return torch.empty(0, dtype=dtype).numpy().dtype
     except TypeError:
         raise InvalidArgument(
             f"the relay stages tensors numpy can hold; {dtype} is not one (cast it first)"
         ) from None
+
+
+def _as_tensor(host: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """``host``'s memory as a tensor of ``dtype`` (by its bytes: torch reads no ml_dtypes)."""
+    return torch.from_numpy(host.view(np.uint8)).view(dtype)
 
 
 class TorchCopier:
@@ -71,10 +86,10 @@ class TorchCopier:
         return buf.numpy()
 
     def to_host(self, src: Any, offset: int, host: np.ndarray) -> CopyEvent:
-        return self._copy(torch.from_numpy(host), src[offset : offset + host.size])
+        return self._copy(_as_tensor(host, src.dtype), src[offset : offset + host.size])
 
     def to_device(self, host: np.ndarray, dst: Any, offset: int) -> CopyEvent:
-        return self._copy(dst[offset : offset + host.size], torch.from_numpy(host))
+        return self._copy(dst[offset : offset + host.size], _as_tensor(host, dst.dtype))
 
     def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> CopyEvent:
         stream = self.stream
