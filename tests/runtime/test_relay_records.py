@@ -17,7 +17,7 @@ from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.relay.copier import HostCopier
 from cclctl.runtime.relay.efficiency import relay_efficiency
 from cclctl.runtime.relay.pipeline import STAGES
-from cclctl.runtime.relay.relay import Relay, stages_on_host
+from cclctl.runtime.relay.relay import Relay, is_staged
 from cclctl.telemetry.exporter import MetricsExporter
 from cclctl.telemetry.hub import Telemetry
 
@@ -122,11 +122,11 @@ def test_the_stage_settings_come_from_the_environment():
 
 def test_which_buffers_are_staged():
     auto, always, never = (CFG.replace(stage=s) for s in ("auto", "always", "never"))
-    assert (stages_on_host(auto, True), stages_on_host(auto, False)) == (False, True)
-    assert (stages_on_host(always, True), stages_on_host(always, False)) == (True, True)
-    assert stages_on_host(never, True) is False
+    assert (is_staged(auto, True), is_staged(auto, False)) == (False, True)
+    assert (is_staged(always, True), is_staged(always, False)) == (True, True)
+    assert is_staged(never, True) is False
     with pytest.raises(InvalidArgument, match="CCLCTL_STAGE=never"):
-        stages_on_host(never, False)
+        is_staged(never, False)
 
 
 def test_relay_efficiency_is_the_slowest_stage_over_the_call():

@@ -15,7 +15,7 @@ import numpy as np
 import cclctl
 from cclctl.records import snapshot_from_json
 from cclctl.runtime.relay.copier import ThreadCopier
-from cclctl.runtime.relay.relay import Relay, stages_on_host
+from cclctl.runtime.relay.relay import Relay, is_staged
 from cclctl.telemetry.exporter import MetricsExporter
 
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -50,7 +50,7 @@ def compare(comm: Any, relay: Relay) -> list[str]:
 
 def main() -> int:
     comm = cclctl.init()
-    assert stages_on_host(comm.cfg, True), "CCLCTL_STAGE=always stages CPU buffers"
+    assert is_staged(comm.cfg, True), "CCLCTL_STAGE=always stages CPU buffers"
     copier = ThreadCopier()
     try:
         failures = compare(comm, Relay(comm, copier))

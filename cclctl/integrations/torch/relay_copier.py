@@ -23,7 +23,7 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import InvalidArgument
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.relay.copier import CopyEvent, DoneCopy
-from cclctl.runtime.relay.relay import Relay, stages_on_host
+from cclctl.runtime.relay.relay import Relay, is_staged
 
 
 class TorchCopy:
@@ -120,7 +120,7 @@ class TensorRelay:
     def staged(self, *tensors: torch.Tensor) -> bool:
         """Whether a call on ``tensors`` is relayed (``CCLCTL_STAGE=never`` refuses a device
         tensor)."""
-        return stages_on_host(self.cfg, all(t.device.type == "cpu" for t in tensors))
+        return is_staged(self.cfg, all(t.device.type == "cpu" for t in tensors))
 
     def relay(self, device: torch.device) -> Relay:
         relay = self._relays.get(device)

@@ -1,7 +1,7 @@
 """The relay: collectives on device buffers, staged through host memory over a communicator.
 
 :class:`Relay` runs each collective on buffers a :class:`~.copier.Copier` can copy to and
-from the host (device tensors through the torch adapter, ``cclctl.integrations.torch.relay``;
+from the host (device tensors through the torch adapter, ``cclctl.integrations.torch.relay_copier``;
 numpy arrays through :class:`~.copier.HostCopier`): chunks of the buffer are loaded into a
 fixed ring of staging buffers (:class:`~.pool.StagingPool`, ``CCLCTL_STAGE_CHUNK`` bytes x
 ``CCLCTL_STAGE_DEPTH``), the communicator runs the collective on each chunk in host memory,
@@ -43,7 +43,7 @@ def relay_comm_id(comm_id: str) -> str:
     return f"{comm_id}/relay"
 
 
-def stages_on_host(cfg: RuntimeConfig, on_host: bool) -> bool:
+def is_staged(cfg: RuntimeConfig, on_host: bool) -> bool:
     """Whether a buffer goes through the relay under ``CCLCTL_STAGE`` (``on_host``: it is
     in CPU memory already): ``auto`` stages device buffers only, ``always`` every buffer,
     ``never`` none (a device buffer is then refused)."""
@@ -69,13 +69,15 @@ class Relay:
         self.comm = comm
         self.copier = copier
         self.pool = StagingPool(copier, cfg.stage_chunk, cfg.stage_depth)
-        self.id = relay_comm_id(comm.id)
         self._seq = 0
+        self._declared = ""  # the relay id last declared to telemetry
         #: the last relayed call's record (its ``stages``), telemetry on or off
         self.last: CollectiveRecord | None = None
-        register = getattr(comm.tracer, "register_comm", None)
-        if register is not None:
-            register(self.id, comm.members)
+
+    @property
+    def id(self) -> str:
+        """The id this relay's calls are recorded under (it follows a shrink in place)."""
+        return relay_comm_id(self.comm.id)
 
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, buf: Any, op: str = "sum", out: Any = None) -> Any:
@@ -207,8 +209,14 @@ class Relay:
         self, op: str, count: int, dtype: np.dtype, nbytes: int, root: int
     ) -> CollectiveRecord:
         self._seq += 1
+        comm_id = self.id
+        if comm_id != self._declared:  # its members size the bus bytes telemetry counts
+            register = getattr(self.comm.tracer, "register_comm", None)
+            if register is not None:
+                register(comm_id, self.comm.members)
+                self._declared = comm_id
         return CollectiveRecord(
-            comm=self.id,
+            comm=comm_id,
             seq=self._seq,
             op=op,
             dtype=buffers.dtype_name(dtype),
