@@ -7,6 +7,8 @@ where one is present.)"""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from thread_ranks import run_ranks
@@ -18,7 +20,8 @@ from cclctl.runtime.comm.communicator import Communicator
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from cclctl.integrations.torch.relay_copier import TensorRelay  # noqa: E402
+from cclctl.integrations.torch.relay_copier import TensorRelay, TorchCopier  # noqa: E402
+from cclctl.runtime.relay.relay import Relay  # noqa: E402
 
 CFG = RuntimeConfig(
     job="relay", timeout_s=30.0, connect_timeout_s=10.0, stage="always",
@@ -90,3 +93,69 @@ def test_auto_stages_only_device_tensors():
     relay = TensorRelay(comm=None, cfg=CFG.replace(stage="auto"))  # type: ignore[arg-type]
     assert relay.staged(torch.ones(1)) is False
     assert relay.staged(torch.ones(1, device="meta")) is True
+
+
+class FakeEvent:
+    """torch.Event's part the copier uses, on the host clock (CPU has no device events)."""
+
+    def __init__(self, device: object = None, *, enable_timing: bool = False) -> None:
+        assert enable_timing, "the copier times every copy"
+        self.ns = 0
+        self.synced = False
+
+    def synchronize(self) -> None:
+        self.synced = True
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.ns and end.synced, "timed once the copy is waited on"
+        return (end.ns - self.ns) / 1e6
+
+
+class FakeStream:
+    """A copy stream that logs what the copier asks of it."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.inside = False
+
+    def wait_stream(self, other: object) -> None:
+        self.log.append(f"wait {other}")
+
+    def record_event(self, event: FakeEvent) -> None:
+        event.ns = time.perf_counter_ns()
+        self.log.append("record")
+
+    def __enter__(self) -> FakeStream:
+        self.inside = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inside = False
+
+
+@pytest.mark.timeout(60)
+def test_the_device_path_copies_on_its_stream_between_timing_events(monkeypatch):
+    """The accelerator path on CPU tensors with stand-ins for torch.Event and the compute
+    stream: each copy waits for the caller's stream, runs between two timing events on the
+    copy stream, and the relay's results and stage times come out right."""
+    monkeypatch.setattr(torch, "Event", FakeEvent)
+    monkeypatch.setattr(torch.accelerator, "current_stream", lambda device=None: "compute")
+    streams: list[FakeStream] = []
+
+    def rank(comm: Communicator) -> tuple[bytes, bytes, dict[str, int]]:
+        stream = FakeStream()
+        streams.append(stream)
+        relay = Relay(comm, TorchCopier(torch.device("cpu"), stream), CFG)
+        x = torch.arange(5000, dtype=torch.float32) * (comm.rank + 1)
+        got = relay.all_reduce(x.clone())
+        want = comm.all_reduce(x.numpy().copy())
+        assert relay.last is not None
+        return got.numpy().tobytes(), want.tobytes(), dict(relay.last.stages)
+
+    for got, want, stages in run_ranks(2, rank, CFG):
+        assert got == want
+        assert set(stages) == {"d2h", "collective", "h2d"} and all(v >= 0 for v in stages.values())
+    for stream in streams:
+        copies = stream.log.count("wait compute")
+        assert copies == 2 * 5  # 5 chunks of 4096 bytes, each in and out
+        assert stream.log == ["wait compute", "record", "record"] * copies

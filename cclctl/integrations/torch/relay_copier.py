@@ -67,13 +67,16 @@ def _as_tensor(host: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 class TorchCopier:
-    """Copies between flat tensors on ``device`` and host staging buffers."""
+    """Copies between flat tensors on ``device`` and host staging buffers, on ``stream``
+    (default: a new stream of an accelerator device; none for a CPU one)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, stream: torch.Stream | None = None) -> None:
         self.device = device
         on_accelerator = device.type != "cpu"
-        #: the copy stream (None on CPU: copies run at once)
-        self.stream = torch.Stream(device=device) if on_accelerator else None
+        if stream is None and on_accelerator:
+            stream = torch.Stream(device=device)
+        #: the copy stream (None: copies run at once)
+        self.stream = stream
         self._pinned = on_accelerator and torch.accelerator.is_available()
         self._staging: list[torch.Tensor] = []  # the buffers numpy views borrow
 
