@@ -19,7 +19,7 @@ this was written on has no accelerator: only the CPU numbers were measured there
 
     python benchmarks/relay.py [--ranks 2] [--min 1M --max 64M] [--rounds 5]
         [--ops all_reduce,all_gather,reduce_scatter,broadcast] [--chunk 4M] [--depth 4]
-        [--json relay.json]
+        [--copier thread|host] [--json relay.json]
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def _buffers(op: str, count: int, n: int, make: Any) -> tuple[Any, Any]:
     return make(count), None
 
 
-def _relay(comm: Any, cfg: Any) -> tuple[Any, Any, str]:
-    """The relay, a maker of its buffers, and the device it stages from."""
+def _relay(comm: Any, cfg: Any, copier: str) -> tuple[Any, Any, str]:
+    """The relay, a maker of its buffers, and the device it stages from (``copier``: how
+    CPU buffers are copied, ``thread`` or ``host``)."""
     try:
         import torch
     except ImportError:
@@ -74,10 +75,11 @@ def _relay(comm: Any, cfg: Any) -> tuple[Any, Any, str]:
         device = torch.accelerator.current_accelerator()
         relay = TensorRelay(comm, cfg).relay(device)
         return relay, lambda c: torch.ones(c, dtype=torch.float32, device=device), str(device)
-    from cclctl.runtime.relay.copier import ThreadCopier
+    from cclctl.runtime.relay.copier import HostCopier, ThreadCopier
     from cclctl.runtime.relay.relay import Relay
 
-    return Relay(comm, ThreadCopier(), cfg), lambda c: np.ones(c, np.float32), "cpu"
+    copies = ThreadCopier() if copier == "thread" else HostCopier()
+    return Relay(comm, copies, cfg), lambda c: np.ones(c, np.float32), f"cpu ({copier} copies)"
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -90,7 +92,7 @@ def _worker(args: argparse.Namespace) -> int:
     cfg = comm.cfg.replace(
         stage="always", stage_chunk=parse_size(args.chunk), stage_depth=args.depth
     )
-    relay, make, device = _relay(comm, cfg)
+    relay, make, device = _relay(comm, cfg, args.copier)
 
     def timed(target: Any, op: str, buf: Any, out: Any) -> float:
         comm.barrier()
@@ -155,6 +157,10 @@ def main() -> int:
     ap.add_argument("--ops", default="all_reduce")
     ap.add_argument("--chunk", default="4M", help="CCLCTL_STAGE_CHUNK")
     ap.add_argument("--depth", type=int, default=4, help="CCLCTL_STAGE_DEPTH")
+    ap.add_argument(
+        "--copier", default="thread", choices=("thread", "host"),
+        help="CPU buffers: copies on a copy thread (overlapping) or inline",
+    )  # fmt: skip
     ap.add_argument("--json", default="", help="also write the rows here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
@@ -166,6 +172,7 @@ def main() -> int:
     sizes = sizes_between(parse_size(args.min), parse_size(args.max), args.factor)
     cmd = [sys.executable, __file__, "--worker", "--ops", args.ops, "--rounds", str(args.rounds)]
     cmd += ["--chunk", args.chunk, "--depth", str(args.depth), "--sizes", ",".join(map(str, sizes))]
+    cmd += ["--copier", args.copier]
     lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
     result = launch(
         cmd,
