@@ -30,6 +30,10 @@ DEFAULT_RETRY_BUDGET_S = 30.0  # CCLCTL_RETRY_BUDGET: seconds a link fault is re
 FAILURE_POLICIES = ("raise", "shrink")  # CCLCTL_ON_FAILURE: what a call does when a rank died
 DEFAULT_STORE_MAX_FRAME = 64 << 20
 DEFAULT_STORE_LINGER_S = 120.0
+#: CCLCTL_STAGE: which tensors the relay stages through host memory (auto: non-CPU ones)
+STAGE_POLICIES = ("auto", "always", "never")
+DEFAULT_STAGE_CHUNK = 4 << 20  # CCLCTL_STAGE_CHUNK: bytes per staging buffer
+DEFAULT_STAGE_DEPTH = 4  # CCLCTL_STAGE_DEPTH: staging buffers in the relay's ring
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +102,9 @@ class RuntimeConfig:
     token: str = ""  # the job's secret (see runtime/job/token.py): links and store prove it
     link_mac: bool = False  # a MAC on every TCP message (CCLCTL_LINK_MAC)
     debug: bool = False  # an uncaught cclctl error prints its traceback too (CCLCTL_DEBUG)
+    stage: str = "auto"  # the relay (runtime/relay): "always" stages CPU tensors too
+    stage_chunk: int = DEFAULT_STAGE_CHUNK  # bytes per staging buffer (CCLCTL_STAGE_CHUNK)
+    stage_depth: int = DEFAULT_STAGE_DEPTH  # staging buffers in the ring (CCLCTL_STAGE_DEPTH)
     hostname: str = dataclasses.field(default_factory=socket.gethostname)
 
     def replace(self, **changes: object) -> RuntimeConfig:
@@ -136,6 +143,13 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
         token=env.get("CCLCTL_TOKEN", "").strip(),
         link_mac=values.parse(env, "CCLCTL_LINK_MAC", False, values.flag),
         debug=values.parse(env, "CCLCTL_DEBUG", False, values.flag),
+        stage=values.parse(env, "CCLCTL_STAGE", "auto", values.choice(STAGE_POLICIES)),
+        stage_chunk=values.parse(
+            env, "CCLCTL_STAGE_CHUNK", DEFAULT_STAGE_CHUNK, values.stage_chunk
+        ),
+        stage_depth=values.parse(
+            env, "CCLCTL_STAGE_DEPTH", DEFAULT_STAGE_DEPTH, values.stage_depth
+        ),
     )
     given = {k: v for k, v in flags.items() if v is not None}
     return base.replace(**given) if given else base

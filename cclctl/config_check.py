@@ -51,6 +51,9 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_RETRY_BUDGET": "seconds a broken link is retried (30; 0: off)",
     "CCLCTL_FAULT": "injected faults",
     "CCLCTL_DEBUG": "1: a rank's uncaught cclctl error prints its traceback too",
+    "CCLCTL_STAGE": "auto, always or never: which tensors the relay stages through host memory",
+    "CCLCTL_STAGE_CHUNK": "bytes per relay staging buffer (4M)",
+    "CCLCTL_STAGE_DEPTH": "relay staging buffers in the ring (4)",
     "CCLCTL_STREAMING_COPY": "copy size that bypasses the cache in launched ranks",
     "CCLCTL_BENCH_CORRUPT": "bench's checker self-test",
 }

@@ -142,15 +142,43 @@ def bind_address(raw: str) -> str:
     raise ValueError("expected an address to listen on (an IP, 0.0.0.0, or a host name)")
 
 
-def frame_size(raw: str) -> int:
-    """Bytes, with an optional K, M or G (binary): ``64M``; a store frame cap's range."""
+def _size(raw: str) -> int:
+    """Bytes, with an optional K, M or G (binary): ``64M``."""
     text = raw.upper().removesuffix("B").removesuffix("I")
     unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
     try:
-        value = int(text[: len(text) - len(unit)]) * _SIZE_UNITS[unit]
+        return int(text[: len(text) - len(unit)]) * _SIZE_UNITS[unit]
     except ValueError:
         raise ValueError("expected a size in bytes, like 67108864 or 64M") from None
+
+
+def frame_size(raw: str) -> int:
+    """Bytes, with an optional K, M or G (binary): ``64M``; a store frame cap's range."""
+    value = _size(raw)
     low, high = STORE_MAX_FRAME_RANGE
     if not low <= value <= high:
         raise ValueError("a store frame cap is between 64K and 1G")
+    return value
+
+
+#: The relay's staging chunk (``CCLCTL_STAGE_CHUNK``) and ring depth (``CCLCTL_STAGE_DEPTH``).
+STAGE_CHUNK_RANGE = (4 << 10, 1 << 30)
+STAGE_DEPTH_RANGE = (2, 64)
+
+
+def stage_chunk(raw: str) -> int:
+    """Bytes per staging buffer, with an optional K, M or G: ``4M``; between 4K and 1G."""
+    value = _size(raw)
+    low, high = STAGE_CHUNK_RANGE
+    if not low <= value <= high:
+        raise ValueError("a staging chunk is between 4K and 1G")
+    return value
+
+
+def stage_depth(raw: str) -> int:
+    """Staging buffers in the relay's ring: 2 (copies overlap the wire) to 64."""
+    value = integer(raw)
+    low, high = STAGE_DEPTH_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"a staging depth is between {low} and {high}")
     return value

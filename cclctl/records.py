@@ -69,13 +69,19 @@ class CollectiveRecord:
     #: how a failed call failed, as fields (see :mod:`cclctl.call_fault`); None while it
     #: has not failed, and in documents written before the field existed
     fault: CallFault | None = None
+    #: a relayed call's nanoseconds per stage (``d2h``, ``collective``, ``h2d``: see
+    #: :mod:`cclctl.runtime.relay`); empty for every other call, and then left out of the JSON
+    stages: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as JSON; ``fault`` only where there is one (older readers skip it)."""
+        """The record as JSON; ``fault`` and ``stages`` only where there are some (older
+        readers skip them)."""
         doc = dataclasses.asdict(self)
         del doc["fault"]
         if self.fault is not None:
             doc["fault"] = self.fault.to_dict()
+        if not self.stages:
+            del doc["stages"]
         return doc
 
     @property
@@ -112,6 +118,9 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
             fault = data[name]
             kwargs[name] = None if fault is None else fault_from_dict(fault, f"{where}: fault")
             continue
+        if name == "stages":
+            kwargs[name] = _stages(data[name], where)
+            continue
         value = data[name]
         if name in _INT_FIELDS and not _is_int(value):
             raise _fail(where, f"field {name!r} must be an integer, got {clip(repr(value))}")
@@ -127,6 +136,20 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
     if kwargs.get("state", STARTED) not in STATES:
         raise _fail(where, f"unknown state {kwargs['state']!r}")
     return CollectiveRecord(**kwargs)
+
+
+def _stages(data: object, where: str) -> dict[str, int]:
+    """A record's ``stages``: at most a few names, each of a non-negative integer."""
+    if not isinstance(data, Mapping) or len(data) > 16:
+        raise _fail(where, "field 'stages' must be an object of at most 16 stages")
+    for name, ns in data.items():
+        if not isinstance(name, str) or len(name) > 32:
+            raise _fail(where, f"a stage name must be a short string, got {clip(repr(name))}")
+        if not _is_int(ns) or not 0 <= ns <= limits.MAX_INT:
+            raise _fail(
+                where, f"stage {name!r} must be a non-negative integer, got {clip(repr(ns))}"
+            )
+    return dict(data)
 
 
 @dataclasses.dataclass(slots=True)

@@ -56,6 +56,7 @@ class OpStats:
         "last_end_ns",
         "last_ns",
         "retries",
+        "stage_ns",
     )
 
     def __init__(self) -> None:
@@ -72,6 +73,8 @@ class OpStats:
         self.last_bus_bytes = 0.0
         self.last_ns = 0
         self.last_end_ns = 0
+        #: a relayed op's nanoseconds per stage (records' ``stages``), summed
+        self.stage_ns: dict[str, int] = {}
 
     def copy(self) -> OpStats:
         other = OpStats()
@@ -79,7 +82,13 @@ class OpStats:
             setattr(other, name, getattr(self, name))
         other.errors = dict(self.errors)
         other.buckets = list(self.buckets)
+        other.stage_ns = dict(self.stage_ns)
         return other
+
+    def add_stages(self, stages: dict[str, int]) -> None:
+        """Add a completed relayed call's stage times."""
+        for name, ns in stages.items():
+            self.stage_ns[name] = self.stage_ns.get(name, 0) + ns
 
     @property
     def error_count(self) -> int:

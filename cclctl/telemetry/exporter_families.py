@@ -64,6 +64,17 @@ def _op_counters(view: MetricsView, base: list[str]) -> Iterator[Metric]:
         "Seconds spent inside completed collectives.",
         lambda st: st.busy_ns / 1e9,
     )
+    relayed = [(key, st) for key, st in sorted(view.ops.items()) if st.stage_ns]
+    if relayed:  # the family exists once a relayed call completed (runtime/relay)
+        stages = CounterMetricFamily(
+            "cclctl_relay_stage_seconds",
+            "Seconds each stage of completed relayed collectives took (d2h, collective, h2d).",
+            labels=[*_OP_LABELS, "stage"],
+        )
+        for (comm, op), st in relayed:
+            for stage, ns in sorted(st.stage_ns.items()):
+                stages.add_metric([*base, comm, op, stage], ns / 1e9)
+        yield stages
 
 
 def _fault_counters(view: MetricsView, base: list[str]) -> Iterator[Metric]:

@@ -66,6 +66,8 @@ def take_queued(
         ns = end - rec.start_ns
         if ns < 0:  # wall clocks can step back; counters must not
             ns = 0
+        if rec.stages:  # a relayed call (runtime/relay): rare, so tested, not summed in locals
+            st.add_stages(rec.stages)
         calls += 1
         nbytes += rec.nbytes
         busy += ns
@@ -88,5 +90,7 @@ def count_ended(rec: CollectiveRecord, stats_of: StatsOf, world_size: int) -> No
         return
     ns = max(0, rec.end_ns - rec.start_ns)
     st.buckets[bisect_left(DURATION_BOUNDS_NS, ns)] += 1
+    if rec.stages:
+        st.add_stages(rec.stages)
     seq = rec.seq if rec.peer is None else 0
     add_run(cs, st, world_size, 1, rec.nbytes, ns, rec, 0, seq)

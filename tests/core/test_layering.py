@@ -154,7 +154,7 @@ def test_the_rule_catches_a_lazy_upward_import() -> None:
 
 #: the runtime's own floors, top first: each may import only the ones below it (and the
 #: modules directly in runtime/, the failure state, which every floor shares)
-RUNTIME_FLOORS = ("job", "comm", "algorithms", "transport")
+RUNTIME_FLOORS = ("job", "relay", "comm", "algorithms", "transport")
 
 
 def _runtime_floor(module: str) -> int:

@@ -39,6 +39,7 @@ def exposed(make_tel) -> tuple[set[str], set[str]]:
     tel = make_tel()
     run(tel, "w", 1)
     run(tel, "w", 2, state=FAILED)
+    run(tel, "w/relay", 1).stages.update(d2h=1, collective=2, h2d=1)  # counted at the render
     tel.link_bytes(1, 1, 1)
     tel.peer_waits.add(1, 0, 1000)  # time blocked sending to rank 1
     tel.add_resume_source(lambda: [0, 1])  # a link to rank 1 made again once
