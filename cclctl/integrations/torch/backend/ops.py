@@ -1,0 +1,156 @@
+"""The collectives a cclctl process group runs, on host views of torch's tensors.
+
+Each function takes the views (made on the caller's thread, when torch issues the call, so
+an input copied in is the tensor as it was then) and returns the job its progress thread
+runs: one or more calls on the runtime's communicator (the calls its telemetry records),
+the copies out that views need, and the output tensors the call's future holds. torch's
+list forms (``all_gather`` into a list, ``reduce_scatter`` from one) go through one
+contiguous buffer, so each is one runtime call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from cclctl.errors import InvalidArgument
+from cclctl.integrations.torch.backend.views import HostView
+from cclctl.runtime.comm.communicator import Communicator
+
+Job = Callable[[], list[torch.Tensor]]
+
+
+def _done(views: Sequence[HostView]) -> list[torch.Tensor]:
+    for view in views:
+        view.write_back()
+    return [view.tensor for view in views]
+
+
+def all_reduce(comm: Communicator, views: list[HostView], redop: str) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.all_reduce(view.array, redop)
+        return _done(views)
+
+    return run
+
+
+def broadcast(comm: Communicator, views: list[HostView], root: int) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.broadcast(view.array, root)
+        return _done(views)
+
+    return run
+
+
+def reduce(comm: Communicator, views: list[HostView], redop: str, root: int) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.reduce(view.array, redop, root)
+        return _done(views)
+
+    return run
+
+
+def all_gather(comm: Communicator, pairs: list[tuple[HostView, HostView]]) -> Job:
+    """``pairs``: (output of ``world_size`` blocks, input) each."""
+
+    def run() -> list[torch.Tensor]:
+        for out, src in pairs:
+            comm.all_gather(src.array, out.array)
+        return _done([out for out, _ in pairs])
+
+    return run
+
+
+def all_gather_list(comm: Communicator, outs: list[HostView], src: HostView) -> Job:
+    """torch's list form: the blocks land in one buffer, then in each output tensor."""
+
+    def run() -> list[torch.Tensor]:
+        whole = np.empty(src.array.size * len(outs), dtype=src.array.dtype)
+        comm.all_gather(src.array, whole)
+        for out, block in zip(outs, np.split(whole, len(outs)), strict=True):
+            out.array[...] = block
+        return _done(outs)
+
+    return run
+
+
+def reduce_scatter(comm: Communicator, pairs: list[tuple[HostView, HostView]], redop: str) -> Job:
+    """``pairs``: (output block, input of ``world_size`` blocks) each."""
+
+    def run() -> list[torch.Tensor]:
+        for out, src in pairs:
+            comm.reduce_scatter(src.array, out.array, redop)
+        return _done([out for out, _ in pairs])
+
+    return run
+
+
+def reduce_scatter_list(comm: Communicator, out: HostView, srcs: list[HostView], redop: str) -> Job:
+    """torch's list form: the input blocks are joined into one buffer first."""
+    whole = np.concatenate([src.array for src in srcs])  # now: the inputs as issued
+
+    def run() -> list[torch.Tensor]:
+        comm.reduce_scatter(whole, out.array, redop)
+        return _done([out])
+
+    return run
+
+
+def all_to_all(comm: Communicator, out: HostView, src: HostView) -> Job:
+    def run() -> list[torch.Tensor]:
+        comm.all_to_all(src.array, out.array)
+        return _done([out])
+
+    return run
+
+
+def all_to_all_list(comm: Communicator, outs: list[HostView], srcs: list[HostView]) -> Job:
+    """torch's list form, of equal blocks: joined, exchanged in one call, split again."""
+    sizes = {view.array.size for view in [*outs, *srcs]}
+    if len(sizes) > 1:
+        raise InvalidArgument(
+            "all_to_all: cclctl's runtime exchanges equal blocks only; these tensors have "
+            f"{sorted(sizes)} elements",
+            op="all_to_all",
+        )
+    whole = np.concatenate([src.array for src in srcs])
+
+    def run() -> list[torch.Tensor]:
+        result = np.empty_like(whole)
+        comm.all_to_all(whole, result)
+        for out, block in zip(outs, np.split(result, len(outs)), strict=True):
+            out.array[...] = block
+        return _done(outs)
+
+    return run
+
+
+def barrier(comm: Communicator) -> Job:
+    def run() -> list[torch.Tensor]:
+        comm.barrier()
+        return []
+
+    return run
+
+
+def send(comm: Communicator, views: list[HostView], dst: int) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.send(view.array, dst)
+        return [view.tensor for view in views]
+
+    return run
+
+
+def recv(comm: Communicator, views: list[HostView], src: int) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.recv(view.array, src)
+        return _done(views)
+
+    return run

@@ -1,0 +1,91 @@
+"""Torch tensors as the flat numpy arrays cclctl's runtime takes, and its reductions' names.
+
+Every tensor a collective touches goes through :func:`host_views`, the one place that
+decides how a tensor reaches host memory. A contiguous CPU tensor is viewed in place
+(``tensor.numpy()``: zero-copy, the runtime reads and writes the tensor's own storage); a
+non-contiguous one is copied into a contiguous buffer, and an output copied back once the
+call ends. A tensor on another device is refused: device tensors go through the relay
+(host staging), which this module hands them to once it exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from cclctl.errors import InvalidArgument
+
+#: torch's reductions by cclctl's names (AVG runs as the runtime's ``avg``: a sum divided
+#: by the group's size once, at the end, as NCCL's; integer tensors divide with truncation)
+REDUCE_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.PRODUCT: "prod",
+    dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.AVG: "avg",
+}
+#: dtypes numpy has no type for: moved as their bytes by the calls that only move data
+_BYTES_ONLY = {torch.bfloat16, torch.bool, torch.complex64, torch.complex128}
+
+
+@dataclasses.dataclass
+class HostView:
+    """A tensor as a flat numpy array; ``copied``: the array is a copy to write back."""
+
+    tensor: torch.Tensor
+    array: np.ndarray
+    copied: bool
+
+    def write_back(self) -> None:
+        """Copy the array's result into the tensor, when it is a copy."""
+        if self.copied:
+            self.tensor.copy_(
+                torch.from_numpy(self.array).view(self.tensor.dtype).view_as(self.tensor)
+            )
+
+
+def redop(op: object, call: str) -> str:
+    """cclctl's name for torch's reduction ``op`` (a ``ReduceOp`` or its ``RedOpType``)."""
+    kind = getattr(op, "op", op)
+    for torch_op, name in REDUCE_OPS.items():
+        if kind == torch_op:
+            return name
+    raise InvalidArgument(
+        f"{call}: reduction {op} is not one cclctl's runtime runs; use SUM, PRODUCT, MIN, "
+        "MAX or AVG",
+        op=call,
+    )
+
+
+def host_views(tensors: Iterable[torch.Tensor], call: str, *, reduces: bool) -> list[HostView]:
+    """Each tensor as host memory the runtime can use (``reduces``: the call does arithmetic
+    on it, so its dtype must be one numpy has). A non-CPU tensor is refused here."""
+    return [_view(t, call, reduces) for t in tensors]
+
+
+def _view(tensor: torch.Tensor, call: str, reduces: bool) -> HostView:
+    if tensor.device.type != "cpu":
+        raise InvalidArgument(
+            f"{call}: a tensor on {tensor.device} reached the cclctl backend; device tensors "
+            "go through the relay (host staging), which this build does not have yet: "
+            "use CPU tensors, or backend='cpu:cclctl,cuda:nccl'",
+            op=call,
+        )
+    flat = tensor.detach()
+    copied = not flat.is_contiguous()
+    if copied:
+        flat = flat.contiguous()
+    flat = flat.reshape(-1)
+    if flat.dtype in _BYTES_ONLY:
+        if reduces:
+            raise InvalidArgument(
+                f"{call}: cclctl's runtime does not reduce {tensor.dtype} tensors; use a "
+                "float or integer dtype numpy has",
+                op=call,
+            )
+        flat = flat.view(torch.uint8)
+    return HostView(tensor, flat.numpy(), copied)
