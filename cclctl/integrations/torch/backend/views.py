@@ -28,7 +28,8 @@ REDUCE_OPS = {
     dist.ReduceOp.MAX: "max",
     dist.ReduceOp.AVG: "avg",
 }
-#: dtypes numpy has no type for: moved as their bytes by the calls that only move data
+#: dtypes the runtime does not reduce: moved as their bytes by the calls that only move data
+#: (bfloat16 reduces where the optional ml_dtypes package gives numpy that type)
 _BYTES_ONLY = {torch.bfloat16, torch.bool, torch.complex64, torch.complex128}
 
 
@@ -80,12 +81,23 @@ def _view(tensor: torch.Tensor, call: str, reduces: bool) -> HostView:
     if copied:
         flat = flat.contiguous()
     flat = flat.reshape(-1)
+    if flat.dtype == torch.bfloat16 and (bf16 := _numpy_bfloat16()) is not None:
+        return HostView(tensor, flat.view(torch.int16).numpy().view(bf16), copied)
     if flat.dtype in _BYTES_ONLY:
         if reduces:
             raise InvalidArgument(
                 f"{call}: cclctl's runtime does not reduce {tensor.dtype} tensors; use a "
-                "float or integer dtype numpy has",
+                "float or integer dtype (bfloat16 needs the ml_dtypes package: cclctl[bf16])",
                 op=call,
             )
         flat = flat.view(torch.uint8)
     return HostView(tensor, flat.numpy(), copied)
+
+
+def _numpy_bfloat16() -> np.dtype | None:
+    """numpy's bfloat16 from ml_dtypes (the bits of torch's), or None without it."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
