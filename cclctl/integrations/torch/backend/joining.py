@@ -1,4 +1,4 @@
-"""How a ``cclctl`` process group gets its communicator: the job's world, joined once.
+"""How a ``cclctl`` process group gets its communicator: the job's world, or a group of it.
 
 torch hands the backend's creator its c10d store, the rank, the size and a timeout, after
 its own rendezvous lined the ranks up. The group joins cclctl's job the way cclctl's
@@ -12,9 +12,10 @@ Only where neither variable is set (a ``tcp://`` init) the address comes from to
 TCPStore (its host, its port + 1); a ``file://`` init without them is refused, saying what
 to set.
 
-The runtime has one communicator per job, the world: a ``new_group`` over it would need a
-sub-communicator (a transport of its own among the group's ranks), which the runtime does
-not build yet, so a group other than the world is refused with that reason.
+A ``new_group`` is a sub-communicator (:mod:`cclctl.runtime.job.subgroup`): its members
+meet in the same store under the group's torch name, open a transport among themselves
+and run on it; its id is ``<torch group name>:<members>``, as the torch wrapper names
+groups. It needs the world joined first, as torch does.
 """
 
 from __future__ import annotations
@@ -26,22 +27,30 @@ from cclctl.config_rendezvous import RendezvousConfig
 from cclctl.errors import ConfigError, UsageError
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.job.init import init_at
+from cclctl.runtime.job.subgroup import open_subgroup
+
+#: this process's world communicator and where its job's store is (for its groups)
+_world: tuple[Communicator, tuple[str, int]] | None = None
 
 
-def world(opts: Any) -> Communicator:
-    """The job's world communicator for torch's default group (``opts``: torch's
-    ``_DistributedBackendOptions``)."""
-    members = list(opts.global_ranks_in_group)
+def communicator(opts: Any) -> Communicator:
+    """The communicator of the group torch is creating (``opts``: torch's
+    ``_DistributedBackendOptions``): the job's world, or a sub-communicator of it."""
+    global _world
+    members = [int(r) for r in opts.global_ranks_in_group]
     if members:
-        raise UsageError(
-            f"new_group(ranks={members}, backend='cclctl'): cclctl's runtime has one "
-            "communicator per job (the world) and no sub-communicators yet; create this "
-            "group with backend='gloo'",
-            ranks=members,
-        )
+        if _world is None or _world[0].failure.closed:
+            raise UsageError(
+                f"new_group(ranks={members}, backend='cclctl'): the default group is not on "
+                "the cclctl backend; a cclctl group is a sub-communicator of its world",
+                ranks=members,
+            )
+        return open_subgroup(_world[0], _world[1], members, str(opts.group_id))
     rank, size = int(opts.group_rank), int(opts.group_size)
     where = attach_from_env(rank, size) or _beside_torch_store(rank, size, opts.store)
-    return init_at(where, runtime_from_env())
+    comm = init_at(where, runtime_from_env())
+    _world = (comm, (where.store_host, where.store_port))
+    return comm
 
 
 def _beside_torch_store(rank: int, size: int, store: Any) -> RendezvousConfig:

@@ -23,5 +23,5 @@ def register() -> None:
 
 
 def create(opts: Any, _options: Any = None) -> CclctlProcessGroup:
-    """torch's creator: the group of the job's world communicator."""
-    return CclctlProcessGroup(joining.world(opts))
+    """torch's creator: the group of the job's world communicator, or of a sub-group's."""
+    return CclctlProcessGroup(joining.communicator(opts))
