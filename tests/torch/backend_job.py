@@ -117,6 +117,24 @@ for fn in (all_reduce, strided, broadcast, reduce, all_gather, reduce_scatter, a
 each(all_reduce, (torch.bfloat16, torch.float16))  # bfloat16 through ml_dtypes
 each(all_gather, (torch.bool,))  # moved as bytes
 
+# a new_group on the cclctl backend (a sub-communicator) against gloo's of the same ranks
+MEMBERS = [0, world - 1]
+sub, gloo_sub = dist.new_group(MEMBERS), dist.new_group(MEMBERS, backend="gloo")
+if rank in MEMBERS:
+    inner = MEMBERS.index(rank)
+    for g in (sub, gloo_sub):
+        t = inputs(torch.float32)
+        dist.all_reduce(t, group=g)
+        b = inputs(torch.int64)
+        dist.broadcast(b, group_src=1, group=g)
+        outs = [torch.empty(2 * world, 3) for _ in MEMBERS]
+        dist.all_gather(outs, inputs(torch.float32), group=g)
+        doc.setdefault("sub", []).append([t.tolist(), b.tolist(), [o.tolist() for o in outs]])
+    doc["sub_comm"] = sub.comm.id
+    doc["sub_same"] = doc["sub"][0] == doc["sub"][1]
+    del doc["sub"]
+dist.barrier()
+
 # Work and futures: issue order kept, a future's callback sees the result
 t1, t2 = torch.ones(5), torch.full((5,), 2.0)
 w1 = dist.all_reduce(t1, async_op=True)
@@ -168,6 +186,7 @@ telemetry.fold()
 doc["dump"] = telemetry.dump("backend test", os.path.join(out_dir, f"dump{rank}.json"))
 doc["comm"] = cclctl_pg.comm.id
 doc["ops"] = sorted({rec.op for rec in telemetry.records()})
+doc["comms"] = sorted({rec.comm for rec in telemetry.records()})
 dist.destroy_process_group()
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(doc, f)
