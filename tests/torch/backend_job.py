@@ -2,9 +2,11 @@
 Run under a launcher (RANK, WORLD_SIZE, MASTER_*): ``python backend_job.py OUT``.
 
 Every collective runs on the default group (``cclctl``) and on a gloo group of the same
-ranks with the same inputs, for float32 and int64; then ``Work.wait`` and futures, an
-error through ``wait()``, a DDP model of several buckets trained on each backend, and the
-rank's cclctl telemetry dumped. Each rank writes ``OUT/rank<r>.json``.
+ranks with the same inputs, for float32 and int64 (some for half precision and bool); a
+``new_group`` on cclctl against gloo's; then ``Work.wait`` and futures, an error through
+``wait()``; DDP (several buckets; with a communication hook), FSDP2 and functional
+collectives on each backend; and the rank's cclctl telemetry dumped. Each rank writes
+``OUT/rank<r>.json``.
 """
 
 import datetime
@@ -14,6 +16,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import cclctl.torch  # noqa: F401  # registers the backend
 
@@ -155,27 +158,68 @@ except Exception as exc:
     doc["error"] = [type(exc).__name__, getattr(exc, "fields", {}).get("op"), str(exc)]
 
 
-def train(group) -> tuple[list[float], list[float]]:
+def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    net = torch.nn.Sequential(
+    return torch.nn.Sequential(
         torch.nn.Linear(32, 40), torch.nn.ReLU(), torch.nn.Linear(40, 32), torch.nn.ReLU(),
         torch.nn.Linear(32, 8),
     )  # fmt: skip
-    ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=group, bucket_cap_mb=0.004)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+
+
+def steps(net: torch.nn.Module, wrapped: torch.nn.Module) -> list[float]:
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)
     losses = []
     for _ in range(4):
         opt.zero_grad()
-        loss = ddp(torch.randn(8, 32, generator=gen)).pow(2).mean()
+        loss = wrapped(torch.randn(8, 32, generator=gen)).pow(2).mean()
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    return losses
+
+
+def train(group, hook=None) -> tuple[list[float], list[float]]:
+    """DDP of several buckets (``hook``: a communication hook of DDP's)."""
+    net = model()
+    ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=group, bucket_cap_mb=0.004)
+    if hook is not None:
+        ddp.register_comm_hook(group, hook)
+    losses = steps(net, ddp)
     flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
     return losses, flat.tolist()
 
 
-doc["ddp"] = {"cclctl": train(cclctl_pg), "gloo": train(gloo)}
+def fsdp(group) -> list[float]:
+    """FSDP2: ``fully_shard`` per layer and on the model, over ``group``'s mesh."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group, "cpu")
+    net = model()
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    return steps(net, net)
+
+
+def functional(group) -> list[list[float]]:
+    """Functional collectives (issued from C++ through torch's dispatcher)."""
+    import torch.distributed._functional_collectives as fc
+
+    x = inputs(torch.float32).reshape(-1)
+    return [
+        fc.wait_tensor(fc.all_reduce(x, "sum", group)).tolist(),
+        fc.wait_tensor(fc.all_gather_tensor(x, 0, group)).tolist(),
+        fc.wait_tensor(fc.reduce_scatter_tensor(x, "sum", 0, group)).tolist(),
+    ]
+
+
+hook = default_hooks.allreduce_hook
+doc["ddp"] = {"cclctl": train(cclctl_pg), "gloo": train(gloo), "hook": train(cclctl_pg, hook)}
+doc["fsdp"] = {"cclctl": fsdp(cclctl_pg), "gloo": fsdp(gloo)}
+doc["functional_same"] = functional(cclctl_pg) == functional(gloo)
 params = torch.tensor(doc["ddp"]["cclctl"][1])
 every = [torch.empty_like(params) for _ in range(world)]
 dist.all_gather(every, params, group=gloo)

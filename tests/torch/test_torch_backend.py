@@ -1,5 +1,6 @@
 """The ``cclctl`` torch.distributed backend on real torch (CPU) ranks: every collective equals
-gloo's in the same job, Work and futures, DDP trains as on gloo, and the calls are cclctl's
+gloo's in the same job, a new_group, Work and futures, DDP (with and without a comm hook),
+FSDP2 and functional collectives train or compute as on gloo, and the calls are cclctl's
 own records (backend_job.py). Plus the backend's parts in this process: host views, the
 reductions' names, the progress thread and its Work.
 """
@@ -72,15 +73,18 @@ def _check_job(docs: dict[int, dict[str, Any]], world: int, out: Path) -> None:
         dump = read_dump(str(out / f"dump{rank}.json"))  # as `cclctl diagnose` reads it
         assert dump.rank == rank and {r.comm for r in dump.records} == set(doc["comms"])
         assert {r.op for r in dump.records} >= {"all_reduce", "broadcast"}
-    losses = {r: doc["ddp"]["cclctl"][0] for r, doc in docs.items()}
     for rank, doc in docs.items():
-        (mine, params), (theirs, gloo_params) = doc["ddp"]["cclctl"], doc["ddp"]["gloo"]
-        if world == 2:  # a sum of two is the same whichever rank adds: bit-exact
-            assert mine == theirs and params == gloo_params
-        else:  # another summation order than gloo's: the same to float rounding
-            assert mine == pytest.approx(theirs, rel=1e-5)
-            assert params == pytest.approx(gloo_params, rel=1e-4, abs=1e-6)
-        assert len(mine) == 4 and losses[rank] == mine
+        assert doc["functional_same"] is True, rank  # integer-valued: exact in any order
+        ddp, fsdp = doc["ddp"], doc["fsdp"]
+        runs = [(ddp["cclctl"], ddp["gloo"]), (ddp["hook"], ddp["gloo"]),
+                ((fsdp["cclctl"], []), (fsdp["gloo"], []))]  # fmt: skip
+        for (losses, params), (gloo_losses, gloo_params) in runs:
+            assert len(losses) == 4
+            if world == 2:  # a sum of two is the same whichever rank adds: bit-exact
+                assert losses == gloo_losses and params == gloo_params
+            else:  # another summation order than gloo's: the same to float rounding
+                assert losses == pytest.approx(gloo_losses, rel=1e-5)
+                assert params == pytest.approx(gloo_params, rel=1e-4, abs=1e-6)
 
 
 @pytest.mark.timeout(120)

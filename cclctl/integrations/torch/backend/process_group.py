@@ -54,9 +54,24 @@ class CclctlProcessGroup(_ProcessGroup):
         super().__init__(comm.rank, comm.world_size)
         self.comm = comm
         self._progress = Progress(f"cclctl-pg {comm.id}")
+        self._names: dict[str, str] = {}
 
     def getBackendName(self) -> str:  # torch's C++ name
         return NAME
+
+    # torch names a group after creating it; its C++ side reads the name (functional
+    # collectives, FSDP find the group by it), which a group with no C++ backend keeps here
+    def setGroupName(self, name: str) -> None:
+        self._names["name"] = name
+
+    def getGroupName(self) -> str:
+        return self._names.get("name", "")
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._names["desc"] = desc
+
+    def getGroupDesc(self) -> str:
+        return self._names.get("desc", "")
 
     def _issue(self, op: str, job: ops.Job) -> CclctlWork:
         return CclctlWork(self._progress.submit(job), op)
