@@ -96,6 +96,15 @@ def all_to_all(g, dtype):
     return [one, *outs]
 
 
+def uneven(g, dtype):
+    """all_to_all_single with blocks of 1-3 rows, different for each pair of ranks."""
+    ins = [(rank + j) % 3 + 1 for j in range(world)]
+    outs = [(i + rank) % 3 + 1 for i in range(world)]
+    out = torch.empty(sum(outs), 3, dtype=dtype)
+    dist.all_to_all_single(out, inputs(dtype, sum(ins)), outs, ins, group=g)
+    return [out]
+
+
 def send_recv(g, dtype):
     t = inputs(dtype)
     if rank == 0:
@@ -114,7 +123,7 @@ def coalesced(g, dtype):
 
 
 for fn in (all_reduce, strided, broadcast, reduce, all_gather, reduce_scatter, all_to_all,
-           send_recv, coalesced):  # fmt: skip
+           uneven, send_recv, coalesced):  # fmt: skip
     each(fn)
     dist.barrier()
 each(all_reduce, (torch.bfloat16, torch.float16))  # bfloat16 through ml_dtypes

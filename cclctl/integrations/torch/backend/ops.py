@@ -109,6 +109,35 @@ def all_to_all(comm: Communicator, out: HostView, src: HostView) -> Job:
     return run
 
 
+def all_to_all_uneven(
+    comm: Communicator, out: HostView, src: HostView, out_counts: list[int], in_counts: list[int]
+) -> Job:
+    """Blocks of different sizes (``*_counts``: elements per rank): padded to the largest
+    block of any rank (agreed in one all_reduce ``max``), exchanged in one call, unpadded."""
+    n = comm.world_size
+
+    def run() -> list[torch.Tensor]:
+        most = np.array([max([*out_counts, *in_counts], default=0)], dtype=np.int64)
+        comm.all_reduce(most, "max")
+        block = int(most[0])
+        sent = np.zeros(n * block, dtype=src.array.dtype)
+        for j, (at, count) in enumerate(_blocks(in_counts)):
+            sent[j * block : j * block + count] = src.array[at : at + count]
+        got = np.empty_like(sent)
+        comm.all_to_all(sent, got)
+        for i, (at, count) in enumerate(_blocks(out_counts)):
+            out.array[at : at + count] = got[i * block : i * block + count]
+        return _done([out])
+
+    return run
+
+
+def _blocks(counts: list[int]) -> list[tuple[int, int]]:
+    """(offset, count) of each block laid end to end."""
+    offsets = np.cumsum([0, *counts[:-1]]).tolist()
+    return list(zip(offsets, counts, strict=True))
+
+
 def all_to_all_list(comm: Communicator, outs: list[HostView], srcs: list[HostView]) -> Job:
     """torch's list form, of equal blocks: joined, exchanged in one call, split again."""
     sizes = {view.array.size for view in [*outs, *srcs]}

@@ -11,6 +11,7 @@ telemetry, ``cclctl top`` and ``cclctl diagnose hang`` see them as they see any 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -45,6 +46,11 @@ def _even(splits: list[int], tensor: torch.Tensor, n: int) -> bool:
 
 #: torch's ProcessGroup, whose stubs type its overloads, not the trampoline's Python methods
 _ProcessGroup: Any = dist.ProcessGroup
+
+
+def _equal(tensor: torch.Tensor, n: int) -> list[int]:
+    """Rows per rank of ``tensor`` split evenly (torch's meaning of no splits)."""
+    return [tensor.shape[0] // n] * n
 
 
 class CclctlProcessGroup(_ProcessGroup):
@@ -167,14 +173,14 @@ class CclctlProcessGroup(_ProcessGroup):
         opts: Any = None,
     ) -> CclctlWork:
         n = self.comm.world_size
-        if not (_even(output_splits, output, n) and _even(input_splits, input, n)):
-            raise InvalidArgument(
-                f"all_to_all: uneven splits (in {list(input_splits)}, out "
-                f"{list(output_splits)}): cclctl's runtime exchanges equal blocks only",
-                op="all_to_all",
-            )
         out, src = self._views([output, input], "all_to_all")
-        return self._issue("all_to_all", ops.all_to_all(self.comm, out, src))
+        if _even(output_splits, output, n) and _even(input_splits, input, n):
+            return self._issue("all_to_all", ops.all_to_all(self.comm, out, src))
+        row = math.prod(input.shape[1:])  # elements per row of dim 0 (both tensors')
+        out_counts = [s * row for s in output_splits or _equal(output, n)]
+        in_counts = [s * row for s in input_splits or _equal(input, n)]
+        job = ops.all_to_all_uneven(self.comm, out, src, out_counts, in_counts)
+        return self._issue("all_to_all", job)
 
     alltoall_base = all_to_all_single
 
