@@ -170,3 +170,14 @@ def test_calls_run_in_issue_order_and_an_error_reaches_wait_and_the_future() -> 
 
 def _raise() -> list[Any]:
     raise InvalidArgument("bad call", op="b", rank=1)
+
+
+def test_a_group_member_that_never_joins_is_named(client: Any) -> None:
+    from cclctl.errors import RendezvousError
+    from cclctl.runtime.job import subgroup
+    from cclctl.store.scope import ScopedStore
+
+    scoped = ScopedStore.for_job(client, "job")
+    exchange = subgroup._Exchange(scoped, "group/5/x/", [0, 3], 0, 0.2)
+    with pytest.raises(RendezvousError, match=r"group 5 of ranks 0,3: ranks 3 never joined"):
+        exchange("transport", b"mine")
