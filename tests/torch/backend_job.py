@@ -119,11 +119,26 @@ def send_recv(g, dtype):
 def coalesced(g, dtype):
     a, b = inputs(dtype), inputs(dtype, 3)
     dist.all_reduce_coalesced([a, b], group=g)
-    return [a, b]
+    c, d = inputs(dtype), inputs(dtype, 5)
+    with dist._coalescing_manager(group=g, async_ops=True) as calls:
+        dist.all_reduce(c, group=g)
+        dist.all_reduce(d, group=g)
+    calls.wait()
+    return [a, b, c, d]
+
+
+def gather_scatter(g, dtype):
+    root = world - 1
+    outs = [torch.empty(2 * world, 3, dtype=dtype) for _ in range(world)]
+    dist.gather(inputs(dtype), outs if rank == root else None, dst=root, group=g)
+    one = torch.empty(2, 3, dtype=dtype)
+    blocks = list(inputs(dtype).chunk(world)) if rank == root else None
+    dist.scatter(one, blocks, src=root, group=g)
+    return [*(outs if rank == root else []), one]
 
 
 for fn in (all_reduce, strided, broadcast, reduce, all_gather, reduce_scatter, all_to_all,
-           uneven, send_recv, coalesced):  # fmt: skip
+           uneven, send_recv, coalesced, gather_scatter):  # fmt: skip
     each(fn)
     dist.barrier()
 each(all_reduce, (torch.bfloat16, torch.float16))  # bfloat16 through ml_dtypes

@@ -28,7 +28,7 @@ from cclctl.integrations.torch.backend.views import host_views, redop
 from cclctl.integrations.torch.backend.work import CclctlWork
 
 COLLECTIVES = ("all_reduce", "strided", "broadcast", "reduce", "all_gather", "reduce_scatter",
-               "all_to_all", "uneven", "send_recv", "coalesced")  # fmt: skip
+               "all_to_all", "uneven", "send_recv", "coalesced", "gather_scatter")  # fmt: skip
 #: what the runtime records for them (a barrier separates each)
 RECORDED = {"all_gather", "all_reduce", "all_to_all", "barrier", "broadcast", "recv", "reduce",
             "reduce_scatter", "send"}  # fmt: skip

@@ -79,6 +79,35 @@ def all_gather_list(comm: Communicator, outs: list[HostView], src: HostView) -> 
     return run
 
 
+def gather(comm: Communicator, outs: list[HostView], src: HostView, root: int) -> Job:
+    """To ``root`` (``outs``: its blocks; empty elsewhere): an all_gather the root keeps,
+    the runtime having no gather of its own (the other ranks' copies are dropped)."""
+
+    def run() -> list[torch.Tensor]:
+        whole = np.empty(src.array.size * comm.world_size, dtype=src.array.dtype)
+        comm.all_gather(src.array, whole)
+        if comm.rank == root:
+            for out, block in zip(outs, np.split(whole, comm.world_size), strict=True):
+                out.array[...] = block
+        return _done(outs)
+
+    return run
+
+
+def scatter(comm: Communicator, out: HostView, srcs: list[HostView], root: int) -> Job:
+    """From ``root`` (``srcs``: its blocks; empty elsewhere): a broadcast of the joined
+    blocks, of which each rank keeps its own, the runtime having no scatter of its own."""
+    size = out.array.size * comm.world_size
+    whole = np.concatenate([s.array for s in srcs]) if srcs else np.empty(size, out.array.dtype)
+
+    def run() -> list[torch.Tensor]:
+        comm.broadcast(whole, root)
+        out.array[...] = np.split(whole, comm.world_size)[comm.rank]
+        return _done([out])
+
+    return run
+
+
 def reduce_scatter(comm: Communicator, pairs: list[tuple[HostView, HostView]], redop: str) -> Job:
     """``pairs``: (output block, input of ``world_size`` blocks) each."""
 

@@ -189,6 +189,23 @@ class CclctlProcessGroup(_ProcessGroup):
         srcs = self._views(inputs, "all_to_all")
         return self._issue("all_to_all", ops.all_to_all_list(self.comm, outs, srcs))
 
+    def gather(self, outputs: list[Tensors], inputs: Tensors, opts: Any = None) -> CclctlWork:
+        root = _root(opts)
+        outs = self._views(outputs[0] if outputs else [], "gather")
+        src = self._views(inputs, "gather")[0]
+        return self._issue("gather", ops.gather(self.comm, outs, src, root))
+
+    def scatter(self, outputs: Tensors, inputs: list[Tensors], opts: Any = None) -> CclctlWork:
+        root = _root(opts)
+        out = self._views(outputs, "scatter")[0]
+        srcs = self._views(inputs[0] if inputs else [], "scatter")
+        return self._issue("scatter", ops.scatter(self.comm, out, srcs, root))
+
+    def recv_anysource(self, tensors: Tensors, tag: int = 0) -> CclctlWork:
+        raise InvalidArgument(
+            "recv: cclctl's runtime receives from a named rank only (no source given)", op="recv"
+        )
+
     def barrier(self, opts: Any = None) -> CclctlWork:
         return self._issue("barrier", ops.barrier(self.comm))
 
