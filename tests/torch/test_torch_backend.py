@@ -127,6 +127,16 @@ def test_a_contiguous_tensor_is_viewed_in_place_and_a_strided_one_copied_back() 
     assert s.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
 
 
+def test_a_strided_bfloat16_tensor_reduces_through_ml_dtypes_and_is_copied_back() -> None:
+    pytest.importorskip("ml_dtypes")
+    s = torch.zeros(3, 2, dtype=torch.bfloat16).t()
+    (copy,) = host_views([s], "all_reduce", reduces=True)
+    assert copy.array.dtype.name == "bfloat16" and copy.copied
+    copy.array += copy.array.dtype.type(1.5)
+    copy.write_back()
+    assert s.tolist() == [[1.5] * 3] * 2
+
+
 def test_a_tensor_on_another_device_is_refused_naming_the_relay() -> None:
     with pytest.raises(InvalidArgument, match="device tensors go through the relay") as info:
         host_views([torch.empty(4, device="meta")], "broadcast", reduces=False)

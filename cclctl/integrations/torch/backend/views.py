@@ -35,18 +35,22 @@ _BYTES_ONLY = {torch.bfloat16, torch.bool, torch.complex64, torch.complex128}
 
 @dataclasses.dataclass
 class HostView:
-    """A tensor as a flat numpy array; ``copied``: the array is a copy to write back."""
+    """A tensor as a flat numpy array; ``staged``: the contiguous copy the array views,
+    written back into the tensor once the call ends (None: the array is the tensor's own
+    memory)."""
 
     tensor: torch.Tensor
     array: np.ndarray
-    copied: bool
+    staged: torch.Tensor | None = None
+
+    @property
+    def copied(self) -> bool:
+        return self.staged is not None
 
     def write_back(self) -> None:
-        """Copy the array's result into the tensor, when it is a copy."""
-        if self.copied:
-            self.tensor.copy_(
-                torch.from_numpy(self.array).view(self.tensor.dtype).view_as(self.tensor)
-            )
+        """Copy the call's result into the tensor, when the array is a copy."""
+        if self.staged is not None:
+            self.tensor.copy_(self.staged)
 
 
 def redop(op: object, call: str) -> str:
@@ -76,13 +80,11 @@ def _view(tensor: torch.Tensor, call: str, reduces: bool) -> HostView:
             "use CPU tensors, or backend='cpu:cclctl,cuda:nccl'",
             op=call,
         )
-    flat = tensor.detach()
-    copied = not flat.is_contiguous()
-    if copied:
-        flat = flat.contiguous()
-    flat = flat.reshape(-1)
+    whole = tensor.detach()
+    staged = None if whole.is_contiguous() else whole.contiguous()
+    flat = (whole if staged is None else staged).reshape(-1)  # a view of either
     if flat.dtype == torch.bfloat16 and (bf16 := _numpy_bfloat16()) is not None:
-        return HostView(tensor, flat.view(torch.int16).numpy().view(bf16), copied)
+        return HostView(tensor, flat.view(torch.int16).numpy().view(bf16), staged)
     if flat.dtype in _BYTES_ONLY:
         if reduces:
             raise InvalidArgument(
@@ -91,7 +93,7 @@ def _view(tensor: torch.Tensor, call: str, reduces: bool) -> HostView:
                 op=call,
             )
         flat = flat.view(torch.uint8)
-    return HostView(tensor, flat.numpy(), copied)
+    return HostView(tensor, flat.numpy(), staged)
 
 
 def _numpy_bfloat16() -> np.dtype | None:
