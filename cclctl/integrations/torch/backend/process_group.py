@@ -44,13 +44,13 @@ def _even(splits: list[int], tensor: torch.Tensor, n: int) -> bool:
     return not splits or (len(splits) == n and all(s * n == rows for s in splits))
 
 
-#: torch's ProcessGroup, whose stubs type its overloads, not the trampoline's Python methods
-_ProcessGroup: Any = dist.ProcessGroup
-
-
 def _equal(tensor: torch.Tensor, n: int) -> list[int]:
     """Rows per rank of ``tensor`` split evenly (torch's meaning of no splits)."""
     return [tensor.shape[0] // n] * n
+
+
+#: torch's ProcessGroup, whose stubs type its overloads, not the trampoline's Python methods
+_ProcessGroup: Any = dist.ProcessGroup
 
 
 class CclctlProcessGroup(_ProcessGroup):
