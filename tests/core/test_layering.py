@@ -54,6 +54,7 @@ ALLOWED: dict[str, set[str]] = {
     # cclctl probe: pure verdicts over ranks that move bytes on the job's own transport
     "probe": {"runtime", "telemetry", "store", "launch", "package"},
     "package": {"runtime"},  # cclctl/__init__.py: cclctl.init() and friends
+    "torch": {"integrations"},  # cclctl/torch.py: import it to register the cclctl backend
     "commands": {
         "benchmark",
         "diagnose",

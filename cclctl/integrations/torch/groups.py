@@ -25,7 +25,8 @@ from cclctl.integrations.torch.traced import TorchTracer, group_class
 
 log = logging.getLogger("cclctl.torch")
 
-PLUGIN = "cclctl"
+#: the wrapper's plugin name (internal; "cclctl" is the runtime's backend: cclctl.torch)
+PLUGIN = "cclctl_traced"
 WRAPPED = frozenset({"gloo", "nccl"})
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
+from cclctl.config_rendezvous import RendezvousConfig
 from cclctl.errors import UsageError
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.agent import Agent, FailureHooks, for_process
@@ -66,6 +67,18 @@ def init(
         store_host = env.store_host
     try:
         return _connect(rdzv, cfg, store_host)
+    except BaseException:
+        rdzv.close()
+        raise
+
+
+def init_at(where: RendezvousConfig, cfg: RuntimeConfig) -> Communicator:
+    """Join the job at ``where`` and return its world communicator: for a front end that
+    placed the rank itself (torch's ``cclctl`` backend, through
+    :func:`cclctl.config.attach_from_env`), whose store is never on torch's own port."""
+    rdzv = join(where, cfg)
+    try:
+        return _connect(rdzv, cfg, where.store_host)
     except BaseException:
         rdzv.close()
         raise

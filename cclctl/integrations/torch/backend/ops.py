@@ -1,0 +1,214 @@
+"""The collectives a cclctl process group runs, on host views of torch's tensors.
+
+Each function takes the views (made on the caller's thread, when torch issues the call, so
+an input copied in is the tensor as it was then) and returns the job its progress thread
+runs: one or more calls on the runtime's communicator (the calls its telemetry records),
+the copies out that views need, and the output tensors the call's future holds. torch's
+list forms (``all_gather`` into a list, ``reduce_scatter`` from one) go through one
+contiguous buffer, so each is one runtime call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from cclctl.errors import InvalidArgument
+from cclctl.integrations.torch.backend.views import HostView
+from cclctl.runtime.comm.communicator import Communicator
+
+Job = Callable[[], list[torch.Tensor]]
+
+
+def _done(views: Sequence[HostView]) -> list[torch.Tensor]:
+    for view in views:
+        view.write_back()
+    return [view.tensor for view in views]
+
+
+def all_reduce(comm: Communicator, views: list[HostView], redop: str) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.all_reduce(view.array, redop)
+        return _done(views)
+
+    return run
+
+
+def broadcast(comm: Communicator, views: list[HostView], root: int) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.broadcast(view.array, root)
+        return _done(views)
+
+    return run
+
+
+def reduce(comm: Communicator, views: list[HostView], redop: str, root: int) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.reduce(view.array, redop, root)
+        return _done(views)
+
+    return run
+
+
+def all_gather(comm: Communicator, pairs: list[tuple[HostView, HostView]]) -> Job:
+    """``pairs``: (output of ``world_size`` blocks, input) each."""
+
+    def run() -> list[torch.Tensor]:
+        for out, src in pairs:
+            comm.all_gather(src.array, out.array)
+        return _done([out for out, _ in pairs])
+
+    return run
+
+
+def all_gather_list(comm: Communicator, outs: list[HostView], src: HostView) -> Job:
+    """torch's list form: the blocks land in one buffer, then in each output tensor."""
+
+    def run() -> list[torch.Tensor]:
+        whole = np.empty(src.array.size * len(outs), dtype=src.array.dtype)
+        comm.all_gather(src.array, whole)
+        for out, block in zip(outs, np.split(whole, len(outs)), strict=True):
+            out.array[...] = block
+        return _done(outs)
+
+    return run
+
+
+def gather(comm: Communicator, outs: list[HostView], src: HostView, root: int) -> Job:
+    """To ``root`` (``outs``: its blocks; empty elsewhere): an all_gather the root keeps,
+    the runtime having no gather of its own (the other ranks' copies are dropped)."""
+
+    def run() -> list[torch.Tensor]:
+        whole = np.empty(src.array.size * comm.world_size, dtype=src.array.dtype)
+        comm.all_gather(src.array, whole)
+        if comm.rank == root:
+            for out, block in zip(outs, np.split(whole, comm.world_size), strict=True):
+                out.array[...] = block
+        return _done(outs)
+
+    return run
+
+
+def scatter(comm: Communicator, out: HostView, srcs: list[HostView], root: int) -> Job:
+    """From ``root`` (``srcs``: its blocks; empty elsewhere): a broadcast of the joined
+    blocks, of which each rank keeps its own, the runtime having no scatter of its own."""
+    size = out.array.size * comm.world_size
+    whole = np.concatenate([s.array for s in srcs]) if srcs else np.empty(size, out.array.dtype)
+
+    def run() -> list[torch.Tensor]:
+        comm.broadcast(whole, root)
+        out.array[...] = np.split(whole, comm.world_size)[comm.rank]
+        return _done([out])
+
+    return run
+
+
+def reduce_scatter(comm: Communicator, pairs: list[tuple[HostView, HostView]], redop: str) -> Job:
+    """``pairs``: (output block, input of ``world_size`` blocks) each."""
+
+    def run() -> list[torch.Tensor]:
+        for out, src in pairs:
+            comm.reduce_scatter(src.array, out.array, redop)
+        return _done([out for out, _ in pairs])
+
+    return run
+
+
+def reduce_scatter_list(comm: Communicator, out: HostView, srcs: list[HostView], redop: str) -> Job:
+    """torch's list form: the input blocks are joined into one buffer first."""
+    whole = np.concatenate([src.array for src in srcs])  # now: the inputs as issued
+
+    def run() -> list[torch.Tensor]:
+        comm.reduce_scatter(whole, out.array, redop)
+        return _done([out])
+
+    return run
+
+
+def all_to_all(comm: Communicator, out: HostView, src: HostView) -> Job:
+    def run() -> list[torch.Tensor]:
+        comm.all_to_all(src.array, out.array)
+        return _done([out])
+
+    return run
+
+
+def all_to_all_uneven(
+    comm: Communicator, out: HostView, src: HostView, out_counts: list[int], in_counts: list[int]
+) -> Job:
+    """Blocks of different sizes (``*_counts``: elements per rank): padded to the largest
+    block of any rank (agreed in one all_reduce ``max``), exchanged in one call, unpadded."""
+    n = comm.world_size
+
+    def run() -> list[torch.Tensor]:
+        most = np.array([max([*out_counts, *in_counts], default=0)], dtype=np.int64)
+        comm.all_reduce(most, "max")
+        block = int(most[0])
+        sent = np.zeros(n * block, dtype=src.array.dtype)
+        for j, (at, count) in enumerate(_blocks(in_counts)):
+            sent[j * block : j * block + count] = src.array[at : at + count]
+        got = np.empty_like(sent)
+        comm.all_to_all(sent, got)
+        for i, (at, count) in enumerate(_blocks(out_counts)):
+            out.array[at : at + count] = got[i * block : i * block + count]
+        return _done([out])
+
+    return run
+
+
+def _blocks(counts: list[int]) -> list[tuple[int, int]]:
+    """(offset, count) of each block laid end to end."""
+    offsets = np.cumsum([0, *counts[:-1]]).tolist()
+    return list(zip(offsets, counts, strict=True))
+
+
+def all_to_all_list(comm: Communicator, outs: list[HostView], srcs: list[HostView]) -> Job:
+    """torch's list form, of equal blocks: joined, exchanged in one call, split again."""
+    sizes = {view.array.size for view in [*outs, *srcs]}
+    if len(sizes) > 1:
+        raise InvalidArgument(
+            "all_to_all: cclctl's runtime exchanges equal blocks only; these tensors have "
+            f"{sorted(sizes)} elements",
+            op="all_to_all",
+        )
+    whole = np.concatenate([src.array for src in srcs])
+
+    def run() -> list[torch.Tensor]:
+        result = np.empty_like(whole)
+        comm.all_to_all(whole, result)
+        for out, block in zip(outs, np.split(result, len(outs)), strict=True):
+            out.array[...] = block
+        return _done(outs)
+
+    return run
+
+
+def barrier(comm: Communicator) -> Job:
+    def run() -> list[torch.Tensor]:
+        comm.barrier()
+        return []
+
+    return run
+
+
+def send(comm: Communicator, views: list[HostView], dst: int) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.send(view.array, dst)
+        return [view.tensor for view in views]
+
+    return run
+
+
+def recv(comm: Communicator, views: list[HostView], src: int) -> Job:
+    def run() -> list[torch.Tensor]:
+        for view in views:
+            comm.recv(view.array, src)
+        return _done(views)
+
+    return run

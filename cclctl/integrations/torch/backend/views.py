@@ -1,0 +1,105 @@
+"""Torch tensors as the flat numpy arrays cclctl's runtime takes, and its reductions' names.
+
+Every tensor a collective touches goes through :func:`host_views`, the one place that
+decides how a tensor reaches host memory. A contiguous CPU tensor is viewed in place
+(``tensor.numpy()``: zero-copy, the runtime reads and writes the tensor's own storage); a
+non-contiguous one is copied into a contiguous buffer, and an output copied back once the
+call ends. A tensor on another device is refused: device tensors go through the relay
+(host staging), which this module hands them to once it exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from cclctl.errors import InvalidArgument
+
+#: torch's reductions by cclctl's names (AVG runs as the runtime's ``avg``: a sum divided
+#: by the group's size once, at the end, as NCCL's; integer tensors divide with truncation)
+REDUCE_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.PRODUCT: "prod",
+    dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.AVG: "avg",
+}
+#: dtypes the runtime does not reduce: moved as their bytes by the calls that only move data
+#: (bfloat16 reduces where the optional ml_dtypes package gives numpy that type)
+_BYTES_ONLY = {torch.bfloat16, torch.bool, torch.complex64, torch.complex128}
+
+
+@dataclasses.dataclass
+class HostView:
+    """A tensor as a flat numpy array; ``staged``: the contiguous copy the array views,
+    written back into the tensor once the call ends (None: the array is the tensor's own
+    memory)."""
+
+    tensor: torch.Tensor
+    array: np.ndarray
+    staged: torch.Tensor | None = None
+
+    @property
+    def copied(self) -> bool:
+        return self.staged is not None
+
+    def write_back(self) -> None:
+        """Copy the call's result into the tensor, when the array is a copy."""
+        if self.staged is not None:
+            self.tensor.copy_(self.staged)
+
+
+def redop(op: object, call: str) -> str:
+    """cclctl's name for torch's reduction ``op`` (a ``ReduceOp`` or its ``RedOpType``)."""
+    kind = getattr(op, "op", op)
+    for torch_op, name in REDUCE_OPS.items():
+        if kind == torch_op:
+            return name
+    raise InvalidArgument(
+        f"{call}: reduction {op} is not one cclctl's runtime runs; use SUM, PRODUCT, MIN, "
+        "MAX or AVG",
+        op=call,
+    )
+
+
+def host_views(tensors: Iterable[torch.Tensor], call: str, *, reduces: bool) -> list[HostView]:
+    """Each tensor as host memory the runtime can use (``reduces``: the call does arithmetic
+    on it, so its dtype must be one numpy has). A non-CPU tensor is refused here."""
+    return [_view(t, call, reduces) for t in tensors]
+
+
+def _view(tensor: torch.Tensor, call: str, reduces: bool) -> HostView:
+    if tensor.device.type != "cpu":
+        raise InvalidArgument(
+            f"{call}: a tensor on {tensor.device} reached the cclctl backend; device tensors "
+            "go through the relay (host staging), which this build does not have yet: "
+            "use CPU tensors, or backend='cpu:cclctl,cuda:nccl'",
+            op=call,
+        )
+    whole = tensor.detach()
+    staged = None if whole.is_contiguous() else whole.contiguous()
+    flat = (whole if staged is None else staged).reshape(-1)  # a view of either
+    if flat.dtype == torch.bfloat16 and (bf16 := _numpy_bfloat16()) is not None:
+        return HostView(tensor, flat.view(torch.int16).numpy().view(bf16), staged)
+    if flat.dtype in _BYTES_ONLY:
+        if reduces:
+            raise InvalidArgument(
+                f"{call}: cclctl's runtime does not reduce {tensor.dtype} tensors; use a "
+                "float or integer dtype (bfloat16 needs the ml_dtypes package: cclctl[bf16])",
+                op=call,
+            )
+        flat = flat.view(torch.uint8)
+    return HostView(tensor, flat.numpy(), staged)
+
+
+def _numpy_bfloat16() -> np.dtype | None:
+    """numpy's bfloat16 from ml_dtypes (the bits of torch's), or None without it."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)

@@ -1,0 +1,120 @@
+"""A sub-communicator: some of the job's ranks with a transport of their own.
+
+Built beside the world communicator (torch's ``new_group`` on the ``cclctl`` backend):
+the members meet in the job's store under ``group/<name>/`` (``name``: the same on every
+member, e.g. torch's group name), open links and shared memory among themselves alone,
+and run calls as any communicator does. Its id is ``<name>:<folded member ranks>`` (the
+torch integration's convention for groups); telemetry counts its calls and link bytes under
+the job's ranks, and the watchdog expires its hung calls through its own failure state. It
+has no retry or shrink of its own and publishes no revoke record: a failure fails it alone,
+and the error names the peer as every error does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cclctl.config import RuntimeConfig
+from cclctl.errors import RendezvousError, StoreTimeout, UsageError
+from cclctl.ranges import fold_ranks
+from cclctl.records import CollectiveRecord
+from cclctl.runtime.agent import FailureHooks
+from cclctl.runtime.agent.process import current
+from cclctl.runtime.comm.communicator import Communicator
+from cclctl.runtime.identity import RankIdentity
+from cclctl.runtime.job import link_telemetry
+from cclctl.runtime.job.retry import world_links
+from cclctl.runtime.job.token import resolve_token
+from cclctl.runtime.transport.hybrid import build_transport
+from cclctl.runtime.transport.shm.segment import host_key
+from cclctl.runtime.transport.tcp.links import Links
+from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
+
+
+def open_subgroup(
+    world: Communicator, store: tuple[str, int], members: Sequence[int], name: str
+) -> Communicator:
+    """The communicator of ``members`` (job ranks, in the group's order; this rank among
+    them), meeting in the job's store at ``store``. Every member calls this together."""
+    members = [int(m) for m in members]
+    job_rank = world.members[world.rank]
+    if job_rank not in members or len(set(members)) != len(members):
+        raise UsageError(f"rank {job_rank}: a group of ranks {members} must hold it, once each")
+    cfg = world.cfg
+    rank, size = members.index(job_rank), len(members)
+    token = resolve_token(cfg, rank=job_rank, store=store, hosts_store=False, store_running=True)
+    with StoreClient(
+        store[0],
+        store[1],
+        timeout_s=cfg.connect_timeout_s,
+        connect_timeout_s=cfg.connect_timeout_s,
+        token=token.token or None,
+    ) as client:
+        scoped = ScopedStore.for_job(client, cfg.job)
+        exchange = _Exchange(scoped, f"group/{name}/x/", members, rank, cfg.connect_timeout_s)
+        links = world_links(rank, size, cfg, store[0], token.token, epoch=0)
+        transport = build_transport(  # takes over links: closes them on failure
+            rank, size, cfg.job, exchange, links,
+            choice=cfg.transport, host=f"{cfg.hostname}|{host_key()}",
+        )  # fmt: skip
+    comm_id = f"{name}:{fold_ranks(members)}"
+    comm = Communicator(
+        rank=rank,
+        world_size=size,
+        transport=transport,
+        cfg=cfg,
+        comm_id=comm_id,
+        tracer=world.tracer,
+        watchdog=True,
+        members=members,
+        identity=RankIdentity(cfg.hostname, world.failure.evidence, world.failure.peers),
+    )
+    _register(comm, cfg, job_rank, links)
+    return comm
+
+
+def _register(comm: Communicator, cfg: RuntimeConfig, job_rank: int, links: Links) -> None:
+    """Telemetry counts the group's calls and links; the watchdog expires its hung calls."""
+    agent = current(job_rank)
+    if agent is None:
+        return
+    agent.telemetry.register_comm(comm.id, comm.members)
+    link_telemetry.watch(agent.telemetry, comm.transport, links, comm.members)
+
+    def expired(rec: CollectiveRecord, why: str) -> None:
+        comm.failure.hung(rec, why, cfg.on_hang)
+
+    agent.register(comm.id, comm.members, FailureHooks(expired))
+
+
+class _Exchange:
+    """The group's transport rendezvous: publish a value, get every member's, by group
+    rank, under ``prefix`` (a key again starts a new round)."""
+
+    def __init__(
+        self, scoped: ScopedStore, prefix: str, members: list[int], rank: int, timeout_s: float
+    ) -> None:
+        self._scoped, self._prefix, self._members = scoped, prefix, members
+        self._rank, self._timeout_s = rank, timeout_s
+        self._rounds: dict[str, int] = {}
+
+    def __call__(self, key: str, value: bytes) -> list[bytes]:
+        round_no = self._rounds.get(key, 0)
+        self._rounds[key] = round_no + 1
+        prefix = f"{self._prefix}{key}/{round_no}/"
+        self._scoped.set(f"{prefix}{self._rank}", value)
+        keys = [f"{prefix}{r}" for r in range(len(self._members))]
+        try:
+            self._scoped.wait(keys, timeout_s=self._timeout_s)
+        except StoreTimeout:
+            present = self._scoped.list(prefix)
+            missing = [self._members[r] for r, k in enumerate(keys) if k not in present]
+            raise RendezvousError(
+                f"group {self._prefix.split('/')[1]} of ranks {fold_ranks(self._members)}: "
+                f"ranks {fold_ranks(missing)} never joined it within {self._timeout_s:g}s "
+                "(every member creates the group)",
+                missing=fold_ranks(missing),
+            ) from None
+        found = self._scoped.list(prefix)
+        return [found[k] for k in keys]
