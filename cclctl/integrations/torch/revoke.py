@@ -19,11 +19,10 @@ import threading
 
 from cclctl.errors import CclError
 from cclctl.live.snapshot import JobStatuses
-from cclctl.records import CollectiveRecord
+from cclctl.records import ENDING_TERMINATED, CollectiveRecord
 from cclctl.revocation import Revocation
 from cclctl.runtime.job.revoke_end import JobRevokeEnd
 from cclctl.runtime.peer_process import PEER_EXIT_GRACE_S, exit_reason, first_gone
-from cclctl.telemetry.dumps import TERMINATED
 from cclctl.telemetry.hub import Telemetry
 
 log = logging.getLogger("cclctl.torch")
@@ -155,7 +154,7 @@ class TorchRevoke:
             if rank != self.rank
             and snap.host == host
             and not snap.finished
-            and not snap.reason.startswith(TERMINATED)
+            and snap.ending != ENDING_TERMINATED
             and exit_reason(snap.pid) not in TEARDOWN
         }
         found = first_gone(sorted(local, key=local.__getitem__), PEER_EXIT_GRACE_S)
