@@ -16,8 +16,11 @@ from diagnose_factory import Job
 
 from cclctl.config import RuntimeConfig
 from cclctl.live.snapshot import JobStatuses
+from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
+from cclctl.runtime.failure import FailureState
 from cclctl.runtime.job.revoke_end import JobRevokeEnd, Suspect, first_named
+from cclctl.runtime.job.revoker import Revoker
 
 WAIT_S = 10.0  # a bound on an event the test waits for, never a pace
 
@@ -30,6 +33,7 @@ class FakeKey:
         self.statuses_seq = list(statuses or [])
         self.fetched = 0
         self.record: Revocation | None = None
+        self.scoped = None  # what the runtime's Revoker decides a mismatch with
 
     def next_record(self, stopped: threading.Event) -> Revocation | None:
         return None if stopped.is_set() else self.records.get()
@@ -186,3 +190,24 @@ def test_every_follower_gets_the_job_s_record_and_the_documents_carry_one() -> N
         assert got == {"runtime": [record, again], "torch": [record]}
     finally:
         end.close()
+
+
+def test_the_watchdog_names_the_diagnosed_rank_once_the_statuses_show_it() -> None:
+    """The runtime's watchdog path (:meth:`Revoker.hang_origin`): rank 0's call waits on
+    rank 3, its neighbour; the statuses show rank 2 holding the job up only at the third
+    reading, and rank 2 is named; where they never do, the neighbour is, after two intervals."""
+    rec = CollectiveRecord("0:0-3", 11, "all_reduce", start_ns=1)
+    rec.waiting_on = 3
+    for statuses, origin in (([_statuses(1.0), _statuses(1.0), _statuses(30.0)], 2), ([], 3)):
+        key = FakeKey(statuses or [_statuses(1.0)])
+        clock = FakeClock()
+        end, _ = _end(key, clock)
+        failure = FailureState(0, "0:0-3")
+        try:
+            revoker = Revoker(end, failure)  # type: ignore[arg-type]
+            named = revoker.hang_origin(rec, failure.hang_record(rec))
+        finally:
+            end.close()
+        assert (named.kind, named.origin, named.via) == ("hang", origin, "watchdog")
+        assert key.record == named  # the job agrees on it
+        assert clock.now == (1.0 if origin == 2 else 2.0)

@@ -42,7 +42,7 @@ def test_both_front_ends_of_a_rank_share_one_agent(
     address = f"127.0.0.1:{store.port}"
     monkeypatch.setenv("CCLCTL_STORE", address)  # where the torch side finds the job's store
     monkeypatch.setenv("CCLCTL_TOKEN", TOKEN)
-    listeners = ("cclctl-revoke", "cclctl-torch-revoke")
+    listeners = ("cclctl-revoke-r",)  # the one revoke end's listener
     before = {name: len(_threads(name)) for name in (*SERVICES, *listeners)}
     comm = cclctl.init(
         rank=0, world_size=1, store=address, token=TOKEN, trace_dir=str(tmp_path), timeout_s=30
