@@ -26,6 +26,12 @@ STATUS_SCHEMA = "cclctl.status"
 #: readers ignore the fields they do not know; renaming or removing one needs version 2.
 SCHEMA_VERSION = 1
 
+#: How a process that ends other than cleanly ended (a rank document's ``ending``): an
+#: exception ended it, or a signal stopped it; and how its own reason then begins
+#: (``uncaught RuntimeError: ...``, ``terminated by SIGTERM``).
+ENDING_UNCAUGHT, ENDING_TERMINATED = "uncaught", "terminated"
+ENDING_WORDS = {ENDING_UNCAUGHT: "uncaught ", ENDING_TERMINATED: "terminated by "}
+
 STARTED = "started"
 COMPLETED = "completed"
 FAILED = "failed"
@@ -182,6 +188,9 @@ class RankSnapshot:
     finished: bool = False
     #: the rank's slowness signals (see :mod:`cclctl.slow_signals`); None where none were kept
     signals: Signals | None = None
+    #: how its process ended other than cleanly (:data:`ENDING_WORDS`'s kinds; ``reason``
+    #: says it in words), "" while it runs or after a clean finish
+    ending: str = ""
 
     @property
     def schema(self) -> str:
@@ -210,6 +219,8 @@ class RankSnapshot:
             doc["revoke"] = self.revoke.to_dict()
         if self.finished:
             doc["finished"] = True
+        if self.ending:
+            doc["ending"] = self.ending
         if self.signals is not None:
             doc["signals"] = self.signals.to_dict()
         if self.stacks or self.kind == "dump":
@@ -267,7 +278,23 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         signals=None
         if data.get("signals") is None
         else signals_from_dict(data["signals"], f"{where}: signals"),
+        ending=_ending(data, where),
     )
+
+
+def ending_of(reason: str) -> str:
+    """The ending a process's own ``reason`` gives (its writer words it with
+    :data:`ENDING_WORDS`); "" for any other reason. A document from before the ``ending``
+    field reads this way."""
+    return next((kind for kind, words in ENDING_WORDS.items() if reason.startswith(words)), "")
+
+
+def _ending(data: Mapping[str, Any], where: str) -> str:
+    if "ending" not in data:
+        return ending_of(str(data.get("reason", "")))
+    if not isinstance(data["ending"], str):
+        raise _fail(where, f"field 'ending' must be a string, got {data['ending']!r}")
+    return data["ending"]
 
 
 def _revoke(data: object, world_size: int, where: str) -> Revocation | None:

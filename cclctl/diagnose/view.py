@@ -14,6 +14,9 @@ from cclctl.diagnose.model import Options, Suspect
 from cclctl.records import (
     ABORTED,
     COMPLETED,
+    ENDING_TERMINATED,
+    ENDING_UNCAUGHT,
+    ENDING_WORDS,
     FAILED,
     STARTED,
     TIMED_OUT,
@@ -29,9 +32,9 @@ TAIL = 8
 #: The reason in the last status of a rank that closed cleanly (see telemetry.hub.snapshot).
 CLOSED = "closed"
 #: How the reason of a rank's last document starts when it says how it ended other than
-#: cleanly (``Telemetry.exit_reason``): it was stopped, or an exception ended it.
-TERMINATED, UNCAUGHT = "terminated by ", "uncaught "
-ENDED = (TERMINATED, UNCAUGHT)
+#: cleanly (``Telemetry.exit_reason``): it was stopped, or an exception ended it. Readers
+#: go by the document's ``ending`` field; these words are what the reason then says.
+TERMINATED, UNCAUGHT = ENDING_WORDS[ENDING_TERMINATED], ENDING_WORDS[ENDING_UNCAUGHT]
 _NS = 1e9
 
 #: A rank's process as the command saw it on this host (None: elsewhere, or not looked at).
@@ -124,7 +127,7 @@ def rank_state(snap: RankSnapshot) -> RankState:
             tail[comm] = {seq: calls[seq] for seq in keep}
     inflight.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
     closed = snap.finished or snap.reason == CLOSED
-    ended = snap.reason if snap.reason.startswith(ENDED) else ""
+    ended = snap.reason if snap.ending else ""
     return RankState(
         snap.rank,
         snap.host,

@@ -24,6 +24,7 @@ from types import FrameType, TracebackType
 from typing import Protocol
 
 from cclctl.errors import UsageError
+from cclctl.records import ENDING_TERMINATED, ENDING_UNCAUGHT, ENDING_WORDS
 from cclctl.telemetry import dump_files, uncaught
 
 log = logging.getLogger("cclctl.telemetry")
@@ -45,7 +46,8 @@ class Dumpable(Protocol):
 
 
 #: The reasons of the dumps a process writes as it ends (its last word on what happened).
-UNCAUGHT, TERMINATED, EXIT_AFTER = "uncaught ", "terminated by ", "exit after "
+UNCAUGHT, TERMINATED = ENDING_WORDS[ENDING_UNCAUGHT], ENDING_WORDS[ENDING_TERMINATED]
+EXIT_AFTER = "exit after "
 
 
 def ends_process(reason: str) -> bool:

@@ -22,7 +22,7 @@ from cclctl import __version__
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, UsageError
 from cclctl.probe_record import ProbeRecord
-from cclctl.records import RankSnapshot
+from cclctl.records import RankSnapshot, ending_of
 from cclctl.revocation import Revocation
 from cclctl.telemetry import dump_files
 from cclctl.telemetry.counter_sources import CounterSources
@@ -193,6 +193,7 @@ class Telemetry:
             revoke=self.revoke,
             finished=self._finished and kind == "status",
             signals=self.signals(),
+            ending=ending_of(reason),
         )
 
     def _status_payload(self) -> bytes:

@@ -20,7 +20,7 @@ from cclctl.commands.top_screen import Screen, screen_of
 from cclctl.live.document import to_document
 from cclctl.live.rank_view import DONE, ERROR, Thresholds
 from cclctl.live.snapshot import JobStatuses
-from cclctl.records import FAILED, RankSnapshot
+from cclctl.records import FAILED, RankSnapshot, ending_of
 
 UNCAUGHT = "uncaught RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:40503"
 
@@ -49,7 +49,7 @@ def _screen(job: Job, **reasons: str) -> Screen:
     snaps: dict[int, RankSnapshot] = {}
     for snap in job.snapshots("status"):
         reason = reasons.get(f"r{snap.rank}", "")
-        snaps[snap.rank] = dataclasses.replace(snap, reason=reason)
+        snaps[snap.rank] = dataclasses.replace(snap, reason=reason, ending=ending_of(reason))
     statuses = JobStatuses(job.job, "127.0.0.1:1", job.t0, snaps, rdzv_world_size=job.n)
     return screen_of(statuses, None, Thresholds())
 

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 import cclctl
+from cclctl import revocation
 from cclctl.integrations.torch import wrap as cclctl_torch
+from cclctl.records import CollectiveRecord
 from cclctl.runtime import agent as agents
-from cclctl.store.client import StoreServer
+from cclctl.store.client import StoreClient, StoreServer
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -40,7 +42,7 @@ def test_both_front_ends_of_a_rank_share_one_agent(
     address = f"127.0.0.1:{store.port}"
     monkeypatch.setenv("CCLCTL_STORE", address)  # where the torch side finds the job's store
     monkeypatch.setenv("CCLCTL_TOKEN", TOKEN)
-    listeners = ("cclctl-revoke", "cclctl-torch-revoke")
+    listeners = ("cclctl-revoke-r",)  # the one revoke end's listener
     before = {name: len(_threads(name)) for name in (*SERVICES, *listeners)}
     comm = cclctl.init(
         rank=0, world_size=1, store=address, token=TOKEN, trace_dir=str(tmp_path), timeout_s=30
@@ -78,3 +80,52 @@ def test_both_front_ends_of_a_rank_share_one_agent(
     assert agents.current(0) is None
     for name in (*SERVICES, *listeners):
         assert len(_threads(name)) == before[name], (name, _threads(name))
+
+
+@pytest.mark.timeout(60)
+def test_a_torch_hang_is_named_where_cclctl_init_opened_the_revoke_end(
+    store: StoreServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One revoke end per process: the one ``cclctl.init()`` opened also names the hangs
+    of the torch wrapper's calls, as the live diagnosis of the job's statuses names them."""
+    from cclctl.diagnose_io import hang_origin
+
+    address = f"127.0.0.1:{store.port}"
+    monkeypatch.setenv("CCLCTL_STORE", address)
+    monkeypatch.setenv("CCLCTL_TOKEN", TOKEN)
+    # the diagnosis names the rank the hang waits on (a job of one rank shows none itself)
+    suspect = (0, "hang", "has not entered all_reduce seq 1", None, "not_entered")
+    monkeypatch.setattr(hang_origin, "hang_suspect", lambda statuses, *_: suspect)
+    comm = cclctl.init(
+        rank=0, world_size=1, store=address, token=TOKEN, trace_dir=str(tmp_path), timeout_s=30
+    )
+    cclctl_torch.instrument(trace_dir=str(tmp_path), timeout_s=30)
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1
+        )
+        sub = dist.new_group([0])  # a torch group only (the worlds share the id "0:0")
+        sess, agent = cclctl_torch.session(), agents.current(0)
+        assert sess is not None and agent is not None and sess.revoke is not None
+        rec = CollectiveRecord(sess.comm(sub).id, 1, "all_reduce", "float32", 4, 16)
+        hooks = agent.hooks_of(rec)
+        assert hooks is not None
+        hooks.expired(rec, "all_reduce seq 1 has run 30.0s")  # as the agent's watchdog does
+
+        named = sess.revoke.record
+        assert named is not None
+        assert (named.kind, named.origin, named.via) == ("hang", 0, "watchdog")
+        assert (named.comm, named.seq, named.symptom) == (rec.comm, 1, "not_entered")
+        client = StoreClient("127.0.0.1", store.port, token=TOKEN)
+        try:
+            job = agent.status.rdzv.job if agent.status is not None else ""
+            stored = client.try_get(f"cclctl/{job}/{revocation.KEY}")
+        finally:
+            client.close()
+        assert stored is not None and revocation.decode(stored, "test") == named
+        assert agent.telemetry.revoke == named  # its statuses and dumps carry it
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        cclctl_torch.uninstrument()
+        comm.close()

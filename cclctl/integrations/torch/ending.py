@@ -30,15 +30,15 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
-from cclctl.records import CollectiveRecord
+from cclctl.records import ENDING_TERMINATED, CollectiveRecord, ending_of
 from cclctl.revocation import Revocation
 from cclctl.telemetry import dumps
 from cclctl.telemetry.hub import Telemetry
 
 log = logging.getLogger("cclctl.torch")
 
-#: The reasons the triggers give (:mod:`cclctl.telemetry.dumps`) for a process that ends.
-TERMINATED, UNCAUGHT = dumps.TERMINATED, dumps.UNCAUGHT
+#: How the reason a SIGTERM's dump gives begins (:mod:`cclctl.telemetry.dumps`).
+TERMINATED = dumps.TERMINATED
 #: How long a SIGTERM waits for the naming, the last status and the dump before the rank
 #: terminates anyway: torchrun waits 30 s after its SIGTERM before it kills.
 TERMINATION_WAIT_S = 10.0
@@ -71,10 +71,10 @@ class Ending:
     def dump(self, reason: str, path: str | None = None) -> str | None:
         """Say why this rank ends (its revoke record first, on a SIGTERM), then dump."""
         tel = self.telemetry
-        ending = reason.startswith((TERMINATED, UNCAUGHT))
+        ending = ending_of(reason)  # the triggers word it (:mod:`cclctl.telemetry.dumps`)
         if ending and not tel.exit_reason:
             tel.exit_reason = reason
-        if reason.startswith(TERMINATED):
+        if ending == ENDING_TERMINATED:
             self._name_the_failure()
         if ending:
             tel.publish_now()

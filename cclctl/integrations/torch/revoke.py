@@ -18,11 +18,11 @@ import logging
 import threading
 
 from cclctl.errors import CclError
-from cclctl.records import CollectiveRecord
+from cclctl.live.snapshot import JobStatuses
+from cclctl.records import ENDING_TERMINATED, CollectiveRecord
 from cclctl.revocation import Revocation
-from cclctl.runtime.job.revoke_key import RevokeKey, RevokeListener
+from cclctl.runtime.job.revoke_end import JobRevokeEnd
 from cclctl.runtime.peer_process import PEER_EXIT_GRACE_S, exit_reason, first_gone
-from cclctl.telemetry.dumps import TERMINATED
 from cclctl.telemetry.hub import Telemetry
 
 log = logging.getLogger("cclctl.torch")
@@ -42,27 +42,28 @@ def peer_gone(error: str) -> bool:
 
 
 class TorchRevoke:
-    """Rank ``telemetry.rank``'s end of its job's revoke record in the store at ``address``."""
+    """The torch front end of rank ``telemetry.rank``'s revoke ``end`` (the agent's, shared
+    with ``cclctl.init()``'s communicators in the same process): what torch's calls say of
+    the job's failure, and the record this rank adopted."""
 
-    def __init__(
-        self, address: tuple[str, int], token: str, job: str, telemetry: Telemetry
-    ) -> None:
+    def __init__(self, end: JobRevokeEnd, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
         self.rank = telemetry.rank
-        self.job = job
         self.record: Revocation | None = None  # the record this rank adopted
         self._lock = threading.Lock()
-        self._key = RevokeKey(address, token, job, self.rank)
-        #: adopts the record another rank writes; after a withdrawn hang, listens again
-        self._listener = RevokeListener(self._key, self.adopt, "cclctl-torch-revoke")
+        self._end = end
+        #: adopts the record another rank writes; after a withdrawn hang, the end listens again
+        self._leave = end.follow(self.adopt, lambda: self.record)
 
     # ------------------------------------------------------------------ naming
     def on_hang(self, rec: CollectiveRecord) -> Revocation | None:
         """The watchdog expired ``rec``: adopt the job's record, or the one the live
         diagnosis names (None: it names nobody yet, or the store does not answer)."""
         try:
-            found = self._key.stored() or self._diagnosed(rec)
-            return None if found is None else self.adopt(self._key.agree(found))
+            found = self._end.name_hang(
+                lambda found, statuses: self._suspected(rec, *found, statuses)
+            )
+            return None if found is None else self.adopt(found)
         except (CclError, ValueError) as exc:
             log.warning("cclctl: no origin for the hang: %s", exc)
             return None
@@ -73,12 +74,7 @@ class TorchRevoke:
         record, or write that death as it."""
         if self.record is not None or not peer_gone(error):
             return self.record
-        try:
-            found = self._key.stored() or self._dead_peer(rec)
-            return None if found is None else self.adopt(self._key.agree(found))
-        except (CclError, ValueError) as exc:
-            log.warning("cclctl: no origin for the failure: %s", exc)
-            return None
+        return self._name_death(rec, "call")
 
     def on_stopped(self, rec: CollectiveRecord | None) -> Revocation | None:
         """The launcher stops this rank (a SIGTERM; ``rec``: its call in flight, if any).
@@ -87,9 +83,12 @@ class TorchRevoke:
         or write that death as it, seen by this rank via the launcher."""
         if self.record is not None:
             return self.record
+        return self._name_death(rec, "launcher")
+
+    def _name_death(self, rec: CollectiveRecord | None, via: str) -> Revocation | None:
         try:
-            found = self._key.stored() or self._dead_peer(rec, "launcher")
-            return None if found is None else self.adopt(self._key.agree(found))
+            found = self._end.stored() or self._dead_peer(rec, via)
+            return None if found is None else self.adopt(self._end.agree(found))
         except (CclError, ValueError) as exc:
             log.warning("cclctl: no origin for the failure: %s", exc)
             return None
@@ -105,10 +104,9 @@ class TorchRevoke:
             if self.record is not record:
                 return
             self.record = None
-            self.telemetry.revoke = None
         with contextlib.suppress(CclError):
-            self._key.withdraw(record)
-        self._listener.renew()
+            self._end.withdraw(record)
+        self._end.renew()
         log.warning("cclctl: the hang at %s of comm %s is over", record.at(), record.comm)
 
     def adopt(self, record: Revocation) -> Revocation:
@@ -118,7 +116,6 @@ class TorchRevoke:
             if self.record == record:
                 return record
             self.record = record
-            self.telemetry.revoke = record
         self.telemetry.publish_now()
         log.error("cclctl: the job's failure: %s", record.describe())
         try:
@@ -128,17 +125,17 @@ class TorchRevoke:
         return record
 
     # ------------------------------------------------------------------ naming it
-    def _diagnosed(self, rec: CollectiveRecord) -> Revocation | None:
-        from cclctl.diagnose_io.hang_origin import hang_suspect
-
-        statuses = self._key.statuses()
-        cfg = self.telemetry.cfg  # the watchdog expired the call after cfg.timeout_s
-        found = hang_suspect(
-            statuses, cfg.timeout_s / 2, max(cfg.timeout_s, 3 * cfg.status_interval_s)
-        )
-        if found is None:
-            return None
-        origin, kind, reason, peer, symptom = found
+    def _suspected(
+        self,
+        rec: CollectiveRecord,
+        origin: int,
+        kind: str,
+        reason: str,
+        peer: int | None,
+        symptom: str,
+        statuses: JobStatuses,
+    ) -> Revocation:
+        """The record of the diagnosis' suspect of the hang at ``rec``."""
         record = self._record(kind, reason, origin, rec, "watchdog", peer=peer, symptom=symptom)
         snap = statuses.statuses.get(origin)
         return record if snap is None else record.replace(host=snap.host, pid=snap.pid)
@@ -150,14 +147,14 @@ class TorchRevoke:
         first. A rank the launcher stopped (its status says SIGTERM, or its exit does) did
         not die first: the launcher stops every rank once one is gone."""
         host = self.telemetry.cfg.hostname
-        statuses = self._key.statuses().statuses
+        statuses = self._end.key.statuses().statuses
         local = {
             snap.pid: (bool(snap.reason), rank)
             for rank, snap in statuses.items()
             if rank != self.rank
             and snap.host == host
             and not snap.finished
-            and not snap.reason.startswith(TERMINATED)
+            and snap.ending != ENDING_TERMINATED
             and exit_reason(snap.pid) not in TEARDOWN
         }
         found = first_gone(sorted(local, key=local.__getitem__), PEER_EXIT_GRACE_S)
@@ -189,5 +186,5 @@ class TorchRevoke:
         )
 
     def close(self) -> None:
-        """Stop listening; the store may already be gone."""
-        self._listener.close()
+        """Stop following the job's record (the end is the agent's, which closes it)."""
+        self._leave()

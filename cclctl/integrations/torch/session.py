@@ -37,6 +37,7 @@ from cclctl.integrations.torch.store import StoreAttachment, attach
 from cclctl.integrations.torch.timing import Completions
 from cclctl.records import STARTED, CollectiveRecord
 from cclctl.runtime.agent import FailureHooks, for_process
+from cclctl.runtime.job.revoke_end import open_end
 
 log = logging.getLogger("cclctl.torch")
 
@@ -107,18 +108,16 @@ class Session:
         return self.revoke
 
     def _revoker(self, store: StoreAttachment) -> TorchRevoke | None:
-        """The agent's revoke end, made here unless ``cclctl.init()`` made the runtime's
-        (whose failure states then carry the job's record)."""
+        """The torch front end of the agent's revoke end (made here unless ``cclctl.init()``
+        made it first: one end per rank process)."""
         rdzv = store.rdzv
         address = (rdzv.store.host, rdzv.store.port)
         try:
-            end = self.agent.revoke_end(
-                lambda: TorchRevoke(address, rdzv.token, rdzv.job, self.telemetry)
-            )
+            end = open_end(self.agent.revoke_end, address, rdzv.token, rdzv.job, self.telemetry)
         except Exception as exc:
             log.warning("cclctl: this rank does not share the job's revoke record: %s", exc)
             return None
-        return end if isinstance(end, TorchRevoke) else None
+        return TorchRevoke(end, self.telemetry)
 
     # -- process groups -------------------------------------------------------------------
 
@@ -249,6 +248,8 @@ class Session:
             self.folder.stop()
         self.completions.poll()
         self.completions.close()
+        if self.revoke is not None:
+            self.revoke.close()
         try:
             self.agent.release()  # the last front end ends the agent's services
         finally:

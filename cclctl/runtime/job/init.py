@@ -10,6 +10,7 @@ from cclctl.config import RuntimeConfig, rendezvous_from_env, runtime_from_env
 from cclctl.config_rendezvous import RendezvousConfig
 from cclctl.errors import UsageError
 from cclctl.records import CollectiveRecord
+from cclctl.revocation import Revocation
 from cclctl.runtime.agent import Agent, FailureHooks, for_process
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.comm.recovery import retry_rules
@@ -17,6 +18,7 @@ from cclctl.runtime.identity import RankIdentity
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.retry import Retry, world_links
+from cclctl.runtime.job.revoke_end import open_end
 from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.survivors import Survivors
 from cclctl.runtime.job.token import resolve_token
@@ -103,8 +105,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
 
     def close() -> None:
         try:
-            if agent.revoke is not revoker:  # another front end's revoke end is the agent's
-                revoker.close()
+            revoker.close()  # the revoke end is the agent's: the last front end closes it
             agent.release()  # the last status and final document say "finished"
         finally:
             rdzv.close()
@@ -135,10 +136,8 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         retrier=Retry(rdzv, cfg, store_host, telemetry),
         identity=_identity(rdzv, cfg, telemetry),
     )
-    revoker = _revoker(rdzv, cfg, comm, telemetry)
-    agent.revoke_end(lambda: revoker)
+    revoker = _revoker(rdzv, agent, comm, lambda: survivors.revoke_record(comm))
     survivors.revoker = revoker  # a shrunk communicator's failures go through the store too
-    telemetry.revoke_source = lambda: survivors.revoke_record(comm)
     agent.watch()
     return comm
 
@@ -150,21 +149,24 @@ def _identity(rdzv: Rendezvous, cfg: RuntimeConfig, telemetry: Telemetry) -> Ran
 
 
 def _revoker(
-    rdzv: Rendezvous, cfg: RuntimeConfig, comm: Communicator, telemetry: Telemetry
+    rdzv: Rendezvous,
+    agent: Agent,
+    comm: Communicator,
+    carried: Callable[[], Revocation | None],
 ) -> Revoker:
-    """The world communicator's end of the job's revoke record."""
+    """The world communicator's follower of the agent's revoke end (``carried()``: the
+    record this rank's documents carry)."""
+    telemetry = agent.telemetry
+    address = (rdzv.store.host, rdzv.store.port)
     return Revoker(
-        (rdzv.store.host, rdzv.store.port),
-        rdzv.token,
-        rdzv.job,
+        open_end(agent.revoke_end, address, rdzv.token, rdzv.job, telemetry),
         comm.failure,
         in_call=lambda: _in_call(telemetry),
         dump=telemetry.dump,
         publish=telemetry.publish_now,
-        hang_after_s=cfg.timeout_s / 2,  # the watchdog expires a call after cfg.timeout_s
-        stale_after_s=max(cfg.timeout_s, 3 * cfg.status_interval_s),
         deferred=lambda rev: retry_rules.enabled(comm) and rev.kind in retry_rules.RETRIED_KINDS,
         no_retry=lambda: retry_rules.why_not(comm),
+        carried=carried,
     )
 
 

@@ -4,8 +4,8 @@ The record lives under the job's ``revoke`` key (:mod:`cclctl.revocation`): the 
 writer wins (compare-and-set), so the job agrees on one origin. A rank listens for it with
 a blocking ``wait`` on a connection of its own, so the wait never holds up a request of the
 failure path, and every request is bounded, so a store that is gone costs seconds, never a
-hang. Both cclctl's runtime (:mod:`~cclctl.runtime.job.revoker`) and the PyTorch
-integration keep their rank's end of the record through this.
+hang. A rank process's one revoke end (:mod:`~cclctl.runtime.job.revoke_end`), which
+cclctl's runtime and the PyTorch integration share, reads and writes the record through this.
 """
 
 from __future__ import annotations
@@ -135,8 +135,8 @@ class RevokeKey:
 class RevokeListener:
     """A thread that hands the job's record to ``handle`` as it appears in ``key``, then
     waits for :meth:`renew` (its owner is ready for the next one: a retry or a shrink began a
-    new life, a hang record was withdrawn) before it listens again. The one listening loop
-    of a rank's revoke end, the runtime's and the PyTorch integration's alike."""
+    new life, a hang record was withdrawn) before it listens again. The listening loop of
+    a rank process's revoke end (:class:`~cclctl.runtime.job.revoke_end.JobRevokeEnd`)."""
 
     def __init__(self, key: RevokeKey, handle: Callable[[Revocation], object], name: str):
         self._key = key

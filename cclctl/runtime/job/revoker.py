@@ -27,7 +27,7 @@ from cclctl.errors import CclError, StoreTimeout
 from cclctl.records import CollectiveRecord, CommInfo, RankSnapshot
 from cclctl.revocation import Revocation
 from cclctl.runtime.failure import STORE, FailureState
-from cclctl.runtime.job.revoke_key import RevokeKey, RevokeListener
+from cclctl.runtime.job.revoke_end import JobRevokeEnd, Suspect
 
 log = logging.getLogger(__name__)
 
@@ -37,30 +37,28 @@ _NONE = CommInfo([])
 
 
 class Revoker:
-    """Rank ``failure.rank``'s link between its failure state and the job's store at
-    ``address`` (job ``job``); ``in_call()`` says which call runs now (for the ack),
+    """Rank ``failure.rank``'s link between its failure state and its job's revoke record,
+    through the process's revoke ``end``; ``in_call()`` says which call runs now (for the ack),
     ``publish()`` sends this rank's status, ``dump(reason)`` leaves the evidence."""
 
     def __init__(
         self,
-        address: tuple[str, int],
-        token: str,
-        job: str,
+        end: JobRevokeEnd,
         failure: FailureState,
         *,
         in_call: Callable[[], str] = lambda: "",
         dump: Callable[[str], object] | None = None,
         publish: Callable[[], object] = lambda: None,
-        hang_after_s: float = 5.0,
-        stale_after_s: float = 10.0,
         deferred: Callable[[Revocation], bool] = lambda rev: False,
         no_retry: Callable[[], str] = lambda: "",
+        carried: Callable[[], Revocation | None] = lambda: None,
     ) -> None:
         """``deferred(record)``: a failure the call recovers from (a retried link fault),
         whose store round trips go to a thread of their own, so an unreachable store
         never holds up the retry; its record stands as this rank saw it. ``no_retry()``:
         why this communicator cannot retry (empty: it can), so an operator's retry
-        aborts it instead, naming the operator."""
+        aborts it instead, naming the operator. ``carried()``: the record this rank's
+        documents carry (its communicator's present failure)."""
         self.failure = failure
         self.rank = failure.rank
         self._in_call = in_call
@@ -68,15 +66,13 @@ class Revoker:
         self._publish = publish
         self._deferred = deferred
         self._no_retry = no_retry
-        #: what the diagnosis of a hang the watchdog expired counts as hung and stale
-        self._hang_after_s, self._stale_after_s = hang_after_s, stale_after_s
-        self._key = RevokeKey(address, token, job, self.rank)
+        self._end = end
+        self._key = end.key
         self._scoped = self._key.scoped
-        self._last: Revocation | None = None  # the record the listener handled last
-        self._listener: RevokeListener | None = None
+        self._stopped = end.stopped
+        self._last: Revocation | None = None  # the record the end handed on last
         self._serve(failure)
-        self._listener = RevokeListener(self._key, self._on_record, f"cclctl-revoke-r{self.rank}")
-        self._stopped = self._listener.stopped
+        self._leave = end.follow(self._on_record, carried)
 
     def _serve(self, failure: FailureState) -> None:
         failure.on_first(self._first)
@@ -94,12 +90,11 @@ class Revoker:
 
     def _renew(self) -> None:
         """A retry or a shrink began a new life (each clears the key): listen again."""
-        if self._listener is not None:
-            self._listener.renew()
+        self._end.renew()
 
     # ------------------------------------------------------------------ listening
     def _on_record(self, rev: Revocation) -> None:
-        """Adopt the job's record; the listener listens again after a retry or a shrink,
+        """Adopt the job's record; the end listens again after a retry or a shrink,
         so a later failure, an abort or another ``cclctl retry`` still reaches this rank."""
         if rev != self._last and self._fresh(rev):
             self.failure.adopt(self._as_adopted(rev), STORE)
@@ -271,20 +266,17 @@ class Revoker:
 
     def hang_origin(self, rec: CollectiveRecord, fallback: Revocation) -> Revocation:
         """The watchdog expired ``rec``: the job's record if there is one, else the rank the
-        hang waits on as the diagnosis of the live statuses names it (``fallback``: this
-        rank's own peer, where it names none), agreed with the other ranks."""
+        hang waits on as the diagnosis of the live statuses names it, asked again for a
+        status interval or two (:meth:`JobRevokeEnd.name_hang`), else ``fallback`` (this
+        rank's own peer), agreed with the other ranks."""
         try:
-            return self._key.stored() or self.agree(self._diagnosed(rec) or fallback)
+            return self._end.name_hang(lambda found, _: self._suspected(rec, found)) or (
+                self.agree(fallback)
+            )
         except (CclError, ValueError):
             return fallback
 
-    def _diagnosed(self, rec: CollectiveRecord) -> Revocation | None:
-        from cclctl.diagnose_io.hang_origin import hang_suspect  # only when a hang expires
-
-        statuses = self._key.statuses()
-        found = hang_suspect(statuses, self._hang_after_s, self._stale_after_s)
-        if found is None:
-            return None
+    def _suspected(self, rec: CollectiveRecord, found: Suspect) -> Revocation:
         rank, kind, reason, peer, symptom = found
         return self.failure.record(
             kind, reason, rank, seq=rec.seq, op=rec.op, call=rec.op, via="watchdog", peer=peer,
@@ -293,6 +285,5 @@ class Revoker:
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:
-        """Stop listening; the store may already be gone."""
-        if self._listener is not None:
-            self._listener.close()
+        """Stop following the job's record (the end is the agent's, which closes it)."""
+        self._leave()
