@@ -15,7 +15,9 @@ from typing import Any
 from cclctl import limits, revocation
 from cclctl.call_fault import CallFault, fault_from_dict
 from cclctl.comm_info import CommInfo, clip, comms_from_dict
+from cclctl.endings import ending_of
 from cclctl.errors import BadInput
+from cclctl.record_stages import stages_from_dict
 from cclctl.revocation import Revocation
 from cclctl.slow_signals import Signals, signals_from_dict
 from cclctl.stack_records import ThreadStack, stacks_from_list
@@ -25,12 +27,6 @@ STATUS_SCHEMA = "cclctl.status"
 #: Version 1 throughout: fields are only ever added (a dump's ``stacks`` is one), and
 #: readers ignore the fields they do not know; renaming or removing one needs version 2.
 SCHEMA_VERSION = 1
-
-#: How a process that ends other than cleanly ended (a rank document's ``ending``): an
-#: exception ended it, or a signal stopped it; and how its own reason then begins
-#: (``uncaught RuntimeError: ...``, ``terminated by SIGTERM``).
-ENDING_UNCAUGHT, ENDING_TERMINATED = "uncaught", "terminated"
-ENDING_WORDS = {ENDING_UNCAUGHT: "uncaught ", ENDING_TERMINATED: "terminated by "}
 
 STARTED = "started"
 COMPLETED = "completed"
@@ -125,7 +121,7 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
             kwargs[name] = None if fault is None else fault_from_dict(fault, f"{where}: fault")
             continue
         if name == "stages":
-            kwargs[name] = _stages(data[name], where)
+            kwargs[name] = stages_from_dict(data[name], where)
             continue
         value = data[name]
         if name in _INT_FIELDS and not _is_int(value):
@@ -142,20 +138,6 @@ def record_from_dict(data: object, where: str = "record") -> CollectiveRecord:
     if kwargs.get("state", STARTED) not in STATES:
         raise _fail(where, f"unknown state {kwargs['state']!r}")
     return CollectiveRecord(**kwargs)
-
-
-def _stages(data: object, where: str) -> dict[str, int]:
-    """A record's ``stages``: at most a few names, each of a non-negative integer."""
-    if not isinstance(data, Mapping) or len(data) > 16:
-        raise _fail(where, "field 'stages' must be an object of at most 16 stages")
-    for name, ns in data.items():
-        if not isinstance(name, str) or len(name) > 32:
-            raise _fail(where, f"a stage name must be a short string, got {clip(repr(name))}")
-        if not _is_int(ns) or not 0 <= ns <= limits.MAX_INT:
-            raise _fail(
-                where, f"stage {name!r} must be a non-negative integer, got {clip(repr(ns))}"
-            )
-    return dict(data)
 
 
 @dataclasses.dataclass(slots=True)
@@ -188,8 +170,8 @@ class RankSnapshot:
     finished: bool = False
     #: the rank's slowness signals (see :mod:`cclctl.slow_signals`); None where none were kept
     signals: Signals | None = None
-    #: how its process ended other than cleanly (:data:`ENDING_WORDS`'s kinds; ``reason``
-    #: says it in words), "" while it runs or after a clean finish
+    #: how its process ended other than cleanly (:mod:`cclctl.endings`; ``reason`` says it
+    #: in words), "" while it runs or after a clean finish
     ending: str = ""
 
     @property
@@ -280,13 +262,6 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         else signals_from_dict(data["signals"], f"{where}: signals"),
         ending=_ending(data, where),
     )
-
-
-def ending_of(reason: str) -> str:
-    """The ending a process's own ``reason`` gives (its writer words it with
-    :data:`ENDING_WORDS`); "" for any other reason. A document from before the ``ending``
-    field reads this way."""
-    return next((kind for kind, words in ENDING_WORDS.items() if reason.startswith(words)), "")
 
 
 def _ending(data: Mapping[str, Any], where: str) -> str:

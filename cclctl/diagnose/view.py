@@ -11,12 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 from cclctl.diagnose.model import Options, Suspect
+from cclctl.endings import ENDING_TERMINATED, ENDING_UNCAUGHT, ENDING_WORDS
 from cclctl.records import (
     ABORTED,
     COMPLETED,
-    ENDING_TERMINATED,
-    ENDING_UNCAUGHT,
-    ENDING_WORDS,
     FAILED,
     STARTED,
     TIMED_OUT,

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Protocol
 
+from cclctl.endings import ENDING_TERMINATED, ENDING_UNCAUGHT, ENDING_WORDS
 from cclctl.errors import UsageError
-from cclctl.records import ENDING_TERMINATED, ENDING_UNCAUGHT, ENDING_WORDS
 from cclctl.telemetry import dump_files, uncaught
 
 log = logging.getLogger("cclctl.telemetry")

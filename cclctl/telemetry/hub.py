@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 from cclctl import __version__
 from cclctl.config import RuntimeConfig
+from cclctl.endings import ending_of
 from cclctl.errors import CclError, UsageError
 from cclctl.probe_record import ProbeRecord
-from cclctl.records import RankSnapshot, ending_of
+from cclctl.records import RankSnapshot
 from cclctl.revocation import Revocation
 from cclctl.telemetry import dump_files
 from cclctl.telemetry.counter_sources import CounterSources

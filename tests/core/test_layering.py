@@ -19,6 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 #: the base: standard library only, importable by every layer
 BASE = {
     "records",
+    "endings",
+    "record_stages",
     "comm_info",
     "call_fault",
     "revocation",

@@ -6,12 +6,8 @@ from __future__ import annotations
 import json
 
 from cclctl.diagnose.view import rank_state
-from cclctl.records import (
-    ENDING_TERMINATED,
-    ENDING_UNCAUGHT,
-    snapshot_from_dict,
-    snapshot_from_json,
-)
+from cclctl.endings import ENDING_TERMINATED, ENDING_UNCAUGHT
+from cclctl.records import snapshot_from_dict, snapshot_from_json
 
 
 def test_a_rank_that_ends_other_than_cleanly_publishes_how(make_tel) -> None:

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
-from cclctl.records import ENDING_TERMINATED, CollectiveRecord, ending_of
+from cclctl.endings import ENDING_TERMINATED, ending_of
+from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
 from cclctl.telemetry import dumps
 from cclctl.telemetry.hub import Telemetry

@@ -17,9 +17,10 @@ import contextlib
 import logging
 import threading
 
+from cclctl.endings import ENDING_TERMINATED
 from cclctl.errors import CclError
 from cclctl.live.snapshot import JobStatuses
-from cclctl.records import ENDING_TERMINATED, CollectiveRecord
+from cclctl.records import CollectiveRecord
 from cclctl.revocation import Revocation
 from cclctl.runtime.job.revoke_end import JobRevokeEnd
 from cclctl.runtime.peer_process import PEER_EXIT_GRACE_S, exit_reason, first_gone
