@@ -29,11 +29,20 @@ def only_rank(report: SlowReport) -> list[tuple[str, list[int]]]:
     return [(f.kind, f.ranks) for f in report.findings]
 
 
+#: Each step's compute: ranks waking from their compute on 2 loaded cores wait for a core
+#: for milliseconds, and a rank a busy runqueue holds back for seconds is, for those
+#: seconds, late as a straggler is; the injected 30% must stand well above that (30% of
+#: the worker's default 20 ms step is only 6 ms).
+STEP_S = "0.05"
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("ranks", "slow"), [(4, 3), (4, 0), (8, 5)])
 def test_a_rank_computing_30_percent_more_is_the_straggler(tmp_path: Path, ranks: int, slow: int):
     job = f"slow-{uuid.uuid4().hex[:6]}"
-    env = worker_env(tmp_path, CCLCTL_JOB=job, SLOW_RANKS=str(slow), SLOW_EXTRA="0.3")
+    env = worker_env(
+        tmp_path, CCLCTL_JOB=job, SLOW_RANKS=str(slow), SLOW_EXTRA="0.3", STEP_S=STEP_S
+    )
     with live_job([sys.executable, WORKER], ranks, env, tmp_path / "release") as run:
         seen = poll(run.store, job, found)
     report = seen[-1]
