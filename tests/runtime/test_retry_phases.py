@@ -185,13 +185,13 @@ def test_a_held_seq_is_closed_with_a_record_and_moves_nothing() -> None:
 def test_an_in_place_input_is_saved_in_a_reused_buffer() -> None:
     kept = Kept()
     buf = np.arange(6.0)
-    first = Inputs.of(buf, None, spare=kept)
+    first = Inputs.of(buf, buf, spare=kept)
     assert first.saved is not None and first.saved.tolist() == buf.tolist()
     buf[...] = -1
     first.restore()
     assert buf.tolist() == list(np.arange(6.0))
     kept.give_back(first.saved)
-    assert Inputs.of(buf, None, spare=kept).saved is first.saved
+    assert Inputs.of(buf, buf, spare=kept).saved is first.saved
     assert Inputs.of(buf, np.empty(6), spare=kept).saved is None  # out of place: none
 
 

@@ -207,11 +207,9 @@ class Inputs:
     saved: np.ndarray | None
 
     @classmethod
-    def of(cls, buf: np.ndarray, out: np.ndarray | None, op: str = "all_reduce",
-           spare: Kept | None = None) -> Inputs:  # fmt: skip
-        """``spare``: the saved input goes into a buffer it lends (else a new one)."""
-        src = buffers.flat(buf, "buf", op)
-        dst = src if out is None else buffers.flat(out, "out", op, writable=True)
+    def of(cls, src: np.ndarray, dst: np.ndarray, spare: Kept | None = None) -> Inputs:
+        """From a call's flat views, checked (``dst`` is ``src`` in place); ``spare``: the
+        saved input goes into a buffer it lends (else a new one)."""
         saved = None
         if dst is src or buffers.overlaps(src, dst):
             saved = src.copy() if spare is None else spare.borrow(src)
