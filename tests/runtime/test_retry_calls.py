@@ -20,17 +20,20 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 from retry_mix_worker import CALLS, OPS
 from retry_worker import rank_input
+from thread_ranks import run_ranks
 
 from cclctl import revocation
 from cclctl.config import RuntimeConfig
-from cclctl.errors import CommError
+from cclctl.errors import CommError, InvalidArgument
 from cclctl.revocation import Revocation
 from cclctl.runtime.comm.recovery.call import Call
 from cclctl.runtime.comm.recovery.retry_plan import decide
@@ -400,3 +403,42 @@ def test_a_failure_the_retry_does_not_recover_from_is_raised_as_it_is() -> None:
     with pytest.raises(CommError) as raised:
         retrying.recover("all_reduce", 7, CommError("link broke"), 2, 1e18, np.zeros(1))
     assert raised.value is job_failed
+
+
+def _overlapping() -> tuple[np.ndarray, str, np.ndarray]:
+    a = np.ones(4, np.float32)
+    return a[:3], "sum", a[1:]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (lambda: ([1, 2],), "all_reduce: buf must be a numpy array, got list"),
+        (lambda: (np.ones((4, 4), np.float32)[:, 1],), "all_reduce: buf is not contiguous"),
+        (lambda: (np.ones(3, np.complex64),), "all_reduce: buf has dtype complex64"),
+        (lambda: (np.ones(3, np.float32), "mean"), "all_reduce: unknown reduction 'mean'"),
+        (
+            lambda: (np.ones(3, np.float32), "sum", np.ones(4, np.float32)),
+            "all_reduce: out has 4 elements, expected 3",
+        ),
+        (_overlapping, "all_reduce: out partially overlaps buf"),
+    ],
+)
+def test_a_retried_all_reduce_checks_its_arguments_as_one_without_retry(
+    args: Callable[[], tuple[Any, ...]], message: str
+) -> None:
+    """With retry on, an all_reduce's arguments are checked once, before its input is
+    saved, and refused with the error the call gives with retry off; a good call's result is
+    exact, its attempt running on the checked views."""
+
+    def body(comm):  # type: ignore[no-untyped-def]
+        retrying = Retrying(comm, lambda port, ask: Plan(1))  # no fault: never asked
+        with pytest.raises(InvalidArgument) as info:
+            retrying.run(Call.all_reduce(*args()))
+        x = np.arange(4, dtype=np.float32)
+        got = retrying.run(Call.all_reduce(x))
+        assert np.shares_memory(got, x) and got.tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert comm.kept.seq == comm.completed == 1  # kept for ranks behind, as ever
+        return str(info.value)
+
+    assert run_ranks(1, body)[0].startswith(message)

@@ -29,6 +29,7 @@ import pytest
 from retry_phase_worker import call_input, digest
 
 from cclctl.errors import CommError
+from cclctl.runtime.comm import rerun
 from cclctl.runtime.comm.recovery.retry_catchup import serve
 from cclctl.runtime.comm.recovery.retry_plan import decide
 from cclctl.runtime.comm.recovery.retry_rules import HELD, HELD_ALGO, Ask, Plan
@@ -184,11 +185,36 @@ def test_a_held_seq_is_closed_with_a_record_and_moves_nothing() -> None:
 def test_an_in_place_input_is_saved_in_a_reused_buffer() -> None:
     kept = Kept()
     buf = np.arange(6.0)
-    first = Inputs.of(buf, None, spare=kept)
+    first = Inputs.of(buf, buf, spare=kept)
     assert first.saved is not None and first.saved.tolist() == buf.tolist()
     buf[...] = -1
     first.restore()
     assert buf.tolist() == list(np.arange(6.0))
     kept.give_back(first.saved)
-    assert Inputs.of(buf, None, spare=kept).saved is first.saved
+    assert Inputs.of(buf, buf, spare=kept).saved is first.saved
     assert Inputs.of(buf, np.empty(6), spare=kept).saved is None  # out of place: none
+
+
+def test_freed_buffers_are_lent_again_newest_first_within_their_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Buffers given back are lent again newest first; the least recently freed go past
+    ``_FREE_MAX_BYTES`` beyond the newest, or past ``_FREE_MAX`` buffers."""
+    monkeypatch.setattr(rerun, "_FREE_MAX_BYTES", 2 * 80)
+    kept = Kept()
+    a, b, c = (np.zeros(10) for _ in range(3))  # 80 bytes each
+    for buf in (a, b, c):
+        kept.give_back(buf)  # beyond c: b and a, 160 bytes: all held
+    lent = [kept.borrow(np.ones(10)) for _ in range(3)]
+    assert lent[0] is c and lent[1] is b and lent[2] is a
+    big = np.zeros(30)
+    for buf in (big, a, b):
+        kept.give_back(buf)  # beyond a: big, 240 bytes: it goes
+    assert kept.borrow(np.ones(30)) is not big
+    assert kept.borrow(np.ones(10)) is b and kept.borrow(np.ones(10)) is a
+    many = [np.zeros(1) for _ in range(rerun._FREE_MAX + 2)]
+    for buf in many:
+        kept.give_back(buf)  # the first two go
+    lent = [kept.borrow(np.ones(1)) for _ in range(rerun._FREE_MAX + 1)]
+    assert [id(x) for x in lent[:-1]] == [id(x) for x in reversed(many[2:])]
+    assert all(lent[-1] is not x for x in many)

@@ -113,12 +113,15 @@ class Collectives:
         self._calls.tracer = tracer
 
     # ----------------------------------------------------------------- one attempt each
-    def all_reduce(self, buf: Array, op: str, out: Array | None, ending: Ending | None = None
-                    ) -> Array:  # fmt: skip
-        buffers.check_redop(op, "all_reduce")
+    def all_reduce(self, buf: Array, op: str, out: Array | None, ending: Ending | None = None,
+                   views: tuple[Array, Array] | None = None) -> Array:  # fmt: skip
+        """``views``: ``buf``'s and ``out``'s flat views where the caller checked them and
+        ``op`` already (a re-run checks once for all its attempts)."""
+        if views is None:
+            buffers.check_redop(op, "all_reduce")
         zc, src, dst = prepared.remembered(self._plans, "all_reduce", buf, out)
         if zc is None:
-            src, dst = buffers.reduce_args(buf, out, "all_reduce")
+            src, dst = buffers.reduce_args(buf, out, "all_reduce") if views is None else views
             if src.nbytes >= self._choose.all_reduce.zero_copy_from:
                 zc = shared_buffers.plan(src, dst)
                 if zc is not None:

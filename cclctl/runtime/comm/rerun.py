@@ -104,6 +104,7 @@ class Kept:
         self.calls: dict[int, KeptCall] = {}
         self._bytes = 0
         self._free: list[np.ndarray] = []
+        self._free_bytes = 0  # the free buffers' bytes, kept as they come and go
 
     @property
     def seq(self) -> int:
@@ -160,36 +161,38 @@ class Kept:
             return
         free = self._free
         free.insert(0, buf)
-        while len(free) > _FREE_MAX or sum(b.nbytes for b in free[1:]) > _FREE_MAX_BYTES:
-            free.pop()
+        self._free_bytes += buf.nbytes
+        while len(free) > _FREE_MAX or self._free_bytes - buf.nbytes > _FREE_MAX_BYTES:
+            self._free_bytes -= free.pop().nbytes
 
     def _add(self, call: KeptCall, synced: bool) -> None:
-        if synced or call.seq != self.seq + 1:  # none needs the older ones / not contiguous
-            while self.calls:
-                self._drop_oldest()
-        arr = call.data
+        calls, arr = self.calls, call.data
+        if calls and (synced or call.seq != next(reversed(calls)) + 1):
+            self._drop(len(calls))  # none needs the older ones / not contiguous with them
         nbytes = 0 if arr is None else arr.nbytes
-        while self.calls and (
-            self._bytes + nbytes > self.max_bytes or len(self.calls) >= self.max_calls
-        ):
-            self._drop_oldest()
+        while calls and (self._bytes + nbytes > self.max_bytes or len(calls) >= self.max_calls):
+            self._drop(1)
         if arr is not None:
             held = self._buffer(arr)
             held[...] = arr
             call.data = held
-        self.calls[call.seq] = call
+        calls[call.seq] = call
         self._bytes += nbytes
 
-    def _drop_oldest(self) -> None:
-        dropped = self.calls.pop(self.oldest)
-        if dropped.data is not None:
-            self._bytes -= dropped.data.nbytes
-            self.give_back(dropped.data)
+    def _drop(self, n: int) -> None:
+        """The ``n`` oldest calls go, oldest first, their buffers given back."""
+        calls = self.calls
+        for _ in range(n):
+            dropped = calls.pop(next(iter(calls)))
+            if dropped.data is not None:
+                self._bytes -= dropped.data.nbytes
+                self.give_back(dropped.data)
 
     def _buffer(self, arr: np.ndarray) -> np.ndarray:
         """A buffer for a copy of ``arr``: a dropped call's where one fits, else new."""
         for i, held in enumerate(self._free):
             if held.shape == arr.shape and held.dtype == arr.dtype:
+                self._free_bytes -= held.nbytes
                 return self._free.pop(i)
         return np.empty(arr.shape, arr.dtype)
 
@@ -204,11 +207,9 @@ class Inputs:
     saved: np.ndarray | None
 
     @classmethod
-    def of(cls, buf: np.ndarray, out: np.ndarray | None, op: str = "all_reduce",
-           spare: Kept | None = None) -> Inputs:  # fmt: skip
-        """``spare``: the saved input goes into a buffer it lends (else a new one)."""
-        src = buffers.flat(buf, "buf", op)
-        dst = src if out is None else buffers.flat(out, "out", op, writable=True)
+    def of(cls, src: np.ndarray, dst: np.ndarray, spare: Kept | None = None) -> Inputs:
+        """From a call's flat views, checked (``dst`` is ``src`` in place); ``spare``: the
+        saved input goes into a buffer it lends (else a new one)."""
         saved = None
         if dst is src or buffers.overlaps(src, dst):
             saved = src.copy() if spare is None else spare.borrow(src)

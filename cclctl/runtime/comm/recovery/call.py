@@ -23,10 +23,15 @@ Array = np.ndarray
 ENDED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
-@dataclasses.dataclass(frozen=True)
+# A value (never assigned once made), yet not a frozen dataclass: every call of the
+# communicator makes one, and a frozen dataclass' __init__ (each field through
+# object.__setattr__) costs about four times a plain slotted one's.
+@dataclasses.dataclass(slots=True)
 class Call:
     """``op`` on ``buf`` (into ``out``), with its reduction ``redop``, its ``root`` and its
-    point-to-point ``peer`` where the op has them."""
+    point-to-point ``peer`` where the op has them; ``views``: ``buf``'s and ``out``'s flat
+    views where a policy checked them already (an all_reduce's, once for all its attempts:
+    :meth:`with_views`)."""
 
     op: str
     buf: Array
@@ -34,6 +39,7 @@ class Call:
     redop: str = "sum"
     root: int = 0
     peer: int = 0
+    views: tuple[Array, Array] | None = None
 
     @classmethod
     def all_reduce(cls, buf: Array, op: str = "sum", out: Array | None = None) -> Call:
@@ -73,7 +79,13 @@ class Call:
 
     def with_buffers(self, buf: Array, out: Array | None) -> Call:
         """The same call on other buffers (a replay from a kept input, its result dropped)."""
-        return dataclasses.replace(self, buf=buf, out=out)
+        return dataclasses.replace(self, buf=buf, out=out, views=None)
+
+    def with_views(self, src: Array, dst: Array) -> Call:
+        """The same all_reduce with its arguments checked (``src`` and ``dst``, what
+        :func:`~cclctl.runtime.comm.buffers.reduce_args` gave): no attempt checks again."""
+        assert self.op == "all_reduce", self.op
+        return Call(self.op, self.buf, self.out, self.redop, self.root, self.peer, (src, dst))
 
     def with_root(self, root: int) -> Call:
         """The same call from another root (the root's rank after a shrink renumbered)."""
@@ -97,7 +109,7 @@ class Call:
 
 #: How each op runs once: ``(run, call, ending) -> result``.
 _ATTEMPTS: dict[str, Callable[[Collectives, Call, Ending | None], Any]] = {
-    "all_reduce": lambda run, c, e: run.all_reduce(c.buf, c.redop, c.out, e),
+    "all_reduce": lambda run, c, e: run.all_reduce(c.buf, c.redop, c.out, e, c.views),
     "all_gather": lambda run, c, e: run.all_gather(c.buf, c.into, e),
     "reduce_scatter": lambda run, c, e: run.reduce_scatter(c.buf, c.into, c.redop, e),
     "broadcast": lambda run, c, e: run.broadcast(c.buf, c.root, c.out, e),

@@ -36,10 +36,12 @@ def prepare(port: Port, call: Call) -> Rerun:
     """``call`` as a retry or a shrink re-runs it on ``port``'s communicator (its saved
     input, if any, is lent by ``port.kept``: give it back once the call is over)."""
     op, buf, out = call.op, call.buf, call.out
-    if op == "all_reduce":
-        inputs = Inputs.of(buf, out, spare=port.kept)
-        ending = Ending.of(op, inputs.src.nbytes, inputs.src.dtype)
-        return Rerun(call, inputs, inputs.dst if out is None else out, ending=ending)
+    if op == "all_reduce":  # checked here, once: its attempts take the views
+        buffers.check_redop(call.redop, op)
+        src, dst = buffers.reduce_args(buf, out, op)
+        inputs = Inputs.of(src, dst, spare=port.kept)
+        ending = Ending.of(op, src.nbytes, src.dtype)
+        return Rerun(call.with_views(src, dst), inputs, dst if out is None else out, ending=ending)
     if op == "all_gather":  # its input is never written: disjoint, or this rank's slot of out
         assert out is not None
         _, dst, _ = buffers.gather_args(buf, out, port.world_size, port.rank)
@@ -66,11 +68,19 @@ def _differing(port: Port, call: Call) -> Rerun:
 
     if op == "reduce_scatter":
         assert out is not None
-        inputs = Inputs.of(buf, out, op, spare=port.kept)
+        inputs = Inputs.of(*_flat(call), spare=port.kept)
         ending = Ending.of(op, inputs.src.nbytes, inputs.src.dtype)
         return Rerun(call, inputs, out, replay, ending)
     if op == "reduce":  # kept while the call may write it: its algorithm may stage there
-        return Rerun(call, Inputs.of(buf, out, op), buf if out is None else out, replay)
+        return Rerun(call, Inputs.of(*_flat(call)), buf if out is None else out, replay)
     if op == "all_to_all":
-        return Rerun(call, Inputs.of(buf, out, op), out, replay)
+        return Rerun(call, Inputs.of(*_flat(call)), out, replay)
     raise ValueError(f"a retry does not re-run {op}")
+
+
+def _flat(call: Call) -> tuple[np.ndarray, np.ndarray]:
+    """``call``'s flat input and output (its input where it has no ``out``), checked as
+    arrays its attempts can take; the attempts check the rest."""
+    src = buffers.flat(call.buf, "buf", call.op)
+    out = call.out
+    return src, src if out is None else buffers.flat(out, "out", call.op, writable=True)

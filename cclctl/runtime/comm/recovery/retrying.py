@@ -93,7 +93,7 @@ class Retrying:
         after each retried fault."""
         own = self.port.completed + 1  # the seq this call opens at
         ending = Ending(False) if r.ending is None else r.ending
-        faults = _Faults()
+        faults: _Faults | None = None  # made at the first fault: none made without one
         try:
             while True:
                 try:
@@ -101,6 +101,7 @@ class Retrying:
                 except CommError as exc:
                     if not retryable(exc):
                         raise
+                    faults = faults or _Faults()
                     if self._ride_out(r, own, ending, exc, faults):
                         return r.answer
         finally:
