@@ -8,6 +8,8 @@ the relay's records and stage metrics reach the rank's dump and exporter.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,8 +20,10 @@ pytest.importorskip("ml_dtypes")
 
 import torch.distributed as dist  # noqa: E402
 from thread_ranks import run_ranks  # noqa: E402
+from torch_jobs import child_env, run_job  # noqa: E402
 
 from cclctl.config import RuntimeConfig  # noqa: E402
+from cclctl.diagnose_io.dumpfile import read_dump  # noqa: E402
 from cclctl.errors import InvalidArgument  # noqa: E402
 from cclctl.integrations.torch.backend.process_group import CclctlProcessGroup  # noqa: E402
 from cclctl.integrations.torch.backend.relayed import Placement, RelayView  # noqa: E402
@@ -193,3 +197,43 @@ def test_a_dtype_the_runtime_only_moves_is_relayed_as_bytes_and_not_reduced() ->
     assert view.array.dtype == torch.uint8 and view.array.numel() == 8
     with pytest.raises(InvalidArgument, match=r"does not reduce torch\.complex64"):
         place.direct([torch.ones(2, dtype=torch.complex64)], "all_reduce", reduces=True)
+
+
+# ------------------------------------------------------------------------ a real job
+def _job(world: int, out: Path, **env: str) -> dict[int, dict[str, Any]]:
+    out.mkdir()
+    result, lines = run_job(
+        "backend_relay_job.py", world, [str(out)], env=child_env(**env), timeout_s=150
+    )
+    assert result.returncode == 0, lines.text()[-6000:]
+    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(world)}
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.slow  # two torch jobs: 50 s (2 ranks), 110 s (4) on this machine under load
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_job_under_forced_staging_trains_alike_and_records_its_stages(
+    world: int, tmp_path: Path
+) -> None:
+    staged = _job(world, tmp_path / "staged", CCLCTL_STAGE="always", CCLCTL_STAGE_CHUNK="4K")
+    unstaged = _job(world, tmp_path / "unstaged", CCLCTL_STAGE="auto")
+    for rank in range(world):
+        got, want = staged[rank], unstaged[rank]
+        assert got["results"] == want["results"]  # max, min and data movement: bit for bit
+        if world == 2:  # a sum of two is the same whichever way it is cut: exact
+            assert (got["losses"], got["params"]) == (want["losses"], want["params"])
+        else:  # the relay's bits rule: a float sum of >2 ranks may differ in the last bits
+            assert got["losses"] == pytest.approx(want["losses"], rel=1e-6)
+            assert got["params"] == pytest.approx(want["params"], rel=1e-5, abs=1e-7)
+        relay_id = f"{got['comm']}/relay"
+        records = read_dump(got["dump"]).records
+        relayed = [r for r in records if r.comm == relay_id]
+        assert {r.op for r in relayed} >= {"all_reduce", "broadcast", "all_gather",
+                                           "reduce_scatter", "all_to_all"}  # fmt: skip
+        assert all(set(r.stages) == {"d2h", "collective", "h2d"} for r in relayed)
+        assert not any(r.comm == relay_id for r in read_dump(want["dump"]).records)
+        for stage in ("d2h", "collective", "h2d"):  # the exporter's series, per stage
+            labels = f'comm="{relay_id}",op="all_reduce",rank="{rank}",stage="{stage}"'
+            assert any(s.startswith("cclctl_relay_stage_seconds_total{") and labels in s
+                       for s in got["stage_series"]), (stage, got["stage_series"])  # fmt: skip
+        assert want["stage_series"] == []
