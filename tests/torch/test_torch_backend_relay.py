@@ -189,6 +189,8 @@ def test_a_device_tensor_is_relayed_under_auto_and_refused_under_never() -> None
         _placement("never").direct([torch.ones(4), dev], "broadcast", reduces=False)
     with pytest.raises(InvalidArgument, match="CCLCTL_STAGE=never"):
         _placement("never").host([dev], "gather", reduces=False)
+    with pytest.raises(InvalidArgument, match="from one device; these are on cpu, meta"):
+        _placement("auto").direct([torch.ones(4), dev], "all_gather", reduces=False)
 
 
 def test_a_dtype_the_runtime_only_moves_is_relayed_as_bytes_and_not_reduced() -> None:

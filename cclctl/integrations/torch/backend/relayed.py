@@ -26,7 +26,7 @@ numpy views of CPU tensors (:mod:`.views`). A staged call runs one of two ways:
 Every rank of a group must take the same way for a call, since a relayed call is a run of
 chunk calls on the communicator: a job whose ranks mix device and CPU tensors sets
 ``CCLCTL_STAGE=always`` on its CPU ranks (or on every rank). A call whose tensors sit on
-different devices is refused by the relay, never run on a wrong buffer.
+different devices is refused when it is issued (the relay stages from one device).
 """
 
 from __future__ import annotations
@@ -89,6 +89,13 @@ class Placement:
         tensors where any of them is staged, else the communicator and host views."""
         if not any([self._staged(t) for t in tensors]):  # every tensor checked (never)
             return self.comm, list(host_views(tensors, call, reduces=reduces))
+        devices = sorted({str(t.device) for t in tensors})
+        if len(devices) > 1:
+            raise InvalidArgument(
+                f"{call}: the relay stages a call's tensors from one device; these are on "
+                f"{', '.join(devices)}",
+                op=call,
+            )
         return self.relay, [_relay_view(t, call, reduces) for t in tensors]
 
 
