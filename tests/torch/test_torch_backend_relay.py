@@ -239,3 +239,28 @@ def test_a_job_under_forced_staging_trains_alike_and_records_its_stages(
             assert any(s.startswith("cclctl_relay_stage_seconds_total{") and labels in s
                        for s in got["stage_series"]), (stage, got["stage_series"])  # fmt: skip
         assert want["stage_series"] == []
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_does_not_stage_where_another_does_fails_the_call_not_its_result() -> None:
+    """A mixed group left on ``auto`` (rank 0 relays, rank 1 does not): the chunk calls
+    meet the whole call and the runtime fails it on both ranks, naming both calls."""
+    from thread_ranks import make_comms, run_comms
+
+    comms = make_comms(2, CFG.replace(stage="always", timeout_s=20.0))
+
+    def rank(comm: Communicator) -> str:
+        pg = CclctlProcessGroup(comm)
+        if comm.rank == 1:  # this rank keeps the host path
+            pg._placement = Placement(comm, comm.cfg.replace(stage="auto"))
+        try:
+            pg.allreduce([torch.ones(4 * CFG.stage_chunk)], dist.ReduceOp.SUM).wait()
+            return "no error"
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            pg._progress.close()
+
+    said = run_comms(comms, rank, timeout_s=90)
+    for s in said:  # each rank names both calls: the chunk and the whole
+        assert "count 1024" in s and "count 16384" in s, said

@@ -25,7 +25,9 @@ numpy views of CPU tensors (:mod:`.views`). A staged call runs one of two ways:
 
 Every rank of a group must take the same way for a call, since a relayed call is a run of
 chunk calls on the communicator: a job whose ranks mix device and CPU tensors sets
-``CCLCTL_STAGE=always`` on its CPU ranks (or on every rank). A call whose tensors sit on
+``CCLCTL_STAGE=always`` on its CPU ranks (or on every rank); one left on ``auto`` fails a
+call larger than a staging chunk with the runtime's collective mismatch (the chunk calls
+meet the whole one), never with a wrong result. A call whose tensors sit on
 different devices is refused when it is issued (the relay stages from one device).
 """
 
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 
 import torch
 
+from cclctl.config import RuntimeConfig
 from cclctl.errors import InvalidArgument
 from cclctl.integrations.torch.backend.ops import Collectives, View
 from cclctl.integrations.torch.backend.views import HostView, host_view, host_views
@@ -62,21 +65,22 @@ class RelayView:
 
 class Placement:
     """One process group's way for each call's tensors: host views, a whole copy, or the
-    group's relay."""
+    group's relay (``cfg``: ``CCLCTL_STAGE*``'s values; default: the communicator's)."""
 
-    def __init__(self, comm: Communicator) -> None:
+    def __init__(self, comm: Communicator, cfg: RuntimeConfig | None = None) -> None:
         self.comm = comm
+        self.cfg = cfg or comm.cfg
         self._relay: TensorRelay | None = None
 
     @property
     def relay(self) -> TensorRelay:
         """The group's relay, made on its first staged call."""
         if self._relay is None:
-            self._relay = TensorRelay(self.comm)
+            self._relay = TensorRelay(self.comm, self.cfg)
         return self._relay
 
     def _staged(self, tensor: torch.Tensor) -> bool:
-        return is_staged(self.comm.cfg, tensor.device.type == "cpu")
+        return is_staged(self.cfg, tensor.device.type == "cpu")
 
     def host(self, tensors: Sequence[torch.Tensor], call: str, *, reduces: bool) -> list[HostView]:
         """Host views for a call the relay does not have: a staged tensor copied whole."""
