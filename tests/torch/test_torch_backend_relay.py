@@ -1,9 +1,11 @@
 """The ``cclctl`` backend's device-tensor path on CPU tensors under forced staging
 (``CCLCTL_STAGE=always``): every collective of a process group equals the unstaged group's
 result bit for bit (thread ranks, in this process), where ``docs/performance.md``, "The
-relay", says the bits are the same; which way each call goes (relayed.py); and, in a real
-job (backend_relay_job.py), DDP's losses under forced staging equal the unstaged run's and
-the relay's records and stage metrics reach the rank's dump and exporter.
+relay", says the bits are the same; which way each call goes (relayed.py); a mixed group
+left on ``auto`` fails, never computes wrong; in a real job (backend_relay_job.py), DDP's
+losses under forced staging equal the unstaged run's and the relay's records and stage
+metrics reach the rank's dump and exporter; and backend_job.py's comparison with gloo
+(DDP, FSDP2, functional collectives) holds with every tensor relayed.
 """
 
 from __future__ import annotations
@@ -264,3 +266,25 @@ def test_a_rank_that_does_not_stage_where_another_does_fails_the_call_not_its_re
     said = run_comms(comms, rank, timeout_s=90)
     for s in said:  # each rank names both calls: the chunk and the whole
         assert "count 1024" in s and "count 16384" in s, said
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow  # one torch job of 2 ranks: 35 s on this machine under load
+def test_the_backend_job_under_forced_staging_still_equals_gloo(tmp_path: Path) -> None:
+    """backend_job.py (every collective, a new_group, DDP with and without a hook, FSDP2,
+    functional collectives, each against gloo) with every tensor relayed: on 2 ranks all
+    equal gloo's bit for bit, and both groups' calls are on their relay ids too."""
+    result, lines = run_job(
+        "backend_job.py", 2, [str(tmp_path)], timeout_s=200,
+        env=child_env(CCLCTL_STAGE="always", CCLCTL_STAGE_CHUNK="4K"),
+    )  # fmt: skip
+    assert result.returncode == 0, lines.text()[-6000:]
+    for rank in range(2):
+        doc = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert doc["same"] and all(same is True for same in doc["same"].values()), doc["same"]
+        ddp, fsdp = doc["ddp"], doc["fsdp"]
+        assert ddp["cclctl"] == ddp["gloo"] and ddp["hook"] == ddp["gloo"]
+        assert fsdp["cclctl"] == fsdp["gloo"]
+        assert doc["functional_same"] is True and doc["params_alike"] is True
+        relayed = {c for c in doc["comms"] if c.endswith("/relay")}
+        assert relayed == {f"{c}/relay" for c in doc["comms"] if c not in relayed}
