@@ -2,9 +2,9 @@
 
 A Python ``ProcessGroup`` (torch calls its methods from Python, and the ones its C++
 trampoline forwards from C++: DDP's reducer, its parameter broadcast and shape checks).
-Each method turns torch's arguments into views (:mod:`.relayed` decides, for the whole
-group, whether a call's tensors are host views or go through the group's relay), queues the
-call on the group's progress thread (:mod:`.progress`, issue order kept) and returns its
+Each method turns torch's arguments into views (:mod:`.relayed` decides whether a call's
+tensors are host views, copied to the host whole, or go through the group's relay), queues
+the call on the group's progress thread (:mod:`.progress`, issue order kept) and returns its
 :class:`~.work.CclctlWork`. The calls run on the runtime's
 :class:`~cclctl.runtime.comm.communicator.Communicator`, so they are cclctl's own records:
 telemetry, ``cclctl top`` and ``cclctl diagnose hang`` see them as they see any job's.
