@@ -6,11 +6,18 @@ runs: one or more calls on the runtime's communicator (the calls its telemetry r
 the copies out that views need, and the output tensors the call's future holds. torch's
 list forms (``all_gather`` into a list, ``reduce_scatter`` from one) go through one
 contiguous buffer, so each is one runtime call.
+
+The collectives the relay has (all_reduce, broadcast, reduce, all_gather, reduce_scatter,
+all_to_all of equal blocks) run on any :class:`Collectives` with :class:`View`'s: the
+communicator on host views, or the group's
+:class:`~cclctl.integrations.torch.relay_copier.TensorRelay` on flat tensors
+(:mod:`.relayed` says which); the others take the communicator and host views only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -22,13 +29,34 @@ from cclctl.runtime.comm.communicator import Communicator
 Job = Callable[[], list[torch.Tensor]]
 
 
-def _done(views: Sequence[HostView]) -> list[torch.Tensor]:
+class View(Protocol):
+    """A tensor as the buffer a :class:`Collectives` runs on (``array``), and the copy back
+    into the tensor once the call ends."""
+
+    tensor: torch.Tensor
+    array: Any
+
+    def write_back(self) -> None: ...
+
+
+class Collectives(Protocol):
+    """The calls the relay has, as the communicator and the torch relay both take them."""
+
+    def all_reduce(self, buf: Any, op: str, /) -> Any: ...
+    def broadcast(self, buf: Any, root: int, /) -> Any: ...
+    def reduce(self, buf: Any, op: str, root: int, /) -> Any: ...
+    def all_gather(self, buf: Any, out: Any, /) -> Any: ...
+    def reduce_scatter(self, buf: Any, out: Any, op: str, /) -> Any: ...
+    def all_to_all(self, buf: Any, out: Any, /) -> Any: ...
+
+
+def _done(views: Sequence[View]) -> list[torch.Tensor]:
     for view in views:
         view.write_back()
     return [view.tensor for view in views]
 
 
-def all_reduce(comm: Communicator, views: list[HostView], redop: str) -> Job:
+def all_reduce(comm: Collectives, views: Sequence[View], redop: str) -> Job:
     def run() -> list[torch.Tensor]:
         for view in views:
             comm.all_reduce(view.array, redop)
@@ -37,7 +65,7 @@ def all_reduce(comm: Communicator, views: list[HostView], redop: str) -> Job:
     return run
 
 
-def broadcast(comm: Communicator, views: list[HostView], root: int) -> Job:
+def broadcast(comm: Collectives, views: Sequence[View], root: int) -> Job:
     def run() -> list[torch.Tensor]:
         for view in views:
             comm.broadcast(view.array, root)
@@ -46,7 +74,7 @@ def broadcast(comm: Communicator, views: list[HostView], root: int) -> Job:
     return run
 
 
-def reduce(comm: Communicator, views: list[HostView], redop: str, root: int) -> Job:
+def reduce(comm: Collectives, views: Sequence[View], redop: str, root: int) -> Job:
     def run() -> list[torch.Tensor]:
         for view in views:
             comm.reduce(view.array, redop, root)
@@ -55,7 +83,7 @@ def reduce(comm: Communicator, views: list[HostView], redop: str, root: int) -> 
     return run
 
 
-def all_gather(comm: Communicator, pairs: list[tuple[HostView, HostView]]) -> Job:
+def all_gather(comm: Collectives, pairs: Sequence[tuple[View, View]]) -> Job:
     """``pairs``: (output of ``world_size`` blocks, input) each."""
 
     def run() -> list[torch.Tensor]:
@@ -108,7 +136,7 @@ def scatter(comm: Communicator, out: HostView, srcs: list[HostView], root: int) 
     return run
 
 
-def reduce_scatter(comm: Communicator, pairs: list[tuple[HostView, HostView]], redop: str) -> Job:
+def reduce_scatter(comm: Collectives, pairs: Sequence[tuple[View, View]], redop: str) -> Job:
     """``pairs``: (output block, input of ``world_size`` blocks) each."""
 
     def run() -> list[torch.Tensor]:
@@ -130,7 +158,7 @@ def reduce_scatter_list(comm: Communicator, out: HostView, srcs: list[HostView],
     return run
 
 
-def all_to_all(comm: Communicator, out: HostView, src: HostView) -> Job:
+def all_to_all(comm: Collectives, out: View, src: View) -> Job:
     def run() -> list[torch.Tensor]:
         comm.all_to_all(src.array, out.array)
         return _done([out])

@@ -2,9 +2,10 @@
 
 A Python ``ProcessGroup`` (torch calls its methods from Python, and the ones its C++
 trampoline forwards from C++: DDP's reducer, its parameter broadcast and shape checks).
-Each method turns torch's arguments into host views (:mod:`.views`, the one way a tensor
-reaches the runtime), queues the call on the group's progress thread (:mod:`.progress`,
-issue order kept) and returns its :class:`~.work.CclctlWork`. The calls run on the runtime's
+Each method turns torch's arguments into views (:mod:`.relayed` decides whether a call's
+tensors are host views, copied to the host whole, or go through the group's relay), queues
+the call on the group's progress thread (:mod:`.progress`, issue order kept) and returns its
+:class:`~.work.CclctlWork`. The calls run on the runtime's
 :class:`~cclctl.runtime.comm.communicator.Communicator`, so they are cclctl's own records:
 telemetry, ``cclctl top`` and ``cclctl diagnose hang`` see them as they see any job's.
 """
@@ -19,8 +20,10 @@ import torch.distributed as dist
 
 from cclctl.errors import InvalidArgument
 from cclctl.integrations.torch.backend import ops
+from cclctl.integrations.torch.backend.ops import Collectives, View
 from cclctl.integrations.torch.backend.progress import Progress
-from cclctl.integrations.torch.backend.views import HostView, host_views, redop
+from cclctl.integrations.torch.backend.relayed import Placement
+from cclctl.integrations.torch.backend.views import HostView, redop
 from cclctl.integrations.torch.backend.work import CclctlWork
 from cclctl.runtime.comm.communicator import Communicator
 
@@ -60,6 +63,7 @@ class CclctlProcessGroup(_ProcessGroup):
         super().__init__(comm.rank, comm.world_size)
         self.comm = comm
         self._progress = Progress(f"cclctl-pg {comm.id}")
+        self._placement = Placement(comm)
         self._names: dict[str, str] = {}
 
     def getBackendName(self) -> str:  # torch's C++ name
@@ -83,21 +87,28 @@ class CclctlProcessGroup(_ProcessGroup):
         return CclctlWork(self._progress.submit(job), op)
 
     def _views(self, tensors: Tensors, call: str, *, reduces: bool = False) -> list[HostView]:
-        return host_views(tensors, call, reduces=reduces)
+        """Host views, for the calls the relay does not have (a staged tensor copied whole)."""
+        return self._placement.host(tensors, call, reduces=reduces)
+
+    def _placed(
+        self, tensors: Tensors, call: str, *, reduces: bool = False
+    ) -> tuple[Collectives, list[View]]:
+        """What runs a call the relay has (the communicator or the group's relay), and views."""
+        return self._placement.direct(tensors, call, reduces=reduces)
 
     # ----------------------------------------------------------------- reductions
     def allreduce(self, tensors: Tensors, opts: Any = None) -> CclctlWork:
         op = _reduction(opts, "all_reduce")
-        views = self._views(tensors, "all_reduce", reduces=True)
-        return self._issue("all_reduce", ops.all_reduce(self.comm, views, op))
+        comm, views = self._placed(tensors, "all_reduce", reduces=True)
+        return self._issue("all_reduce", ops.all_reduce(comm, views, op))
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> CclctlWork:
         return self.allreduce(tensors, opts)  # one runtime call per tensor, in order
 
     def reduce(self, tensors: Tensors, opts: Any = None) -> CclctlWork:
         op = _reduction(opts, "reduce")
-        views = self._views(tensors, "reduce", reduces=True)
-        return self._issue("reduce", ops.reduce(self.comm, views, op, _root(opts)))
+        comm, views = self._placed(tensors, "reduce", reduces=True)
+        return self._issue("reduce", ops.reduce(comm, views, op, _root(opts)))
 
     def reduce_scatter(
         self, outputs: Tensors, inputs: list[Tensors], opts: Any = None
@@ -120,17 +131,16 @@ class CclctlProcessGroup(_ProcessGroup):
         self, outputs: Tensors, inputs: Tensors, opts: Any = None
     ) -> CclctlWork:
         op = _reduction(opts, "reduce_scatter")
-        outs = self._views(outputs, "reduce_scatter", reduces=True)
-        srcs = self._views(inputs, "reduce_scatter", reduces=True)
-        pairs = list(zip(outs, srcs, strict=True))
-        return self._issue("reduce_scatter", ops.reduce_scatter(self.comm, pairs, op))
+        comm, views = self._placed([*outputs, *inputs], "reduce_scatter", reduces=True)
+        pairs = list(zip(views[: len(outputs)], views[len(outputs) :], strict=True))
+        return self._issue("reduce_scatter", ops.reduce_scatter(comm, pairs, op))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # ----------------------------------------------------------------- data movement
     def broadcast(self, tensors: Tensors, opts: Any = None) -> CclctlWork:
-        views = self._views(tensors, "broadcast")
-        return self._issue("broadcast", ops.broadcast(self.comm, views, _root(opts)))
+        comm, views = self._placed(tensors, "broadcast")
+        return self._issue("broadcast", ops.broadcast(comm, views, _root(opts)))
 
     def allgather(self, outputs: list[Tensors], inputs: Tensors, opts: Any = None) -> CclctlWork:
         if len(outputs) != 1 or len(inputs) != 1:
@@ -157,10 +167,9 @@ class CclctlProcessGroup(_ProcessGroup):
     def all_gather_single_coalesced(
         self, outputs: Tensors, inputs: Tensors, opts: Any = None
     ) -> CclctlWork:
-        outs = self._views(outputs, "all_gather")
-        srcs = self._views(inputs, "all_gather")
-        pairs = list(zip(outs, srcs, strict=True))
-        return self._issue("all_gather", ops.all_gather(self.comm, pairs))
+        comm, views = self._placed([*outputs, *inputs], "all_gather")
+        pairs = list(zip(views[: len(outputs)], views[len(outputs) :], strict=True))
+        return self._issue("all_gather", ops.all_gather(comm, pairs))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -173,9 +182,10 @@ class CclctlProcessGroup(_ProcessGroup):
         opts: Any = None,
     ) -> CclctlWork:
         n = self.comm.world_size
-        out, src = self._views([output, input], "all_to_all")
         if _even(output_splits, output, n) and _even(input_splits, input, n):
-            return self._issue("all_to_all", ops.all_to_all(self.comm, out, src))
+            comm, (out, src) = self._placed([output, input], "all_to_all")
+            return self._issue("all_to_all", ops.all_to_all(comm, out, src))
+        out, src = self._views([output, input], "all_to_all")
         row = math.prod(input.shape[1:])  # elements per row of dim 0 (both tensors')
         out_counts = [s * row for s in output_splits or _equal(output, n)]
         in_counts = [s * row for s in input_splits or _equal(input, n)]

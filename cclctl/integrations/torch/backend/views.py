@@ -1,11 +1,13 @@
 """Torch tensors as the flat numpy arrays cclctl's runtime takes, and its reductions' names.
 
-Every tensor a collective touches goes through :func:`host_views`, the one place that
-decides how a tensor reaches host memory. A contiguous CPU tensor is viewed in place
-(``tensor.numpy()``: zero-copy, the runtime reads and writes the tensor's own storage); a
-non-contiguous one is copied into a contiguous buffer, and an output copied back once the
-call ends. A tensor on another device is refused: device tensors go through the relay
-(host staging), which this module hands them to once it exists.
+A tensor a collective runs on in host memory goes through :func:`host_view`, which says
+how it gets there. A contiguous CPU tensor is viewed in place (``tensor.numpy()``:
+zero-copy, the runtime reads and writes the tensor's own storage); a non-contiguous one is
+copied into a contiguous buffer, and an output copied back once the call ends. With
+``whole`` (a tensor :mod:`.relayed` stages whole: a device tensor, or any tensor under
+``CCLCTL_STAGE=always``) the tensor is copied into a host buffer when the call is issued and
+the result copied back when it ends. A device tensor without ``whole`` is refused: which
+tensors are staged, and how, is :mod:`.relayed`'s decision.
 """
 
 from __future__ import annotations
@@ -67,22 +69,28 @@ def redop(op: object, call: str) -> str:
 
 
 def host_views(tensors: Iterable[torch.Tensor], call: str, *, reduces: bool) -> list[HostView]:
-    """Each tensor as host memory the runtime can use (``reduces``: the call does arithmetic
-    on it, so its dtype must be one numpy has). A non-CPU tensor is refused here."""
-    return [_view(t, call, reduces) for t in tensors]
+    """Each CPU tensor as host memory the runtime can use (``reduces``: the call does
+    arithmetic on it, so its dtype must be one numpy has). A non-CPU tensor is refused."""
+    return [host_view(t, call, reduces) for t in tensors]
 
 
-def _view(tensor: torch.Tensor, call: str, reduces: bool) -> HostView:
-    if tensor.device.type != "cpu":
+def host_view(tensor: torch.Tensor, call: str, reduces: bool, whole: bool = False) -> HostView:
+    """``tensor`` as a flat numpy array (``whole``: a copy in host memory, made now and
+    written back once the call ends, whatever device the tensor is on)."""
+    if tensor.device.type != "cpu" and not whole:
         raise InvalidArgument(
-            f"{call}: a tensor on {tensor.device} reached the cclctl backend; device tensors "
-            "go through the relay (host staging), which this build does not have yet: "
-            "use CPU tensors, or backend='cpu:cclctl,cuda:nccl'",
+            f"{call}: a tensor on {tensor.device} reached cclctl's host views unstaged; "
+            "device tensors go through the relay (host staging: CCLCTL_STAGE=auto or "
+            "always), or use backend='cpu:cclctl,cuda:nccl'",
             op=call,
         )
-    whole = tensor.detach()
-    staged = None if whole.is_contiguous() else whole.contiguous()
-    flat = (whole if staged is None else staged).reshape(-1)  # a view of either
+    data = tensor.detach()
+    staged: torch.Tensor | None = None
+    if whole:
+        staged = data.to("cpu", memory_format=torch.contiguous_format, copy=True)
+    elif not data.is_contiguous():
+        staged = data.contiguous()
+    flat = (data if staged is None else staged).reshape(-1)  # a view of either
     if flat.dtype == torch.bfloat16 and (bf16 := _numpy_bfloat16()) is not None:
         return HostView(tensor, flat.view(torch.int16).numpy().view(bf16), staged)
     if flat.dtype in _BYTES_ONLY:
