@@ -2,11 +2,14 @@
 ``cclctl run --backend cclctl``: the same script on gloo and moved onto cclctl's runtime.
 Run under a launcher (RANK, WORLD_SIZE, MASTER_*): ``python gloo_ddp_job.py OUT [none]``
 (``none``: ``init_process_group()`` with no backend, torch's choice on a CPU host).
+With ``PAUSE_STEP`` and ``PAUSE_FLAG`` set, rank 0 writes ``PAUSE_FLAG.paused`` before
+that training step and waits for ``PAUSE_FLAG`` (the others wait in DDP's first bucket):
+a test faults the links meanwhile.
 
 Each rank writes ``OUT/rank<r>.json``: the backend torch says the world is on, the
 collectives' results, each step's loss, the parameters after training and, when
 ``cclctl run`` instruments the job, the records of cclctl's session:
-[comm, seq, op, state, algo, epoch, attempt].
+[comm, seq, op, state, algo, epoch, attempt], and its ``counters`` (retries, link resumes).
 """
 
 import datetime
@@ -58,7 +61,9 @@ def train() -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     losses = []
-    for _ in range(STEPS):
+    for step in range(STEPS):
+        if rank == 0 and step == int(os.environ.get("PAUSE_STEP", "-1")):
+            pause(os.environ["PAUSE_FLAG"])
         loss = net(torch.randn(16, 32, generator=gen)).pow(2).mean()
         loss.backward()
         opt.step()
@@ -70,6 +75,21 @@ def train() -> None:
     doc["params"] = [p.detach().flatten().tolist() for p in net.parameters()]
 
 
+def pause(flag: str) -> None:
+    with open(f"{flag}.tmp", "w"):
+        pass
+    os.replace(f"{flag}.tmp", f"{flag}.paused")
+    give_up = time.monotonic() + 120  # a backstop: the test releases it first
+    while not os.path.exists(flag) and time.monotonic() < give_up:
+        time.sleep(0.02)
+
+
+def counters(sess) -> dict:
+    view = sess.telemetry.metrics_view()
+    retries = sum(st.retries for st in view.ops.values())
+    return {"retries": retries, "link_resumes": sum(view.link_resumes.values())}
+
+
 def records() -> list | None:
     wrap = sys.modules.get("cclctl.integrations.torch.wrap")
     sess = wrap.session() if wrap else None
@@ -78,6 +98,7 @@ def records() -> list | None:
     deadline = time.monotonic() + 10
     while sess.telemetry.inflight() and time.monotonic() < deadline:
         time.sleep(0.01)  # a traced gloo call's record closes at its work's completion
+    doc["counters"] = counters(sess)
     return [
         [r.comm, r.seq, r.op, r.state, r.algo, r.epoch, r.attempt] for r in sess.telemetry.records()
     ]
