@@ -73,7 +73,8 @@ class _C10d:
     @staticmethod
     def BackendConfig(backend: str) -> Any:  # torch's name
         maps = {"gloo": {"cpu": "gloo", "cuda": "gloo"}, "undefined": {"cpu": "gloo"},
-                "nccl": {"cuda": "nccl"}, "cclctl": {"cpu": "cclctl"}}  # fmt: skip
+                "nccl": {"cuda": "nccl"}, "cclctl": {"cpu": "cclctl"},
+                "cpu:gloo,cuda:nccl": {"cpu": "gloo", "cuda": "nccl"}}  # fmt: skip
 
         class Config:
             def get_device_backend_map(self) -> dict[str, str]:
@@ -95,3 +96,20 @@ def test_a_subgroup_stays_when_the_world_did_not_move() -> None:
     helper = backend_choice._wrap(c10d, c10d.helper, CPU)
     assert helper(2, 0, [], "nccl") == "nccl"  # a GPU job's world
     assert helper(2, 0, [0, 1], "gloo") == "gloo"  # its CPU side group: cclctl needs its world
+
+
+def test_a_group_the_choice_covers_in_part_stays_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    c10d = _C10d()
+    helper = backend_choice._wrap(c10d, c10d.helper, CPU)
+    with caplog.at_level("WARNING", logger="cclctl.torch"):
+        assert helper(2, 0, [], "cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
+        assert helper(2, 0, [], "cclctl") == "cclctl"  # the job's own choice: no word
+    assert [r.getMessage() for r in caplog.records] == [
+        "cclctl: a group on cpu:gloo,cuda:nccl stays there: CCLCTL_TORCH_BACKEND=cpu:cclctl "
+        "does not move all of its backends (a group runs on one backend); ask "
+        "cpu:cclctl,cuda:cclctl to move NCCL's too"
+    ]
+    both = backend_choice._wrap(c10d, c10d.helper, BOTH)
+    assert both(2, 0, [], "cpu:gloo,cuda:nccl") == "cclctl"
