@@ -3,11 +3,12 @@
 ``CCLCTL_TORCH_BACKEND`` names the device types whose gloo or NCCL groups run on cclctl's
 runtime instead: ``cclctl`` (the same as ``cpu:cclctl``) moves the groups torch would put on
 gloo (``init_process_group("gloo")``, or no backend on a host without an accelerator);
-``cpu:cclctl,cuda:cclctl`` moves NCCL's too. A group moves whole or not at all: torch runs
-every tensor of a group on the Python process group it gets for one device, so a group
-whose map keeps a backend this choice does not move (``cpu:gloo,cuda:nccl`` under plain
-``cclctl``) stays as the job asked, with one warning. A sub-group moves only when the job's
-world did (a cclctl group is a sub-communicator of a cclctl world).
+``cpu:cclctl,cuda:cclctl`` moves NCCL's too. A group moves whole or not at all: a backend
+that is a Python process group (``cclctl``'s is) becomes torch's whole group, every
+device's tensors included, so a group whose map keeps a backend this choice does not move
+(``cpu:gloo,cuda:nccl`` under plain ``cclctl``) stays as the job asked, with a warning.
+A sub-group moves only when the job's world did (a cclctl group is a sub-communicator of a
+cclctl world).
 
 :func:`install` wraps torch's ``_new_process_group_helper``, the one function every group
 is created through, and rewrites its backend argument; torch then records the group as a
