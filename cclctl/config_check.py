@@ -54,6 +54,7 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_STAGE": "auto, always or never: which tensors the relay stages through host memory",
     "CCLCTL_STAGE_CHUNK": "bytes per relay staging buffer (4M)",
     "CCLCTL_STAGE_DEPTH": "relay staging buffers in the ring (4)",
+    "CCLCTL_TORCH_BACKEND": "cclctl or cpu:cclctl,cuda:cclctl: groups cclctl run moves to cclctl",
     "CCLCTL_STREAMING_COPY": "copy size that bypasses the cache in launched ranks",
     "CCLCTL_BENCH_CORRUPT": "bench's checker self-test",
 }

@@ -23,7 +23,7 @@ from cclctl.config import (
     runtime_from_env,
 )
 from cclctl.config_rendezvous import attach_address
-from cclctl.errors import UsageError
+from cclctl.errors import ConfigError, UsageError
 from cclctl.launch.output import where_to_watch
 
 HELP = (
@@ -35,7 +35,10 @@ HELP = (
     "`cclctl top` and `cclctl diagnose hang` commands are printed on stderr at once.\n\n"
     "Every option and CCLCTL_* variable is checked before CMD starts: a bad one is exit "
     "code 2, and the job never runs uninstrumented by mistake. "
-    "A CMD ending in .py runs with this Python."
+    "A CMD ending in .py runs with this Python.\n\n"
+    "--backend cclctl runs a job that asks for gloo on cclctl's own runtime instead "
+    "(shared memory on a host, TCP between hosts, a reset link retried), the script "
+    "unedited: its calls are then the runtime's records."
 )
 
 EPILOG = """Examples:
@@ -43,6 +46,8 @@ EPILOG = """Examples:
   cclctl run -- python train.py --epochs 1
 
   cclctl run --trace-dir /tmp/traces -- torchrun --nproc-per-node 8 train.py
+
+  cclctl run --backend cclctl -- torchrun --nproc-per-node 4 train_gloo.py
 
   torchrun --nproc-per-node 8 -m cclctl run -- train.py
 
@@ -78,6 +83,14 @@ def run_command(
         None, "--metrics-port", help="Serve Prometheus metrics from this port + local rank."
     ),
     job: str | None = typer.Option(None, "--job", help="Job name in the store and dumps."),
+    backend: str | None = typer.Option(
+        None,
+        "--backend",
+        help="Run the job's groups on cclctl's runtime (CCLCTL_TORCH_BACKEND): 'cclctl' "
+        "moves the groups the job puts on gloo (init_process_group('gloo'), or no backend "
+        "on a host without a GPU); 'cpu:cclctl,cuda:cclctl' moves NCCL's too. A group "
+        "moves whole or stays as the job asked (one warning).",
+    ),
 ) -> None:
     argv = command_line(cmd or [])
     env = run_environment(
@@ -86,8 +99,10 @@ def run_command(
         CCLCTL_TIMEOUT=None if timeout is None else str(timeout),
         CCLCTL_METRICS_PORT=None if metrics_port is None else str(metrics_port),
         CCLCTL_JOB=job,
+        CCLCTL_TORCH_BACKEND=backend,
     )
     check_command("run", {"--timeout": timeout, "--metrics-port": metrics_port}, env=env)
+    check_backend(backend, env)
     _announce(env)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -109,6 +124,20 @@ def _announce(env: dict[str, str]) -> None:
     store = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     for line in where_to_watch(store, runtime_from_env(env).job):
         print(line, file=sys.stderr)
+
+
+def check_backend(backend: str | None, env: dict[str, str]) -> None:
+    """``--backend`` (else an inherited CCLCTL_TORCH_BACKEND) is one the job can move onto:
+    a usage error before the job starts, never a job left on gloo by a typo."""
+    from cclctl.integrations.torch import backend_choice
+
+    if backend is None:
+        backend_choice.from_env(env)
+        return
+    try:
+        backend_choice.parse(backend)
+    except ValueError as exc:
+        raise ConfigError(f"--backend {exc}", flag="--backend") from None
 
 
 def command_line(cmd: list[str]) -> list[str]:

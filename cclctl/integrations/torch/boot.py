@@ -3,7 +3,10 @@
 Importing torch costs seconds, so nothing is imported ahead of the script: a finder on
 ``sys.meta_path`` waits for ``import torch`` (which imports torch.distributed too) and
 instruments once torch's package has finished loading. Processes that never import torch
-(a launcher, a shell) pay one list lookup per import.
+(a launcher, a shell) pay one list lookup per import. Where ``CCLCTL_TORCH_BACKEND`` is set
+(``cclctl run --backend cclctl``), the job's gloo groups are then moved onto the ``cclctl``
+backend (:mod:`~cclctl.integrations.torch.backend_choice`), after the instrumentation, so
+the wrapper never sees them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,20 @@ def _instrument() -> None:
         instrument()
     except Exception as exc:  # the job runs as it would without cclctl
         print(f"cclctl run: torch.distributed is not instrumented: {exc}", file=sys.stderr)
+    _choose_backend()
+
+
+def _choose_backend() -> None:
+    """Move the groups ``CCLCTL_TORCH_BACKEND`` names onto cclctl. A job that cannot be
+    moved must not run on gloo unnoticed: the error ends the process."""
+    from cclctl.config import environment
+    from cclctl.integrations.torch import backend_choice
+
+    try:
+        backend_choice.install(backend_choice.from_env(environment()))
+    except Exception as exc:
+        print(f"cclctl run: the job cannot run on the cclctl backend: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 class _Finder(importlib.abc.MetaPathFinder):
