@@ -3,8 +3,9 @@
 A Python ``ProcessGroup`` (torch calls its methods from Python, and the ones its C++
 trampoline forwards from C++: DDP's reducer, its parameter broadcast and shape checks).
 Each method turns torch's arguments into host views (:mod:`.views`, the one way a tensor
-reaches the runtime), queues the call on the group's progress thread (:mod:`.progress`,
-issue order kept) and returns its :class:`~.work.CclctlWork`. The calls run on the runtime's
+reaches the runtime), queues the call on its lane of the group's progress (:mod:`.progress`:
+collectives in issue order, point-to-point calls per peer and direction) and returns its
+:class:`~.work.CclctlWork`. The calls run on the runtime's
 :class:`~cclctl.runtime.comm.communicator.Communicator`, so they are cclctl's own records:
 telemetry, ``cclctl top`` and ``cclctl diagnose hang`` see them as they see any job's.
 """
@@ -12,6 +13,7 @@ telemetry, ``cclctl top`` and ``cclctl diagnose hang`` see them as they see any 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -19,7 +21,7 @@ import torch.distributed as dist
 
 from cclctl.errors import InvalidArgument
 from cclctl.integrations.torch.backend import ops
-from cclctl.integrations.torch.backend.progress import Progress
+from cclctl.integrations.torch.backend.progress import COLLECTIVE, Progress
 from cclctl.integrations.torch.backend.views import HostView, host_views, redop
 from cclctl.integrations.torch.backend.work import CclctlWork
 from cclctl.runtime.comm.communicator import Communicator
@@ -79,8 +81,9 @@ class CclctlProcessGroup(_ProcessGroup):
     def getGroupDesc(self) -> str:
         return self._names.get("desc", "")
 
-    def _issue(self, op: str, job: ops.Job) -> CclctlWork:
-        return CclctlWork(self._progress.submit(job), op)
+    def _issue(self, op: str, job: ops.Job, lane: Hashable = COLLECTIVE) -> CclctlWork:
+        """Queue ``job`` on ``lane`` (point-to-point calls: their peer's and direction's)."""
+        return CclctlWork(self._progress.submit(job, lane), op, self._progress)
 
     def _views(self, tensors: Tensors, call: str, *, reduces: bool = False) -> list[HostView]:
         return host_views(tensors, call, reduces=reduces)
@@ -211,11 +214,11 @@ class CclctlProcessGroup(_ProcessGroup):
 
     def send(self, tensors: Tensors, dst: int, tag: int = 0) -> CclctlWork:
         views = self._views(tensors, "send")
-        return self._issue("send", ops.send(self.comm, views, dst))
+        return self._issue("send", ops.send(self.comm, views, dst), ("send", dst))
 
     def recv(self, tensors: Tensors, src: int, tag: int = 0) -> CclctlWork:
         views = self._views(tensors, "recv")
-        return self._issue("recv", ops.recv(self.comm, views, src))
+        return self._issue("recv", ops.recv(self.comm, views, src), ("recv", src))
 
     # ----------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
