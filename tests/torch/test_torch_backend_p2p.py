@@ -80,7 +80,7 @@ def test_a_blocked_send_lane_does_not_hold_up_a_receive_issued_after_it() -> Non
         recv = progress.submit(lambda: received.set() or [], ("recv", 1))
         CclctlWork(recv, "recv", progress).wait()
         assert CclctlWork(send, "send", progress).wait()
-        assert send.future.done() and not send.future.value()
+        assert send.done and send.error is None and not send.result
     finally:
         progress.close()
 

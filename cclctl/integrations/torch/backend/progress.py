@@ -36,34 +36,35 @@ COLLECTIVE: Hashable = "collective"
 
 
 class Entry:
-    """One submitted call: its job, its future, the calls it runs after, and its state."""
+    """One submitted call: its job, the calls it runs after, and once it ran, its outcome.
 
-    __slots__ = ("after", "done", "future", "job", "lane")
+    Its ``torch.futures.Future`` is made only when asked for (:meth:`Progress.future`):
+    torch's synchronous calls never ask, so they make none."""
 
-    def __init__(
-        self,
-        job: Callable[[], Result],
-        lane: Hashable,
-        after: list[Entry],
-    ) -> None:
+    __slots__ = ("_future", "after", "done", "error", "job", "lane", "ran", "result", "waiters")
+
+    def __init__(self, job: Callable[[], Result], lane: Hashable, after: list[Entry]) -> None:
         self.job = job
         self.lane = lane
         self.after = after  # calls of other lanes that must end first
-        self.future: torch.futures.Future[Result] = torch.futures.Future()
-        self.done = False
+        self.ran = False  # the outcome is known (the future, if any, is being completed)
+        self.done = False  # ... and its future completed: the lane moves on
+        self.result: Result = []
+        self.error: BaseException | None = None
+        self.waiters = 0  # threads blocked in Progress.wait on it
+        self._future: torch.futures.Future[Result] | None = None
 
     def ready(self) -> bool:
         """Whether every call it runs after has ended."""
         return all(e.done for e in self.after)
 
-    def run(self) -> None:
-        """Run the job and complete the future (its callbacks run here, on this thread)."""
-        try:
-            result = self.job()
-        except BaseException as exc:  # the caller's wait() raises it
-            self.future.set_exception(exc)  # type: ignore[arg-type]  # torch types it as T
+    def _completed_future(self) -> torch.futures.Future[Result]:
+        future: torch.futures.Future[Result] = torch.futures.Future()
+        if self.error is not None:
+            future.set_exception(self.error)  # type: ignore[arg-type]  # torch types it as T
         else:
-            self.future.set_result(result)
+            future.set_result(self.result)
+        return future
 
 
 class Progress:
@@ -71,7 +72,9 @@ class Progress:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._cond = threading.Condition()  # guards everything below
+        self._lock = threading.Lock()  # guards everything below and every entry's state
+        self._ended = threading.Condition(self._lock)  # a call that someone waits on ended
+        self._conds: dict[Hashable, threading.Condition] = {}  # each lane's thread waits here
         self._queues: dict[Hashable, collections.deque[Entry]] = {}
         self._busy: set[Hashable] = set()  # lanes whose head call is running
         self._threads: dict[Hashable, threading.Thread] = {}
@@ -80,9 +83,9 @@ class Progress:
         self._closed = False
 
     def submit(self, job: Callable[[], Result], lane: Hashable = COLLECTIVE) -> Entry:
-        """Queue ``job`` on ``lane``; its future completes once it ran, after the calls
-        before it in its lane and those of other kinds issued before it."""
-        with self._cond:
+        """Queue ``job`` on ``lane``; it runs after the calls before it in its lane and
+        those of the other kind issued before it."""
+        with self._lock:
             if self._closed:
                 raise RuntimeError("the cclctl process group was destroyed")
             if lane == COLLECTIVE:
@@ -98,28 +101,49 @@ class Progress:
                 queue = self._queues[lane] = collections.deque()
                 self._start(lane)
             queue.append(entry)
-            self._cond.notify_all()
+            if lane not in self._busy:
+                self._conds[lane].notify()
         return entry
 
     def run_here(self, entry: Entry) -> bool:
         """Run ``entry`` on this thread if it is first in its lane, nothing runs there and
         the calls it follows have ended; False (nothing done) otherwise."""
-        with self._cond:
+        with self._lock:
             queue = self._queues.get(entry.lane)
             if not queue or queue[0] is not entry or entry.lane in self._busy:
                 return False
             if not entry.ready():
                 return False
-            queue.popleft()
-            self._busy.add(entry.lane)
+            self._take(entry.lane)
         self._finish(entry)
         return True
 
+    def wait(self, entry: Entry) -> Result:
+        """Its result once it ran (here, if it may run now), or raise its error."""
+        if not entry.done and not self.run_here(entry):
+            with self._lock:
+                entry.waiters += 1
+                while not entry.done:
+                    self._ended.wait()
+                entry.waiters -= 1
+        if entry.error is not None:
+            raise entry.error
+        return entry.result
+
+    def future(self, entry: Entry) -> torch.futures.Future[Result]:
+        """The call's future: its output tensors, or its error (made on first request)."""
+        with self._lock:
+            if entry._future is None:
+                pending = not entry.ran
+                entry._future = torch.futures.Future() if pending else entry._completed_future()
+            return entry._future
+
     def close(self) -> None:
         """Run what is queued, then end the lanes' threads (idempotent)."""
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            for cond in self._conds.values():
+                cond.notify()
             threads = list(self._threads.values())
         for thread in threads:
             if thread is not threading.current_thread():
@@ -127,31 +151,60 @@ class Progress:
 
     def _start(self, lane: Hashable) -> None:
         name = self._name if lane == COLLECTIVE else f"{self._name} {lane}"
+        self._conds[lane] = threading.Condition(self._lock)
         thread = threading.Thread(target=self._run, args=(lane,), name=name, daemon=True)
         self._threads[lane] = thread
         thread.start()
 
+    def _take(self, lane: Hashable) -> Entry:
+        """The lane's head call, taken to run (under the lock; the lane is then busy)."""
+        self._busy.add(lane)
+        entry = self._queues[lane].popleft()
+        entry.after = []  # ended: no longer kept alive through it
+        return entry
+
     def _finish(self, entry: Entry) -> None:
-        """Run ``entry`` (taken off its lane, which is marked busy), then free the lane."""
+        """Run ``entry`` (taken off its lane, which is marked busy), complete its future if
+        one was asked for (its callbacks run here), then free the lane."""
         try:
-            entry.run()
+            entry.result = entry.job()
+        except BaseException as exc:  # the waiter's wait() raises it
+            entry.error = exc
+        with self._lock:
+            entry.ran = True
+            future = entry._future
+        try:
+            if future is not None and entry.error is not None:
+                future.set_exception(entry.error)  # type: ignore[arg-type]  # torch: T
+            elif future is not None:
+                future.set_result(entry.result)
         finally:
-            with self._cond:
+            with self._lock:
                 entry.done = True
                 self._busy.discard(entry.lane)
-                self._cond.notify_all()
+                self._wake_after(entry)
+
+    def _wake_after(self, entry: Entry) -> None:
+        """Wake whoever may go on now that ``entry`` ended (under the lock): its waiters,
+        its lane, and the lanes whose next call waits for another lane's."""
+        if entry.waiters:
+            self._ended.notify_all()
+        for lane, queue in self._queues.items():
+            if queue and (lane == entry.lane or queue[0].after):
+                self._conds[lane].notify()
+        if self._closed:  # its lane's thread may be waiting to end
+            self._conds[entry.lane].notify()
 
     def _next(self, lane: Hashable) -> Entry | None:
         """The lane's next call once it may run (None: closed and drained)."""
-        queue = self._queues[lane]
-        with self._cond:
+        queue, cond = self._queues[lane], self._conds[lane]
+        with self._lock:
             while True:
                 if queue and lane not in self._busy and queue[0].ready():
-                    self._busy.add(lane)
-                    return queue.popleft()
+                    return self._take(lane)
                 if self._closed and not queue and lane not in self._busy:
                     return None
-                self._cond.wait()
+                cond.wait()
 
     def _run(self, lane: Hashable) -> None:
         while (entry := self._next(lane)) is not None:

@@ -28,43 +28,28 @@ class CclctlWork(_Work):
         super().__init__()
         self.op = op
         self._entry = entry
-        self._future = entry.future
         self._progress = progress
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        """Block until the call ends; raise its error if it failed. (``timeout`` is
-        cclctl's: ``CCLCTL_TIMEOUT`` expires a hung call through the runtime's watchdog.)"""
-        if not self._entry.done:
-            self._progress.run_here(self._entry)
-        self._future.wait()
+        """Block until the call ends (running it here when it may start now); raise its
+        error if it failed. (``timeout`` is cclctl's: ``CCLCTL_TIMEOUT`` expires a hung call
+        through the runtime's watchdog.)"""
+        self._progress.wait(self._entry)
         return True
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         """The call's future: its output tensors, or its error."""
-        return self._future
+        return self._progress.future(self._entry)
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._entry.done
 
     def is_success(self) -> bool:
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-        except Exception:
-            return False
-        return True
+        return self._entry.done and self._entry.error is None
 
     def exception(self) -> BaseException | None:
         """The call's error once it failed (None while it runs or when it succeeded)."""
-        if not self._future.done():
-            return None
-        try:
-            self._future.value()
-        except Exception as exc:
-            return exc
-        return None
+        return self._entry.error if self._entry.done else None
 
     def result(self) -> list[torch.Tensor]:
-        self.wait()
-        return self._future.value()
+        return self._progress.wait(self._entry)
