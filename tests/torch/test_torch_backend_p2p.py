@@ -2,7 +2,8 @@
 so two ranks that each ``isend`` before their ``irecv`` (pipeline parallelism's pattern)
 exchange messages far beyond the links' buffering, ``batch_isend_irecv`` rings go round,
 the data arrive exact and the records keep the runtime's per-pair seq (backend_p2p_job.py,
-under torchrun). Plus the lanes' order in this process (progress.py).
+under torchrun). Plus the lanes in this process (progress.py): their order, and a call
+torch waits on at once run on the caller's thread.
 """
 
 from __future__ import annotations
@@ -114,3 +115,32 @@ def test_a_collective_runs_after_the_point_to_point_calls_issued_before_it() -> 
         assert seen == ["a", "s", "c", "r"]
     finally:
         progress.close()
+
+
+def test_a_call_waited_on_at_once_runs_on_the_callers_thread_when_nothing_is_before_it() -> None:
+    """torch's ``async_op=False`` (``now``): no handoff, the lane's thread is not woken; an
+    error stays the call's, raised by ``wait()``."""
+    progress = Progress("test")
+    where: list[str] = []
+    release = threading.Event()
+    try:
+        entry = progress.submit(lambda: where.append(threading.current_thread().name) or [],
+                                now=True)  # fmt: skip
+        assert entry.done and where == [threading.current_thread().name]
+        failing = progress.submit(_raise, now=True)
+        with pytest.raises(ZeroDivisionError):
+            CclctlWork(failing, "c", progress).wait()
+        blocked = progress.submit(lambda: [] if release.wait(30) else 1 / 0)
+        queued = progress.submit(lambda: where.append("after") or [], now=True)
+        assert not queued.done  # an earlier call still runs: queued behind it, in order
+        release.set()
+        CclctlWork(queued, "c", progress).wait()
+        assert blocked.done and where[-1] == "after"
+        future = CclctlWork(entry, "c", progress).get_future()
+        assert future.done() and future.value() == []
+    finally:
+        progress.close()
+
+
+def _raise() -> list[Any]:
+    raise ZeroDivisionError("the call's own error")

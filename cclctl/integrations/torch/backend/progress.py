@@ -82,27 +82,45 @@ class Progress:
         self._p2p_since: list[Entry] = []  # point-to-point calls since that collective
         self._closed = False
 
-    def submit(self, job: Callable[[], Result], lane: Hashable = COLLECTIVE) -> Entry:
+    def submit(
+        self, job: Callable[[], Result], lane: Hashable = COLLECTIVE, *, now: bool = False
+    ) -> Entry:
         """Queue ``job`` on ``lane``; it runs after the calls before it in its lane and
-        those of the other kind issued before it."""
+        those of the other kind issued before it. ``now`` (torch's ``async_op=False``: the
+        caller waits at once): run it on this thread before returning where it may start
+        now, without waking the lane's thread."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the cclctl process group was destroyed")
-            if lane == COLLECTIVE:
-                after = [e for e in self._p2p_since if not e.done]
-                self._p2p_since = []
-                entry = self._last_collective = Entry(job, lane, after)
-            else:
-                last = self._last_collective
-                entry = Entry(job, lane, [] if last is None or last.done else [last])
-                self._p2p_since.append(entry)
+            entry = self._enter(job, lane)
             queue = self._queues.get(lane)
             if queue is None:
                 queue = self._queues[lane] = collections.deque()
                 self._start(lane)
-            queue.append(entry)
-            if lane not in self._busy:
-                self._conds[lane].notify()
+            inline = now and not queue and lane not in self._busy and entry.ready()
+            if inline:
+                self._busy.add(lane)
+                entry.after = []
+            else:
+                queue.append(entry)
+                if lane not in self._busy:
+                    self._conds[lane].notify()
+        if inline:
+            self._finish(entry)
+        return entry
+
+    def _enter(self, job: Callable[[], Result], lane: Hashable) -> Entry:
+        """The call's entry, after the other kind's calls issued before it (under the lock)."""
+        if lane == COLLECTIVE:
+            after = [e for e in self._p2p_since if not e.done]
+            self._p2p_since = []
+            entry = self._last_collective = Entry(job, lane, after)
+        else:
+            last = self._last_collective
+            entry = Entry(job, lane, [] if last is None or last.done else [last])
+            if len(self._p2p_since) >= 64:  # a job of point-to-point calls only: keep it short
+                self._p2p_since = [e for e in self._p2p_since if not e.done]
+            self._p2p_since.append(entry)
         return entry
 
     def run_here(self, entry: Entry) -> bool:
