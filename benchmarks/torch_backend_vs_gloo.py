@@ -10,12 +10,13 @@ machine and load:
   ratio cclctl / gloo.
 - **an 8-byte call**: blocks of ``dist.all_reduce`` on the cclctl group and of the numpy
   API (``comm.all_reduce``) on the same communicator, alternated so that load drifts hit
-  both; the median of the block means, and the backend's added time (backend - numpy).
-  gloo's is printed beside them.
+  both; the median of the block means, and the backend's added time (backend - numpy),
+  in wall time and in this process's CPU time (rank 0's). gloo's is printed beside them.
 - **DDP**: a small MLP (several gradient buckets) trained a few steps on each backend;
   the median step time, ratio cclctl / gloo.
 
-Short by design (the machine may be small and busy): few sizes, few iterations.
+Short by design (the machine may be small and busy): few sizes, few iterations. With one
+rank (``--nproc-per-node 1``) only the small call is timed: its cost with no peer to wait for.
 
     torchrun --nproc-per-node 2 benchmarks/torch_backend_vs_gloo.py [--sizes 64K,1M,16M,256M]
         [--iters 5] [--blocks 10] [--calls 200] [--steps 10]
@@ -80,8 +81,10 @@ def busbw(sizes: list[int], iters: int, gloo: Any) -> list[tuple[int, float, flo
     return rows
 
 
-def small_call(blocks: int, calls: int, gloo: Any) -> dict[str, float]:
-    """Median block mean (µs per call) of an 8-byte all_reduce on each path."""
+def small_call(blocks: int, calls: int, gloo: Any) -> dict[str, tuple[float, float]]:
+    """Per path, the median block mean of an 8-byte all_reduce in µs per call: wall time
+    (the slowest rank's) and this process's CPU time (all its threads: a handoff to
+    another thread counts; less sensitive to the machine's load than the wall clock)."""
     comm = dist.group.WORLD.comm
     t, a = torch.ones(2), np.ones(2, dtype=np.float32)
     paths: dict[str, Callable[[], object]] = {
@@ -89,15 +92,18 @@ def small_call(blocks: int, calls: int, gloo: Any) -> dict[str, float]:
         "cclctl": lambda: dist.all_reduce(t),
         "gloo": lambda: dist.all_reduce(t, group=gloo),
     }
-    means: dict[str, list[float]] = {name: [] for name in paths}
+    wall: dict[str, list[float]] = {name: [] for name in paths}
+    cpu: dict[str, list[float]] = {name: [] for name in paths}
     for fn in paths.values():
         for _ in range(20):
             fn()
     for _ in range(blocks):  # alternated: a load drift hits every path alike
         for name, fn in paths.items():
             group = gloo if name == "gloo" else None
-            means[name].append(_timed(fn, calls, group, gloo) * 1e6)
-    return {name: statistics.median(m) for name, m in means.items()}
+            start = time.process_time()
+            wall[name].append(_timed(fn, calls, group, gloo) * 1e6)
+            cpu[name].append((time.process_time() - start) / calls * 1e6)
+    return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in paths}
 
 
 def ddp_step(steps: int, gloo: Any) -> dict[str, float]:
@@ -131,18 +137,22 @@ def main() -> None:
     rank, n = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    rows = busbw(sizes, args.iters, gloo)
+    alone = n == 1  # one rank: the call's own cost, no peer to wait for (no busbw, no DDP)
+    rows = [] if alone else busbw(sizes, args.iters, gloo)
     small = small_call(args.blocks, args.calls, gloo)
-    ddp = ddp_step(args.steps, gloo)
-    if rank == 0:
+    ddp = {} if alone else ddp_step(args.steps, gloo)
+    if rank == 0 and rows:
         print(f"world {n}: all_reduce busbw (GB/s), cclctl backend vs gloo")
         for size, mine, theirs in rows:
             ratio = mine / theirs
             print(f"  {format_bytes(size):>8} cclctl {mine:7.3f} gloo {theirs:7.3f} x{ratio:.2f}")
-        added = small["cclctl"] - small["numpy"]
-        print(f"world {n}: 8-byte all_reduce (us/call, median of block means): "
-              f"backend {small['cclctl']:.1f}  numpy API {small['numpy']:.1f}  "
-              f"added {added:+.1f}  gloo {small['gloo']:.1f}")  # fmt: skip
+    if rank == 0:
+        for i, what in enumerate(("wall", "CPU")):
+            mine, numpy_api = small["cclctl"][i], small["numpy"][i]
+            print(f"world {n}: 8-byte all_reduce, {what} us/call (median of block means): "
+                  f"backend {mine:.1f}  numpy API {numpy_api:.1f}  "
+                  f"added {mine - numpy_api:+.1f}  gloo {small['gloo'][i]:.1f}")  # fmt: skip
+    if rank == 0 and ddp:
         mine, theirs = ddp["cclctl"] * 1e3, ddp["gloo"] * 1e3
         print(f"world {n}: DDP step (ms): cclctl {mine:.2f}  gloo {theirs:.2f}  "
               f"gloo/cclctl x{theirs / mine:.2f}")  # fmt: skip
