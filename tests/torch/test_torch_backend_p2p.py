@@ -25,13 +25,13 @@ from cclctl.integrations.torch.backend.progress import Progress
 from cclctl.integrations.torch.backend.work import CclctlWork
 
 
-def _torchrun(world: int, out: Path) -> None:
+def _torchrun(world: int, out: Path, transport: str) -> None:
     if not Path(TORCHRUN).exists():
         pytest.skip("torchrun is not installed next to this Python")
     cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(world), "--master-addr",
            "127.0.0.1", "--master-port", str(free_port()), str(HERE / "backend_p2p_job.py"),
            str(out)]  # fmt: skip
-    env = dict(os.environ, **child_env(CCLCTL_TIMEOUT="60"))
+    env = dict(os.environ, **child_env(CCLCTL_TIMEOUT="60", CCLCTL_TRANSPORT=transport))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=170, env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
@@ -57,11 +57,13 @@ def _expected_records(rank: int, world: int) -> list[list[Any]]:
 
 @pytest.mark.slow  # torchrun and torch's import on every rank: 10-40 s under load
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize(("world", "transport"), [(2, "auto"), (4, "auto"), (2, "tcp")])
 def test_isend_before_irecv_on_both_sides_and_a_batched_ring_exchange_exactly(
-    world: int, tmp_path: Path
+    world: int, transport: str, tmp_path: Path
 ) -> None:
-    _torchrun(world, tmp_path)
+    """auto: shared memory (one host); over TCP too, where a send and a receive with one
+    peer share its one socket."""
+    _torchrun(world, tmp_path, transport)
     for rank in range(world):
         doc = json.loads((tmp_path / f"rank{rank}.json").read_text())
         pairs = {f"pair/{m}MiB" for m in (4, 16)} if rank ^ 1 < world else set()

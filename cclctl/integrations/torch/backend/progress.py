@@ -207,6 +207,8 @@ class Progress:
         its lane, and the lanes whose next call waits for another lane's."""
         if entry.waiters:
             self._ended.notify_all()
+        if self._last_collective is entry:  # ended: nothing later waits for it
+            self._last_collective = None
         for lane, queue in self._queues.items():
             if queue and (lane == entry.lane or queue[0].after):
                 self._conds[lane].notify()
