@@ -1,6 +1,7 @@
 """Point-to-point calls on two threads of one rank at once (as the torch backend's lanes run
-them): a send and a receive with the same peer move together, each pair's seq kept, and a
-failed call's error names that call, not the other one open beside it."""
+them): a send and a receive with the same peer move together, each pair's seq kept, a
+failed call's error names that call, not the other one open beside it, and a rank's wake
+flag stays up while any of its threads sleeps."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from thread_ranks import run_ranks
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError
 from cclctl.records import COMPLETED, CollectiveRecord
+from cclctl.runtime.transport.shm.layout import W_SLEEPING
 
 pytestmark = pytest.mark.timeout(60)
 FAST_FAIL = RuntimeConfig(job="t", timeout_s=10.0, connect_timeout_s=5.0)
@@ -79,3 +81,23 @@ def test_a_failed_receive_names_itself_while_a_send_opened_after_it_is_in_flight
 
     _, message = shm_run_ranks(2, body, FAST_FAIL)
     assert message.startswith("rank 1: recv(int32, count 8) seq 1 failed: "), message
+
+
+def test_a_ranks_wake_flag_stays_up_while_any_of_its_threads_sleeps() -> None:
+    """Peers wake a rank's sleepers only while its flag is up: a send and a receive asleep
+    on two threads at once must not take it down for each other (the other would sleep a
+    full slice unwoken)."""
+
+    def body(comm):  # type: ignore[no-untyped-def]
+        peers = comm.transport.group.peers
+        flags = []
+        peers._asleep(1)  # two threads enter block() ...
+        peers._asleep(1)
+        peers.me.i[W_SLEEPING] = 1  # ... and raise the flag, as each does in its loop
+        peers._asleep(-1)  # one wakes: the other still sleeps
+        flags.append(int(peers.me.i[W_SLEEPING]))
+        peers._asleep(-1)
+        flags.append(int(peers.me.i[W_SLEEPING]))
+        return flags
+
+    assert shm_run_ranks(2, body) == [[1, 0], [1, 0]]
