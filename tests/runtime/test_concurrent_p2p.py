@@ -1,10 +1,12 @@
 """Point-to-point calls on two threads of one rank at once (as the torch backend's lanes run
 them): a send and a receive with the same peer move together, each pair's seq kept, a
 failed call's error names that call, not the other one open beside it, and a rank's wake
-flag stays up while any of its threads sleeps."""
+flag stays up while any of its threads sleeps, and a TCP revoke frame is never written
+while another thread's step may be mid-message."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import numpy as np
@@ -16,7 +18,9 @@ from thread_ranks import run_ranks
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError
 from cclctl.records import COMPLETED, CollectiveRecord
+from cclctl.revocation import Revocation
 from cclctl.runtime.transport.shm.layout import W_SLEEPING
+from cclctl.runtime.transport.tcp.transport import TcpTransport
 
 pytestmark = pytest.mark.timeout(60)
 FAST_FAIL = RuntimeConfig(job="t", timeout_s=10.0, connect_timeout_s=5.0)
@@ -101,3 +105,47 @@ def test_a_ranks_wake_flag_stays_up_while_any_of_its_threads_sleeps() -> None:
         return flags
 
     assert shm_run_ranks(2, body) == [[1, 0], [1, 0]]
+
+
+class _Links:
+    """Just what TcpTransport.announce touches: one open link, no MAC."""
+
+    rank, world_size = 0, 2
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.dropped = False
+
+    def open_links(self) -> list[tuple[int, socket.socket]]:
+        return [] if self.dropped else [(1, self.sock)]
+
+    def session(self, peer: int) -> None:
+        return None
+
+    def drop_all(self) -> None:
+        self.dropped = True
+
+
+class _Step:
+    def __init__(self, done: bool) -> None:
+        self.done, self.pending = done, []
+
+
+@pytest.mark.parametrize("other_in_flight", [False, True])
+def test_a_revoke_frame_goes_out_only_while_no_other_threads_step_is_in_flight(
+    other_in_flight: bool,
+) -> None:
+    """Another thread's step may be mid-message on any link: a frame there would land in
+    the middle of its message, so the announce only closes the links then."""
+    here, there = socket.socketpair()
+    with here, there:
+        links = _Links(here)
+        transport = TcpTransport(links)  # type: ignore[arg-type]
+        transport._live[-1] = _Step(done=not other_in_flight)  # type: ignore[assignment]
+        transport.announce("broken", Revocation("died", 1, "gone", comm="0:0-1"))
+        there.setblocking(False)
+        try:
+            got = there.recv(4096)
+        except BlockingIOError:
+            got = b""
+        assert links.dropped and (got == b"") == other_in_flight
