@@ -13,13 +13,16 @@ them in (the runtime's seq), whoever waits on them. The calls run on lanes, one 
 
 Collectives and point-to-point calls never overlap on the transport: a collective starts
 once every point-to-point call issued before it ended, and a point-to-point call once the
-collective issued before it ended (one order across kinds, as on NCCL's stream). A lane
-thread completes each call's future: with its result, whose callbacks (DDP's hooks) then
-run on that thread, or with the error the call raised.
+collective issued before it ended (one order across kinds, as on NCCL's stream). A call's
+outcome (its output tensors, or the error it raised) is kept on its :class:`Entry`; its
+future, where torch asks for one (DDP's hooks chain on it), is completed by whichever
+thread ran the call, and its callbacks run there.
 
-A call that is first in its lane with nothing before it pending may run on the waiter's
-own thread instead (:meth:`Progress.run_here`, what ``Work.wait()`` tries first): torch's
-synchronous calls wait at once, so they skip the handoff to the lane's thread.
+A call may run on the caller's thread instead, in the same order: one torch waits on at
+once (``async_op=False``: ``submit(now=True)``) when nothing is before it, and any call
+that is first in its lane with nothing before it pending when ``Work.wait()`` asks
+(:meth:`Progress.run_here`). That skips the handoff, and waking a lane's thread costs
+about as much CPU as a small call itself.
 """
 
 from __future__ import annotations
