@@ -163,9 +163,9 @@ def test_calls_run_in_issue_order_and_an_error_reaches_wait_and_the_future() -> 
     progress = Progress("test")
     seen: list[int] = []
     try:
-        first = CclctlWork(progress.submit(lambda: seen.append(1) or []), "a")
-        failing = CclctlWork(progress.submit(_raise), "b")
-        last = CclctlWork(progress.submit(lambda: seen.append(3) or [torch.ones(1)]), "c")
+        first = CclctlWork(progress.submit(lambda: seen.append(1) or []), "a", progress)
+        failing = CclctlWork(progress.submit(_raise), "b", progress)
+        last = CclctlWork(progress.submit(lambda: seen.append(3) or [torch.ones(1)]), "c", progress)
         assert last.get_future().wait()[0].item() == 1.0
         assert seen == [1, 3] and first.is_completed() and first.is_success()
         with pytest.raises(InvalidArgument, match="bad call") as info:

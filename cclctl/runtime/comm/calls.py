@@ -185,6 +185,8 @@ class Calls:
         """Fail the communicator with the call's error; the error the call raises then
         names the failure's origin (this rank's own error only if it is the origin's)."""
         call = self._call
+        if call.seq != rec.seq or call.op != rec.op:  # a point-to-point call opened beside it
+            call = Call(self._tag, rec.epoch, rec.seq, rec.op, rec.dtype, "", -1, rec.count)
         first = self.failure.call_failed(exc, rec, call.what())
         if not isinstance(exc, CclError):
             return exc  # not ours to rename (KeyboardInterrupt, a bug): it is recorded

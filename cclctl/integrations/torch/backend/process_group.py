@@ -4,7 +4,8 @@ A Python ``ProcessGroup`` (torch calls its methods from Python, and the ones its
 trampoline forwards from C++: DDP's reducer, its parameter broadcast and shape checks).
 Each method turns torch's arguments into views (:mod:`.relayed` decides whether a call's
 tensors are host views, copied to the host whole, or go through the group's relay), queues
-the call on the group's progress thread (:mod:`.progress`, issue order kept) and returns its
+the call on its lane of the group's progress (:mod:`.progress`: collectives in issue order,
+point-to-point calls per peer and direction) and returns its
 :class:`~.work.CclctlWork`. The calls run on the runtime's
 :class:`~cclctl.runtime.comm.communicator.Communicator`, so they are cclctl's own records:
 telemetry, ``cclctl top`` and ``cclctl diagnose hang`` see them as they see any job's.
@@ -13,6 +14,7 @@ telemetry, ``cclctl top`` and ``cclctl diagnose hang`` see them as they see any 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -21,7 +23,7 @@ import torch.distributed as dist
 from cclctl.errors import InvalidArgument
 from cclctl.integrations.torch.backend import ops
 from cclctl.integrations.torch.backend.ops import Collectives, View
-from cclctl.integrations.torch.backend.progress import Progress
+from cclctl.integrations.torch.backend.progress import COLLECTIVE, Progress
 from cclctl.integrations.torch.backend.relayed import Placement
 from cclctl.integrations.torch.backend.views import HostView, redop
 from cclctl.integrations.torch.backend.work import CclctlWork
@@ -83,8 +85,14 @@ class CclctlProcessGroup(_ProcessGroup):
     def getGroupDesc(self) -> str:
         return self._names.get("desc", "")
 
-    def _issue(self, op: str, job: ops.Job) -> CclctlWork:
-        return CclctlWork(self._progress.submit(job), op)
+    def _issue(
+        self, op: str, job: ops.Job, opts: Any = None, lane: Hashable = COLLECTIVE
+    ) -> CclctlWork:
+        """Queue ``job`` on ``lane`` (point-to-point calls: their peer's and direction's);
+        a call torch waits on at once (``opts.asyncOp`` false: ``async_op=False``) runs
+        here when nothing is before it."""
+        now = not getattr(opts, "asyncOp", True)
+        return CclctlWork(self._progress.submit(job, lane, now=now), op, self._progress)
 
     def _views(self, tensors: Tensors, call: str, *, reduces: bool = False) -> list[HostView]:
         """Host views, for the calls the relay does not have (a staged tensor copied whole)."""
@@ -100,7 +108,7 @@ class CclctlProcessGroup(_ProcessGroup):
     def allreduce(self, tensors: Tensors, opts: Any = None) -> CclctlWork:
         op = _reduction(opts, "all_reduce")
         comm, views = self._placed(tensors, "all_reduce", reduces=True)
-        return self._issue("all_reduce", ops.all_reduce(comm, views, op))
+        return self._issue("all_reduce", ops.all_reduce(comm, views, op), opts)
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> CclctlWork:
         return self.allreduce(tensors, opts)  # one runtime call per tensor, in order
@@ -108,7 +116,7 @@ class CclctlProcessGroup(_ProcessGroup):
     def reduce(self, tensors: Tensors, opts: Any = None) -> CclctlWork:
         op = _reduction(opts, "reduce")
         comm, views = self._placed(tensors, "reduce", reduces=True)
-        return self._issue("reduce", ops.reduce(comm, views, op, _root(opts)))
+        return self._issue("reduce", ops.reduce(comm, views, op, _root(opts)), opts)
 
     def reduce_scatter(
         self, outputs: Tensors, inputs: list[Tensors], opts: Any = None
@@ -118,7 +126,9 @@ class CclctlProcessGroup(_ProcessGroup):
             raise InvalidArgument("reduce_scatter: one output tensor per call", op="reduce_scatter")
         out = self._views(outputs, "reduce_scatter", reduces=True)[0]
         srcs = self._views(inputs[0], "reduce_scatter", reduces=True)
-        return self._issue("reduce_scatter", ops.reduce_scatter_list(self.comm, out, srcs, op))
+        return self._issue(
+            "reduce_scatter", ops.reduce_scatter_list(self.comm, out, srcs, op), opts
+        )
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -133,21 +143,21 @@ class CclctlProcessGroup(_ProcessGroup):
         op = _reduction(opts, "reduce_scatter")
         comm, views = self._placed([*outputs, *inputs], "reduce_scatter", reduces=True)
         pairs = list(zip(views[: len(outputs)], views[len(outputs) :], strict=True))
-        return self._issue("reduce_scatter", ops.reduce_scatter(comm, pairs, op))
+        return self._issue("reduce_scatter", ops.reduce_scatter(comm, pairs, op), opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # ----------------------------------------------------------------- data movement
     def broadcast(self, tensors: Tensors, opts: Any = None) -> CclctlWork:
         comm, views = self._placed(tensors, "broadcast")
-        return self._issue("broadcast", ops.broadcast(comm, views, _root(opts)))
+        return self._issue("broadcast", ops.broadcast(comm, views, _root(opts)), opts)
 
     def allgather(self, outputs: list[Tensors], inputs: Tensors, opts: Any = None) -> CclctlWork:
         if len(outputs) != 1 or len(inputs) != 1:
             raise InvalidArgument("all_gather: one input tensor per call", op="all_gather")
         outs = self._views(outputs[0], "all_gather")
         src = self._views(inputs, "all_gather")[0]
-        return self._issue("all_gather", ops.all_gather_list(self.comm, outs, src))
+        return self._issue("all_gather", ops.all_gather_list(self.comm, outs, src), opts)
 
     def allgather_coalesced(
         self, outputs: list[Tensors], inputs: Tensors, opts: Any = None
@@ -155,7 +165,7 @@ class CclctlProcessGroup(_ProcessGroup):
         srcs = self._views(inputs, "all_gather")
         pairs = zip(outputs, srcs, strict=True)
         jobs = [ops.all_gather_list(self.comm, self._views(o, "all_gather"), s) for o, s in pairs]
-        return self._issue("all_gather", lambda: [t for job in jobs for t in job()])
+        return self._issue("all_gather", lambda: [t for job in jobs for t in job()], opts)
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -169,7 +179,7 @@ class CclctlProcessGroup(_ProcessGroup):
     ) -> CclctlWork:
         comm, views = self._placed([*outputs, *inputs], "all_gather")
         pairs = list(zip(views[: len(outputs)], views[len(outputs) :], strict=True))
-        return self._issue("all_gather", ops.all_gather(comm, pairs))
+        return self._issue("all_gather", ops.all_gather(comm, pairs), opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -184,32 +194,32 @@ class CclctlProcessGroup(_ProcessGroup):
         n = self.comm.world_size
         if _even(output_splits, output, n) and _even(input_splits, input, n):
             comm, (out, src) = self._placed([output, input], "all_to_all")
-            return self._issue("all_to_all", ops.all_to_all(comm, out, src))
+            return self._issue("all_to_all", ops.all_to_all(comm, out, src), opts)
         out, src = self._views([output, input], "all_to_all")
         row = math.prod(input.shape[1:])  # elements per row of dim 0 (both tensors')
         out_counts = [s * row for s in output_splits or _equal(output, n)]
         in_counts = [s * row for s in input_splits or _equal(input, n)]
         job = ops.all_to_all_uneven(self.comm, out, src, out_counts, in_counts)
-        return self._issue("all_to_all", job)
+        return self._issue("all_to_all", job, opts)
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> CclctlWork:
         outs = self._views(outputs, "all_to_all")
         srcs = self._views(inputs, "all_to_all")
-        return self._issue("all_to_all", ops.all_to_all_list(self.comm, outs, srcs))
+        return self._issue("all_to_all", ops.all_to_all_list(self.comm, outs, srcs), opts)
 
     def gather(self, outputs: list[Tensors], inputs: Tensors, opts: Any = None) -> CclctlWork:
         root = _root(opts)
         outs = self._views(outputs[0] if outputs else [], "gather")
         src = self._views(inputs, "gather")[0]
-        return self._issue("gather", ops.gather(self.comm, outs, src, root))
+        return self._issue("gather", ops.gather(self.comm, outs, src, root), opts)
 
     def scatter(self, outputs: Tensors, inputs: list[Tensors], opts: Any = None) -> CclctlWork:
         root = _root(opts)
         out = self._views(outputs, "scatter")[0]
         srcs = self._views(inputs[0] if inputs else [], "scatter")
-        return self._issue("scatter", ops.scatter(self.comm, out, srcs, root))
+        return self._issue("scatter", ops.scatter(self.comm, out, srcs, root), opts)
 
     def recv_anysource(self, tensors: Tensors, tag: int = 0) -> CclctlWork:
         raise InvalidArgument(
@@ -217,15 +227,15 @@ class CclctlProcessGroup(_ProcessGroup):
         )
 
     def barrier(self, opts: Any = None) -> CclctlWork:
-        return self._issue("barrier", ops.barrier(self.comm))
+        return self._issue("barrier", ops.barrier(self.comm), opts)
 
     def send(self, tensors: Tensors, dst: int, tag: int = 0) -> CclctlWork:
         views = self._views(tensors, "send")
-        return self._issue("send", ops.send(self.comm, views, dst))
+        return self._issue("send", ops.send(self.comm, views, dst), lane=("send", dst))
 
     def recv(self, tensors: Tensors, src: int, tag: int = 0) -> CclctlWork:
         views = self._views(tensors, "recv")
-        return self._issue("recv", ops.recv(self.comm, views, src))
+        return self._issue("recv", ops.recv(self.comm, views, src), lane=("recv", src))
 
     # ----------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:

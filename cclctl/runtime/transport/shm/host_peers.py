@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import select
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 
@@ -62,6 +63,10 @@ class HostPeers:
         self.yield_s = yield_s
         self.futex = futex
         self._pids_checked = time.monotonic()
+        #: this rank's threads asleep in :meth:`block` (the torch backend's lanes wait on two
+        #: at once): the one ``W_SLEEPING`` flag stays up until the last of them wakes
+        self._sleepers = 0
+        self._sleepers_lock = threading.Lock()
 
     def notify(self) -> None:
         """After publishing: wake the peers that went to sleep (fence first, see shm_signal)."""
@@ -128,6 +133,7 @@ class HostPeers:
         wait.blocked_on(peer, what)
         me = self.me.i
         until = time.monotonic() + limit_s
+        self._asleep(1)
         try:
             while True:
                 seen = me[W_WAKE]
@@ -142,7 +148,15 @@ class HostPeers:
                     return
                 self.futex.wait(self.me.wake_addr, seen, min(SLEEP_SLICE_S, left))
         finally:
-            me[W_SLEEPING] = 0
+            self._asleep(-1)
+
+    def _asleep(self, change: int) -> None:
+        """Count a thread into (1) or out of (-1) :meth:`block`; the flag peers read before
+        waking this rank is down only while none sleeps."""
+        with self._sleepers_lock:
+            self._sleepers += change
+            if not self._sleepers:
+                self.me.i[W_SLEEPING] = 0
 
     def check_peers(
         self,

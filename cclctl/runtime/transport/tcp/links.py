@@ -120,6 +120,7 @@ class Links:
         self._fresh: dict[int, tuple[socket.socket, LinkMac | None]] = {}
         self.refusals = RefusalLog(rank)  # handshakes refused since the links opened
         self._linked = threading.Condition()
+        self._dialing = threading.Lock()  # a send and a recv on two threads share a link
         self._closed = threading.Event()
         self._listener = _listen(host, rank, world_size)
         self.address = "{}:{}".format(*self._listener.getsockname())
@@ -157,12 +158,11 @@ class Links:
             # failure spreads instead, and a retry opens new links of the next epoch.
             what = f"the link to rank {peer} was closed earlier in this epoch"
             raise self._peer_error(peer, call, what)
-        if sock is None:
-            sock = (
-                self._connect(peer, call, wait)
-                if self.rank < peer
-                else self._accept(peer, call, wait)
-            )
+        if sock is None and self.rank < peer:
+            with self._dialing:  # one dial per link, whichever thread needs it first
+                sock = self.socks.get(peer) or self._connect(peer, call, wait)
+        elif sock is None:
+            sock = self._accept(peer, call, wait)
         return sock
 
     def session(self, peer: int) -> LinkMac | None:

@@ -33,6 +33,8 @@ class TcpTransport(DrivenAlone):
         self._received = [0] * links.world_size
         self._step: TcpStep | None = None  # the step started last (announce reads it)
         self._owner = threading.get_ident()  # the thread that runs the calls (see start)
+        #: each thread that ran a step (the torch backend's lanes: several) -> its last one
+        self._live: dict[int, TcpStep] = {}
         self._revoked = False
 
     @property
@@ -65,6 +67,7 @@ class TcpTransport(DrivenAlone):
             incoming[peer] = view
             self._received[peer] += len(view)
         self._step = step_ = TcpStep(links, call, step, wait, outgoing, incoming)
+        self._live[self._owner] = step_
         return step_
 
     def drop_link(self, peer: int) -> None:
@@ -79,14 +82,16 @@ class TcpTransport(DrivenAlone):
         waiting on this rank learns at once. Only the thread that runs the calls writes to
         the sockets: from another thread (the watchdog, the store's listener) this waits
         until the call it interrupts fails there and announces again. Links with a MAC get
-        no frame (it would carry none): their peers hear of it through the store."""
+        no frame (it would carry none), nor does any link while another thread's step is in
+        flight (it may be mid-message on it): their peers hear of it through the store."""
         if self._revoked or threading.get_ident() != self._owner:
             return
         self._revoked = True
         links = self._links
         busy = self._mid_message()
+        alone = all(s.done for t, s in self._live.items() if t != self._owner)
         frame = b""
-        if revocation is not None and status == "broken":
+        if revocation is not None and status == "broken" and alone:
             frame = wire.pack_revoke(
                 wire.comm_tag(revocation.comm), revocation.epoch, revocation.encode()
             )
