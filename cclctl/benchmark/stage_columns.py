@@ -27,8 +27,10 @@ CSV_COLUMNS = tuple(
 
 
 def is_staged(meta: RunMeta) -> bool:
-    """Whether the run relayed its calls (cclctl's runtime under ``CCLCTL_STAGE=always``)."""
-    return meta.backend == "cclctl" and meta.options.get("stage") == "always"
+    """Whether the run relayed its calls (cclctl's runtime under ``CCLCTL_STAGE=always``),
+    from its options, which the parent has before any rank describes the run."""
+    opts = meta.options
+    return opts.get("backend", "cclctl") == "cclctl" and opts.get("stage") == "always"
 
 
 def header_cells() -> tuple[str, str, str]:
