@@ -15,8 +15,10 @@ if TYPE_CHECKING:  # numpy is imported once a run needs it: not for every CLI st
     import numpy as np
 
 #: What runs the sweep (`--backend`): cclctl's runtime, or torch.distributed (``torch``: NCCL
-#: where CUDA is, else gloo).
-BACKENDS = ("cclctl", "torch", "gloo", "nccl")
+#: where CUDA is, else gloo; ``torch-cclctl``: torch.distributed's ``cclctl`` backend, that
+#: is cclctl's runtime behind torch's API, named apart from ``cclctl``, the runtime called
+#: directly).
+BACKENDS = ("cclctl", "torch", "gloo", "nccl", "torch-cclctl")
 
 #: The collectives `cclctl bench --collective` accepts, in nccl-tests' spelling.
 OPS = (

@@ -22,6 +22,7 @@ from cclctl.benchmark.catalog import (
     resolve_dtype,
 )
 from cclctl.benchmark.sizes import parse_size, size_sweep
+from cclctl.config import STAGE_POLICIES, runtime_from_env
 from cclctl.errors import BadInput, ConfigError
 
 DEFAULT_MINBYTES = 8
@@ -33,6 +34,8 @@ DEFAULT_WARMUP = 5
 ITER_BUDGET_BYTES = 32 << 20
 #: nccl-tests' -a: how the ranks' times combine into the row's time (its default is 1).
 AVERAGE_MODES = {0: "rank 0", 1: "avg", 2: "min", 3: "max"}
+#: The backends whose calls cclctl's runtime runs, where ``--stage`` (CCLCTL_STAGE) applies.
+STAGING_BACKENDS = ("cclctl", "torch-cclctl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,7 @@ class BenchOptions:
     shared_buffers: bool = False  # buffers from comm.empty(): zero-copy on one host
     average: int = 1  # nccl-tests' -a, see AVERAGE_MODES
     timeout_s: float | None = None  # per collective; None: the runtime's (CCLCTL_TIMEOUT)
+    stage: str = "auto"  # CCLCTL_STAGE of the ranks: "always" relays the calls (--stage)
 
     def __post_init__(self) -> None:
         if not self.ops:
@@ -94,10 +98,21 @@ class BenchOptions:
                 "buffers itself)",
                 flag="--shared-buffers",
             )
+        if self.stage not in STAGE_POLICIES:
+            raise ConfigError(
+                f"--stage {self.stage!r} is not one of {', '.join(STAGE_POLICIES)}",
+                flag="--stage",
+            )
         if self.min_busbw is not None and not self.min_busbw >= 0:
             raise ConfigError(
                 f"--min-busbw {self.min_busbw} must be a bandwidth >= 0 (GB/s)", flag="--min-busbw"
             )
+
+    @property
+    def staged(self) -> bool:
+        """Whether the sweep relays its calls and reports their stages: cclctl's runtime
+        under ``CCLCTL_STAGE=always`` (torch-cclctl's backend relays them inside, unseen)."""
+        return self.backend == "cclctl" and self.stage == "always"
 
     @property
     def dtype_info(self) -> DType:
@@ -133,6 +148,8 @@ class BenchOptions:
         data = dataclasses.asdict(self)
         data["ops"] = list(self.ops)
         data["command"] = list(self.command)
+        if self.stage == "auto":  # the default stages nothing the sweep allocates: unsaid
+            del data["stage"]
         return data
 
     def to_json(self) -> str:
@@ -206,6 +223,7 @@ def build_options(
     shared_buffers: bool = False,
     average: int = 1,
     timeout_s: float | None = None,
+    stage: str | None = None,
 ) -> BenchOptions:
     """Turn the command line's raw values into BenchOptions, naming the flag on any error."""
     ops = parse_ops(collective)
@@ -229,4 +247,23 @@ def build_options(
         shared_buffers=shared_buffers,
         average=average,
         timeout_s=timeout_s,
+        stage=parse_stage(stage, backend),
     )
+
+
+def parse_stage(text: str | None, backend: str) -> str:
+    """``--stage``, else the ranks' CCLCTL_STAGE; the flag only where cclctl's runtime runs
+    the calls (gloo and NCCL have no relay to set)."""
+    if text is None:
+        return runtime_from_env().stage
+    stage = text.strip().lower()
+    if stage not in STAGE_POLICIES:
+        raise ConfigError(
+            f"--stage {text.strip()!r} is not one of {', '.join(STAGE_POLICIES)}", flag="--stage"
+        )
+    if backend not in STAGING_BACKENDS:
+        raise ConfigError(
+            f"--stage applies to --backend {' or '.join(STAGING_BACKENDS)}, not {backend}",
+            flag="--stage",
+        )
+    return stage

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from cclctl.benchmark import report
+from cclctl.benchmark import report, stage_columns
 from cclctl.benchmark.results import Row, RunMeta
 from cclctl.errors import ConfigError
 
@@ -62,18 +62,20 @@ class TableOut:
         self._op: str | None = None
         self._op_rows: list[Row] = []
         self._min_busbw: float | None = None
+        self._staged = False
 
     def start(self, meta: RunMeta) -> None:
         self._min_busbw = meta.options.get("min_busbw")
+        self._staged = stage_columns.is_staged(meta)
         self.out.write(report.run_header(meta))
 
     def row(self, row: Row) -> None:
         if row.op != self._op:
             self.finish()
             self._op = row.op
-            self.out.write(report.op_header(row.op))
+            self.out.write(report.op_header(row.op, self._staged))
         self._op_rows.append(row)
-        self.out.write([report.format_row(row)])
+        self.out.write([report.format_row(row, self._staged)])
 
     def finish(self) -> None:
         """Close the open op's block with its footer (over its rows so far)."""
@@ -97,9 +99,11 @@ def checked_path(path: str, flag: str) -> Path:
 
 
 class CsvOut:
-    """``--csv``: the header at once, then one flushed line per row."""
+    """``--csv``: the header at once, then one flushed line per row (``staged``: with the
+    relay's columns)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, staged: bool = False) -> None:
+        self._staged = staged
         self._file: IO[str]
         if path == STDOUT:
             self._file, self._owned = sys.stdout, False
@@ -110,7 +114,7 @@ class CsvOut:
             except OSError as exc:
                 raise ConfigError(f"--csv {path}: {exc.strerror}", flag="--csv") from None
         self._out = TextOut(self._file)
-        self._lines([report.CSV_COLUMNS])
+        self._lines([report.csv_columns(staged)])
 
     def _lines(self, rows: Sequence[Sequence[object]]) -> None:
         buf = _LineBuffer()
@@ -118,7 +122,7 @@ class CsvOut:
         self._out.write(buf.lines)
 
     def row(self, row: Row) -> None:
-        self._lines([report.csv_cells(row)])
+        self._lines([report.csv_cells(row, self._staged)])
 
     def close(self) -> None:
         if self._owned:
@@ -183,7 +187,7 @@ class Outputs:
                 checked_path(path, flag)  # both checked before either file is made
         to_stdout = STDOUT in (json_path, csv_path)
         self.table = TableOut(TextOut(sys.stderr if to_stdout else sys.stdout))
-        self.csv = CsvOut(csv_path) if csv_path else None
+        self.csv = CsvOut(csv_path, stage_columns.is_staged(meta)) if csv_path else None
         self.json = JsonOut(json_path, meta) if json_path else None
         self.meta = meta
         self.rows: list[Row] = []

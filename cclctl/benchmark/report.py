@@ -1,7 +1,8 @@
 """The bench report: nccl-tests' table (so parsers and habits carry over), JSON and CSV.
 
 Column widths and number formats follow nccl-tests' all_*_perf output exactly; the lines
-above the column header describe cclctl's run instead of CUDA devices.
+above the column header describe cclctl's run instead of CUDA devices. A staged run
+(``--stage always``) adds the relay's columns on the right (:mod:`.stage_columns`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
+from cclctl.benchmark import stage_columns
 from cclctl.benchmark.options import AVERAGE_MODES
 from cclctl.benchmark.results import BENCH_SCHEMA, BENCH_SCHEMA_VERSION, Row, RunMeta, Timing
 from cclctl.errors import CheckFailed
@@ -62,21 +64,23 @@ def _timing(timing: Timing) -> str:
     return f"  {time:>7}  {timing.algbw:6.2f}  {timing.busbw:6.2f}  {wrong:>5}"
 
 
-def format_row(row: Row) -> str:
-    """One table line, as all_*_perf prints it."""
+def format_row(row: Row, staged: bool = False) -> str:
+    """One table line, as all_*_perf prints it (``staged``: then the relay's cells)."""
     head = f"{row.size:12d}  {row.count:12d}  {row.type:>8}  {row.redop:>6}  {row.root:6d}"
-    return head + _timing(row.out_of_place) + _timing(row.in_place)
+    line = head + _timing(row.out_of_place) + _timing(row.in_place)
+    return line + stage_columns.row_cells(row) if staged else line
 
 
-def column_header() -> list[str]:
+def column_header(staged: bool = False) -> list[str]:
     """The three header lines above the rows (trailing blanks trimmed)."""
     names = ("size", "count", "type", "redop", "root", *(("time", "algbw", "busbw", "#wrong") * 2))
     units = ("(B)", "(elements)", "", "", "", *(("(us)", "(GB/s)", "(GB/s)", "") * 2))
-    return [
-        (_GROUPS % ("", "", "", "", "")).rstrip(),
-        _NAMES % names,
-        (_UNITS % units).rstrip(),
-    ]
+    lines = [_GROUPS % ("", "", "", "", ""), _NAMES % names, _UNITS % units]
+    if staged:  # the relay's groups start where the names' line ends
+        width = len(lines[1])
+        cells = stage_columns.header_cells()
+        lines = [line.ljust(width) + extra for line, extra in zip(lines, cells, strict=True)]
+    return [lines[0].rstrip(), lines[1], lines[2].rstrip()]
 
 
 def summarize(rows: Sequence[Row]) -> OpSummary:
@@ -115,7 +119,8 @@ def run_header(meta: RunMeta) -> list[str]:
         f"validation: {int(bool(opts.get('check')))} "
         f"average: {average}({AVERAGE_MODES.get(average, '?')}) "
         f"timeout: {'default' if timeout is None else f'{timeout:g}s'} backend: {meta.backend}"
-        + (" buffers: shared (zero-copy)" if opts.get("shared_buffers") else ""),
+        + (" buffers: shared (zero-copy)" if opts.get("shared_buffers") else "")
+        + (f" stage: {opts['stage']}" if "stage" in opts else ""),
         "#",
         "# Using ranks",
     ]
@@ -123,9 +128,9 @@ def run_header(meta: RunMeta) -> list[str]:
     return [*lines, "#"]
 
 
-def op_header(op: str) -> list[str]:
+def op_header(op: str, staged: bool = False) -> list[str]:
     """The lines that open one op's block of rows."""
-    return [f"# Collective test: {op}", *column_header()]
+    return [f"# Collective test: {op}", *column_header(staged)]
 
 
 def op_footer(summary: OpSummary, min_busbw: float | None) -> list[str]:
@@ -145,9 +150,10 @@ def render_table(meta: RunMeta, rows: Sequence[Row]) -> str:
     """The whole report as text: run header, then one block per op."""
     lines = run_header(meta)
     min_busbw = meta.options.get("min_busbw")
+    staged = stage_columns.is_staged(meta)
     for op, op_rows in by_op(meta, rows).items():
-        lines += op_header(op)
-        lines += [format_row(row) for row in op_rows]
+        lines += op_header(op, staged)
+        lines += [format_row(row, staged) for row in op_rows]
         lines += op_footer(summarize(op_rows), min_busbw)
     return "\n".join(lines) + "\n"
 
@@ -170,21 +176,27 @@ def to_document(meta: RunMeta, rows: Sequence[Row], complete: bool = True) -> di
     }
 
 
-def csv_cells(row: Row) -> list[object]:
-    """One CSV line's cells, in CSV_COLUMNS order; an unchecked ``#wrong`` is left empty."""
+def csv_columns(staged: bool = False) -> tuple[str, ...]:
+    """The CSV header: CSV_COLUMNS, then the relay's when ``staged``."""
+    return (*CSV_COLUMNS, *stage_columns.CSV_COLUMNS) if staged else CSV_COLUMNS
+
+
+def csv_cells(row: Row, staged: bool = False) -> list[object]:
+    """One CSV line's cells, in :func:`csv_columns` order; an unchecked ``#wrong`` is left
+    empty."""
     cells: list[object] = [row.op, row.size, row.count, row.type, row.redop, row.root]
     for timing in row.timings:
         wrong = "" if timing.wrong is None else timing.wrong
         cells += [timing.time_us, timing.algbw, timing.busbw, wrong]
-    return cells
+    return cells + stage_columns.csv_cells(row) if staged else cells
 
 
-def render_csv(rows: Sequence[Row]) -> str:
+def render_csv(rows: Sequence[Row], staged: bool = False) -> str:
     """The header line, then one line per row."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    writer.writerows(csv_cells(row) for row in rows)
+    writer.writerow(csv_columns(staged))
+    writer.writerows(csv_cells(row, staged) for row in rows)
     return out.getvalue()
 
 

@@ -29,35 +29,70 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
+#: The relay's stages as a staged row reports them, in pipeline order.
+RELAY_STAGES = ("d2h", "collective", "h2d")
+
+
+@dataclasses.dataclass(frozen=True)
+class RelayTiming:
+    """A staged placement's stages (``--stage always``): the microseconds each stage took
+    per call (summed over the call's chunks) and ``relay_efficiency``, busbw over the
+    slowest stage's bandwidth (1.0: every other stage hidden behind the slowest)."""
+
+    d2h_us: float
+    collective_us: float
+    h2d_us: float
+    efficiency: float
+
+    def stages_us(self) -> dict[str, float]:
+        return {"d2h": self.d2h_us, "collective": self.collective_us, "h2d": self.h2d_us}
+
+    @classmethod
+    def from_dict(cls, stages: Mapping[str, Any], efficiency: Any) -> RelayTiming:
+        d2h, collective, h2d = (float(stages[name]) for name in RELAY_STAGES)
+        return cls(d2h, collective, h2d, float(efficiency))
+
+
 @dataclasses.dataclass(frozen=True)
 class Timing:
     """One placement (out-of-place or in-place) of one row.
 
     ``wrong`` is the number of wrong elements summed over ranks, or None when the result
     was not checked (``--check 0``, or in-place sendrecv, which nccl-tests does not check).
+    ``relay`` is the placement's stages when its calls went through the relay, else None
+    (and then the placement's JSON has no stage keys).
     """
 
     time_us: float
     algbw: float
     busbw: float
     wrong: int | None
+    relay: RelayTiming | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "time": self.time_us,
             "algbw": self.algbw,
             "busbw": self.busbw,
             "#wrong": self.wrong,
         }
+        if self.relay is not None:
+            data["stages"] = self.relay.stages_us()
+            data["relay_efficiency"] = self.relay.efficiency
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Timing:
         wrong = data["#wrong"]
+        relay = None
+        if "stages" in data:
+            relay = RelayTiming.from_dict(_mapping(data["stages"]), data["relay_efficiency"])
         return cls(
             float(data["time"]),
             float(data["algbw"]),
             float(data["busbw"]),
             None if wrong is None else int(wrong),
+            relay,
         )
 
 

@@ -5,6 +5,10 @@ rank's mean time combined over the ranks as nccl-tests' ``-a`` says (rank 0's, t
 the minimum or the maximum), through an all_reduce so every rank reports the same number.
 With ``--check`` the inputs are rebuilt, the op runs once more and every element is
 compared with the exact expected value; the wrong counts are summed over ranks.
+Staged (``--stage always`` on cclctl's runtime) the measured calls go through the relay
+(:mod:`.staged`) and each placement also reports the stages' time per call, combined over
+the ranks like the row's time, and ``relay_efficiency``; the sweep's own small reductions
+(times, wrong counts) stay on the communicator.
 """
 
 from __future__ import annotations
@@ -22,9 +26,19 @@ from cclctl.benchmark.catalog import REDUCING_OPS, ROOTED_OPS, bus_name
 from cclctl.benchmark.collectives import Alloc, Communicator, Placement, bind, zeros
 from cclctl.benchmark.inputs import Case, count_wrong, expected
 from cclctl.benchmark.options import BenchOptions
-from cclctl.benchmark.results import RankInfo, Row, RunMeta, Timing, now_iso
+from cclctl.benchmark.results import (
+    RELAY_STAGES,
+    RankInfo,
+    RelayTiming,
+    Row,
+    RunMeta,
+    Timing,
+    now_iso,
+)
 from cclctl.benchmark.selftest import Corruption
 from cclctl.benchmark.sizes import plan
+from cclctl.benchmark.staged import StagedComm
+from cclctl.runtime.relay.efficiency import relay_efficiency
 
 _HOST_BYTES = 64
 
@@ -88,8 +102,21 @@ class Sweep:
         self.clock = clock
         # --shared-buffers: buffers peers read directly (cclctl's communicator only)
         self.alloc: Alloc = comm.zeros if opts.shared_buffers else zeros  # type: ignore[attr-defined]
+        self._staged: StagedComm | None = None  # while rows() runs staged
 
     def rows(self) -> Iterator[Row]:
+        """Every (op, size) row; staged, through one relay whose copy thread ends with it."""
+        if not self.opts.staged:
+            yield from self._rows()
+            return
+        self._staged = StagedComm(self.comm)
+        try:
+            yield from self._rows()
+        finally:
+            self._staged.close()
+            self._staged = None
+
+    def _rows(self) -> Iterator[Row]:
         opts, world = self.opts, self.comm.world_size
         dtype = opts.dtype_info
         dtype.numpy()  # fail early (UsageError) when bfloat16's package is missing
@@ -110,7 +137,8 @@ class Sweep:
     def measure(self, case: Case, in_place: bool) -> Timing:
         """Time one placement of ``case`` and, with --check, count its wrong elements."""
         comm, size = self.comm, case.shape.size
-        placement = bind(comm, case, in_place, self.alloc)
+        staged = self._staged
+        placement = bind(staged or comm, case, in_place, self.alloc)
         on_device = getattr(comm, "on_device", None)  # torch's nccl: buffers on the GPU
         if on_device is not None:
             placement = on_device(placement)
@@ -119,17 +147,40 @@ class Sweep:
             for _ in range(self.opts.warmup_for(size)):
                 placement.run()
             comm.barrier()
+            if staged is not None:
+                staged.take()  # the warm-up's stages are not this placement's
             start = self.clock()
             for _ in range(iters):
                 placement.run()
             local = (self.clock() - start) / iters
         seconds = combine_time(comm, local, self.opts.average)
+        relay = None if staged is None else self._relay_timing(case, staged, seconds)
         wrong = None
         if self.opts.check and placement.result is not None:
             wrong = self._check(case, placement)
         algbw = algbw_gbps(size, seconds)
         busbw = algbw * bus_factor(bus_name(case.op), case.world)
-        return Timing(seconds * 1e6, algbw, busbw, wrong)
+        return Timing(seconds * 1e6, algbw, busbw, wrong, relay)
+
+    def _relay_timing(self, case: Case, staged: StagedComm, seconds: float) -> RelayTiming | None:
+        """The timed calls' stages per call, combined over the ranks as the time is, and the
+        relay's efficiency at the row's time; None for an op the relay does not run."""
+        calls, totals = staged.take()
+        if not calls:  # the same on every rank: sendrecv is not relayed
+            return None
+        per_call = {
+            name: combine_time(self.comm, totals[name] / calls / 1e9, self.opts.average)
+            for name in RELAY_STAGES
+        }
+        efficiency = relay_efficiency(
+            bus_name(case.op),
+            case.shape.size,
+            case.world,
+            round(seconds * 1e9),
+            {name: round(value * 1e9) for name, value in per_call.items()},
+        )
+        d2h, collective, h2d = (per_call[name] * 1e6 for name in RELAY_STAGES)
+        return RelayTiming(d2h, collective, h2d, efficiency)
 
     def _check(self, case: Case, placement: Placement) -> int:
         """Run once more from fresh inputs; wrong elements summed over all ranks."""

@@ -1,4 +1,4 @@
-"""`cclctl bench --backend torch|gloo|nccl`: the same sweep through torch.distributed.
+"""`cclctl bench --backend torch|gloo|nccl|torch-cclctl`: the same sweep through torch.distributed.
 
 :class:`TorchComm` is the benchmark's communicator (numpy buffers in, as the sweep builds
 them) over torch.distributed, so :class:`~cclctl.benchmark.sweep.Sweep` runs unchanged and
@@ -10,6 +10,10 @@ every call waits for the device, so the timed loop measures finished collectives
 
 torch.distributed's collectives are in place; the out-of-place forms copy the input into
 the output first (all_reduce, broadcast, reduce), which the timing includes.
+
+``torch-cclctl`` is torch.distributed's ``cclctl`` backend (``import cclctl.torch``
+registers it): cclctl's runtime behind torch's API, the backend a PyTorch job runs on, so
+one table compares it with gloo and with the runtime called directly (``cclctl``).
 """
 
 from __future__ import annotations
@@ -25,18 +29,21 @@ from cclctl.config import in_launched_job, rendezvous_from_env
 from cclctl.errors import UsageError
 
 _REDOPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
+#: bench's name -> torch.distributed's, where they differ
+_DIST_NAMES = {"torch-cclctl": "cclctl"}
 
 Array = np.ndarray
 
 
 def resolve(backend: str) -> str:
-    """``torch`` -> ``nccl`` where CUDA is available, else ``gloo``; others as given."""
+    """torch.distributed's backend name: ``torch`` -> ``nccl`` where CUDA is available, else
+    ``gloo``; ``torch-cclctl`` -> ``cclctl``; others as given."""
     if backend not in BACKENDS:
         raise UsageError(
             f"--backend {backend!r} is not one of {', '.join(BACKENDS)}", flag="--backend"
         )
     if backend != "torch":
-        return backend
+        return _DIST_NAMES.get(backend, backend)
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
@@ -45,7 +52,8 @@ def resolve(backend: str) -> str:
 def connect(backend: str, timeout_s: float | None = None, **telemetry: Any) -> TorchComm:
     """Join the launched job through torch.distributed (env://). ``timeout_s`` (bench's -T)
     bounds each collective; ``telemetry`` (runtime settings such as ``metrics_port``)
-    instruments torch.distributed with cclctl first.
+    instruments torch.distributed with cclctl first, except on the ``cclctl`` backend, whose
+    calls are cclctl's own records already (it takes its settings from ``CCLCTL_*``).
     """
     try:
         import torch
@@ -62,13 +70,18 @@ def connect(backend: str, timeout_s: float | None = None, **telemetry: Any) -> T
         local = rendezvous_from_env().local_rank if in_launched_job() else 0
         device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    if telemetry:
+    if name == "cclctl":  # what `import cclctl.torch` does
+        from cclctl.integrations.torch.backend.registration import register
+
+        register()
+    elif telemetry:
         from cclctl.integrations.torch.wrap import instrument
 
         instrument(**telemetry)
     timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(name, device_id=device, timeout=timeout)  # None: torch's default
-    return TorchComm(dist, name, device)
+    label = backend if name == "cclctl" else name  # torch-cclctl, not the runtime's cclctl
+    return TorchComm(dist, label, device)
 
 
 class TorchComm:

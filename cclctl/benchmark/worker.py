@@ -8,6 +8,7 @@ the parent owns the verdict, so the launcher never mistakes a failed check for a
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -27,7 +28,9 @@ class RankSweep:
     """This process as one rank of the job: join, describe the run, sweep, close.
 
     Shared by the spawned ranks (here) and by `cclctl bench` inside a launched job.
-    ``init_flags`` override runtime settings (``metrics_port=...``), as cclctl.init takes them.
+    ``init_flags`` override runtime settings (``metrics_port=...``), as cclctl.init takes them;
+    torch's ``cclctl`` backend reads its settings from ``CCLCTL_*``, so for ``torch-cclctl``
+    they (and ``--stage``) are set in this process's environment before it joins.
     """
 
     def __init__(self, opts: BenchOptions, **init_flags: Any) -> None:
@@ -43,11 +46,17 @@ class RankSweep:
         timeout_s = self.opts.timeout_s  # -T: None leaves the runtime's own (CCLCTL_TIMEOUT)
         if self.opts.backend == "cclctl":
             timeout = {} if timeout_s is None else {"timeout_s": timeout_s}
-            comm = cclctl.init(**timeout, **self._flags)
+            comm = cclctl.init(**timeout, stage=self.opts.stage, **self._flags)
         else:  # torch.distributed, through the same Communicator interface
             from cclctl.benchmark.torch_backend import connect
 
-            comm = connect(self.opts.backend, timeout_s=timeout_s, **self._flags)
+            flags = self._flags
+            if self.opts.backend == "torch-cclctl":
+                os.environ["CCLCTL_STAGE"] = self.opts.stage
+                if "metrics_port" in flags:
+                    os.environ["CCLCTL_METRICS_PORT"] = str(flags["metrics_port"])
+                flags = {}
+            comm = connect(self.opts.backend, timeout_s=timeout_s, **flags)
         try:
             self.opts.check_world(comm.world_size)
             self._meta = gather_meta(comm, self.opts)

@@ -15,7 +15,7 @@ import typer
 
 import cclctl
 from cclctl.benchmark import events, report
-from cclctl.benchmark.options import BenchOptions, build_options
+from cclctl.benchmark.options import STAGING_BACKENDS, BenchOptions, build_options
 from cclctl.benchmark.outputs import Outputs
 from cclctl.benchmark.results import Row, RunMeta, now_iso
 from cclctl.commands.checks import check_command
@@ -133,7 +133,20 @@ _BACKEND = typer.Option(
     "cclctl",
     "--backend",
     help="cclctl (this runtime), or torch.distributed: torch (nccl with CUDA, else gloo), "
-    "gloo, nccl.",
+    "gloo, nccl, torch-cclctl (torch.distributed's cclctl backend: this runtime behind "
+    "torch's API, as a PyTorch job runs on it).",
+)
+_STAGE = typer.Option(
+    None,
+    "--stage",
+    help="auto, always or never: sets CCLCTL_STAGE for the ranks (default: CCLCTL_STAGE, "
+    "else auto). 'always' stages every call through the relay (device -> host staging -> "
+    "host collective -> device, chunked and pipelined); with --backend cclctl the table, "
+    "JSON and CSV then add per placement the d2h, collective and h2d time per call and "
+    "relay_efficiency (busbw / slowest stage's bandwidth, 1.0 at best). The buffers here "
+    "are host memory: a copy thread stands in for a device's copy engine, so 'always' "
+    "measures the relay's pipeline itself. 'auto' and 'never' leave host buffers unstaged. "
+    "Only for --backend cclctl and torch-cclctl (which relays inside, without the columns).",
 )
 _SHARED_BUFFERS = typer.Option(
     False,
@@ -163,6 +176,7 @@ def bench(
     metrics_port: int | None = _METRICS_PORT,
     backend: str = _BACKEND,
     shared_buffers: bool = _SHARED_BUFFERS,
+    stage: str | None = _STAGE,
 ) -> None:
     """Run the sweep (see HELP): spawned local ranks, or this rank of a launched job."""
     opts = build_options(
@@ -182,6 +196,7 @@ def bench(
         shared_buffers=shared_buffers,
         average=average,
         timeout_s=timeout,
+        stage=stage,
     )
     check_command("bench", {"--metrics-port": metrics_port})  # before any rank starts
     paths = (json_path, csv_path)
@@ -241,6 +256,8 @@ def _spawn(
     env = {"CCLCTL_JOB": inherited_environment().get("CCLCTL_JOB") or DEFAULT_JOB}
     if metrics_port is not None:
         env["CCLCTL_METRICS_PORT"] = str(metrics_port)
+    if opts.backend in STAGING_BACKENDS:
+        env["CCLCTL_STAGE"] = opts.stage
     cmd = [sys.executable, "-m", "cclctl.benchmark.worker", opts.to_json()]
     collector = events.Collector()
 
