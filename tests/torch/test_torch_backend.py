@@ -188,6 +188,6 @@ def test_a_group_member_that_never_joins_is_named(client: Any) -> None:
     from cclctl.store.scope import ScopedStore
 
     scoped = ScopedStore.for_job(client, "job")
-    exchange = subgroup._Exchange(scoped, "group/5/x/", [0, 3], 0, 0.2)
+    exchange = subgroup.GroupExchange(scoped, "group/5/x/", [0, 3], 0, 0.2)
     with pytest.raises(RendezvousError, match=r"group 5 of ranks 0,3: ranks 3 never joined"):
         exchange("transport", b"mine")

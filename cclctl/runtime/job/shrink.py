@@ -19,6 +19,7 @@ import time
 
 from cclctl.errors import CommError, RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
+from cclctl.runtime.job.store_exchange import StoreExchange
 from cclctl.store.scope import ScopedStore
 
 #: How often a survivor waiting for the others looks whether one already decided.
@@ -98,7 +99,7 @@ def _decode(n: int, raw: bytes) -> Agreement:
     return Agreement(n, [e.rank for e in entries], {e.rank: e for e in entries})
 
 
-class ShrinkExchange:
+class ShrinkExchange(StoreExchange):
     """The new transport's rendezvous: publish a value, get every survivor's, by new rank,
     under ``shrink/<n>/x/`` (a key again starts a new round, as in the job's rendezvous)."""
 
@@ -112,28 +113,12 @@ class ShrinkExchange:
         prefix: str = "",
     ) -> None:
         """``prefix``: where the rounds live (a retry's own; default ``shrink/<n>/x/``)."""
-        self._scoped = scoped
-        self._prefix = prefix or f"shrink/{n}/x/"
-        self._rank = rank
-        self._world_size = world_size
-        self._timeout_s = timeout_s
-        self._rounds: dict[str, int] = {}
 
-    def __call__(self, key: str, value: bytes) -> list[bytes]:
-        round_no = self._rounds.get(key, 0)
-        self._rounds[key] = round_no + 1
-        prefix = f"{self._prefix}{key}/{round_no}/"
-        self._scoped.set(f"{prefix}{self._rank}", value)
-        keys = [f"{prefix}{r}" for r in range(self._world_size)]
-        try:
-            self._scoped.wait(keys, timeout_s=self._timeout_s)
-        except StoreTimeout:
-            present = self._scoped.list(prefix)
-            missing = [r for r, k in enumerate(keys) if k not in present]
-            raise RendezvousError(
-                f"shrink exchange {key!r} timed out after {self._timeout_s:g}s: new ranks "
-                f"{fold_ranks(missing)} of {self._world_size} never arrived",
-                missing=fold_ranks(missing),
-            ) from None
-        found = self._scoped.list(prefix)
-        return [found[k] for k in keys]
+        def missing(key: str, ranks: list[int]) -> RendezvousError:
+            return RendezvousError(
+                f"shrink exchange {key!r} timed out after {timeout_s:g}s: new ranks "
+                f"{fold_ranks(ranks)} of {world_size} never arrived",
+                missing=fold_ranks(ranks),
+            )
+
+        super().__init__(scoped, prefix or f"shrink/{n}/x/", rank, world_size, timeout_s, missing)

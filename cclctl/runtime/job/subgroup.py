@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cclctl.config import RuntimeConfig
-from cclctl.errors import RendezvousError, StoreTimeout, UsageError
+from cclctl.errors import RendezvousError, UsageError
 from cclctl.ranges import fold_ranks
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.agent import FailureHooks
@@ -24,6 +24,7 @@ from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.identity import RankIdentity
 from cclctl.runtime.job import link_telemetry
 from cclctl.runtime.job.retry import world_links
+from cclctl.runtime.job.store_exchange import StoreExchange
 from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
@@ -52,7 +53,7 @@ def open_subgroup(
         token=token.token or None,
     ) as client:
         scoped = ScopedStore.for_job(client, cfg.job)
-        exchange = _Exchange(scoped, f"group/{name}/x/", members, rank, cfg.connect_timeout_s)
+        exchange = GroupExchange(scoped, f"group/{name}/x/", members, rank, cfg.connect_timeout_s)
         links = world_links(rank, size, cfg, store[0], token.token, epoch=0)
         transport = build_transport(  # takes over links: closes them on failure
             rank, size, cfg.job, exchange, links,
@@ -88,33 +89,21 @@ def _register(comm: Communicator, cfg: RuntimeConfig, job_rank: int, links: Link
     agent.register(comm.id, comm.members, FailureHooks(expired))
 
 
-class _Exchange:
+class GroupExchange(StoreExchange):
     """The group's transport rendezvous: publish a value, get every member's, by group
-    rank, under ``prefix`` (a key again starts a new round)."""
+    rank, under ``prefix`` (a key again starts a new round); a member that never joins
+    is named by its job rank."""
 
     def __init__(
         self, scoped: ScopedStore, prefix: str, members: list[int], rank: int, timeout_s: float
     ) -> None:
-        self._scoped, self._prefix, self._members = scoped, prefix, members
-        self._rank, self._timeout_s = rank, timeout_s
-        self._rounds: dict[str, int] = {}
-
-    def __call__(self, key: str, value: bytes) -> list[bytes]:
-        round_no = self._rounds.get(key, 0)
-        self._rounds[key] = round_no + 1
-        prefix = f"{self._prefix}{key}/{round_no}/"
-        self._scoped.set(f"{prefix}{self._rank}", value)
-        keys = [f"{prefix}{r}" for r in range(len(self._members))]
-        try:
-            self._scoped.wait(keys, timeout_s=self._timeout_s)
-        except StoreTimeout:
-            present = self._scoped.list(prefix)
-            missing = [self._members[r] for r, k in enumerate(keys) if k not in present]
-            raise RendezvousError(
-                f"group {self._prefix.split('/')[1]} of ranks {fold_ranks(self._members)}: "
-                f"ranks {fold_ranks(missing)} never joined it within {self._timeout_s:g}s "
+        def missing(key: str, ranks: list[int]) -> RendezvousError:
+            absent = [members[r] for r in ranks]
+            return RendezvousError(
+                f"group {prefix.split('/')[1]} of ranks {fold_ranks(members)}: "
+                f"ranks {fold_ranks(absent)} never joined it within {timeout_s:g}s "
                 "(every member creates the group)",
-                missing=fold_ranks(missing),
-            ) from None
-        found = self._scoped.list(prefix)
-        return [found[k] for k in keys]
+                missing=fold_ranks(absent),
+            )
+
+        super().__init__(scoped, prefix, rank, len(members), timeout_s, missing)

@@ -41,7 +41,7 @@ import torch
 from cclctl.config import RuntimeConfig
 from cclctl.errors import InvalidArgument
 from cclctl.integrations.torch.backend.ops import Collectives, View
-from cclctl.integrations.torch.backend.views import HostView, host_view, host_views
+from cclctl.integrations.torch.backend.views import HostView, host_view, host_views, not_reduced
 from cclctl.integrations.torch.relay_copier import TensorRelay, numpy_dtype
 from cclctl.runtime.comm import buffers
 from cclctl.runtime.comm.communicator import Communicator
@@ -112,11 +112,7 @@ def _relay_view(tensor: torch.Tensor, call: str, reduces: bool) -> RelayView:
     flat = (data if staged is None else staged).reshape(-1)
     if not _reducible(flat.dtype):
         if reduces:
-            raise InvalidArgument(
-                f"{call}: cclctl's runtime does not reduce {tensor.dtype} tensors; use a "
-                "float or integer dtype (bfloat16 needs the ml_dtypes package: cclctl[bf16])",
-                op=call,
-            )
+            raise not_reduced(tensor, call)
         flat = flat.view(torch.uint8)
     return RelayView(tensor, flat, staged)
 

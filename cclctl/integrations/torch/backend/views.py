@@ -95,11 +95,7 @@ def host_view(tensor: torch.Tensor, call: str, reduces: bool, whole: bool = Fals
         return HostView(tensor, flat.view(torch.int16).numpy().view(bf16), staged)
     if flat.dtype in _BYTES_ONLY:
         if reduces:
-            raise InvalidArgument(
-                f"{call}: cclctl's runtime does not reduce {tensor.dtype} tensors; use a "
-                "float or integer dtype (bfloat16 needs the ml_dtypes package: cclctl[bf16])",
-                op=call,
-            )
+            raise not_reduced(tensor, call)
         flat = flat.view(torch.uint8)
     return HostView(tensor, flat.numpy(), staged)
 
@@ -111,3 +107,12 @@ def _numpy_bfloat16() -> np.dtype | None:
     except ImportError:
         return None
     return np.dtype(ml_dtypes.bfloat16)
+
+
+def not_reduced(tensor: torch.Tensor, call: str) -> InvalidArgument:
+    """The error of a reduction on a tensor whose dtype the runtime moves only as bytes."""
+    return InvalidArgument(
+        f"{call}: cclctl's runtime does not reduce {tensor.dtype} tensors; use a "
+        "float or integer dtype (bfloat16 needs the ml_dtypes package: cclctl[bf16])",
+        op=call,
+    )
