@@ -6,8 +6,9 @@ group on ``cclctl``, a gloo group of the same ranks beside it), so both see the 
 machine and load:
 
 - **busbw**: ``all_reduce`` (float32, SUM) at each size, the slowest rank's time per call
-  (after one warm-up call), busbw = bytes x 2(n-1)/n / time, as nccl-tests counts it;
-  ratio cclctl / gloo.
+  (after one warm-up call; enough calls below 64 MiB that a run moves 64 MiB), busbw =
+  bytes x 2(n-1)/n / time, as nccl-tests counts it; the median of ``--rounds`` runs, the
+  backends alternated; ratio cclctl / gloo.
 - **an 8-byte call**: blocks of ``dist.all_reduce`` on the cclctl group and of the numpy
   API (``comm.all_reduce``) on the same communicator, alternated so that load drifts hit
   both; the median of the block means, and the backend's added time (backend - numpy),
@@ -19,7 +20,7 @@ Short by design (the machine may be small and busy): few sizes, few iterations. 
 rank (``--nproc-per-node 1``) only the small call is timed: its cost with no peer to wait for.
 
     torchrun --nproc-per-node 2 benchmarks/torch_backend_vs_gloo.py [--sizes 64K,1M,16M,256M]
-        [--iters 5] [--blocks 10] [--calls 200] [--steps 10]
+        [--iters 5] [--rounds 3] [--blocks 10] [--calls 200] [--steps 10]
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ from cclctl.benchmark.sizes import format_bytes, parse_size
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="64K,1M,16M,256M", help="all_reduce sizes (bytes)")
-    p.add_argument("--iters", type=int, default=5, help="timed calls per size (fewer above 64M)")
+    p.add_argument("--iters", type=int, default=5, help="timed calls per size, at least (more "
+                   "below 64M, so each run moves 64 MiB; fewer above)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3, help="busbw runs per size and backend "
+                   "(alternated; the median is printed)")  # fmt: skip
     p.add_argument("--blocks", type=int, default=10, help="8-byte call blocks per side")
     p.add_argument("--calls", type=int, default=200, help="calls per 8-byte block")
     p.add_argument("--steps", type=int, default=10, help="timed DDP steps per backend")
@@ -64,20 +68,32 @@ def _timed(fn: Callable[[], object], calls: int, group: Any, gloo: Any) -> float
     return _slowest((time.perf_counter() - start) / calls, gloo)
 
 
-def busbw(sizes: list[int], iters: int, gloo: Any) -> list[tuple[int, float, float]]:
-    """(bytes, cclctl busbw, gloo busbw) in GB/s per size."""
+def _calls(size: int, iters: int) -> int:
+    """Timed calls at ``size``: at least ``iters``, and enough below 64 MiB that the run
+    moves 64 MiB (up to 200 calls), so the barrier before it (whose ranks leave it at
+    different moments) is a small part of what is timed; half of ``iters`` above."""
+    if size > 64 << 20:
+        return max(1, iters // 2)
+    return max(iters, min(200, (64 << 20) // size))
+
+
+def busbw(sizes: list[int], iters: int, rounds: int, gloo: Any) -> list[tuple[int, float, float]]:
+    """(bytes, cclctl busbw, gloo busbw) in GB/s per size: the median over ``rounds``, the
+    two backends alternated within each round."""
     n = dist.get_world_size()
     rows = []
     for size in sizes:
         t = torch.ones(size // 4)
-        calls = iters if size <= 64 << 20 else max(1, iters // 2)
-        speeds = []
-        for group in (None, gloo):
+        calls = _calls(size, iters)
+        speeds: dict[Any, list[float]] = {None: [], gloo: []}
+        for group in speeds:
             dist.all_reduce(t, group=group)  # warm-up: links, buffers, plans
-            call = lambda g=group, x=t: dist.all_reduce(x, group=g)  # noqa: E731
-            per_call = _timed(call, calls, group, gloo)
-            speeds.append(size * 2 * (n - 1) / n / per_call / 1e9)
-        rows.append((size, speeds[0], speeds[1]))
+        for _ in range(rounds):
+            for group in speeds:
+                call = lambda g=group, x=t: dist.all_reduce(x, group=g)  # noqa: E731
+                per_call = _timed(call, calls, group, gloo)
+                speeds[group].append(size * 2 * (n - 1) / n / per_call / 1e9)
+        rows.append((size, statistics.median(speeds[None]), statistics.median(speeds[gloo])))
     return rows
 
 
@@ -138,7 +154,7 @@ def main() -> None:
     gloo = dist.new_group(backend="gloo")
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     alone = n == 1  # one rank: the call's own cost, no peer to wait for (no busbw, no DDP)
-    rows = [] if alone else busbw(sizes, args.iters, gloo)
+    rows = [] if alone else busbw(sizes, args.iters, args.rounds, gloo)
     small = small_call(args.blocks, args.calls, gloo)
     ddp = {} if alone else ddp_step(args.steps, gloo)
     if rank == 0 and rows:

@@ -127,6 +127,14 @@ def test_a_contiguous_tensor_is_viewed_in_place_and_a_strided_one_copied_back() 
     assert s.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
 
 
+def test_a_parameter_and_a_matrix_are_viewed_flat_in_place() -> None:
+    w = torch.nn.Parameter(torch.zeros(2, 3))  # requires grad, as DDP's buckets do not
+    (view,) = host_views([w], "all_reduce", reduces=True)
+    view.array[...] = range(6)
+    assert not view.copied and view.array.shape == (6,)
+    assert w.detach().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
 def test_a_strided_bfloat16_tensor_reduces_through_ml_dtypes_and_is_copied_back() -> None:
     pytest.importorskip("ml_dtypes")
     s = torch.zeros(3, 2, dtype=torch.bfloat16).t()
@@ -155,6 +163,9 @@ def test_torchs_reductions_by_cclctls_names() -> None:
     names = [redop(op, "all_reduce") for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG,
              dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX)]  # fmt: skip
     assert names == ["sum", "avg", "prod", "min", "max"]
+    opts = dist.AllreduceOptions()  # torch passes options holding a ReduceOp object
+    opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
+    assert redop(opts.reduceOp, "all_reduce") == "max"
     with pytest.raises(InvalidArgument, match="BAND"):
         redop(dist.ReduceOp.BAND, "all_reduce")
 

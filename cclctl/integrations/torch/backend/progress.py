@@ -100,7 +100,9 @@ class Progress:
             if queue is None:
                 queue = self._queues[lane] = collections.deque()
                 self._start(lane)
-            inline = now and not queue and lane not in self._busy and entry.ready()
+            inline = (
+                now and not queue and lane not in self._busy and (not entry.after or entry.ready())
+            )
             if inline:
                 self._busy.add(lane)
                 entry.after = []
@@ -115,7 +117,7 @@ class Progress:
     def _enter(self, job: Callable[[], Result], lane: Hashable) -> Entry:
         """The call's entry, after the other kind's calls issued before it (under the lock)."""
         if lane == COLLECTIVE:
-            after = [e for e in self._p2p_since if not e.done]
+            after = [e for e in self._p2p_since if not e.done] if self._p2p_since else []
             self._p2p_since = []
             entry = self._last_collective = Entry(job, lane, after)
         else:
@@ -194,6 +196,9 @@ class Progress:
         with self._lock:
             entry.ran = True
             future = entry._future
+            if future is None:  # nobody asked for one (a synchronous call): free the lane
+                self._ended_here(entry)
+                return
         try:
             if future is not None and entry.error is not None:
                 future.set_exception(entry.error)  # type: ignore[arg-type]  # torch: T
@@ -201,9 +206,13 @@ class Progress:
                 future.set_result(entry.result)
         finally:
             with self._lock:
-                entry.done = True
-                self._busy.discard(entry.lane)
-                self._wake_after(entry)
+                self._ended_here(entry)
+
+    def _ended_here(self, entry: Entry) -> None:
+        """``entry`` ended (its future, if any, completed): free its lane (under the lock)."""
+        entry.done = True
+        self._busy.discard(entry.lane)
+        self._wake_after(entry)
 
     def _wake_after(self, entry: Entry) -> None:
         """Wake whoever may go on now that ``entry`` ended (under the lock): its waiters,

@@ -1,9 +1,9 @@
 """The ``cclctl`` backend's registration with torch.distributed, and its creator.
 
 :func:`register` (run by ``import cclctl.torch``) adds the backend by name for CPU and
-CUDA devices, so ``dist.init_process_group("cclctl")`` and ``backend="cpu:cclctl"`` work;
-a CUDA tensor that reaches it is refused by :func:`.views.host_views` until the relay
-(host staging) takes them.
+CUDA devices, so ``dist.init_process_group("cclctl")``, ``backend="cpu:cclctl"`` and
+``backend="cpu:cclctl,cuda:cclctl"`` work (a CUDA tensor goes through the relay:
+:mod:`.relayed`).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ import torch
 from cclctl.config import RuntimeConfig
 from cclctl.errors import InvalidArgument
 from cclctl.integrations.torch.backend.ops import Collectives, View
-from cclctl.integrations.torch.backend.views import HostView, host_view, host_views, not_reduced
+from cclctl.integrations.torch.backend.views import HostView, host_view, not_reduced
 from cclctl.integrations.torch.relay_copier import TensorRelay, numpy_dtype
 from cclctl.runtime.comm import buffers
 from cclctl.runtime.comm.communicator import Communicator
@@ -71,6 +71,7 @@ class Placement:
         self.comm = comm
         self.cfg = cfg or comm.cfg
         self._relay: TensorRelay | None = None
+        self._cpu_stays = self.cfg.stage != "always"  # a CPU tensor keeps the host path
 
     @property
     def relay(self) -> TensorRelay:
@@ -80,7 +81,7 @@ class Placement:
         return self._relay
 
     def _staged(self, tensor: torch.Tensor) -> bool:
-        return is_staged(self.cfg, tensor.device.type == "cpu")
+        return is_staged(self.cfg, tensor.is_cpu)
 
     def host(self, tensors: Sequence[torch.Tensor], call: str, *, reduces: bool) -> list[HostView]:
         """Host views for a call the relay does not have: a staged tensor copied whole."""
@@ -91,8 +92,11 @@ class Placement:
     ) -> tuple[Collectives, list[View]]:
         """What runs a call the relay has, and its tensors' views: the relay and flat
         tensors where any of them is staged, else the communicator and host views."""
-        if not any([self._staged(t) for t in tensors]):  # every tensor checked (never)
-            return self.comm, list(host_views(tensors, call, reduces=reduces))
+        if self._cpu_stays and all([t.is_cpu for t in tensors]):
+            views: list[View] = [host_view(t, call, reduces) for t in tensors]
+            return self.comm, views
+        for tensor in tensors:  # a device tensor under CCLCTL_STAGE=never is refused here
+            self._staged(tensor)
         devices = sorted({str(t.device) for t in tensors})
         if len(devices) > 1:
             raise InvalidArgument(

@@ -33,9 +33,17 @@ REDUCE_OPS = {
 #: dtypes the runtime does not reduce: moved as their bytes by the calls that only move data
 #: (bfloat16 reduces where the optional ml_dtypes package gives numpy that type)
 _BYTES_ONLY = {torch.bfloat16, torch.bool, torch.complex64, torch.complex128}
+#: dtypes whose tensor ``.numpy()`` views as itself (the fast path of :func:`host_view`)
+_NUMPY_NATIVE = {
+    torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16,
+    torch.int32, torch.int64,
+}  # fmt: skip
+#: the reductions by their ``RedOpType``'s value (a dict lookup: comparing torch's
+#: ``ReduceOp`` objects one by one costs a microsecond a call)
+_BY_VALUE = {int(op.value): name for op, name in REDUCE_OPS.items()}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class HostView:
     """A tensor as a flat numpy array; ``staged``: the contiguous copy the array views,
     written back into the tensor once the call ends (None: the array is the tensor's own
@@ -57,10 +65,9 @@ class HostView:
 
 def redop(op: object, call: str) -> str:
     """cclctl's name for torch's reduction ``op`` (a ``ReduceOp`` or its ``RedOpType``)."""
-    kind = getattr(op, "op", op)
-    for torch_op, name in REDUCE_OPS.items():
-        if kind == torch_op:
-            return name
+    name = _BY_VALUE.get(getattr(getattr(op, "op", op), "value", -1))
+    if name is not None:
+        return name
     raise InvalidArgument(
         f"{call}: reduction {op} is not one cclctl's runtime runs; use SUM, PRODUCT, MIN, "
         "MAX or AVG",
@@ -77,6 +84,9 @@ def host_views(tensors: Iterable[torch.Tensor], call: str, *, reduces: bool) -> 
 def host_view(tensor: torch.Tensor, call: str, reduces: bool, whole: bool = False) -> HostView:
     """``tensor`` as a flat numpy array (``whole``: a copy in host memory, made now and
     written back once the call ends, whatever device the tensor is on)."""
+    if not whole and tensor.is_cpu and tensor.dtype in _NUMPY_NATIVE and tensor.is_contiguous():
+        flat = tensor if tensor.dim() == 1 else tensor.view(-1)  # the common case, fast
+        return HostView(tensor, (flat.detach() if flat.requires_grad else flat).numpy())
     if tensor.device.type != "cpu" and not whole:
         raise InvalidArgument(
             f"{call}: a tensor on {tensor.device} reached cclctl's host views unstaged; "
