@@ -106,6 +106,9 @@ class RuntimeConfig:
     stage_chunk: int = DEFAULT_STAGE_CHUNK  # bytes per staging buffer (CCLCTL_STAGE_CHUNK)
     stage_depth: int = DEFAULT_STAGE_DEPTH  # staging buffers in the ring (CCLCTL_STAGE_DEPTH)
     hostname: str = dataclasses.field(default_factory=socket.gethostname)
+    #: statuses go through the host's agent (runtime/hostagent); CCLCTL_HOST_AGENT, on by
+    #: default for a job's ranks; a config built in code (thread ranks in one process) has none
+    host_agent: bool = False
 
     def replace(self, **changes: object) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -150,6 +153,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
         stage_depth=values.parse(
             env, "CCLCTL_STAGE_DEPTH", DEFAULT_STAGE_DEPTH, values.stage_depth
         ),
+        host_agent=values.parse(env, "CCLCTL_HOST_AGENT", True, values.flag),
     )
     given = {k: v for k, v in flags.items() if v is not None}
     return base.replace(**given) if given else base

@@ -45,6 +45,7 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_METRICS_PORT": "base port of the Prometheus exporter",
     "CCLCTL_METRICS_ADDR": "address the exporter listens on",
     "CCLCTL_STATUS_INTERVAL": "seconds between live status updates",
+    "CCLCTL_HOST_AGENT": "1 (default): statuses go to the store through one agent per host",
     "CCLCTL_SLOW_WINDOW": "seconds per window of the slowness signals (5)",
     "CCLCTL_ON_HANG": "raise, abort or wait",
     "CCLCTL_ON_FAILURE": "raise or shrink (drop a dead rank, re-run the call)",

@@ -4,6 +4,10 @@ A refresh must stay cheap with thousands of ranks, so it is one ``list()`` of th
 namespace (``cclctl/<job>/``): statuses and the rendezvous' world size come back together.
 A status that cannot be parsed is kept as that rank's problem instead of failing the view:
 one broken rank must never hide the other 999.
+
+A rank's status is under its own key (``status/<rank>``) or inside its host agent's
+document (``host/<hostname>``, :mod:`cclctl.host_status`); where both hold one (a rank
+whose agent was lost publishes its own), the newer one counts.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from cclctl import limits, probe_record
+from cclctl import host_status, limits, probe_record
 from cclctl.errors import BadInput, UsageError
 from cclctl.probe_record import ProbeRecord
 from cclctl.records import RankSnapshot, snapshot_from_dict
@@ -55,6 +59,12 @@ class JobStatuses:
     #: the job's last probe (:mod:`cclctl.probe_record`), and why it is unusable if it is
     probe: ProbeRecord | None = None
     probe_error: str = ""
+    #: the host agents' documents by host (their statuses are in ``statuses``)
+    hosts: dict[str, host_status.HostDocument] = dataclasses.field(default_factory=dict)
+    #: a host document that could not be read, by host: why
+    bad_hosts: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: ranks whose status came from their host agent's document (the others wrote their own)
+    via_agent: set[int] = dataclasses.field(default_factory=set)
 
     @property
     def ranks_seen(self) -> set[int]:
@@ -103,8 +113,12 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
     status_head = job_prefix(job) + STATUS_KEY
     world_size_key = job_prefix(job) + WORLD_SIZE_KEY
     probe_key = job_prefix(job) + probe_record.KEY
+    host_head = job_prefix(job) + host_status.KEY
     budget = limits.MemberBudget("the statuses")
     for key, value in listing.items():
+        if key.startswith(host_head):
+            _host(out, key[len(host_head) :], value)
+            continue
         if key == world_size_key:
             out.rdzv_world_size = _rendezvous_world_size(value)
             continue
@@ -127,7 +141,32 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
             raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
         except BadInput as exc:
             out.bad[rank] = f"bad status: {_unprefixed(exc)}"
+    for doc in out.hosts.values():
+        for number, data in doc.statuses.items():
+            rank = limits.rank(number, f"host document of {doc.host!r}")
+            try:
+                snap = _checked(data, rank)
+            except limits.TooLarge as exc:
+                raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
+            except BadInput as exc:
+                if rank not in out.statuses:
+                    out.bad[rank] = f"bad status (from {doc.host}'s agent): {_unprefixed(exc)}"
+                continue
+            mine = out.statuses.get(rank)
+            if mine is None or snap.time_ns > mine.time_ns:
+                out.statuses[rank] = snap
+                out.bad.pop(rank, None)
+                out.via_agent.add(rank)
+                budget.add(info.ranks for info in snap.comms.values())
     return out
+
+
+def _host(out: JobStatuses, host: str, value: bytes) -> None:
+    """Keep a host agent's document (its statuses are merged once every key was read)."""
+    try:
+        out.hosts[host] = host_status.parse(value, f"host document {_clip(host)!r}")
+    except BadInput as exc:
+        out.bad_hosts[host] = exc.message
 
 
 def _unprefixed(exc: BadInput) -> str:
@@ -147,6 +186,14 @@ def _status(value: bytes, rank: int) -> RankSnapshot:
         raise BadInput(f"{where}: not valid JSON ({exc})", where=where) from None
     except RecursionError:
         raise BadInput(f"{where}: JSON nested too deeply", where=where) from None
+    return _checked(data, rank)
+
+
+def _checked(data: Any, rank: int) -> RankSnapshot:
+    """A rank's status from its decoded document (its own key's, or its host agent's)."""
+    where = _WHERE
+    if not isinstance(data, dict):
+        raise BadInput(f"{where}: not a JSON object", where=where)
     snap = snapshot_from_dict(data, where)
     if snap.rank != rank:
         raise BadInput(f"{where}: the document says it is rank {snap.rank}", where=where)

@@ -32,9 +32,10 @@ CLIENT_ROLE = "cclctl-store/client"
 #: Requests a connection without the token may make (``cclctl top``, ``diagnose hang``).
 READ_ONLY_OPS = frozenset((Op.LIST, Op.PING, Op.HELLO, Op.AUTH))
 
-#: The keys such a connection may see: every rank's status, the job's world size and its
-#: last probe (``cclctl.live.snapshot`` reads exactly these three).
-PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|rdzv/world_size|probe)")
+#: The keys such a connection may see: every rank's status, each host agent's document of
+#: its ranks' statuses, the job's world size and its last probe (``cclctl.live.snapshot``
+#: reads exactly these four).
+PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|rdzv/world_size|probe)")
 
 #: A connection without the token sends nothing larger (a LIST of a job's prefix is tiny).
 READ_ONLY_MAX_FRAME = 64 << 10

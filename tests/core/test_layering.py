@@ -37,6 +37,7 @@ BASE = {
     "limits",
     "slow_signals",
     "probe_record",
+    "host_status",
 }
 
 #: what each layer may import of cclctl, besides the base and itself

@@ -2,7 +2,8 @@
 
 Both run on a store connection of their own, so a rank whose main thread is blocked on the
 store (or in a gloo or NCCL call) still shows a fresh heartbeat and still dumps when the job
-asks.
+asks. With ``CCLCTL_HOST_AGENT`` on (a job's default) the status goes through the host's
+agent (:mod:`cclctl.runtime.hostagent`), which the host's first local rank starts here.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import contextlib
 from typing import Protocol
 
-from cclctl.config import RuntimeConfig
+from cclctl.config import RuntimeConfig, job_dir
 from cclctl.runtime.agent.dump_requests import DumpRequests, request_dump
+from cclctl.runtime.hostagent.address import socket_name
+from cclctl.runtime.hostagent.route import AgentRoute
+from cclctl.runtime.hostagent.spawn import start_agent
 from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.counters import StoreCounts
@@ -57,13 +61,27 @@ class StatusLink:
         server = rdzv.server
         if server is not None:  # the rank that hosts the store shows what it turned away
             telemetry.add_store_source(lambda: StoreCounts(server.rejected, server.refused))
+        self.route: AgentRoute | None = None
         try:
-            telemetry.publish_to(ScopedStore.for_job(self.client, rdzv.job))
+            scoped = ScopedStore.for_job(self.client, rdzv.job)
+            if cfg.host_agent:
+                self.route = self._route(scoped, cfg)
+            telemetry.publish_to(self.route or scoped)
             self.requests = DumpRequests(self.signals, telemetry, rdzv.rank).start()
         except BaseException:
             with contextlib.suppress(Exception):
                 self.client.close()
             raise
+
+    def _route(self, scoped: ScopedStore, cfg: RuntimeConfig) -> AgentRoute:
+        """The way through the host's agent (started here by the host's first local rank)."""
+        rdzv = self.rdzv
+        if rdzv.local_rank == 0:
+            start_agent(job=rdzv.job, store=self.address, token=rdzv.token, host=cfg.hostname,
+                        interval_s=cfg.status_interval_s,
+                        folder=cfg.trace_dir or job_dir(rdzv.job))  # fmt: skip
+        name = socket_name(rdzv.job, cfg.hostname)
+        return AgentRoute(scoped, name, rdzv.rank, f"status/{rdzv.rank}")
 
     @property
     def address(self) -> str:
@@ -76,4 +94,6 @@ class StatusLink:
     def close(self) -> None:
         """Stop polling and close the connection (the rendezvous stays its owner's)."""
         self.requests.stop()
+        if self.route is not None:
+            self.route.close()
         self.client.close()

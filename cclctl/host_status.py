@@ -1,0 +1,132 @@
+"""A host's statuses as one document: what a host agent writes to the job's store.
+
+A host agent (:mod:`cclctl.runtime.hostagent`) gathers the statuses its host's ranks send it
+and writes them, once per status interval, under ``cclctl/<job>/host/<hostname>``: one
+write per host instead of one per rank. Beside the statuses the document carries a summary
+a diagnosis can start from without reading them (per communicator, the lowest and highest
+seq its ranks started and completed, and the ranks at the lowest completed one), and the
+ranks whose connection to the agent ended (``left``: how, and when).
+
+The statuses stay the ranks' own documents, each checked by the reader as one rank's
+(:mod:`cclctl.live.snapshot`), so one rank's broken status is never its host's problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any, TypeGuard
+
+from cclctl.errors import BadInput
+
+SCHEMA = "cclctl.host"
+VERSION = 1
+#: the key (in the job's scope) a host's document lives under: ``host/<hostname>``
+KEY = "host/"
+#: ranks named as behind, per communicator, at most (a host has a handful of ranks)
+MAX_BEHIND = 16
+
+
+@dataclasses.dataclass
+class HostDocument:
+    """One host's document: its agent (``pid``), when it wrote it (``time_ns``, wall
+    clock), its ranks' statuses as they sent them (plain JSON values, by rank), the
+    ranks whose connection ended (rank -> why, in words) and the summary."""
+
+    host: str
+    pid: int
+    time_ns: int
+    interval_s: float
+    statuses: dict[int, Any]
+    left: dict[int, str] = dataclasses.field(default_factory=dict)
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "schema": SCHEMA,
+                "version": VERSION,
+                "host": self.host,
+                "pid": self.pid,
+                "time_ns": self.time_ns,
+                "interval_s": self.interval_s,
+                "summary": self.summary,
+                "left": {str(rank): why for rank, why in sorted(self.left.items())},
+                "statuses": {str(rank): doc for rank, doc in sorted(self.statuses.items())},
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
+def summarize(statuses: Mapping[int, Any]) -> dict[str, Any]:
+    """Per communicator: the range of seqs the ranks started and completed, and the ranks
+    at the lowest completed seq where not every rank is there (bounded by
+    :data:`MAX_BEHIND`). Statuses that do not have the shape are skipped (the reader
+    reports them, rank by rank)."""
+    seqs: dict[str, list[tuple[int, int, int]]] = {}
+    for rank, doc in statuses.items():
+        comms = doc.get("comms") if isinstance(doc, dict) else None
+        if not isinstance(comms, dict):
+            continue
+        for comm, info in comms.items():
+            started = info.get("last_started") if isinstance(info, dict) else None
+            completed = info.get("last_completed") if isinstance(info, dict) else None
+            if _count(started) and _count(completed):
+                seqs.setdefault(str(comm), []).append((rank, started, completed))
+    out: dict[str, Any] = {}
+    for comm, rows in sorted(seqs.items()):
+        lowest = min(done for _, _, done in rows)
+        highest = max(done for _, _, done in rows)
+        behind = (
+            sorted(rank for rank, _, done in rows if done == lowest) if lowest < highest else []
+        )
+        out[comm] = {
+            "ranks": len(rows),
+            "started": [min(s for _, s, _ in rows), max(s for _, s, _ in rows)],
+            "completed": [lowest, highest],
+            "behind": behind[:MAX_BEHIND],
+        }
+    return {"comms": out}
+
+
+def _count(value: object) -> TypeGuard[int]:
+    """A count or seq: a non-negative int (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def parse(value: bytes, where: str) -> HostDocument:
+    """A host document from the store; BadInput (naming ``where``) if it is not one."""
+    try:
+        data = json.loads(value)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(f"{where}: not valid JSON ({exc})", where=where) from None
+    except RecursionError:
+        raise BadInput(f"{where}: JSON nested too deeply", where=where) from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise BadInput(f"{where}: not a {SCHEMA} document", where=where)
+    statuses, left = data.get("statuses"), data.get("left", {})
+    if not isinstance(statuses, dict) or not isinstance(left, dict):
+        raise BadInput(f"{where}: 'statuses' and 'left' must be maps by rank", where=where)
+    host, pid, time_ns = data.get("host"), data.get("pid"), data.get("time_ns")
+    interval = data.get("interval_s")
+    if not isinstance(host, str) or not _count(pid) or not _count(time_ns):
+        raise BadInput(f"{where}: 'host', 'pid' and 'time_ns' are required", where=where)
+    if not isinstance(interval, int | float) or isinstance(interval, bool) or interval <= 0:
+        raise BadInput(f"{where}: 'interval_s' must be a positive number", where=where)
+    summary = data.get("summary", {})
+    return HostDocument(
+        host=host,
+        pid=pid,
+        time_ns=time_ns,
+        interval_s=float(interval),
+        statuses={_rank(text, where): doc for text, doc in statuses.items()},
+        left={_rank(text, where): str(why) for text, why in left.items()},
+        summary=summary if isinstance(summary, dict) else {},
+    )
+
+
+def _rank(text: str, where: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise BadInput(f"{where}: {text[:20]!r} is not a rank", where=where)
+    return int(text)

@@ -1,0 +1,123 @@
+"""The host agent as a process of its own: ``python -m cclctl.runtime.hostagent.main``.
+
+The host's first local rank starts it (:mod:`.spawn`) and writes one JSON line on its
+stdin: the job, the store's address, the token (never on the command line), the host's
+name and the status interval. Like the job's store it forks once, so it is nobody's child
+and outlives the rank that started it, points its stdio at /dev/null (its notices: stderr,
+which the starter points at ``agent.log`` in the job's folder), binds its socket and
+answers one line on the pipe it got as stdout: ``{"pid"}``, ``{"elsewhere": true}`` when
+another agent of this job already serves the host, or ``{"error"}``. It writes the host's
+document every interval (:class:`.server.HostAgent`) and ends, after one last write,
+``linger_s`` after its last rank left (or ``first_s`` after it started if none came), or
+on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from cclctl.host_status import KEY
+from cclctl.runtime.hostagent.address import socket_name
+from cclctl.runtime.hostagent.server import HostAgent
+from cclctl.store.client import StoreClient, parse_address
+from cclctl.store.scope import ScopedStore
+
+#: the most a spec line may hold
+MAX_SPEC_BYTES = 4096
+#: the store's answer to one write waits no longer than this
+WRITE_TIMEOUT_S = 10.0
+
+
+def read_spec(line: bytes) -> dict[str, Any]:
+    """The starter's line: ``job``, ``store`` (host:port), ``token``, ``host``,
+    ``interval_s``, ``linger_s``, ``first_s``; a ValueError says what is wrong with it."""
+    spec = json.loads(line) if line.strip() else None
+    if not isinstance(spec, dict):
+        raise ValueError("expected one JSON object on stdin")
+    for name in ("job", "store", "token", "host"):
+        if not isinstance(spec.get(name), str):
+            raise ValueError(f"{name} is missing or not a string")
+    for name in ("interval_s", "linger_s", "first_s"):
+        value = spec.get(name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} is missing or not a positive number")
+    parse_address(spec["store"])
+    return spec
+
+
+def _say(fd: int, message: dict[str, Any]) -> None:
+    with os.fdopen(fd, "w") as pipe:
+        pipe.write(json.dumps(message) + "\n")
+
+
+def _to_devnull(fd: int) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, fd)
+    os.close(null)
+
+
+async def serve(spec: dict[str, Any], answer: int) -> int:
+    host, port = parse_address(spec["store"])
+    token = spec["token"] or None
+    client = StoreClient(
+        host, port, timeout_s=WRITE_TIMEOUT_S, connect_timeout_s=WRITE_TIMEOUT_S, token=token
+    )
+    store = ScopedStore.for_job(client, spec["job"])
+    key = f"{KEY}{spec['host']}"
+
+    async def write(doc: bytes) -> None:
+        await asyncio.to_thread(store.set, key, doc)
+
+    agent = HostAgent(spec["host"], write, float(spec["interval_s"]))
+    try:
+        server = await agent.serve(socket_name(spec["job"], spec["host"]))
+    except OSError as exc:
+        client.close()
+        if exc.errno == errno.EADDRINUSE:
+            _say(answer, {"elsewhere": True})
+            return 0
+        _say(answer, {"error": f"the host agent cannot listen: {exc.strerror or exc}"})
+        return 1
+    _say(answer, {"pid": os.getpid()})
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    writing = asyncio.ensure_future(agent.run(stop))
+    idle = asyncio.ensure_future(agent.idle_for(float(spec["linger_s"]), float(spec["first_s"])))
+    await asyncio.wait({idle, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED")
+    server.close()
+    stop.set()
+    await writing
+    idle.cancel()
+    client.close()
+    logging.getLogger("cclctl.hostagent").warning(
+        "cclctl host agent of %s: %d writes, %d failed, exiting", spec["host"], agent.writes,
+        agent.write_errors,
+    )  # fmt: skip
+    return 0
+
+
+def main() -> int:
+    answer = os.dup(1)  # the starter's pipe; stdio itself holds no pipe from here on
+    _to_devnull(1)
+    try:
+        spec = read_spec(sys.stdin.buffer.readline(MAX_SPEC_BYTES))
+    except ValueError as exc:
+        _say(answer, {"error": f"the host agent got a bad start line: {exc}"})
+        return 2
+    _to_devnull(0)
+    if os.fork() > 0:  # the starter reaps this one at once; the agent is orphaned, on purpose
+        os._exit(0)
+    os.setsid()
+    logging.basicConfig(stream=sys.stderr, format="%(asctime)s pid %(process)d %(message)s")
+    return asyncio.run(serve(spec, answer))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""A rank's way to the store for its status: through its host's agent while there is one.
+
+:class:`AgentRoute` is the store the rank's status publisher writes to
+(:class:`~cclctl.telemetry.status.StatusPublisher` needs only ``set``). The rank's own
+status key goes to the agent over its socket; any other key (a probe's document), and the
+status itself while no agent answers, go to the store as before. So a rank never waits on
+its agent and never fails for it: an agent that is not there yet, or has died, costs one
+refused connect per interval, and its statuses reach the store directly, under the rank's
+own key, from the next interval on. Readers take, per rank, the newer of the two
+(:mod:`cclctl.live.snapshot`), so a lost agent is seen as its ranks publishing directly.
+
+Once a status went through the agent, the rank deletes the status it had written directly
+(one request), so a job's listing holds one document per host. When the rank closes, its
+last status (the final one, with ``finished``) is also written directly: it is in the store
+before the rank exits, whatever its agent does next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from typing import Protocol
+
+from cclctl.runtime.hostagent.wire import status_frame
+
+log = logging.getLogger("cclctl.hostagent")
+
+#: a send to the agent that takes longer than this counts as the agent lost
+SEND_TIMEOUT_S = 2.0
+
+
+class RankStore(Protocol):
+    """The job's store, scoped to the job (a :class:`~cclctl.store.scope.ScopedStore`)."""
+
+    def set(self, key: str, value: bytes) -> None: ...
+    def delete(self, key: str) -> bool: ...
+
+
+class AgentRoute:
+    """``set`` for a rank's status publisher: ``status_key`` via the agent at ``name``."""
+
+    def __init__(self, store: RankStore, name: str, rank: int, status_key: str) -> None:
+        self.store = store
+        self.name = name
+        self.rank = rank
+        self.status_key = status_key
+        self.via_agent = 0  # statuses the agent took
+        self.direct = 0  # statuses written to the store directly
+        self.agent_lost = False  # an agent took statuses, then stopped answering
+        self._sock: socket.socket | None = None
+        self._last: bytes | None = None
+        self._direct_key_written = False
+        self._lock = threading.Lock()
+
+    @property
+    def reconnects(self) -> int:
+        """The store client's reopened connections (the publisher reports them)."""
+        count = getattr(self.store, "reconnects", 0)
+        return count if isinstance(count, int) else 0
+
+    def set(self, key: str, value: bytes) -> None:
+        if key != self.status_key:
+            self.store.set(key, value)
+            return
+        with self._lock:
+            self._last = value
+            if self._send(value):
+                self.via_agent += 1
+                if self._direct_key_written:  # the agent's document holds it from now on
+                    with contextlib.suppress(Exception):
+                        self.store.delete(key)
+                    self._direct_key_written = False
+                return
+        self.store.set(key, value)
+        self.direct += 1
+        self._direct_key_written = True
+
+    def _send(self, value: bytes) -> bool:
+        """Send the status to the agent (connecting first); False if no agent took it."""
+        if self._sock is None:
+            self._sock = self._connect()
+            if self._sock is None:
+                return False
+        try:
+            self._sock.sendall(status_frame(self.rank, value))
+            return True
+        except OSError as exc:
+            self._drop()
+            if not self.agent_lost:
+                self.agent_lost = True
+                log.warning("cclctl: rank %d lost its host agent (%s); it publishes its own "
+                            "status", self.rank, exc.strerror or exc)  # fmt: skip
+            return False
+
+    def _connect(self) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(SEND_TIMEOUT_S)
+        try:
+            sock.connect(self.name)
+        except OSError:
+            sock.close()
+            return None
+        return sock
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        """Write the last status directly (it is in the store before the rank exits), then
+        close the agent's connection."""
+        with self._lock:
+            last, sent = self._last, self._sock is not None
+            self._drop()
+        if last is not None and sent:
+            with contextlib.suppress(Exception):
+                self.store.set(self.status_key, last)

@@ -1,0 +1,173 @@
+"""The host agent's core: it takes its ranks' statuses and writes one document per interval.
+
+:class:`HostAgent` is an asyncio object with no process of its own, so one process can run
+thousands of them (the scale simulator in ``benchmarks/``) and the agent process
+(:mod:`.main`) runs one. Its ``write`` coroutine stores a host document (the process: one
+``set`` of ``host/<hostname>`` on the job's store); a write that fails is counted and the
+next interval tries again with the newer statuses, never raised into a rank.
+
+Writes happen once per status interval, and sooner (coalesced, at most one per
+:data:`SOON_S`) when a rank's connection ends or its status newly carries an end or a
+failure (``finished``, ``ending``, ``revoke``): what a diagnosis must see at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cclctl.host_status import HostDocument, summarize
+from cclctl.runtime.hostagent.address import peer_uid
+from cclctl.runtime.hostagent.wire import HEADER, MAX_STATUS
+
+log = logging.getLogger("cclctl.hostagent")
+
+#: a write that should not wait for the interval waits this long for others to join it
+SOON_S = 0.05
+_URGENT = ("finished", "ending", "revoke")
+
+
+class HostAgent:
+    """One host's agent: statuses in (:meth:`serve` or :meth:`receive`), documents out."""
+
+    def __init__(
+        self,
+        host: str,
+        write: Callable[[bytes], Awaitable[None]],
+        interval_s: float,
+        *,
+        pid: int | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.host = host
+        self.interval_s = interval_s
+        self.pid = os.getpid() if pid is None else pid
+        self.statuses: dict[int, Any] = {}
+        self.left: dict[int, str] = {}
+        self.connected = 0  # ranks' connections open now
+        self.ever_connected = 0
+        self.refused = 0  # connections of another user
+        self.writes = 0
+        self.write_errors = 0
+        self.last_error = ""
+        self._write = write
+        self._clock = clock
+        self._soon = asyncio.Event()
+        self._changed = asyncio.Event()  # a connection opened or closed
+
+    # ------------------------------------------------------------------ statuses in
+    def receive(self, rank: int, body: bytes) -> None:
+        """Keep ``body`` as rank ``rank``'s newest status (a document that is not JSON is
+        kept as text: the reader reports it as that rank's bad status)."""
+        try:
+            doc: Any = json.loads(body)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            doc = f"not a JSON document ({type(exc).__name__})"
+        before = self.statuses.get(rank)
+        self.statuses[rank] = doc
+        self.left.pop(rank, None)
+        if isinstance(doc, dict) and any(
+            doc.get(k) and not (isinstance(before, dict) and before.get(k)) for k in _URGENT
+        ):
+            self._soon.set()
+
+    async def serve(self, name: str) -> asyncio.AbstractServer:
+        """Listen on the abstract socket ``name`` (:func:`.address.socket_name`)."""
+        return await asyncio.start_unix_server(self._connection, path=name)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is None or peer_uid(sock) != os.getuid():
+            self.refused += 1
+            writer.close()
+            return
+        self.connected += 1
+        self.ever_connected += 1
+        self._changed.set()
+        ranks: set[int] = set()
+        why = "its connection to the host agent closed"
+        try:
+            while True:
+                rank, length = HEADER.unpack(await reader.readexactly(HEADER.size))
+                if length > MAX_STATUS:
+                    why = f"it sent a status of {length:,} bytes, over the agent's limit"
+                    break
+                self.receive(rank, await reader.readexactly(length))
+                ranks.add(rank)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.connected -= 1
+            self._changed.set()
+            writer.close()
+            now = time.strftime("%H:%M:%S", time.gmtime(self._clock() / 1e9))
+            for rank in ranks:
+                self.left[rank] = f"{why} at {now} UTC"
+            self._soon.set()
+
+    # ------------------------------------------------------------------ documents out
+    def document(self) -> HostDocument:
+        return HostDocument(
+            host=self.host,
+            pid=self.pid,
+            time_ns=self._clock(),
+            interval_s=self.interval_s,
+            statuses=dict(self.statuses),
+            left=dict(self.left),
+            summary=summarize(self.statuses),
+        )
+
+    async def flush(self) -> bool:
+        """Write the document now (nothing before the first status); False if it failed."""
+        if not self.statuses:
+            return True
+        try:
+            await self._write(self.document().to_bytes())
+        except Exception as exc:  # the store's trouble: counted, tried again next time
+            self.write_errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("cclctl host agent: writing %s's statuses failed: %s", self.host, exc)
+            return False
+        self.writes += 1
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Write every interval (and soon after an urgent change) until ``stop``, then once
+        more, so the last statuses reach the store."""
+        while not stop.is_set():
+            soon = asyncio.ensure_future(self._soon.wait())
+            ended = asyncio.ensure_future(stop.wait())
+            await asyncio.wait(
+                {soon, ended}, timeout=self.interval_s, return_when="FIRST_COMPLETED"
+            )
+            for task in (soon, ended):
+                task.cancel()
+            if self._soon.is_set() and not stop.is_set():
+                await asyncio.sleep(SOON_S)  # let the host's other ranks' news join it
+            self._soon.clear()
+            await self.flush()
+        await self.flush()
+
+    async def idle_for(self, linger_s: float, first_s: float) -> None:
+        """Return once no rank has been connected for ``linger_s`` (after one came), or none
+        came within ``first_s``: the agent process's cue to end."""
+        loop = asyncio.get_running_loop()
+        since = loop.time()
+        while True:
+            timeout: float | None = None  # ranks connected: until one leaves
+            if not self.connected:
+                timeout = (linger_s if self.ever_connected else first_s) - (loop.time() - since)
+                if timeout <= 0:
+                    return
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                continue
+            if not self.connected:
+                since = loop.time()

@@ -1,0 +1,261 @@
+"""The host agent: ranks' statuses reach the store as one document per host, and a rank
+whose agent is gone publishes its own, without stopping.
+
+In this process: :class:`HostAgent` on a real abstract socket with ranks'
+:class:`AgentRoute`'s, and the readers' merge of host documents with ranks' own keys. With
+real processes: a launched job publishes through its agent, and goes on when it is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from live_job import live_job
+
+from cclctl import host_status
+from cclctl.errors import BadInput
+from cclctl.live import snapshot
+from cclctl.records import RankSnapshot
+from cclctl.runtime.hostagent.address import socket_name
+from cclctl.runtime.hostagent.route import AgentRoute
+from cclctl.runtime.hostagent.server import HostAgent
+from cclctl.store.client import StoreClient
+
+WORKER = str(Path(__file__).parents[1] / "support" / "host_agent_worker.py")
+T = TypeVar("T")
+Doc = host_status.HostDocument
+
+
+def _status(rank: int, started: int, completed: int, time_ns: int, **extra: Any) -> bytes:
+    snap = RankSnapshot(kind="status", job="j", rank=rank, world_size=4, host="h", pid=100 + rank,
+                        time_ns=time_ns, **extra)  # fmt: skip
+    doc = snap.to_dict()
+    doc["comms"] = {"0:0-3": {"ranks": "0-3", "last_started": started, "last_completed": completed}}
+    return json.dumps(doc).encode()
+
+
+class _Store:
+    """The job's store as a rank's route sees it: sets and deletes, kept."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, bytes] = {}
+        self.deleted: list[str] = []
+
+    def set(self, key: str, value: bytes) -> None:
+        self.keys[key] = value
+
+    def delete(self, key: str) -> bool:
+        self.deleted.append(key)
+        return self.keys.pop(key, None) is not None
+
+
+class _AgentThread:
+    """A HostAgent serving on its own event loop thread; its writes are kept in order."""
+
+    def __init__(self, name: str) -> None:
+        self.writes: list[bytes] = []
+        self.wrote = threading.Condition()
+        self.loop = asyncio.new_event_loop()
+        self.stop = asyncio.Event()
+        ready = threading.Event()
+
+        async def write(doc: bytes) -> None:
+            with self.wrote:
+                self.writes.append(doc)
+                self.wrote.notify_all()
+
+        async def main() -> None:
+            self.agent = HostAgent("h", write, interval_s=60.0)  # writes come from news only
+            server = await self.agent.serve(name)
+            ready.set()
+            await self.agent.run(self.stop)
+            server.close()
+            rest = asyncio.all_tasks() - {asyncio.current_task()}  # ranks' open connections
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(main(),))
+        self.thread.start()
+        assert ready.wait(10)
+
+    def written(
+        self, check: Callable[[host_status.HostDocument], bool]
+    ) -> host_status.HostDocument:
+        """The first document written that passes ``check`` (waits for it)."""
+        with self.wrote:
+            seen = 0
+            while True:
+                for doc in self.writes[seen:]:
+                    parsed = host_status.parse(doc, "test")
+                    if check(parsed):
+                        return parsed
+                seen = len(self.writes)
+                assert self.wrote.wait(10), "no such document was written"
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def agent() -> Iterator[tuple[_AgentThread, str]]:
+    name = socket_name(f"test-{os.getpid()}-{time.monotonic_ns()}", "h")
+    running = _AgentThread(name)
+    try:
+        yield running, name
+    finally:
+        running.close()
+
+
+def test_ranks_statuses_reach_the_store_as_one_document_with_a_summary(agent) -> None:
+    running, name = agent
+    store = _Store()
+    routes = [AgentRoute(store, name, rank, f"status/{rank}") for rank in range(3)]
+    for rank, route in enumerate(routes):
+        route.set(f"status/{rank}", _status(rank, 10, 10 if rank != 1 else 9, time_ns=5))
+    routes[2].set("status/2", _status(2, 11, 11, time_ns=6, finished=True))  # urgent: written
+    doc = running.written(lambda d: len(d.statuses) == 3 and d.statuses[2].get("finished"))
+    assert doc.summary["comms"]["0:0-3"] == {
+        "ranks": 3, "started": [10, 11], "completed": [9, 11], "behind": [1],
+    }  # fmt: skip
+    assert store.keys == {} and all(r.via_agent and not r.direct for r in routes)
+    routes[0].set("probe", b"{}")  # not a status: straight to the store
+    assert store.keys == {"probe": b"{}"}
+
+
+def test_a_rank_whose_connection_ends_is_named_and_its_last_status_written_directly(agent):
+    running, name = agent
+    store = _Store()
+    route = AgentRoute(store, name, 3, "status/3")
+    route.set("status/3", _status(3, 1, 1, time_ns=5))
+    route.close()
+    doc = running.written(lambda d: 3 in d.left)
+    assert "connection to the host agent closed" in doc.left[3] and 3 in doc.statuses
+    assert store.keys["status/3"] == _status(3, 1, 1, time_ns=5)  # in the store before exit
+
+
+def test_a_rank_with_no_agent_publishes_its_own_status_and_moves_over_once_one_listens():
+    name = socket_name(f"nobody-{os.getpid()}-{time.monotonic_ns()}", "h")
+    store = _Store()
+    route = AgentRoute(store, name, 0, "status/0")
+    route.set("status/0", b"first")
+    assert store.keys == {"status/0": b"first"} and route.direct == 1
+    running = _AgentThread(name)
+    try:
+        route.set("status/0", _status(0, 2, 2, time_ns=9, finished=True))
+        running.written(lambda d: 0 in d.statuses)
+        assert "status/0" not in store.keys and store.deleted == ["status/0"]
+    finally:
+        running.close()
+    route.set("status/0", b"after")  # its agent is gone: the store again, at once
+    route.set("status/0", b"after")
+    assert store.keys["status/0"] == b"after" and route.agent_lost
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_another_users_process_is_turned_away(agent) -> None:
+    running, name = agent
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setuid(65534)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(name)
+            sock.sendall(b"\0\0\0\0\0\0\0\2{}")
+            sock.settimeout(10)
+            try:
+                code = 0 if sock.recv(1) == b"" else 1  # closed by the agent
+            except ConnectionResetError:  # closed with the frame unread
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert running.agent.refused == 1 and running.agent.statuses == {}
+
+
+# ------------------------------------------------------------------ the readers' merge
+def _host_doc(statuses: dict[int, Any], time_ns: int = 10) -> bytes:
+    return host_status.HostDocument("h1", 77, time_ns, 1.0, statuses).to_bytes()
+
+
+def test_readers_take_each_ranks_newer_status_from_its_host_or_its_own_key() -> None:
+    older, newer = json.loads(_status(0, 1, 1, time_ns=5)), json.loads(_status(1, 4, 4, 8))
+    listing = {
+        "cclctl/j/host/h1": _host_doc({0: older, 1: newer, 2: "not a JSON document (x)"}),
+        "cclctl/j/status/0": _status(0, 3, 3, time_ns=7),  # its agent lost: newer, its own
+        "cclctl/j/status/1": _status(1, 2, 2, time_ns=6),  # left behind: older
+        "cclctl/j/host/h2": b"{broken",
+    }
+    got = snapshot.parse("j", "addr", listing)
+    assert got.statuses[0].comms["0:0-3"].last_completed == 3
+    assert got.statuses[1].comms["0:0-3"].last_completed == 4
+    assert got.via_agent == {1} and set(got.hosts) == {"h1"}
+    assert "from h1's agent" in got.bad[2] and "not valid JSON" in got.bad_hosts["h2"]
+
+
+def test_a_host_document_that_is_not_one_is_refused_in_words() -> None:
+    for value, words in ((b"[]", "not a cclctl.host"), (b'{"schema": "cclctl.host"}', "maps")):
+        with pytest.raises(BadInput, match=words):
+            host_status.parse(value, "host document 'h'")
+
+
+# ------------------------------------------------------------------ real processes
+def _until(what: str, check: Callable[[], T | None], timeout_s: float = 60) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_launched_job_publishes_through_its_agent_and_goes_on_without_it(tmp_path) -> None:
+    release = tmp_path / "release"
+    env = {"CCLCTL_JOB": "agent-job", "CCLCTL_STATUS_INTERVAL": "0.2", "RELEASE": str(release),
+           "CCLCTL_TRACE_DIR": str(tmp_path / "trace")}  # fmt: skip
+    with live_job([sys.executable, WORKER], 4, env, release) as job:
+        reader = StoreClient.from_address(job.store)  # no token: what `top` reads
+
+        def through_agent() -> snapshot.JobStatuses | None:
+            got = snapshot.fetch(reader, "agent-job")
+            return got if got.via_agent == {0, 1, 2, 3} else None
+
+        seen = _until("every status through the agent", through_agent)
+        keys = reader.list("cclctl/agent-job/")
+        assert [k for k in keys if "/status/" in k] == []  # one document for the host
+        (doc,) = seen.hosts.values()
+        assert b"cclctl.runtime.hostagent.main" in Path(f"/proc/{doc.pid}/cmdline").read_bytes()
+        os.kill(doc.pid, signal.SIGKILL)
+        before = {rank: s.comms["0:0-3"].last_completed for rank, s in seen.statuses.items()}
+
+        def on_their_own() -> snapshot.JobStatuses | None:
+            got = snapshot.fetch(reader, "agent-job")
+            moved = not got.via_agent and len(got.statuses) == 4
+            return (
+                got
+                if moved
+                and all(
+                    s.comms["0:0-3"].last_completed > before[r] for r, s in got.statuses.items()
+                )
+                else None
+            )
+
+        after = _until("the ranks to publish their own statuses, still running", on_their_own)
+        assert set(after.statuses) == {0, 1, 2, 3}
+        reader.close()
