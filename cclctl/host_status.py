@@ -7,7 +7,9 @@ a diagnosis can start from without reading them (per communicator, the lowest an
 seq its ranks started and completed, and the ranks at the lowest completed one), and the
 ranks whose connection to the agent ended (``left``: how, and when).
 
-The statuses stay the ranks' own documents, each checked by the reader as one rank's
+The statuses stay the ranks' own documents, kept as the text each rank sent (a JSON
+string in the host's document): a reader parses the host's document without parsing its
+ranks' statuses, and then parses only those it needs, each checked as one rank's
 (:mod:`cclctl.live.snapshot`), so one rank's broken status is never its host's problem.
 """
 
@@ -31,14 +33,14 @@ MAX_BEHIND = 16
 @dataclasses.dataclass
 class HostDocument:
     """One host's document: its agent (``pid``), when it wrote it (``time_ns``, wall
-    clock), its ranks' statuses as they sent them (plain JSON values, by rank), the
-    ranks whose connection ended (rank -> why, in words) and the summary."""
+    clock), its ranks' statuses as the text they sent (by rank), the ranks whose
+    connection ended (rank -> why, in words) and the summary."""
 
     host: str
     pid: int
     time_ns: int
     interval_s: float
-    statuses: dict[int, Any]
+    statuses: dict[int, str]
     left: dict[int, str] = dataclasses.field(default_factory=dict)
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -120,10 +122,15 @@ def parse(value: bytes, where: str) -> HostDocument:
         pid=pid,
         time_ns=time_ns,
         interval_s=float(interval),
-        statuses={_rank(text, where): doc for text, doc in statuses.items()},
+        statuses={_rank(text, where): _text(doc) for text, doc in statuses.items()},
         left={_rank(text, where): str(why) for text, why in left.items()},
         summary=summary if isinstance(summary, dict) else {},
     )
+
+
+def _text(doc: object) -> str:
+    """A status as text (a writer that embedded it as an object: its JSON again)."""
+    return doc if isinstance(doc, str) else json.dumps(doc)
 
 
 def _rank(text: str, where: str) -> int:

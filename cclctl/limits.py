@@ -15,8 +15,9 @@ from collections.abc import Iterable
 
 from cclctl.errors import BadInput
 
-#: No job has more ranks: every rank number and world size read from input stays below it.
-MAX_WORLD_SIZE = 1 << 16
+#: No job has more ranks (100,000 and some room): every rank number and world size read from
+#: input stays below it.
+MAX_WORLD_SIZE = 1 << 17
 #: A dump file larger than this is refused before any byte of it is read (a ring of 2,000
 #: records with every thread's stack is a few MB).
 MAX_FILE_BYTES = 256 << 20

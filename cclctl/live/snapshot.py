@@ -29,7 +29,7 @@ STATUS_KEY = "status/"
 WORLD_SIZE_KEY = "rdzv/world_size"  # written once by rendezvous: {"world_size": N, ...}
 
 _WHERE = "status"
-_STATUS_KEY_RE = re.compile(r"^cclctl/(?P<job>.+)/status/(?P<rank>[0-9]+)$")
+_STATUS_KEY_RE = re.compile(r"^cclctl/(?P<job>.+)/(status/[0-9]+|host/[^/]+)$")
 
 
 class ListingStore(Protocol):
@@ -76,7 +76,8 @@ def job_prefix(job: str) -> str:
 
 
 def jobs_in(keys: Mapping[str, Any]) -> list[str]:
-    """The jobs that published at least one status among ``keys`` (full store keys), sorted."""
+    """The jobs that published at least one status among ``keys`` (full store keys: a rank's
+    own, or its host agent's document), sorted."""
     jobs = {m["job"] for key in keys if (m := _STATUS_KEY_RE.match(key))}
     return sorted(jobs)
 
@@ -142,10 +143,10 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
         except BadInput as exc:
             out.bad[rank] = f"bad status: {_unprefixed(exc)}"
     for doc in out.hosts.values():
-        for number, data in doc.statuses.items():
+        for number, text in doc.statuses.items():
             rank = limits.rank(number, f"host document of {doc.host!r}")
             try:
-                snap = _checked(data, rank)
+                snap = _status(text.encode(), rank)
             except limits.TooLarge as exc:
                 raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
             except BadInput as exc:

@@ -153,7 +153,7 @@ def _window(i: int, **fields: Any) -> dict[str, Any]:
         ),
         (
             {"windows": [_window(0, peers={str(limits.MAX_WORLD_SIZE): {"via": "tcp"}})]},
-            "peer 65,536",
+            "peer 131,072",
         ),
     ],
 )

@@ -53,7 +53,7 @@ def test_a_dump_claiming_a_billion_ranks_is_refused(tmp_path: Path) -> None:
     (tmp_path / "cclctl-j1-rank0.json").write_text(json.dumps(a_dump(world_size=10**9)))
     refused(
         cclctl("diagnose", "hang", str(tmp_path)),
-        "cclctl-j1-rank0.json: world size 1,000,000,000 is over the limit of 65,536 ranks",
+        "cclctl-j1-rank0.json: world size 1,000,000,000 is over the limit of 131,072 ranks",
     )
 
 
@@ -85,7 +85,7 @@ def test_a_forged_live_status_is_refused_by_top_and_diagnose(where: str) -> None
         client.set(f"cclctl/j1/status/{rank}", json.dumps(doc).encode())
         for args in (("diagnose", "hang"), ("top", "--json")):
             out = cclctl(*args, "--store", srv.address)
-            refused(out, "over the limit of 65,536 ranks")
+            refused(out, "over the limit of 131,072 ranks")
             assert ("5,000,000" if where != "key" else "4,999,999") in out.stderr
 
 
@@ -112,10 +112,10 @@ def test_a_sparse_file_under_the_size_limit_is_refused_too(tmp_path: Path) -> No
 
 
 def test_flight_recorder_members_beyond_the_limit_are_refused(tmp_path: Path) -> None:
-    doc = {"version": "2.4", "pg_config": {"0": {"name": "0", "ranks": "[0, 70000]"}}}
+    doc = {"version": "2.4", "pg_config": {"0": {"name": "0", "ranks": "[0, 140000]"}}}
     doc["entries"] = []
     (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps(doc, protocol=2))
-    refused(cclctl("diagnose", "hang", str(tmp_path)), "a process group member 70,000")
+    refused(cclctl("diagnose", "hang", str(tmp_path)), "a process group member 140,000")
 
 
 def test_a_rank_number_beyond_the_limit_in_a_flight_recorder_name(tmp_path: Path) -> None:
@@ -125,20 +125,20 @@ def test_a_rank_number_beyond_the_limit_in_a_flight_recorder_name(tmp_path: Path
 
 
 def test_folded_members_cannot_expand_past_a_documents_share(tmp_path: Path) -> None:
-    """A few bytes of ``0-65535`` per communicator would otherwise be 64 Ki ranks each."""
-    comms = {f"{i}:x": {"ranks": f"0-{65535 - i}", "last_started": 0} for i in range(64)}
+    """A few bytes of ``0-131071`` per communicator would otherwise be 128 Ki ranks each."""
+    comms = {f"{i}:x": {"ranks": f"0-{131071 - i}", "last_started": 0} for i in range(64)}
     (tmp_path / "cclctl-j1-rank0.json").write_text(json.dumps(a_dump(comms=comms)))
-    refused(cclctl("diagnose", "hang", str(tmp_path)), "name over 262,144 members in all")
+    refused(cclctl("diagnose", "hang", str(tmp_path)), "name over 524,288 members in all")
 
 
 def test_many_statuses_cannot_expand_past_one_reads_share() -> None:
     with StoreServer() as srv, StoreClient(srv.host, srv.port, connect_timeout_s=5) as client:
         for rank in range(24):  # each within its own share, all of them together beyond
             doc = json.loads(Job(24).snapshots("status")[rank].to_json())
-            doc["comms"] = {"0:x": {"ranks": f"0-{65535 - rank}"}}
+            doc["comms"] = {"0:x": {"ranks": f"0-{131071 - rank}"}}
             client.set(f"cclctl/j1/status/{rank}", json.dumps(doc).encode())
         out = cclctl("top", "--json", "--store", srv.address)
-        refused(out, "the statuses name over 1,048,576 communicator members in all")
+        refused(out, "the statuses name over 2,097,152 communicator members in all")
 
 
 def _revoke(**fields: Any) -> dict[str, Any]:
@@ -155,7 +155,7 @@ def _revoke(**fields: Any) -> dict[str, Any]:
         ({"revoke": _revoke(origin=10**12)}, "field 'origin' is 1000000000000, not a rank"),
         ({"revoke": _revoke(origin=3)}, "field 'origin' is rank 3, outside world size 2"),
         ({"revoke": _revoke(seen_by=-7)}, "field 'seen_by' is -7, not a rank"),
-        ({"revoke": _revoke(peer=70_000)}, "field 'peer' is 70000, not a rank"),
+        ({"revoke": _revoke(peer=140_000)}, "field 'peer' is 140000, not a rank"),
         ({"revoke": _revoke(pid=-1)}, "field 'pid' is -1, outside 0 to 2**63-1"),
         ({"time_ns": 10**4000}, "field 'time_ns' does not fit 64 bits (4001 digits)"),
         ({"text": 7 * 10**4999}, "not valid JSON (Exceeds the limit (4300 digits)"),

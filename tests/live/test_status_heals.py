@@ -53,7 +53,8 @@ def job(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     port, stop = free_port(), tmp_path / "stop"
     cmd = [sys.executable, "-m", "cclctl", "launch", "-n", str(RANKS), "--port", str(port)]
     cmd += ["--", sys.executable, script("heal_worker.py"), str(stop)]
-    env = dict(os.environ, CCLCTL_JOB=JOB, CCLCTL_STATUS_INTERVAL="0.5")
+    # each rank on its own store connection (no host agent): that connection is what is reset
+    env = dict(os.environ, CCLCTL_JOB=JOB, CCLCTL_STATUS_INTERVAL="0.5", CCLCTL_HOST_AGENT="0")
     with open(tmp_path / "launch.log", "wb") as log:
         launcher = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
     try:

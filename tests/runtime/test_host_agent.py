@@ -127,7 +127,9 @@ def test_ranks_statuses_reach_the_store_as_one_document_with_a_summary(agent) ->
     for rank, route in enumerate(routes):
         route.set(f"status/{rank}", _status(rank, 10, 10 if rank != 1 else 9, time_ns=5))
     routes[2].set("status/2", _status(2, 11, 11, time_ns=6, finished=True))  # urgent: written
-    doc = running.written(lambda d: len(d.statuses) == 3 and d.statuses[2].get("finished"))
+    doc = running.written(
+        lambda d: len(d.statuses) == 3 and json.loads(d.statuses[2]).get("finished") is True
+    )
     assert doc.summary["comms"]["0:0-3"] == {
         "ranks": 3, "started": [10, 11], "completed": [9, 11], "behind": [1],
     }  # fmt: skip
@@ -189,14 +191,14 @@ def test_another_users_process_is_turned_away(agent) -> None:
 
 
 # ------------------------------------------------------------------ the readers' merge
-def _host_doc(statuses: dict[int, Any], time_ns: int = 10) -> bytes:
+def _host_doc(statuses: dict[int, str], time_ns: int = 10) -> bytes:
     return host_status.HostDocument("h1", 77, time_ns, 1.0, statuses).to_bytes()
 
 
 def test_readers_take_each_ranks_newer_status_from_its_host_or_its_own_key() -> None:
-    older, newer = json.loads(_status(0, 1, 1, time_ns=5)), json.loads(_status(1, 4, 4, 8))
+    older, newer = _status(0, 1, 1, time_ns=5).decode(), _status(1, 4, 4, 8).decode()
     listing = {
-        "cclctl/j/host/h1": _host_doc({0: older, 1: newer, 2: "not a JSON document (x)"}),
+        "cclctl/j/host/h1": _host_doc({0: older, 1: newer, 2: "{not json"}),
         "cclctl/j/status/0": _status(0, 3, 3, time_ns=7),  # its agent lost: newer, its own
         "cclctl/j/status/1": _status(1, 2, 2, time_ns=6),  # left behind: older
         "cclctl/j/host/h2": b"{broken",

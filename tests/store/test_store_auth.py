@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from store_attacks import closed_by_peer, connect
 
 from cclctl import auth
 from cclctl.errors import StoreError
+from cclctl.live import snapshot
 from cclctl.store import access
 from cclctl.store.client import StoreClient, StoreServer
 from cclctl.store.protocol import REPLY_HEADER, Op, Status, pack_request
@@ -35,6 +37,7 @@ WORKER = """
 import json, os, sys, time
 import numpy as np
 import cclctl
+from cclctl.live import snapshot
 from cclctl.store.client import StoreClient
 
 comm = cclctl.init()
@@ -52,7 +55,7 @@ try:
             os.environ["CCLCTL_STORE"], token=os.environ["CCLCTL_TOKEN"]
         ) as own:
             left = {k: own.try_get(job + k) for k in ("rdzv/error", "signal/dump/count")}
-            status1 = json.loads(own.try_get(job + "status/1"))
+            status1 = {"rank": snapshot.fetch(own, os.environ["CCLCTL_JOB"]).statuses[1].rank}
         print("LEFT " + json.dumps({k: v and v.decode() for k, v in left.items()}
                                    | {"status1_rank": status1["rank"]}), flush=True)
 finally:
@@ -90,11 +93,15 @@ def test_a_live_job_is_untouched_by_a_client_without_its_token(tmp_path: Path) -
             _refused("set", lambda: stranger.set(prefix + "signal/dump/why", b"my words"))
             _refused("get", lambda: stranger.try_get(prefix + "rdzv/rank/0"))
             _refused("wait", lambda: stranger.wait([prefix + "rdzv/rank/0"], timeout_s=1))
-            seen = stranger.list(prefix)  # the statuses and the world size, nothing else
-            assert all(access.PUBLIC_KEYS.fullmatch(key.encode()) for key in seen)
-            assert {f"{prefix}status/0", f"{prefix}status/1", f"{prefix}rdzv/world_size"} <= set(
-                seen
-            )
+            deadline = time.monotonic() + 30
+            while True:  # the statuses and the world size, nothing else
+                seen = stranger.list(prefix)
+                assert all(access.PUBLIC_KEYS.fullmatch(key.encode()) for key in seen)
+                if set(snapshot.parse(JOB, store, seen).statuses) == {0, 1}:
+                    break
+                assert time.monotonic() < deadline, sorted(seen)
+                time.sleep(0.05)
+            assert f"{prefix}rdzv/world_size" in seen
         top = _cli("top", "--store", store, "--job", JOB, "--json")
         assert top.returncode == 0, top.stderr
         doc = json.loads(top.stdout)

@@ -7,8 +7,9 @@ thousands of them (the scale simulator in ``benchmarks/``) and the agent process
 next interval tries again with the newer statuses, never raised into a rank.
 
 Writes happen once per status interval, and sooner (coalesced, at most one per
-:data:`SOON_S`) when a rank's connection ends or its status newly carries an end or a
-failure (``finished``, ``ending``, ``revoke``): what a diagnosis must see at once.
+:data:`SOON_S`) when a rank is new, when its connection ends or when its status newly
+carries an end or a failure (``finished``, ``ending``, ``revoke``): what a reader must see
+at once.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class HostAgent:
         self.host = host
         self.interval_s = interval_s
         self.pid = os.getpid() if pid is None else pid
-        self.statuses: dict[int, Any] = {}
+        self.statuses: dict[int, str] = {}  # as the ranks sent them
+        self._parsed: dict[int, Any] = {}  # the same, decoded: for the summary
         self.left: dict[int, str] = {}
         self.connected = 0  # ranks' connections open now
         self.ever_connected = 0
@@ -62,18 +64,21 @@ class HostAgent:
 
     # ------------------------------------------------------------------ statuses in
     def receive(self, rank: int, body: bytes) -> None:
-        """Keep ``body`` as rank ``rank``'s newest status (a document that is not JSON is
-        kept as text: the reader reports it as that rank's bad status)."""
+        """Keep ``body`` as rank ``rank``'s newest status (one that is not JSON is kept as
+        it is: the reader reports it as that rank's bad status)."""
+        text = body.decode("utf-8", errors="replace")
         try:
-            doc: Any = json.loads(body)
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            doc = f"not a JSON document ({type(exc).__name__})"
-        before = self.statuses.get(rank)
-        self.statuses[rank] = doc
+            doc: Any = json.loads(text)
+        except (ValueError, RecursionError):
+            doc = None
+        known = rank in self.statuses
+        before = self._parsed.get(rank)
+        self.statuses[rank] = text
+        self._parsed[rank] = doc
         self.left.pop(rank, None)
-        if isinstance(doc, dict) and any(
-            doc.get(k) and not (isinstance(before, dict) and before.get(k)) for k in _URGENT
-        ):
+        was = before if isinstance(before, dict) else {}
+        news = isinstance(doc, dict) and any(doc.get(k) and not was.get(k) for k in _URGENT)
+        if news or not known:
             self._soon.set()
 
     async def serve(self, name: str) -> asyncio.AbstractServer:
@@ -119,7 +124,7 @@ class HostAgent:
             interval_s=self.interval_s,
             statuses=dict(self.statuses),
             left=dict(self.left),
-            summary=summarize(self.statuses),
+            summary=summarize(self._parsed),
         )
 
     async def flush(self) -> bool:
