@@ -28,7 +28,7 @@ from cclctl.errors import BadInput
 from cclctl.live import snapshot
 from cclctl.records import RankSnapshot
 from cclctl.runtime.hostagent.address import socket_name
-from cclctl.runtime.hostagent.route import AgentRoute
+from cclctl.runtime.hostagent.route import AgentRoute, AgentSignals
 from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.client import StoreClient
 
@@ -165,6 +165,42 @@ def test_a_rank_with_no_agent_publishes_its_own_status_and_moves_over_once_one_l
     route.set("status/0", b"after")  # its agent is gone: the store again, at once
     route.set("status/0", b"after")
     assert store.keys["status/0"] == b"after" and route.agent_lost
+
+
+class _Signals:
+    """The job's store as the dump-request poller would read it (counts its reads)."""
+
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+
+    def try_get(self, key: str) -> bytes | None:
+        self.reads.append(key)
+        return b"0"
+
+    def add(self, key: str, delta: int) -> int:
+        return delta
+
+    def set(self, key: str, value: bytes) -> None:
+        pass
+
+
+def test_the_dump_requests_come_with_the_agents_answer_not_from_the_store(agent) -> None:
+    running, name = agent
+    store, signals = _Store(), _Signals()
+    route = AgentRoute(store, name, 0, "status/0")
+    polled = AgentSignals(route, signals)
+    assert polled.try_get("signal/dump/count") == b"0" and signals.reads  # no agent yet: store
+    signals.reads.clear()
+    why = json.dumps({"rank": 3, "reason": "hang"})
+    running.agent.news = json.dumps({"dump_count": "2", "dump_why": why}).encode()
+    route.set("status/0", _status(0, 1, 1, time_ns=5))
+    assert polled.try_get("signal/dump/count") == b"2"
+    assert polled.try_get("signal/dump/why") == why.encode() and signals.reads == []
+    running.agent.news = json.dumps({"dump_count": None}).encode()  # none asked yet
+    route.set("status/0", _status(0, 2, 2, time_ns=6))
+    assert polled.try_get("signal/dump/count") is None and signals.reads == []
+    route.close()
+    assert polled.try_get("signal/dump/count") == b"0" and signals.reads  # the store again
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")

@@ -9,17 +9,19 @@ agent (:mod:`cclctl.runtime.hostagent`), which the host's first local rank start
 from __future__ import annotations
 
 import contextlib
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cclctl.config import RuntimeConfig, job_dir
-from cclctl.runtime.agent.dump_requests import DumpRequests, request_dump
+from cclctl.runtime.agent.dump_requests import DumpRequests, SignalStore, request_dump
 from cclctl.runtime.hostagent.address import socket_name
-from cclctl.runtime.hostagent.route import AgentRoute
 from cclctl.runtime.hostagent.spawn import start_agent
 from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.hub import Telemetry
+
+if TYPE_CHECKING:  # the route reads the dump keys of this package: imported when used
+    from cclctl.runtime.hostagent.route import AgentRoute
 
 
 class StoreCounted(Protocol):
@@ -67,7 +69,12 @@ class StatusLink:
             if cfg.host_agent:
                 self.route = self._route(scoped, cfg)
             telemetry.publish_to(self.route or scoped)
-            self.requests = DumpRequests(self.signals, telemetry, rdzv.rank).start()
+            polled: SignalStore = self.signals
+            if self.route is not None:
+                from cclctl.runtime.hostagent.route import AgentSignals
+
+                polled = AgentSignals(self.route, self.signals)
+            self.requests = DumpRequests(polled, telemetry, rdzv.rank).start()
         except BaseException:
             with contextlib.suppress(Exception):
                 self.client.close()
@@ -75,6 +82,8 @@ class StatusLink:
 
     def _route(self, scoped: ScopedStore, cfg: RuntimeConfig) -> AgentRoute:
         """The way through the host's agent (started here by the host's first local rank)."""
+        from cclctl.runtime.hostagent.route import AgentRoute
+
         rdzv = self.rdzv
         if rdzv.local_rank == 0:
             start_agent(job=rdzv.job, store=self.address, token=rdzv.token, host=cfg.hostname,

@@ -15,6 +15,7 @@ on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -24,6 +25,7 @@ import sys
 from typing import Any
 
 from cclctl.host_status import KEY
+from cclctl.runtime.agent.dump_requests import DUMP_KEY
 from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.client import StoreClient, parse_address
@@ -76,6 +78,24 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
         await asyncio.to_thread(store.set, key, doc)
 
     agent = HostAgent(spec["host"], write, float(spec["interval_s"]))
+
+    async def read_news(stop: asyncio.Event) -> None:
+        """The job's dump requests, read once per interval for every rank of the host."""
+        while not stop.is_set():
+            try:
+                count, why = await asyncio.to_thread(
+                    lambda: (store.try_get(f"{DUMP_KEY}/count"), store.try_get(f"{DUMP_KEY}/why"))
+                )
+                agent.news = json.dumps({
+                    "dump_count": count.decode() if count else None,
+                    "dump_why": why.decode() if why else None,
+                }).encode()  # fmt: skip
+            except Exception as exc:  # the store's trouble: the ranks' own polls take over
+                agent.news = b"{}"
+                logging.getLogger("cclctl.hostagent").warning("reading requests: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), float(spec["interval_s"]))
+
     try:
         server = await agent.serve(socket_name(spec["job"], spec["host"]))
     except OSError as exc:
@@ -89,11 +109,13 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     writing = asyncio.ensure_future(agent.run(stop))
+    reading = asyncio.ensure_future(read_news(stop))
     idle = asyncio.ensure_future(agent.idle_for(float(spec["linger_s"]), float(spec["first_s"])))
     await asyncio.wait({idle, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED")
     server.close()
     stop.set()
     await writing
+    await reading
     idle.cancel()
     client.close()
     logging.getLogger("cclctl.hostagent").warning(

@@ -13,17 +13,24 @@ Once a status went through the agent, the rank deletes the status it had written
 (one request), so a job's listing holds one document per host. When the rank closes, its
 last status (the final one, with ``finished``) is also written directly: it is in the store
 before the rank exits, whatever its agent does next.
+
+The agent answers each status with its news: the job's dump requests, which it reads from
+the store once per interval for all its ranks. :class:`AgentSignals` serves the rank's
+dump-request poller from that answer, so a job's store is polled once per host, not once
+per rank; without an agent's answer the poller reads the store, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
-from cclctl.runtime.hostagent.wire import status_frame
+from cclctl.runtime.agent.dump_requests import DUMP_KEY
+from cclctl.runtime.hostagent.wire import MAX_NEWS, NEWS, status_frame
 
 log = logging.getLogger("cclctl.hostagent")
 
@@ -50,6 +57,7 @@ class AgentRoute:
         self.direct = 0  # statuses written to the store directly
         self.agent_lost = False  # an agent took statuses, then stopped answering
         self._sock: socket.socket | None = None
+        self.news: dict[str, Any] | None = None  # the agent's last answer (None: none now)
         self._last: bytes | None = None
         self._direct_key_written = False
         self._lock = threading.Lock()
@@ -85,14 +93,26 @@ class AgentRoute:
                 return False
         try:
             self._sock.sendall(status_frame(self.rank, value))
+            self.news = self._answer(self._sock)
             return True
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             self._drop()
             if not self.agent_lost:
                 self.agent_lost = True
                 log.warning("cclctl: rank %d lost its host agent (%s); it publishes its own "
-                            "status", self.rank, exc.strerror or exc)  # fmt: skip
+                            "status", self.rank, getattr(exc, "strerror", None) or exc)  # fmt: skip
             return False
+
+    @staticmethod
+    def _answer(sock: socket.socket) -> dict[str, Any]:
+        """The agent's news after a status (a ValueError if it is not a JSON object)."""
+        (length,) = NEWS.unpack(_read(sock, NEWS.size))
+        if length > MAX_NEWS:
+            raise ValueError(f"the agent answered {length:,} bytes")
+        news = json.loads(_read(sock, length))
+        if not isinstance(news, dict):
+            raise ValueError("the agent's answer is not a JSON object")
+        return news
 
     def _connect(self) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -105,6 +125,7 @@ class AgentRoute:
         return sock
 
     def _drop(self) -> None:
+        self.news = None
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.close()
@@ -119,3 +140,47 @@ class AgentRoute:
         if last is not None and sent:
             with contextlib.suppress(Exception):
                 self.store.set(self.status_key, last)
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionResetError("the host agent closed the connection")
+        data += chunk
+    return data
+
+
+class SignalStore(Protocol):
+    """What the dump-request poller reads and writes (the job's scoped store)."""
+
+    def add(self, key: str, delta: int) -> int: ...
+    def set(self, key: str, value: bytes) -> None: ...
+    def try_get(self, key: str) -> bytes | None: ...
+
+
+#: the keys the agent's answer holds, by the field that holds them
+_FROM_NEWS = {f"{DUMP_KEY}/count": "dump_count", f"{DUMP_KEY}/why": "dump_why"}
+
+
+class AgentSignals:
+    """The dump-request poller's store: the dump keys from the agent's last answer while
+    there is one, else (and for every write) the job's store."""
+
+    def __init__(self, route: AgentRoute, store: SignalStore) -> None:
+        self.route = route
+        self.store = store
+
+    def try_get(self, key: str) -> bytes | None:
+        news, field = self.route.news, _FROM_NEWS.get(key)
+        if news is None or field is None or field not in news:
+            return self.store.try_get(key)
+        value = news[field]
+        return value.encode() if isinstance(value, str) else None
+
+    def add(self, key: str, delta: int) -> int:
+        return self.store.add(key, delta)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.store.set(key, value)

@@ -24,7 +24,7 @@ from typing import Any
 
 from cclctl.host_status import HostDocument, summarize
 from cclctl.runtime.hostagent.address import peer_uid
-from cclctl.runtime.hostagent.wire import HEADER, MAX_STATUS
+from cclctl.runtime.hostagent.wire import HEADER, MAX_STATUS, news_frame
 
 log = logging.getLogger("cclctl.hostagent")
 
@@ -51,6 +51,9 @@ class HostAgent:
         self.statuses: dict[int, str] = {}  # as the ranks sent them
         self._parsed: dict[int, Any] = {}  # the same, decoded: for the summary
         self.left: dict[int, str] = {}
+        #: what every status is answered with: the job's requests for the host's ranks
+        #: (:meth:`set_news`; the process reads them from the store once per interval)
+        self.news = b"{}"
         self.connected = 0  # ranks' connections open now
         self.ever_connected = 0
         self.refused = 0  # connections of another user
@@ -104,6 +107,7 @@ class HostAgent:
                     break
                 self.receive(rank, await reader.readexactly(length))
                 ranks.add(rank)
+                writer.write(news_frame(self.news))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
