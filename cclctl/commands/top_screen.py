@@ -15,6 +15,7 @@ from cclctl.diagnose.slow_model import SlowReport
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.diagnose_io.slow_inputs import slow_live
 from cclctl.live import table as rows_of
+from cclctl.live.agent_line import agent_lines
 from cclctl.live.classify import classify
 from cclctl.live.culprit import OK, SUSPECT, WAITING, WARN, Culprits, read_culprits
 from cclctl.live.probe_line import probe_line, unreadable_line
@@ -39,6 +40,7 @@ class Screen:
     slow: SlowReport | None = None
     probe: ProbeRecord | None = None  # the job's last probe, if it published one
     probe_error: str = ""  # why the job's probe document is unusable, if it is
+    agents: tuple[str, ...] = ()  # host agents gone silent (their ranks publish directly)
 
     def probe_line(self) -> str | None:
         """The line about the last probe (80 columns), None without one."""
@@ -67,7 +69,8 @@ def screen_of(statuses: JobStatuses, world_size: int | None, limits: Thresholds)
     diagnosis = diagnose_live(statuses, world_size, options) if published else None
     slow = slow_live(statuses) if published else None
     culprits = read_culprits(diagnosis, view)
-    return Screen(view, culprits, slow, statuses.probe, statuses.probe_error)
+    agents = tuple(agent_lines(statuses))
+    return Screen(view, culprits, slow, statuses.probe, statuses.probe_error, agents)
 
 
 def fit_rows(console: Console, screen: Screen, extra_lines: int = 0) -> int | None:
@@ -80,6 +83,7 @@ def fit_rows(console: Console, screen: Screen, extra_lines: int = 0) -> int | No
     lines = [f"{label}: {words}" for label, words in rows_of.verdict_lines(screen.culprits)]
     lines += screen.culprits.waiting_lines
     lines += [line] if (line := screen.probe_line()) else []
+    lines += screen.agents
     wrapped = sum(-(-len(line) // width) for line in lines)
     return max(3, console.size.height - CHROME_LINES - wrapped - extra_lines)
 
@@ -116,6 +120,7 @@ def render(screen: Screen, max_rows: int | None, note: str = "", width: int = 0)
     if probe is not None:
         found = screen.probe_error != "" or (screen.probe is not None and not screen.probe.ok)
         parts.append(Text(probe, style="yellow" if found else "dim"))
+    parts += [Text(line, style="yellow") for line in screen.agents]
     parts.append(table)
     if model.footer:
         parts.append(Text(model.footer, style="dim"))

@@ -26,6 +26,7 @@ from live_job import live_job
 from cclctl import host_status
 from cclctl.errors import BadInput
 from cclctl.live import snapshot
+from cclctl.live.agent_line import agent_lines
 from cclctl.records import RankSnapshot
 from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.route import AgentRoute, AgentSignals
@@ -246,6 +247,25 @@ def test_readers_take_each_ranks_newer_status_from_its_host_or_its_own_key() -> 
     assert "from h1's agent" in got.bad[2] and "not valid JSON" in got.bad_hosts["h2"]
 
 
+def test_top_says_which_hosts_agent_went_silent_and_that_its_ranks_went_on() -> None:
+    sec = 1_000_000_000
+    listing = {
+        "cclctl/j/host/h1": _host_doc({0: _status(0, 1, 1, time_ns=5 * sec).decode()}, 5 * sec),
+        "cclctl/j/status/0": _status(0, 3, 3, time_ns=9 * sec),
+        "cclctl/j/host/h2": b"[]",
+    }
+    got = snapshot.parse("j", "addr", listing)
+    got.fetched_ns = 10 * sec
+    assert agent_lines(got) == [
+        "host agent of h1 silent since 5s ago: ranks 0 publish their own statuses",
+        "host agent of h2: host document 'h2': not a cclctl.host document",
+    ]
+    got.fetched_ns = 7 * sec  # 2 intervals old: not yet silent
+    assert agent_lines(got)[:1] == [
+        "host agent of h2: host document 'h2': not a cclctl.host document"
+    ]
+
+
 def test_a_host_document_that_is_not_one_is_refused_in_words() -> None:
     for value, words in ((b"[]", "not a cclctl.host"), (b'{"schema": "cclctl.host"}', "maps")):
         with pytest.raises(BadInput, match=words):
@@ -296,4 +316,7 @@ def test_a_launched_job_publishes_through_its_agent_and_goes_on_without_it(tmp_p
 
         after = _until("the ranks to publish their own statuses, still running", on_their_own)
         assert set(after.statuses) == {0, 1, 2, 3}
+        said = _until("top to say so", lambda: agent_lines(snapshot.fetch(reader, "agent-job")))
+        assert said[0].startswith(f"host agent of {doc.host} silent since")
+        assert said[0].endswith("ranks 0-3 publish their own statuses")
         reader.close()
