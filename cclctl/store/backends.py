@@ -6,11 +6,19 @@ from __future__ import annotations
 
 from cclctl.config_values import is_etcd
 from cclctl.store.channel import MAX_RETRY_DELAY_S
-from cclctl.store.client import StoreClient
+from cclctl.store.client import StoreClient, parse_address
+from cclctl.store.etcd.address import parse_endpoints
 from cclctl.store.etcd.client import EtcdClient
 from cclctl.store.kv import KeyValueStore
 
-__all__ = ["is_etcd", "open_store"]
+__all__ = ["endpoint_of", "is_etcd", "open_store"]
+
+
+def endpoint_of(address: str) -> tuple[str, int]:
+    """``(host, port)`` of the store at ``address``: an etcd cluster's first member."""
+    if is_etcd(address):
+        return parse_endpoints(address)[0]
+    return parse_address(address)
 
 
 def open_store(

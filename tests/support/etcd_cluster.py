@@ -36,6 +36,7 @@ class EtcdCluster:
 
     def __init__(self, folder: Path, size: int) -> None:
         binary = etcd_binary()
+        folder.mkdir(parents=True, exist_ok=True)
         base = free_port_block(2 * size)
         self.client_ports = [base + 2 * i for i in range(size)]
         peers = [base + 2 * i + 1 for i in range(size)]

@@ -12,7 +12,8 @@ from typing import Protocol
 
 from cclctl.config import RuntimeConfig
 from cclctl.runtime.agent.dump_requests import DumpRequests, request_dump
-from cclctl.store.client import StoreClient
+from cclctl.store.backends import open_store
+from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.hub import Telemetry
@@ -35,7 +36,7 @@ class Placement(Protocol):
     local_rank: int
     job: str
     token: str
-    store: StoreClient
+    store: KeyValueStore
 
     @property
     def server(self) -> StoreCounted | None: ...
@@ -46,9 +47,8 @@ class StatusLink:
 
     def __init__(self, rdzv: Placement, cfg: RuntimeConfig, telemetry: Telemetry) -> None:
         self.rdzv = rdzv
-        self.client = StoreClient(
-            rdzv.store.host,
-            rdzv.store.port,
+        self.client = open_store(
+            rdzv.store.address,
             timeout_s=cfg.timeout_s,
             connect_timeout_s=cfg.connect_timeout_s,
             token=rdzv.token or None,
