@@ -55,6 +55,27 @@ def test_client_goes_on_through_another_member_when_its_member_is_killed(
         client.close()
 
 
+def test_a_blocked_read_goes_on_when_its_member_stops_answering(cluster: EtcdCluster) -> None:
+    client = EtcdClient.from_address(cluster.address, timeout_s=30, connect_timeout_s=5)
+    writer = EtcdClient.from_address(
+        f"etcd://{cluster.member_address(1)}", timeout_s=30, connect_timeout_s=5
+    )
+    try:
+        got: list[bytes] = []
+        waiter = threading.Thread(target=lambda: got.append(client.get("job/quiet", 60)))
+        waiter.start()
+        until_watching(cluster.client_ports[0])
+        cluster.pause(0)  # silent, its connections open: no end of stream to notice
+        writer.set("job/quiet", b"set elsewhere")
+        waiter.join(70)
+        assert got == [b"set elsewhere"]
+        assert client.member != cluster.member_address(0)
+        assert client.compare_set("job/quiet", b"set elsewhere", b"swapped") == b"swapped"
+    finally:
+        client.close()
+        writer.close()
+
+
 class _DropsWrites:
     """A member that answers the status request a client connects with, then closes every
     other request's connection unanswered, as a member that dies mid-request does."""

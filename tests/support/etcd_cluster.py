@@ -94,6 +94,11 @@ class EtcdCluster:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
+    def pause(self, i: int) -> None:
+        """SIGSTOP member ``i``: its sockets stay open and it answers nothing, as a member
+        cut off by the network does (``stop`` kills it all the same)."""
+        os.kill(self.procs[i].pid, signal.SIGSTOP)
+
     def stop(self) -> None:
         """Kill every member still running, by pid, and reap it."""
         for i in range(len(self.procs)):

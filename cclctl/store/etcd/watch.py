@@ -2,7 +2,10 @@
 
 One range says what is there and at which revision; a watch from the revision after it
 then sees every later put, so a key set between the two is never missed. A watch whose
-member goes away is opened again on another member from the last revision seen.
+member goes away is opened again after a new range, on another member when that one is
+gone. A member that stops answering without closing (stopped, cut off) sends nothing, as a
+quiet key does: a watch lasts at most :data:`WATCH_SLICE_S`, then the range asks again,
+through a member that answers.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from cclctl.store.etcd.gateway import Gateway, Stream
 
 #: The longest one range request of a blocking read may take.
 RANGE_S = 5.0
+#: The longest one watch waits before a range checks again (a silent member is found out).
+WATCH_SLICE_S = 5.0
 #: The pause before a watch that ended early starts over.
 RESTART_PAUSE_S = 0.05
 
@@ -31,9 +36,11 @@ def await_keys(
         missing = [key for key in wanted if key not in found]
         if not missing or time.monotonic() >= deadline:
             return found, missing
-        if _watch(gateway, missing, revision + 1, deadline, found):
+        slice_end = min(deadline, time.monotonic() + WATCH_SLICE_S)
+        if _watch(gateway, missing, revision + 1, slice_end, found):
             return found, []
-        time.sleep(RESTART_PAUSE_S)  # a watch that ended early: never spin on a bad member
+        if time.monotonic() < slice_end:  # a watch that ended early: never spin on a member
+            time.sleep(RESTART_PAUSE_S)
 
 
 def _present(gateway: Gateway, keys: list[bytes], values: bool) -> tuple[dict[bytes, bytes], int]:
