@@ -30,7 +30,7 @@ MAX_LOCAL_RANKS = 1024
 #: Every variable cclctl reads, and what it is for (the unknown-name hint draws on it).
 VARIABLES: dict[str, str] = {
     "CCLCTL_JOB": "job name in the store, dumps and metrics",
-    "CCLCTL_STORE": "HOST:PORT of a running job store",
+    "CCLCTL_STORE": "HOST:PORT of a running job store, or etcd://HOST:PORT,... (etcd)",
     "CCLCTL_TOKEN": "the job's secret, proved by links and the store (set by cclctl launch)",
     "CCLCTL_LINK_MAC": "1: a MAC on every TCP message between ranks",
     "CCLCTL_STORE_ADDR": "address the store rank 0 hosts listens on",
@@ -72,7 +72,7 @@ _OPTION_RULES: dict[str, Callable[[str], object]] = {
     "--grace": values.non_negative_float,
     "--metrics-port": values.port,
     "--port": values.port,
-    "--store": values.host_port,
+    "--store": values.store_address,
 }
 
 #: Parses a structured variable's value (their parsers live in the layers above).
@@ -147,7 +147,7 @@ def check_variables(env: Mapping[str, str], parsers: Mapping[str, Parser]) -> No
     runtime_from_env(env)
     store_server_from_env(env)
     if env.get("CCLCTL_STORE", "").strip():
-        values.parse(env, "CCLCTL_STORE", ("", 0), values.host_port)
+        values.parse(env, "CCLCTL_STORE", "", values.store_address)
     for name, parse in parsers.items():
         raw = env.get(name, "").strip()
         if raw:
@@ -156,13 +156,13 @@ def check_variables(env: Mapping[str, str], parsers: Mapping[str, Parser]) -> No
 
 def store_address(given: str | None, env: Mapping[str, str]) -> str | None:
     """The store a client command reads: ``--store``, else ``CCLCTL_STORE``, checked as
-    ``HOST:PORT``; None when neither is given."""
+    ``HOST:PORT`` or ``etcd://HOST:PORT,...``; None when neither is given."""
     if given is not None:
         check_option("--store", given)
         return given.strip()
     if not env.get("CCLCTL_STORE", "").strip():
         return None
-    values.parse(env, "CCLCTL_STORE", ("", 0), values.host_port)
+    values.parse(env, "CCLCTL_STORE", "", values.store_address)
     return env["CCLCTL_STORE"].strip()
 
 

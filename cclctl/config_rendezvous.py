@@ -33,6 +33,16 @@ class RendezvousConfig:
     store_port: int
     source: str  # which launcher's variables were used: torchrun, slurm, openmpi
     store_external: bool = False  # True: the store already runs (cclctl launch); don't host it
+    store_url: str = ""  # CCLCTL_STORE=etcd://...: the cluster (store_host/port: its first)
+
+    @property
+    def store_address(self) -> str:
+        """The store as the factory opens it (``store.backends.open_store``): the etcd
+        cluster's ``etcd://...``, else ``HOST:PORT``."""
+        if self.store_url:
+            return self.store_url
+        host = f"[{self.store_host}]" if ":" in self.store_host else self.store_host
+        return f"{host}:{self.store_port}"
 
 
 _RANK_SOURCES: tuple[tuple[str, str, str, str, str], ...] = (
@@ -83,7 +93,7 @@ def resolve(env: Mapping[str, str]) -> RendezvousConfig:
         local_size = _int_var(env, local_size_var) if local_size_var in env else 1
         host, port, external = _store_address(env)
         return RendezvousConfig(
-            rank, world_size, local_rank, local_size, host, port, source, external
+            rank, world_size, local_rank, local_size, host, port, source, external, _etcd(env)
         )
     raise ConfigError(
         "cannot tell this process's rank: set RANK and WORLD_SIZE (with MASTER_ADDR and "
@@ -94,12 +104,16 @@ def resolve(env: Mapping[str, str]) -> RendezvousConfig:
 
 def _store_address(env: Mapping[str, str]) -> tuple[str, int, bool]:
     """The store's address: ``CCLCTL_STORE`` (host:port of a running store, as set by
-    ``cclctl launch``), else ``MASTER_ADDR``:``MASTER_PORT`` where rank 0 hosts it.
+    ``cclctl launch``; an etcd cluster's first member), else ``MASTER_ADDR``:``MASTER_PORT``
+    where rank 0 hosts it.
 
     Under torchrun the agent may run PyTorch's own store on ``MASTER_PORT``, so cclctl's
     defaults to the port after it there.
     """
     given = env.get("CCLCTL_STORE", "").strip()
+    if given and values.is_etcd(given):
+        endpoints = values.parse(env, "CCLCTL_STORE", [("", 0)], values.etcd_endpoints)
+        return endpoints[0][0], endpoints[0][1], True
     if given:
         host, port = values.parse(env, "CCLCTL_STORE", ("", 0), values.host_port)
         return host, port, True
@@ -122,7 +136,15 @@ def attach(rank: int, world_size: int, env: Mapping[str, str]) -> RendezvousConf
     if launched(env):
         place = resolve(env)
         local_rank, local_size = place.local_rank, place.local_world_size
-    return RendezvousConfig(rank, world_size, local_rank, local_size, host, port, "torch", external)
+    return RendezvousConfig(
+        rank, world_size, local_rank, local_size, host, port, "torch", external, _etcd(env)
+    )
+
+
+def _etcd(env: Mapping[str, str]) -> str:
+    """``CCLCTL_STORE`` when it names an etcd cluster (the job's store is there), else ""."""
+    given = env.get("CCLCTL_STORE", "").strip()
+    return values.store_address(given) if given and values.is_etcd(given) else ""
 
 
 def attach_address(env: Mapping[str, str]) -> tuple[str, int, bool] | None:

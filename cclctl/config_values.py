@@ -126,6 +126,43 @@ def host_port(raw: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+#: The scheme of an etcd cluster's address (``CCLCTL_STORE=etcd://h1:p1,h2:p2``).
+ETCD_SCHEME = "etcd://"
+
+
+def is_etcd(raw: str) -> bool:
+    """Whether a store address names an etcd cluster rather than cclctl's own store."""
+    return raw.strip().lower().startswith(ETCD_SCHEME)
+
+
+def etcd_endpoints(raw: str) -> list[tuple[str, int]]:
+    """``etcd://h1:p1,h2:p2`` -> ``[(h1, p1), (h2, p2)]``, the members' client ports in the
+    order a client tries them (``[::1]:port`` for IPv6); duplicates dropped."""
+    text = raw.strip()
+    if not is_etcd(text):
+        raise ValueError("expected etcd://HOST:PORT,HOST:PORT,...")
+    endpoints: list[tuple[str, int]] = []
+    for entry in text[len(ETCD_SCHEME) :].rstrip("/").split(","):
+        try:
+            endpoint = host_port(entry)
+        except ValueError:
+            raise ValueError(
+                f"{entry.strip()!r} is not HOST:PORT (expected etcd://HOST:PORT,HOST:PORT,...)"
+            ) from None
+        if endpoint not in endpoints:
+            endpoints.append(endpoint)
+    return endpoints
+
+
+def store_address(raw: str) -> str:
+    """A running store's address: ``HOST:PORT`` (cclctl's) or ``etcd://HOST:PORT,...``."""
+    if is_etcd(raw):
+        etcd_endpoints(raw)
+    else:
+        host_port(raw)
+    return raw.strip()
+
+
 STORE_MAX_FRAME_RANGE = (64 << 10, 1 << 30)
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")

@@ -26,7 +26,7 @@ from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, StoreError, UsageError
 from cclctl.live.classify import classify
 from cclctl.live.snapshot import JobStatuses, fetch, job_prefix, parse
-from cclctl.store.client import StoreClient
+from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
 
 
@@ -95,7 +95,7 @@ def job_token(job: str, verb: str) -> str:
     return found
 
 
-def operator_connect(address: str, token: str | None, job: str | None, verb: str) -> StoreClient:
+def operator_connect(address: str, token: str | None, job: str | None, verb: str) -> KeyValueStore:
     """A connection to the store with ``token``; a token it refuses is exit 2."""
     try:
         return connect(address, token=token or "")

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from cclctl import config_values as values
 from cclctl.commands.checks import check_command
 from cclctl.config import (
     in_launched_job,
@@ -122,6 +123,8 @@ def _announce(env: dict[str, str]) -> None:
         return
     host, port, _ = where
     store = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if values.is_etcd(env.get("CCLCTL_STORE", "")):
+        store = env["CCLCTL_STORE"].strip()  # the cluster, every member, as ranks reach it
     for line in where_to_watch(store, runtime_from_env(env).job):
         print(line, file=sys.stderr)
 

@@ -13,11 +13,15 @@ import typer
 
 from cclctl.config import client_token
 from cclctl.errors import ConfigError, StoreError
-from cclctl.store.client import StoreClient, parse_address
+from cclctl.store.backends import endpoint_of, open_store
+from cclctl.store.kv import KeyValueStore
 
 CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 10.0
-STORE_HELP = "The job's store, HOST:PORT, as `cclctl launch` prints it \\[default: CCLCTL_STORE]."
+STORE_HELP = (
+    "The job's store, HOST:PORT, as `cclctl launch` prints it, or etcd://HOST:PORT,... "
+    "\\[default: CCLCTL_STORE]."
+)
 
 
 def store_option(help_text: str = STORE_HELP) -> Any:
@@ -30,16 +34,16 @@ def connect(
     *,
     token: str | None = None,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
-) -> StoreClient:
-    """A client of the store at ``address`` with ``token`` (default: this user's
-    ``CCLCTL_TOKEN``, if any); a malformed address is a ConfigError naming ``--store``."""
+) -> KeyValueStore:
+    """A client of the store at ``address`` (``HOST:PORT``, or an etcd cluster's
+    ``etcd://HOST:PORT,...``) with ``token`` (default: this user's ``CCLCTL_TOKEN``, if
+    any); a malformed address is a ConfigError naming ``--store``."""
     try:
-        host, port = parse_address(address)
+        endpoint_of(address)
     except StoreError as exc:
         raise ConfigError(f"--store: {exc}", flag="--store") from None
-    return StoreClient(
-        host,
-        port,
+    return open_store(
+        address,
         timeout_s=REQUEST_TIMEOUT_S,
         connect_timeout_s=connect_timeout_s,
         token=client_token() if token is None else token,

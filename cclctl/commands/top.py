@@ -31,7 +31,7 @@ from cclctl.errors import ConfigError, StoreError, UsageError
 from cclctl.limits import MAX_WORLD_SIZE
 from cclctl.live.document import to_document
 from cclctl.live.rank_view import DEFAULT_SLOW_S, DEFAULT_STALE_S, Thresholds
-from cclctl.store.client import StoreClient
+from cclctl.store.kv import KeyValueStore
 
 HELP = (
     "Watch a live job: one row per rank, refreshed every --interval seconds.\n\n"
@@ -170,9 +170,9 @@ class _Watch:
     QUIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(
-        self, client: StoreClient, screen: Screen, world_size: int | None, limits: Thresholds
+        self, client: KeyValueStore, screen: Screen, world_size: int | None, limits: Thresholds
     ) -> None:
-        self.client: StoreClient | None = client
+        self.client: KeyValueStore | None = client
         self.address = client.address
         self.screen = screen
         self.world_size = world_size

@@ -23,7 +23,7 @@ from cclctl.live.rank_view import JobView, Thresholds
 from cclctl.live.slow_cells import add_slow_columns
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.probe_record import ProbeRecord
-from cclctl.store.client import StoreClient
+from cclctl.store.kv import KeyValueStore
 
 #: Lines around the rows: header, the table's borders and column titles, the footer.
 CHROME_LINES = 7
@@ -50,7 +50,7 @@ class Screen:
 
 
 def read_screen(
-    client: StoreClient, job: str | None, world_size: int | None, limits: Thresholds
+    client: KeyValueStore, job: str | None, world_size: int | None, limits: Thresholds
 ) -> Screen:
     """Fetch once; classify the ranks and diagnose the same statuses (no second fetch).
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cclctl.store.client import StoreClient
+from cclctl.store.kv import KeyValueStore
 
 
 def job_prefix(job: str) -> str:
@@ -18,14 +18,15 @@ def job_prefix(job: str) -> str:
 
 
 class ScopedStore:
-    """The :class:`StoreClient` API with every key under one prefix (shares the client)."""
+    """The store's API (:class:`~cclctl.store.kv.KeyValueStore`) with every key under one
+    prefix (shares the client)."""
 
-    def __init__(self, client: StoreClient, prefix: str) -> None:
+    def __init__(self, client: KeyValueStore, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
 
     @classmethod
-    def for_job(cls, client: StoreClient, job: str) -> ScopedStore:
+    def for_job(cls, client: KeyValueStore, job: str) -> ScopedStore:
         return cls(client, job_prefix(job))
 
     @property

@@ -102,7 +102,10 @@ def test_bad_rendezvous_variables(env: dict[str, str], message: str) -> None:
 
 
 def test_runtime_defaults_and_flags_win_over_environment() -> None:
-    assert runtime_from_env({}) == RuntimeConfig(hostname=runtime_from_env({}).hostname)
+    # a job's ranks use their host's agent; a config built in code (thread ranks) has none
+    default = RuntimeConfig(hostname=runtime_from_env({}).hostname, host_agent=True)
+    assert runtime_from_env({}) == default and not RuntimeConfig().host_agent
+    assert not runtime_from_env({"CCLCTL_HOST_AGENT": "0"}).host_agent
     cfg = runtime_from_env({"CCLCTL_TIMEOUT": "5", "CCLCTL_JOB": "j"}, timeout_s=9.0)
     assert (cfg.timeout_s, cfg.job) == (9.0, "j")
 

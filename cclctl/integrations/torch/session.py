@@ -111,9 +111,10 @@ class Session:
         """The torch front end of the agent's revoke end (made here unless ``cclctl.init()``
         made it first: one end per rank process)."""
         rdzv = store.rdzv
-        address = (rdzv.store.host, rdzv.store.port)
         try:
-            end = open_end(self.agent.revoke_end, address, rdzv.token, rdzv.job, self.telemetry)
+            end = open_end(
+                self.agent.revoke_end, rdzv.store.address, rdzv.token, rdzv.job, self.telemetry
+            )
         except Exception as exc:
             log.warning("cclctl: this rank does not share the job's revoke record: %s", exc)
             return None

@@ -15,7 +15,8 @@ from cclctl.config import RuntimeConfig, job_dir
 from cclctl.runtime.agent.dump_requests import DumpRequests, SignalStore, request_dump
 from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.spawn import start_agent
-from cclctl.store.client import StoreClient
+from cclctl.store.backends import open_store
+from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.hub import Telemetry
@@ -41,7 +42,7 @@ class Placement(Protocol):
     local_rank: int
     job: str
     token: str
-    store: StoreClient
+    store: KeyValueStore
 
     @property
     def server(self) -> StoreCounted | None: ...
@@ -52,9 +53,8 @@ class StatusLink:
 
     def __init__(self, rdzv: Placement, cfg: RuntimeConfig, telemetry: Telemetry) -> None:
         self.rdzv = rdzv
-        self.client = StoreClient(
-            rdzv.store.host,
-            rdzv.store.port,
+        self.client = open_store(
+            rdzv.store.address,
             timeout_s=cfg.timeout_s,
             connect_timeout_s=cfg.connect_timeout_s,
             token=rdzv.token or None,

@@ -24,11 +24,12 @@ import signal
 import sys
 from typing import Any
 
+from cclctl.errors import StoreError
 from cclctl.host_status import KEY
 from cclctl.runtime.agent.dump_requests import DUMP_KEY
 from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.server import HostAgent
-from cclctl.store.client import StoreClient, parse_address
+from cclctl.store.backends import endpoint_of, open_store
 from cclctl.store.scope import ScopedStore
 
 #: the most a spec line may hold
@@ -50,7 +51,7 @@ def read_spec(line: bytes) -> dict[str, Any]:
         value = spec.get(name)
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{name} is missing or not a positive number")
-    parse_address(spec["store"])
+    endpoint_of(spec["store"])  # a StoreError (a ValueError's kin) names a bad address
     return spec
 
 
@@ -66,10 +67,9 @@ def _to_devnull(fd: int) -> None:
 
 
 async def serve(spec: dict[str, Any], answer: int) -> int:
-    host, port = parse_address(spec["store"])
     token = spec["token"] or None
-    client = StoreClient(
-        host, port, timeout_s=WRITE_TIMEOUT_S, connect_timeout_s=WRITE_TIMEOUT_S, token=token
+    client = open_store(
+        spec["store"], timeout_s=WRITE_TIMEOUT_S, connect_timeout_s=WRITE_TIMEOUT_S, token=token
     )
     store = ScopedStore.for_job(client, spec["job"])
     key = f"{KEY}{spec['host']}"
@@ -130,7 +130,7 @@ def main() -> int:
     _to_devnull(1)
     try:
         spec = read_spec(sys.stdin.buffer.readline(MAX_SPEC_BYTES))
-    except ValueError as exc:
+    except (ValueError, StoreError) as exc:
         _say(answer, {"error": f"the host agent got a bad start line: {exc}"})
         return 2
     _to_devnull(0)

@@ -24,7 +24,8 @@ from cclctl.runtime.job.survivors import Survivors
 from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
-from cclctl.store.client import StoreClient, parse_address
+from cclctl.store.backends import endpoint_of, open_store
+from cclctl.store.kv import KeyValueStore
 from cclctl.telemetry.hub import Telemetry
 
 
@@ -32,37 +33,37 @@ def init(
     *,
     rank: int | None = None,
     world_size: int | None = None,
-    store: StoreClient | str | None = None,
+    store: KeyValueStore | str | None = None,
     config: RuntimeConfig | None = None,
     **flags: Any,
 ) -> Communicator:
     """Join the job and return its world communicator.
 
     With no arguments, everything comes from the environment (``cclctl launch``, torchrun,
-    srun or mpirun). With ``rank``, ``world_size`` and ``store`` (a :class:`StoreClient` or
-    ``"host:port"`` of a running store) the caller places the rank itself. ``flags`` override
-    :class:`~cclctl.config.RuntimeConfig` fields (``timeout_s=5``, ``job="x"``, ...).
+    srun or mpirun). With ``rank``, ``world_size`` and ``store`` (a client, ``"host:port"``
+    of a running store or ``"etcd://host:port,..."``) the caller places the rank itself.
+    ``flags`` override :class:`~cclctl.config.RuntimeConfig` fields (``timeout_s=5``, ...).
     """
     cfg = config.replace(**flags) if config is not None else runtime_from_env(**flags)
     explicit = (rank, world_size, store)
     if any(v is not None for v in explicit):
         if rank is None or world_size is None or store is None:
             raise UsageError("cclctl.init(): give rank, world_size and store together, or none")
-        where = parse_address(store) if isinstance(store, str) else (store.host, store.port)
+        where = endpoint_of(store) if isinstance(store, str) else (store.host, store.port)
         source = resolve_token(cfg, rank=rank, store=where, hosts_store=False, store_running=True)
         cfg = cfg.replace(token=source.token)
         client = (
-            store
-            if isinstance(store, StoreClient)
-            else StoreClient.from_address(
+            open_store(
                 store,
                 timeout_s=cfg.timeout_s,
                 connect_timeout_s=cfg.connect_timeout_s,
                 token=cfg.token or None,
             )
+            if isinstance(store, str)
+            else store
         )
         rdzv = join_store(client, rank, world_size, cfg, token_source=source)
-        store_host = parse_address(store)[0] if isinstance(store, str) else client.host
+        store_host = where[0]
     else:
         env = rendezvous_from_env()
         rdzv = join(env, cfg)
@@ -157,9 +158,8 @@ def _revoker(
     """The world communicator's follower of the agent's revoke end (``carried()``: the
     record this rank's documents carry)."""
     telemetry = agent.telemetry
-    address = (rdzv.store.host, rdzv.store.port)
     return Revoker(
-        open_end(agent.revoke_end, address, rdzv.token, rdzv.job, telemetry),
+        open_end(agent.revoke_end, rdzv.store.address, rdzv.token, rdzv.job, telemetry),
         comm.failure,
         in_call=lambda: _in_call(telemetry),
         dump=telemetry.dump,

@@ -26,7 +26,8 @@ from cclctl.runtime.job.job_store import bind_host as _bind_host
 from cclctl.runtime.job.job_store import connect, connect_live
 from cclctl.runtime.job.store_process import DetachedStore, spawn_store
 from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check, resolve_token
-from cclctl.store.client import StoreClient
+from cclctl.store.backends import open_store
+from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
 
 #: How often a waiting rank looks for an error another rank reported, so it fails fast.
@@ -47,7 +48,7 @@ class Rendezvous:
     world_size: int
     local_rank: int
     local_world_size: int
-    store: StoreClient
+    store: KeyValueStore
     server: DetachedStore | None = None
     job: str = "default"
     hosts: list[str] = dataclasses.field(default_factory=list)  # host of every rank, by rank
@@ -88,7 +89,8 @@ class Rendezvous:
 def join(
     rdzv: RendezvousConfig, cfg: RuntimeConfig, hosting: StoreServerConfig | None = None
 ) -> Rendezvous:
-    """Join the job described by the environment: rank 0 hosts the store unless one runs.
+    """Join the job described by the environment: rank 0 hosts the store unless one runs
+    (cclctl's own, or an etcd cluster: ``CCLCTL_STORE=etcd://...``).
 
     The rank gets the job's token first (:func:`~cclctl.runtime.job.token.resolve_token`).
     The store rank 0 starts is a process of its own with that token, listening where
@@ -96,6 +98,8 @@ def join(
     outlives the ranks by ``CCLCTL_STORE_LINGER``; a rank that fails to join leaves it
     serving, so the others read why.
     """
+    if rdzv.store_url:
+        return _join_etcd(rdzv, cfg)
     server = None
     host, port = rdzv.store_host, rdzv.store_port
     hosts_store = not rdzv.store_external and rdzv.rank == 0
@@ -132,8 +136,32 @@ def join(
     return joined
 
 
+def _join_etcd(rdzv: RendezvousConfig, cfg: RuntimeConfig) -> Rendezvous:
+    """Join through the etcd cluster ``CCLCTL_STORE`` names: no rank starts a store. The
+    job's token (for the ranks' links: etcd does not check it) is ``CCLCTL_TOKEN``, else
+    rank 0 makes one and the ranks of its host read it from the job's folder."""
+    source = resolve_token(
+        cfg,
+        rank=rdzv.rank,
+        store=(rdzv.store_host, rdzv.store_port),
+        hosts_store=rdzv.rank == 0,
+        store_running=False,
+    )
+    cfg = cfg.replace(token=source.token)
+    client = open_store(
+        rdzv.store_url, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s
+    )
+    try:
+        return join_store(
+            client, rdzv.rank, rdzv.world_size, cfg, rdzv.local_rank, rdzv.local_world_size, source
+        )
+    except BaseException:
+        client.close()
+        raise
+
+
 def join_store(
-    store: StoreClient,
+    store: KeyValueStore,
     rank: int,
     world_size: int,
     cfg: RuntimeConfig,

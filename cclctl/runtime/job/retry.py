@@ -36,7 +36,8 @@ from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.runtime.transport.tcp.address import local_address_towards
 from cclctl.runtime.transport.tcp.links import Links
-from cclctl.store.client import StoreClient
+from cclctl.store.backends import open_store
+from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.hub import Telemetry
 
@@ -159,11 +160,10 @@ class Retry:
             entry = json.dumps(dataclasses.asdict(ask)).encode()
             scoped.set(f"retry/{comm.id}/left/{comm.rank}", entry)
 
-    def _client(self, deadline: float) -> StoreClient:
+    def _client(self, deadline: float) -> KeyValueStore:
         left = max(0.05, deadline - time.monotonic())
-        return StoreClient(
-            self.rdzv.store.host,
-            self.rdzv.store.port,
+        return open_store(
+            self.rdzv.store.address,
             timeout_s=left,
             connect_timeout_s=left,
             token=self.rdzv.token or None,

@@ -184,7 +184,7 @@ class JobRevokeEnd:
 
 def open_end(
     make: Callable[[Callable[[], JobRevokeEnd]], object],
-    address: tuple[str, int],
+    address: str,
     token: str,
     job: str,
     telemetry: Documents,

@@ -21,7 +21,8 @@ from cclctl import revocation
 from cclctl.errors import BadInput, CclError, StoreTimeout
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.revocation import Revocation
-from cclctl.store.client import StoreClient
+from cclctl.store.backends import open_store
+from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
 
 log = logging.getLogger(__name__)
@@ -44,17 +45,16 @@ def read_record(scoped: ScopedStore) -> Revocation | None:
         return None
 
 
-def _client(address: tuple[str, int], token: str, timeout_s: float) -> StoreClient:
-    host, port = address
-    return StoreClient(
-        host, port, timeout_s=timeout_s, connect_timeout_s=timeout_s, token=token or None
+def _client(address: str, token: str, timeout_s: float) -> KeyValueStore:
+    return open_store(
+        address, timeout_s=timeout_s, connect_timeout_s=timeout_s, token=token or None
     )
 
 
 class RevokeKey:
     """Rank ``rank``'s access to job ``job``'s revoke record in the store at ``address``."""
 
-    def __init__(self, address: tuple[str, int], token: str, job: str, rank: int) -> None:
+    def __init__(self, address: str, token: str, job: str, rank: int) -> None:
         self.job = job
         self.rank = rank
         self.scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)

@@ -29,32 +29,33 @@ from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.runtime.transport.tcp.links import Links
-from cclctl.store.client import StoreClient
+from cclctl.store.backends import endpoint_of, open_store
 from cclctl.store.scope import ScopedStore
 
 
 def open_subgroup(
-    world: Communicator, store: tuple[str, int], members: Sequence[int], name: str
+    world: Communicator, store: str, members: Sequence[int], name: str
 ) -> Communicator:
     """The communicator of ``members`` (job ranks, in the group's order; this rank among
-    them), meeting in the job's store at ``store``. Every member calls this together."""
+    them), meeting in the job's store at address ``store``. Every member calls this
+    together."""
     members = [int(m) for m in members]
     job_rank = world.members[world.rank]
     if job_rank not in members or len(set(members)) != len(members):
         raise UsageError(f"rank {job_rank}: a group of ranks {members} must hold it, once each")
     cfg = world.cfg
     rank, size = members.index(job_rank), len(members)
-    token = resolve_token(cfg, rank=job_rank, store=store, hosts_store=False, store_running=True)
-    with StoreClient(
-        store[0],
-        store[1],
+    where = endpoint_of(store)
+    token = resolve_token(cfg, rank=job_rank, store=where, hosts_store=False, store_running=True)
+    with open_store(
+        store,
         timeout_s=cfg.connect_timeout_s,
         connect_timeout_s=cfg.connect_timeout_s,
         token=token.token or None,
     ) as client:
         scoped = ScopedStore.for_job(client, cfg.job)
         exchange = GroupExchange(scoped, f"group/{name}/x/", members, rank, cfg.connect_timeout_s)
-        links = world_links(rank, size, cfg, store[0], token.token, epoch=0)
+        links = world_links(rank, size, cfg, where[0], token.token, epoch=0)
         transport = build_transport(  # takes over links: closes them on failure
             rank, size, cfg.job, exchange, links,
             choice=cfg.transport, host=f"{cfg.hostname}|{host_key()}",

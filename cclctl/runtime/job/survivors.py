@@ -29,7 +29,7 @@ from cclctl.runtime.transport.hybrid import build_transport
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.runtime.transport.tcp.address import local_address_towards
 from cclctl.runtime.transport.tcp.links import Links
-from cclctl.store.client import StoreClient
+from cclctl.store.backends import open_store
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.hub import Telemetry
 
@@ -71,9 +71,8 @@ class Survivors:
         self.got_past = comm.failure.first or self.got_past
         mine = Joined(comm.rank, comm.completed, kept, call)
         comm.release()  # nothing after this waits on the old communicator's peers
-        with StoreClient(
-            self.rdzv.store.host,
-            self.rdzv.store.port,
+        with open_store(
+            self.rdzv.store.address,
             timeout_s=self.cfg.connect_timeout_s,
             connect_timeout_s=self.cfg.connect_timeout_s,
             token=self.rdzv.token or None,

@@ -30,7 +30,7 @@ from cclctl.runtime.job.init import init_at
 from cclctl.runtime.job.subgroup import open_subgroup
 
 #: this process's world communicator and where its job's store is (for its groups)
-_world: tuple[Communicator, tuple[str, int]] | None = None
+_world: tuple[Communicator, str] | None = None
 
 
 def communicator(opts: Any) -> Communicator:
@@ -49,7 +49,7 @@ def communicator(opts: Any) -> Communicator:
     rank, size = int(opts.group_rank), int(opts.group_size)
     where = attach_from_env(rank, size) or _beside_torch_store(rank, size, opts.store)
     comm = init_at(where, runtime_from_env())
-    _world = (comm, (where.store_host, where.store_port))
+    _world = (comm, where.store_address)
     return comm
 
 
