@@ -3,8 +3,9 @@
 The host's first local rank starts it (:mod:`.spawn`) and writes one JSON line on its
 stdin: the job, the store's address, the token (never on the command line), the host's
 name and the status interval. Like the job's store it forks once, so it is nobody's child
-and outlives the rank that started it, points its stdio at /dev/null (its notices: stderr,
-which the starter points at ``agent.log`` in the job's folder), binds its socket and
+and outlives the rank that started it, points its stdio at /dev/null (its warnings go to
+``agent.log`` in the job's folder, a file made only if there is something to say, so a
+healthy job's folder holds its dumps alone), binds its socket and
 answers one line on the pipe it got as stdout: ``{"pid"}``, ``{"elsewhere": true}`` when
 another agent of this job already serves the host, or ``{"error"}``. It writes the host's
 document every interval (:class:`.server.HostAgent`) and ends, after one last write,
@@ -118,7 +119,7 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
     await reading
     idle.cancel()
     client.close()
-    logging.getLogger("cclctl.hostagent").warning(
+    logging.getLogger("cclctl.hostagent").info(
         "cclctl host agent of %s: %d writes, %d failed, exiting", spec["host"], agent.writes,
         agent.write_errors,
     )  # fmt: skip
@@ -137,8 +138,25 @@ def main() -> int:
     if os.fork() > 0:  # the starter reaps this one at once; the agent is orphaned, on purpose
         os._exit(0)
     os.setsid()
-    logging.basicConfig(stream=sys.stderr, format="%(asctime)s pid %(process)d %(message)s")
-    return asyncio.run(serve(spec, answer))
+    _log_to(spec.get("log"))
+    try:
+        return asyncio.run(serve(spec, answer))
+    except Exception:
+        logging.getLogger("cclctl.hostagent").exception("cclctl host agent failed")
+        return 1
+
+
+def _log_to(path: object) -> None:
+    """Warnings to ``path`` (0600), made at the first one; none without a path."""
+    if not isinstance(path, str) or not path:
+        logging.disable(logging.CRITICAL)
+        return
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.umask(0o077)
+    handler = logging.FileHandler(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s pid %(process)d %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
 
 if __name__ == "__main__":

@@ -33,21 +33,25 @@ def start_agent(
     """Start ``host``'s agent for ``job`` (store at ``store``); its pid, or None when another
     agent already serves the host or it could not start (logged)."""
     linger = max(2.0, 2 * interval_s) if linger_s is None else linger_s
-    spec = {"job": job, "store": store, "token": token, "host": host,
-            "interval_s": interval_s, "linger_s": linger, "first_s": first_s}  # fmt: skip
-    err = _open_log(folder)
+    spec = {
+        "job": job,
+        "store": store,
+        "token": token,
+        "host": host,
+        "interval_s": interval_s,
+        "linger_s": linger,
+        "first_s": first_s,
+        "log": os.path.join(folder, LOG_NAME),
+    }
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cclctl.runtime.hostagent.main"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             start_new_session=True, env=_environment(),
         )  # fmt: skip
     except OSError as exc:
         log.warning("cclctl: cannot start the host agent: %s", exc)
         return None
-    finally:
-        if err != subprocess.DEVNULL:
-            os.close(err)
     assert proc.stdin is not None and proc.stdout is not None
     try:
         with contextlib.suppress(BrokenPipeError):
@@ -72,16 +76,6 @@ def start_agent(
         log.warning("cclctl: no host agent on %s (%s; see %s); ranks publish their own "
                     "statuses", host, answer.get("error"), where)  # fmt: skip
     return None
-
-
-def _open_log(folder: str) -> int:
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        return os.open(
-            os.path.join(folder, LOG_NAME), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-        )
-    except OSError:
-        return subprocess.DEVNULL
 
 
 def _environment() -> dict[str, str]:
