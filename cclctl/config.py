@@ -92,6 +92,7 @@ class RuntimeConfig:
     trace_buffer: int = DEFAULT_TRACE_BUFFER
     trace_dir: str = ""
     metrics_port: int = 0  # base port; 0 = no exporter
+    host_metrics_port: int = 0  # the host agent's one endpoint for its ranks; 0 = none
     metrics_addr: str = "127.0.0.1"
     status_interval_s: float = DEFAULT_STATUS_INTERVAL_S
     slow_window_s: float = DEFAULT_SLOW_WINDOW_S
@@ -130,6 +131,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
         ),
         trace_dir=env.get("CCLCTL_TRACE_DIR", "").strip(),
         metrics_port=values.parse(env, "CCLCTL_METRICS_PORT", 0, values.port),
+        host_metrics_port=values.parse(env, "CCLCTL_HOST_METRICS_PORT", 0, values.port),
         metrics_addr=env.get("CCLCTL_METRICS_ADDR", "").strip() or "127.0.0.1",
         status_interval_s=values.parse(
             env, "CCLCTL_STATUS_INTERVAL", DEFAULT_STATUS_INTERVAL_S, values.positive_float

@@ -44,6 +44,7 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_TRACE_DIR": "where dumps are written",
     "CCLCTL_METRICS_PORT": "base port of the Prometheus exporter",
     "CCLCTL_METRICS_ADDR": "address the exporter listens on",
+    "CCLCTL_HOST_METRICS_PORT": "port of the host agent's one Prometheus endpoint for its ranks",
     "CCLCTL_STATUS_INTERVAL": "seconds between live status updates",
     "CCLCTL_HOST_AGENT": "1 (default): statuses go to the store through one agent per host",
     "CCLCTL_SLOW_WINDOW": "seconds per window of the slowness signals (5)",

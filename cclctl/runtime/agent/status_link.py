@@ -88,7 +88,8 @@ class StatusLink:
         if rdzv.local_rank == 0:
             start_agent(job=rdzv.job, store=self.address, token=rdzv.token, host=cfg.hostname,
                         interval_s=cfg.status_interval_s,
-                        folder=cfg.trace_dir or job_dir(rdzv.job))  # fmt: skip
+                        folder=cfg.trace_dir or job_dir(rdzv.job),
+                        metrics=(cfg.metrics_addr, cfg.host_metrics_port))  # fmt: skip
         name = socket_name(rdzv.job, cfg.hostname)
         return AgentRoute(scoped, name, rdzv.rank, f"status/{rdzv.rank}")
 

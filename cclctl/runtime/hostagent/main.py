@@ -32,6 +32,7 @@ from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.backends import endpoint_of, open_store
 from cclctl.store.scope import ScopedStore
+from cclctl.telemetry.exporter_host import HostCollector, serve_host_metrics
 
 #: the most a spec line may hold
 MAX_SPEC_BYTES = 4096
@@ -106,6 +107,18 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
             return 0
         _say(answer, {"error": f"the host agent cannot listen: {exc.strerror or exc}"})
         return 1
+    exporter = None
+    if spec.get("metrics_port"):
+        collector = HostCollector(spec["job"], spec["host"], agent.decoded, agent.counts)
+        try:
+            exporter = serve_host_metrics(
+                collector, spec.get("metrics_addr") or "127.0.0.1", int(spec["metrics_port"])
+            )
+        except OSError as exc:  # the job runs on; its host has no endpoint
+            logging.getLogger("cclctl.hostagent").warning(
+                "cclctl host agent: no metrics on port %s: %s", spec["metrics_port"],
+                exc.strerror or exc,
+            )  # fmt: skip
     _say(answer, {"pid": os.getpid()})
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -117,6 +130,8 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
     stop.set()
     await writing
     await reading
+    if exporter is not None:
+        exporter.stop()
     idle.cancel()
     client.close()
     logging.getLogger("cclctl.hostagent").info(

@@ -119,6 +119,15 @@ class HostAgent:
                 self.left[rank] = f"{why} at {now} UTC"
             self._soon.set()
 
+    def decoded(self) -> dict[int, Any]:
+        """Each rank's newest status, decoded (None where it is not JSON): the exporter's."""
+        return dict(self._parsed)
+
+    def counts(self) -> dict[str, int]:
+        """The agent's own counts, for its exporter."""
+        return {"writes": self.writes, "write_errors": self.write_errors,
+                "refused": self.refused, "connected": self.connected}  # fmt: skip
+
     # ------------------------------------------------------------------ documents out
     def document(self) -> HostDocument:
         return HostDocument(

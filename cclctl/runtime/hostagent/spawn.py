@@ -28,10 +28,11 @@ log = logging.getLogger("cclctl.hostagent")
 
 def start_agent(
     *, job: str, store: str, token: str, host: str, interval_s: float, folder: str,
-    linger_s: float | None = None, first_s: float = 30.0,
+    linger_s: float | None = None, first_s: float = 30.0, metrics: tuple[str, int] = ("", 0),
 ) -> int | None:  # fmt: skip
-    """Start ``host``'s agent for ``job`` (store at ``store``); its pid, or None when another
-    agent already serves the host or it could not start (logged)."""
+    """Start ``host``'s agent for ``job`` (store at ``store``; its Prometheus endpoint at
+    ``metrics``, none at port 0); its pid, or None when another agent already serves the
+    host or it could not start (logged)."""
     linger = max(2.0, 2 * interval_s) if linger_s is None else linger_s
     spec = {
         "job": job,
@@ -42,6 +43,8 @@ def start_agent(
         "linger_s": linger,
         "first_s": first_s,
         "log": os.path.join(folder, LOG_NAME),
+        "metrics_addr": metrics[0],
+        "metrics_port": metrics[1],
     }
     try:
         proc = subprocess.Popen(
