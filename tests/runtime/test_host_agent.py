@@ -9,6 +9,7 @@ real processes: a launched job publishes through its agent, and goes on when it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ from cclctl.records import RankSnapshot
 from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.route import AgentRoute, AgentSignals
 from cclctl.runtime.hostagent.server import HostAgent
+from cclctl.runtime.hostagent.wire import HEADER, MAX_STATUS
 from cclctl.store.client import StoreClient
 
 WORKER = str(Path(__file__).parents[1] / "support" / "host_agent_worker.py")
@@ -148,6 +150,19 @@ def test_a_rank_whose_connection_ends_is_named_and_its_last_status_written_direc
     doc = running.written(lambda d: 3 in d.left)
     assert "connection to the host agent closed" in doc.left[3] and 3 in doc.statuses
     assert store.keys["status/3"] == _status(3, 1, 1, time_ns=5)  # in the store before exit
+
+
+def test_a_frame_beyond_the_limits_ends_its_connection_and_keeps_nothing(agent) -> None:
+    running, name = agent
+    for frame in (HEADER.pack(0, MAX_STATUS + 1), HEADER.pack(1 << 30, 2) + b"{}"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(name)
+        sock.sendall(frame)
+        with contextlib.suppress(ConnectionResetError):  # reset: closed with bytes unread
+            assert sock.recv(1) == b""  # the agent closed it
+        sock.close()
+    assert running.agent.statuses == {}
 
 
 def test_a_rank_with_no_agent_publishes_its_own_status_and_moves_over_once_one_listens():

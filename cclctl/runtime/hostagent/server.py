@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cclctl import limits
 from cclctl.host_status import HostDocument, summarize
 from cclctl.runtime.hostagent.address import peer_uid
 from cclctl.runtime.hostagent.wire import HEADER, MAX_STATUS, news_frame
@@ -104,6 +105,9 @@ class HostAgent:
                 rank, length = HEADER.unpack(await reader.readexactly(HEADER.size))
                 if length > MAX_STATUS:
                     why = f"it sent a status of {length:,} bytes, over the agent's limit"
+                    break
+                if rank >= limits.MAX_WORLD_SIZE:  # readers would refuse the whole document
+                    why = f"it sent a status as rank {rank:,}, beyond any job's"
                     break
                 self.receive(rank, await reader.readexactly(length))
                 ranks.add(rank)
