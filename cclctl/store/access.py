@@ -37,6 +37,15 @@ READ_ONLY_OPS = frozenset((Op.LIST, Op.PING, Op.HELLO, Op.AUTH))
 #: reads exactly these four).
 PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|rdzv/world_size|probe)")
 
+#: What a host agent asks of its job's store (``runtime/hostagent``): its host's document
+#: written, the job's dump requests read. A connection that asks nothing else is no rank's:
+#: a lingering store does not wait for it, nor refuse a rerun's takeover for it.
+AGENT_REQUESTS = {
+    Op.SET: re.compile(rb"cclctl/[^/]+/host/[^/]+"),
+    Op.TRY_GET: re.compile(rb"cclctl/[^/]+/signal/dump/(count|why)"),
+}
+_AGENT_PATTERNS: dict[int, re.Pattern[bytes]] = {int(op): p for op, p in AGENT_REQUESTS.items()}
+
 #: A connection without the token sends nothing larger (a LIST of a job's prefix is tiny).
 READ_ONLY_MAX_FRAME = 64 << 10
 
@@ -76,3 +85,9 @@ def public_listing(found: Sequence[bytes]) -> list[bytes]:
         if PUBLIC_KEYS.fullmatch(found[i])
         for part in (found[i], found[i + 1])
     ]
+
+
+def is_agents(op: int, fields: list[bytes]) -> bool:
+    """Whether the request is one a host agent makes (:data:`AGENT_REQUESTS`)."""
+    pattern = _AGENT_PATTERNS.get(op)
+    return pattern is not None and bool(fields) and pattern.fullmatch(fields[0]) is not None

@@ -65,7 +65,8 @@ class Connection(asyncio.Protocol):
     @property
     def member(self) -> bool:
         """A rank's connection: proved the token and has not shown itself a reader only
-        (``cclctl top`` or ``diagnose`` with the token); a lingering store waits for these."""
+        (``cclctl top`` or ``diagnose`` with the token, or a host agent, which writes only
+        its host's document); a lingering store waits for these."""
         return self.authenticated and (self.wrote or not self.only_read)
 
     @property
@@ -148,7 +149,7 @@ class Connection(asyncio.Protocol):
             if why is not None:
                 self._server.events.refuse(why)
                 return self._reply(Status.ERROR, [why.encode()])
-        if op in access.READ_ONLY_OPS:
+        if op in access.READ_ONLY_OPS or access.is_agents(op, fields):
             self.only_read = not self.wrote
         else:
             self.wrote = True

@@ -31,7 +31,7 @@ from cclctl.live.agent_line import agent_lines
 from cclctl.records import RankSnapshot
 from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.route import AgentRoute, AgentSignals
-from cclctl.runtime.hostagent.server import HostAgent
+from cclctl.runtime.hostagent.server import GIVE_UP_WRITES, HostAgent
 from cclctl.runtime.hostagent.wire import HEADER, MAX_STATUS
 from cclctl.store.client import StoreClient
 
@@ -165,6 +165,31 @@ def test_a_frame_beyond_the_limits_ends_its_connection_and_keeps_nothing(agent) 
     assert running.agent.statuses == {}
 
 
+def test_each_run_of_a_job_name_has_its_own_agent() -> None:
+    """A rerun under the same name (another store, or the same port with a new token)
+    never finds the earlier run's agent lingering on the host."""
+    first = socket_name("envjob", "h", "127.0.0.1:1000", "t1")
+    assert first == socket_name("envjob", "h", "127.0.0.1:1000", "t1")
+    others = {socket_name("envjob", "h", "127.0.0.1:2000", "t1"),
+              socket_name("envjob", "h", "127.0.0.1:1000", "t2"),
+              socket_name("envjob", "h2", "127.0.0.1:1000", "t1")}  # fmt: skip
+    assert first not in others and len(others) == 3
+
+
+def test_an_agent_whose_store_refuses_every_write_ends() -> None:
+    async def refused(doc: bytes) -> None:
+        raise ConnectionRefusedError("the store has gone")
+
+    async def main() -> HostAgent:
+        agent = HostAgent("h", refused, interval_s=0.01)
+        agent.receive(0, _status(0, 1, 1, time_ns=5))
+        await asyncio.wait_for(agent.run(asyncio.Event()), 30)  # returns: it gave up
+        return agent
+
+    agent = asyncio.run(main())
+    assert agent.failed_in_a_row == agent.write_errors == GIVE_UP_WRITES
+
+
 def test_a_rank_with_no_agent_publishes_its_own_status_and_moves_over_once_one_listens():
     name = socket_name(f"nobody-{os.getpid()}-{time.monotonic_ns()}", "h")
     store = _Store()
@@ -229,11 +254,11 @@ def test_another_users_process_is_turned_away(agent) -> None:
             os.setuid(65534)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(name)
-            sock.sendall(b"\0\0\0\0\0\0\0\2{}")
             sock.settimeout(10)
-            try:
-                code = 0 if sock.recv(1) == b"" else 1  # closed by the agent
-            except ConnectionResetError:  # closed with the frame unread
+            try:  # the agent closes it: before the frame is sent, or with it unread
+                sock.sendall(b"\0\0\0\0\0\0\0\2{}")
+                code = 0 if sock.recv(1) == b"" else 2  # 2: the agent answered
+            except (BrokenPipeError, ConnectionResetError):
                 code = 0
         finally:
             os._exit(code)

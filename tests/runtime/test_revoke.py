@@ -20,7 +20,7 @@ from fault_job import TOKEN, FaultJob
 from telemetry_helpers import wait_for
 
 from cclctl import revocation
-from cclctl.records import snapshot_from_json
+from cclctl.live import snapshot
 from cclctl.revocation import OPERATOR, Revocation
 from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
@@ -155,9 +155,8 @@ def test_a_broadcast_leaf_with_another_count_names_itself(tmp_path: Path, transp
 
 
 def _blocked_in(scoped: ScopedStore, rank: int) -> int | None:
-    """The seq ``rank``'s status says it is blocked in, if any."""
-    raw = scoped.try_get(f"status/{rank}")
-    snap = None if raw is None else snapshot_from_json(raw)
+    """The seq ``rank``'s status (its own, or its host agent's) says it is blocked in."""
+    snap = snapshot.fetch(scoped.client, "envjob").statuses.get(rank)
     return None if snap is None or snap.inflight is None else snap.inflight.seq
 
 

@@ -56,6 +56,16 @@ def test_with_no_rank_it_exits_after_its_grace_though_readers_stay_connected(
         until("the store gone", lambda: gone(store.pid), 30)
 
 
+def test_a_host_agents_connection_does_not_keep_it(spawn: Callable[..., DetachedStore]) -> None:
+    """A host agent writes its host's document and reads the dump requests with the token;
+    its ranks keep the store, it does not (else no rerun could take the store's port)."""
+    store = spawn(0.5)
+    with StoreClient(store.host, store.port, token=TOKEN, timeout_s=5) as agent:
+        agent.try_get("cclctl/j/signal/dump/count")
+        agent.set("cclctl/j/host/node-a", b"{}")
+        until("the store gone", lambda: gone(store.pid), 30)
+
+
 def test_it_never_exits_while_a_rank_is_connected(spawn: Callable[..., DetachedStore]) -> None:
     store = spawn(0.3)
     with StoreClient(store.host, store.port, token=TOKEN, timeout_s=5) as rank:

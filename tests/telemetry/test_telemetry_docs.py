@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from telemetry_helpers import run
 
@@ -14,6 +15,7 @@ from cclctl.records import FAILED
 from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.exporter import MetricsExporter
 from cclctl.telemetry.exporter_families import JOB_LABEL
+from cclctl.telemetry.exporter_host import HostCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 METRIC = re.compile(r"\bcclctl_[a-z_]+")
@@ -46,6 +48,13 @@ def exposed(make_tel) -> tuple[set[str], set[str]]:
     tel.add_store_source(lambda: StoreCounts({"idle": 1}, 2))  # as on the store's rank
     tel.set_probe(probe_record.from_dict(PROBE))  # as on the rank that ran the last probe
     text = MetricsExporter(tel.metrics_view).render().decode()
+    status = {"time_ns": 1, "counters": {name: 1 for name in ("collectives", "bytes", "errors",
+              "retries", "hangs", "link_resumes")} | {"last_busbw_gbps": {"all_reduce": 1.0}},
+              "comms": {"0:0-1": {"last_started": 1, "last_completed": 1}}}  # fmt: skip
+    host = HostCollector("j", "h", lambda: {0: status}, lambda: {"writes": 1})  # the host agent's
+    registry = CollectorRegistry()
+    registry.register(host)
+    text += generate_latest(registry).decode()
     families = list(text_string_to_metric_families(text))
     return {f.name for f in families}, {s.name for f in families for s in f.samples}
 

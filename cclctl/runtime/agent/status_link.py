@@ -90,7 +90,7 @@ class StatusLink:
                         interval_s=cfg.status_interval_s,
                         folder=cfg.trace_dir or job_dir(rdzv.job),
                         metrics=(cfg.metrics_addr, cfg.host_metrics_port))  # fmt: skip
-        name = socket_name(rdzv.job, cfg.hostname)
+        name = socket_name(rdzv.job, cfg.hostname, self.address, rdzv.token)
         return AgentRoute(scoped, name, rdzv.rank, f"status/{rdzv.rank}")
 
     @property

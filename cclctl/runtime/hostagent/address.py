@@ -1,4 +1,6 @@
-"""Where a host's agent listens: an abstract Unix socket named after the user, job and host.
+"""Where a host's agent listens: an abstract Unix socket named after the user, the job's run
+(its name, its store's address and its token: a rerun of a job name, or another job's store,
+never finds an earlier run's lingering agent) and the host.
 
 An abstract socket (Linux) has no file to clean up, no path length to outgrow, and belongs to
 its network namespace, as a host's ranks do. It has no file permissions either: the agent
@@ -15,10 +17,14 @@ import struct
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-def socket_name(job: str, host: str, uid: int | None = None) -> str:
-    """The agent's abstract socket name for ``job`` on ``host`` (this user's by default)."""
+def socket_name(
+    job: str, host: str, store: str = "", token: str = "", uid: int | None = None
+) -> str:
+    """The agent's abstract socket name for the run of ``job`` whose store is at ``store``
+    (with ``token``) on ``host`` (this user's by default)."""
     uid = os.getuid() if uid is None else uid
-    digest = hashlib.sha256(f"{uid}\0{job}\0{host}".encode()).hexdigest()[:32]
+    run = "\0".join((str(uid), job, host, store, token))
+    digest = hashlib.sha256(run.encode()).hexdigest()[:32]
     return f"\0cclctl-agent-{digest}"
 
 

@@ -33,6 +33,9 @@ from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.backends import endpoint_of, open_store
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.exporter_host import HostCollector, serve_host_metrics
+from cclctl.telemetry.http_serve import MetricsHTTPServer
+
+log = logging.getLogger("cclctl.hostagent")
 
 #: the most a spec line may hold
 MAX_SPEC_BYTES = 4096
@@ -69,6 +72,8 @@ def _to_devnull(fd: int) -> None:
 
 
 async def serve(spec: dict[str, Any], answer: int) -> int:
+    """Bind, answer the starter on ``answer``, then write the host's document until the
+    agent's ranks are gone (or SIGTERM, or the store refuses every write)."""
     token = spec["token"] or None
     client = open_store(
         spec["store"], timeout_s=WRITE_TIMEOUT_S, connect_timeout_s=WRITE_TIMEOUT_S, token=token
@@ -80,26 +85,9 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
         await asyncio.to_thread(store.set, key, doc)
 
     agent = HostAgent(spec["host"], write, float(spec["interval_s"]))
-
-    async def read_news(stop: asyncio.Event) -> None:
-        """The job's dump requests, read once per interval for every rank of the host."""
-        while not stop.is_set():
-            try:
-                count, why = await asyncio.to_thread(
-                    lambda: (store.try_get(f"{DUMP_KEY}/count"), store.try_get(f"{DUMP_KEY}/why"))
-                )
-                agent.news = json.dumps({
-                    "dump_count": count.decode() if count else None,
-                    "dump_why": why.decode() if why else None,
-                }).encode()  # fmt: skip
-            except Exception as exc:  # the store's trouble: the ranks' own polls take over
-                agent.news = b"{}"
-                logging.getLogger("cclctl.hostagent").warning("reading requests: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), float(spec["interval_s"]))
-
     try:
-        server = await agent.serve(socket_name(spec["job"], spec["host"]))
+        name = socket_name(spec["job"], spec["host"], spec["store"], spec["token"])
+        server = await agent.serve(name)
     except OSError as exc:
         client.close()
         if exc.errno == errno.EADDRINUSE:
@@ -107,25 +95,15 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
             return 0
         _say(answer, {"error": f"the host agent cannot listen: {exc.strerror or exc}"})
         return 1
-    exporter = None
-    if spec.get("metrics_port"):
-        collector = HostCollector(spec["job"], spec["host"], agent.decoded, agent.counts)
-        try:
-            exporter = serve_host_metrics(
-                collector, spec.get("metrics_addr") or "127.0.0.1", int(spec["metrics_port"])
-            )
-        except OSError as exc:  # the job runs on; its host has no endpoint
-            logging.getLogger("cclctl.hostagent").warning(
-                "cclctl host agent: no metrics on port %s: %s", spec["metrics_port"],
-                exc.strerror or exc,
-            )  # fmt: skip
+    exporter = _exporter(spec, agent)
     _say(answer, {"pid": os.getpid()})
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     writing = asyncio.ensure_future(agent.run(stop))
-    reading = asyncio.ensure_future(read_news(stop))
+    reading = asyncio.ensure_future(_read_news(store, agent, stop))
     idle = asyncio.ensure_future(agent.idle_for(float(spec["linger_s"]), float(spec["first_s"])))
-    await asyncio.wait({idle, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED")
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({idle, stopped, writing}, return_when="FIRST_COMPLETED")
     server.close()
     stop.set()
     await writing
@@ -134,11 +112,43 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
         exporter.stop()
     idle.cancel()
     client.close()
-    logging.getLogger("cclctl.hostagent").info(
-        "cclctl host agent of %s: %d writes, %d failed, exiting", spec["host"], agent.writes,
-        agent.write_errors,
-    )  # fmt: skip
+    log.info("cclctl host agent of %s: %d writes, %d failed, exiting", spec["host"],
+             agent.writes, agent.write_errors)  # fmt: skip
     return 0
+
+
+async def _read_news(store: ScopedStore, agent: HostAgent, stop: asyncio.Event) -> None:
+    """The job's dump requests, read once per interval for every rank of the host."""
+    while not stop.is_set():
+        try:
+            count, why = await asyncio.to_thread(
+                lambda: (store.try_get(f"{DUMP_KEY}/count"), store.try_get(f"{DUMP_KEY}/why"))
+            )
+            agent.news = json.dumps({
+                "dump_count": count.decode() if count else None,
+                "dump_why": why.decode() if why else None,
+            }).encode()  # fmt: skip
+        except Exception as exc:  # the store's trouble: the ranks' own polls take over
+            agent.news = b"{}"
+            log.warning("cclctl host agent: reading the job's requests failed: %s", exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), agent.interval_s)
+
+
+def _exporter(spec: dict[str, Any], agent: HostAgent) -> MetricsHTTPServer | None:
+    """The host's Prometheus endpoint, where the spec asks for one (None if it cannot bind:
+    the job runs on without it)."""
+    if not spec.get("metrics_port"):
+        return None
+    collector = HostCollector(spec["job"], spec["host"], agent.decoded, agent.counts)
+    try:
+        return serve_host_metrics(
+            collector, spec.get("metrics_addr") or "127.0.0.1", int(spec["metrics_port"])
+        )
+    except OSError as exc:
+        log.warning("cclctl host agent: no metrics on port %s: %s", spec["metrics_port"],
+                    exc.strerror or exc)  # fmt: skip
+        return None
 
 
 def main() -> int:
@@ -157,7 +167,7 @@ def main() -> int:
     try:
         return asyncio.run(serve(spec, answer))
     except Exception:
-        logging.getLogger("cclctl.hostagent").exception("cclctl host agent failed")
+        log.exception("cclctl host agent failed")
         return 1
 
 

@@ -31,6 +31,9 @@ log = logging.getLogger("cclctl.hostagent")
 
 #: a write that should not wait for the interval waits this long for others to join it
 SOON_S = 0.05
+#: writes failed in a row after which the agent ends (its store is gone, or another run's
+#: took its port): its ranks then publish their own statuses
+GIVE_UP_WRITES = 5
 _URGENT = ("finished", "ending", "revoke")
 
 
@@ -60,6 +63,7 @@ class HostAgent:
         self.refused = 0  # connections of another user
         self.writes = 0
         self.write_errors = 0
+        self.failed_in_a_row = 0
         self.last_error = ""
         self._write = write
         self._clock = clock
@@ -152,16 +156,23 @@ class HostAgent:
             await self._write(self.document().to_bytes())
         except Exception as exc:  # the store's trouble: counted, tried again next time
             self.write_errors += 1
+            self.failed_in_a_row += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("cclctl host agent: writing %s's statuses failed: %s", self.host, exc)
             return False
         self.writes += 1
+        self.failed_in_a_row = 0
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
         """Write every interval (and soon after an urgent change) until ``stop``, then once
-        more, so the last statuses reach the store."""
+        more, so the last statuses reach the store; or until :data:`GIVE_UP_WRITES` writes
+        failed in a row."""
         while not stop.is_set():
+            if self.failed_in_a_row >= GIVE_UP_WRITES:
+                log.warning("cclctl host agent of %s: %d writes failed in a row, ending",
+                            self.host, self.failed_in_a_row)  # fmt: skip
+                return
             soon = asyncio.ensure_future(self._soon.wait())
             ended = asyncio.ensure_future(stop.wait())
             await asyncio.wait(
