@@ -69,6 +69,7 @@ class Outcome:
     latency_s: float | None = None
     wrong: list[str] = field(default_factory=list)
     polls: int = 0
+    answered: int = 0  # polls that got a verdict from the live job
     judged: bool = False
     last: dict[str, Any] | None = None  # the last verdict read
 
@@ -151,7 +152,8 @@ def run_case(case: Case, step_s: float) -> Outcome:
     job = f"sb-{uuid.uuid4().hex[:6]}"
     env = dict(os.environ, CCLCTL_JOB=job, CCLCTL_SLOW_WINDOW=ARGS.window, STEP_S=str(step_s),
                RELEASE=str(tmp / "release"), MARK=str(tmp / "mark"), JITTER=str(case.jitter),
-               CCLCTL_TRACE_DIR=str(tmp / "dumps"))  # fmt: skip
+               CCLCTL_TRACE_DIR=str(tmp / "dumps"),
+               GIVE_UP_S=str(case.watch_s + ARGS.fault_after + 120))  # fmt: skip
     if case.transport == "tcp":
         env["CCLCTL_TRANSPORT"] = "tcp"
     if case.slow is not None:
@@ -207,6 +209,7 @@ def watch(out: Outcome, store: str, job: str, mark: Path) -> None:
         fault_at = float(mark.read_text()) if mark.exists() and mark.stat().st_size else None
         out.polls += 1
         if doc is not None:
+            out.answered += 1
             out.last = doc
             out.judged |= doc.get("status") in ("healthy", "slow")
             before = case.slow is not None and (fault_at is None or now < fault_at)
@@ -258,7 +261,8 @@ def report(outcomes: list[Outcome]) -> None:
             if o.case.slow is not None
             else "     -"
         )
-        print(f"{describe(o.case):48s} {lat}  polls={o.polls:3d} judged={o.judged} "
+        print(f"{describe(o.case):48s} {lat}  polls={o.polls:3d} answered={o.answered:3d} "
+              f"judged={o.judged} "
               f"wrong={sorted(set(o.wrong))}")  # fmt: skip
         if o.latency_s is None and o.case.slow is not None and o.last is not None:
             print(f"    missed: {missed(o.last, o.case.slow)}")
