@@ -10,7 +10,8 @@ that names ``slow_rank`` with exactly the injected rank. Any finding that names 
 kind or rank, or any finding before the fault, is a false positive; no right finding
 within ``--deadline`` seconds is a miss. Healthy controls (jitter on every rank, and two
 busy loops of CPU load started and ended by pid) must give no finding at all.
-``--minutes`` adds one long healthy run under jitter and load.
+``--minutes`` adds one long healthy run under jitter and load (4 ranks, 2 busy loops),
+over shared memory or, with ``--long-transport tcp``, TCP.
 
 Slow links and hosts are not in this suite: they need network-namespace hosts (root,
 veths, tc); benchmarks/slow_detection_links.py measures those cases.
@@ -19,7 +20,8 @@ veths, tc); benchmarks/slow_detection_links.py measures those cases.
     .venv/bin/python benchmarks/slow_detection.py --cases 24 --controls 4 --minutes 5
 
 ``--only 2,3`` runs those cases of the suite (numbered from 0, as listed); ``--save DIR``
-keeps every rank's status whenever a verdict is wrong, and ``--replay FILE`` prints the
+keeps every rank's status at every poll that did not name the fault (healthy controls: every
+poll), and ``--replay FILE`` prints the
 analysis' verdict on one such file, so a wrong finding can be studied without its job.
 """
 
@@ -67,6 +69,7 @@ class Outcome:
     latency_s: float | None = None
     wrong: list[str] = field(default_factory=list)
     polls: int = 0
+    answered: int = 0  # polls that got a verdict from the live job
     judged: bool = False
     last: dict[str, Any] | None = None  # the last verdict read
 
@@ -149,7 +152,8 @@ def run_case(case: Case, step_s: float) -> Outcome:
     job = f"sb-{uuid.uuid4().hex[:6]}"
     env = dict(os.environ, CCLCTL_JOB=job, CCLCTL_SLOW_WINDOW=ARGS.window, STEP_S=str(step_s),
                RELEASE=str(tmp / "release"), MARK=str(tmp / "mark"), JITTER=str(case.jitter),
-               CCLCTL_TRACE_DIR=str(tmp / "dumps"))  # fmt: skip
+               CCLCTL_TRACE_DIR=str(tmp / "dumps"),
+               GIVE_UP_S=str(case.watch_s + ARGS.fault_after + 120))  # fmt: skip
     if case.transport == "tcp":
         env["CCLCTL_TRANSPORT"] = "tcp"
     if case.slow is not None:
@@ -205,17 +209,18 @@ def watch(out: Outcome, store: str, job: str, mark: Path) -> None:
         fault_at = float(mark.read_text()) if mark.exists() and mark.stat().st_size else None
         out.polls += 1
         if doc is not None:
+            out.answered += 1
             out.last = doc
             out.judged |= doc.get("status") in ("healthy", "slow")
             before = case.slow is not None and (fault_at is None or now < fault_at)
             wrong = wrong_findings(doc, case, before)
             out.wrong += wrong
-            if wrong and ARGS.save:
-                save_statuses(store, job, Path(ARGS.save) / job, f"poll{out.polls:03d}")
             right = not before and bool(doc.get("findings")) and fault_at is not None
             if right and fault_at is not None and not wrong_findings(doc, case, False):
                 out.latency_s = now - fault_at
                 return
+            if ARGS.save:
+                save_statuses(store, job, Path(ARGS.save) / job, f"poll{out.polls:03d}")
         origin = fault_at if case.slow is not None else started
         if origin is not None and now - origin > case.watch_s:
             return
@@ -256,7 +261,8 @@ def report(outcomes: list[Outcome]) -> None:
             if o.case.slow is not None
             else "     -"
         )
-        print(f"{describe(o.case):48s} {lat}  polls={o.polls:3d} judged={o.judged} "
+        print(f"{describe(o.case):48s} {lat}  polls={o.polls:3d} answered={o.answered:3d} "
+              f"judged={o.judged} "
               f"wrong={sorted(set(o.wrong))}")  # fmt: skip
         if o.latency_s is None and o.case.slow is not None and o.last is not None:
             print(f"    missed: {missed(o.last, o.case.slow)}")
@@ -280,10 +286,12 @@ def main() -> int:
     parser.add_argument("--window", default="1", help="CCLCTL_SLOW_WINDOW of the ranks (1)")
     parser.add_argument("--step", type=float, default=0.02, help="compute seconds a step")
     parser.add_argument("--minutes", type=float, default=0, help="a long healthy run (0: none)")
+    parser.add_argument("--long-transport", choices=("shm", "tcp"), default="shm",
+                        help="the transport of the --minutes run (shm)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--quick", action="store_true", help="4 cases, 2 controls of 15 s")
     parser.add_argument("--only", default="", help="run only these cases of the suite: 2,5")
-    parser.add_argument("--save", default="", help="keep the statuses of wrong verdicts here")
+    parser.add_argument("--save", default="", help="keep each poll's statuses here until found")
     parser.add_argument("--replay", default="", help="print the verdict on a saved file")
     global ARGS
     ARGS = parser.parse_args()
@@ -296,7 +304,7 @@ def main() -> int:
     if ARGS.only:
         cases = [cases[int(i)] for i in ARGS.only.split(",")]
     if ARGS.minutes > 0:
-        cases.append(Case(4, "shm", load=2, jitter=0.3, watch_s=ARGS.minutes * 60))
+        cases.append(Case(4, ARGS.long_transport, load=2, jitter=0.3, watch_s=ARGS.minutes * 60))
     print(f"load average at the start: {os.getloadavg()}", flush=True)
     outcomes = []
     for case in cases:

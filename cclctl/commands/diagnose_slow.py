@@ -88,6 +88,12 @@ def slow(
     confirm: int = typer.Option(
         SlowOptions.confirm, "--confirm", help="Consecutive windows a suspect must be found in."
     ),
+    sustained: float = typer.Option(
+        SlowOptions.sustained_slowdown,
+        "--sustained-slowdown",
+        help=f"The least slowdown a straggler found in {SlowOptions.confirm_sustained} "
+        "consecutive windows is a finding at (at or above --min-slowdown: off).",
+    ),
     skew: float = typer.Option(
         SlowOptions.skew_s,
         "--skew",
@@ -98,7 +104,7 @@ def slow(
         raise UsageError("give dump files or --store, not both")
     address = None if dumps else check_command("diagnose slow", {"--store": store}).store
     live = not dumps and address is not None
-    opts = _options(min_slowdown, confirm, skew, ongoing=live)
+    opts = _options(min_slowdown, confirm, skew, ongoing=live, sustained=sustained)
     probe: ProbeEvidence | None = None
     if live and address is not None:
         statuses = live_statuses(address, job)
@@ -117,17 +123,18 @@ def slow(
         raise FaultFound(slow_report.fault_message(report), kinds=[f.kind for f in report.findings])
 
 
-def _options(min_slowdown: float, confirm: int, skew: float, ongoing: bool) -> SlowOptions:
-    if not 1.0 < min_slowdown <= 20.0:
-        raise ConfigError(
-            f"--min-slowdown must be above 1 and at most 20, not {min_slowdown!r}",
-            flag="--min-slowdown",
-        )
+def _options(
+    min_slowdown: float, confirm: int, skew: float, ongoing: bool, sustained: float
+) -> SlowOptions:
+    for flag, value in (("--min-slowdown", min_slowdown), ("--sustained-slowdown", sustained)):
+        if not 1.0 < value <= 20.0:
+            raise ConfigError(f"{flag} must be above 1 and at most 20, not {value!r}", flag=flag)
     if not 1 <= confirm <= 12:
         raise ConfigError(f"--confirm must be 1 to 12 windows, not {confirm}", flag="--confirm")
     if not 0 <= skew <= 60:
         raise ConfigError(f"--skew must be 0 to 60 seconds, not {skew!r}", flag="--skew")
-    return SlowOptions(min_slowdown=min_slowdown, confirm=confirm, skew_s=skew, ongoing=ongoing)
+    return SlowOptions(min_slowdown=min_slowdown, confirm=confirm, skew_s=skew, ongoing=ongoing,
+                       sustained_slowdown=sustained)  # fmt: skip
 
 
 def _print(report: SlowReport, probe: ProbeEvidence | None = None) -> None:

@@ -9,9 +9,12 @@ rank, or the host's ranks together, that arrives last and waits least; ``slow_li
 the directed links, or a host's every link out or in, whose throughput falls below the
 others of their kind: over TCP by their messages' transfer times, which no lateness
 upstream touches), and a suspect becomes a finding only when it is found in ``confirm``
-consecutive windows (2 by default), every one costing the job at least ``min_slowdown``.
-So jitter (no rank is consistently last), a busy machine (it slows every rank alike), a
-GC pause or one long step (one window) are never a finding.
+consecutive windows (2 by default), every one costing the job at least ``min_slowdown``
+(1.15x), or, for a straggler that costs less (from ``sustained_slowdown``, 1.05x), in
+``confirm_sustained`` (5): a +15% compute slowdown of one rank whose step is mostly
+compute, but also communication, slows the job by less than 15%, on evidence that holds
+window after window. So jitter (no rank is consistently last), a busy machine (it slows
+every rank alike), a GC pause or one long step (one window) are never a finding.
 
 Clock skew: entry times are wall clock, compared across ranks only for the same call
 (communicator and seq). Ranks on one host share a clock. An entry on another host counts
@@ -91,7 +94,8 @@ def analyse(
         )
         return report
     runs = _confirmed(judged, opts)
-    report.findings = slow_text.findings(runs, hosts, {r.rank: r.pid for r in ranks}, window_s)
+    pids = {r.rank: r.pid for r in ranks}
+    report.findings = slow_text.findings(runs, hosts, pids, window_s, opts)
     report.status = SLOW if report.findings else HEALTHY
     report.reason = slow_text.reason(report, len(set(hosts.values())))
     return report
@@ -166,10 +170,27 @@ def _figures(
     return out
 
 
+def confirms(run: Sequence[object], opts: SlowOptions) -> bool:
+    """Whether a suspect's run of consecutive windows (oldest first) makes a finding: its
+    newest ``confirm`` windows each cost the job the minimum effect, or it is a straggler
+    found in ``confirm_sustained`` windows (and at least ``confirm``) at a smaller one."""
+    if len(run) >= opts.confirm and all(_costly(e) for e in run[-opts.confirm :]):
+        return True
+    return all(isinstance(e, slow_ranks.Straggle) for e in run) and len(run) >= max(
+        opts.confirm, opts.confirm_sustained
+    )
+
+
+def _costly(evidence: object) -> bool:
+    """A link or host's evidence always is (it is found at the minimum effect only)."""
+    return not isinstance(evidence, slow_ranks.Straggle) or evidence.costly
+
+
 def _confirmed(judged: Sequence[Judged], opts: SlowOptions) -> dict[Key, list[object]]:
-    """Suspects found in ``confirm`` consecutive windows: the evidence of each window of
-    their run (the newest run; with ``ongoing``, only runs through the newest judged
-    window). A window that could not be judged, or a gap between indexes, breaks a run."""
+    """Suspects whose run of consecutive windows :func:`confirms` them: the evidence of each
+    window of their run (the newest run; with ``ongoing``, only runs through the newest
+    judged window). A window that could not be judged, or a gap between indexes, breaks a
+    run."""
     runs: dict[Key, list[object]] = {}
     best: dict[Key, list[object]] = {}
     previous: int | None = None
@@ -179,7 +200,7 @@ def _confirmed(judged: Sequence[Judged], opts: SlowOptions) -> dict[Key, list[ob
         previous = window.index
         runs = {k: [*runs.get(k, []), e] for k, e in window.suspects.items()}
         for key, run in runs.items():
-            if len(run) >= opts.confirm:
+            if confirms(run, opts):
                 best[key] = run
     if opts.ongoing:
         newest = next((j for j in reversed(judged) if j.judged), None)

@@ -61,6 +61,14 @@ class SlowOptions:
     later only when it is later by more than this (entries on one host share a clock).
     ``ongoing``: only suspects found in the newest judged window count (live: what is
     slow now, not what was slow a minute ago).
+
+    ``sustained_slowdown`` and ``confirm_sustained``: a straggler (a rank, or a host's ranks)
+    that costs the job less than ``min_slowdown`` but at least this much (1.05: 5%) is a
+    finding when it is found in ``confirm_sustained`` consecutive windows, each time on the
+    same evidence (its share inside calls below the others' by ``mad_k`` MADs, and it
+    arrives last). A smaller effect needs a longer run of the same verdict, as a sequential
+    test does: by chance a rank is the window's odd one out now and then, never window after
+    window. ``sustained_slowdown`` at or above ``min_slowdown`` turns this off.
     """
 
     min_slowdown: float = 1.15
@@ -71,11 +79,19 @@ class SlowOptions:
     link_ratio: float = 2.0
     skew_s: float = 0.002
     ongoing: bool = True
+    sustained_slowdown: float = 1.05
+    confirm_sustained: int = 5
 
     @property
     def min_share(self) -> float:
         """The share of a window a suspect must cost the job to reach ``min_slowdown``."""
         return 1.0 - 1.0 / self.min_slowdown
+
+    @property
+    def sustained_share(self) -> float:
+        """The least share of a window a straggler may cost the job and still be a finding
+        (over ``confirm_sustained`` windows): ``sustained_slowdown``'s, at most ``min_share``."""
+        return min(self.min_share, 1.0 - 1.0 / self.sustained_slowdown)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

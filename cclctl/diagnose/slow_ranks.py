@@ -15,6 +15,14 @@ second starts together on every rank, sampled at even seqs only). What the other
 the gap between their share and its share: the job would save that much of each window
 if it kept up, so the estimated slowdown is ``1 / (1 - gap)``.
 
+A unit is a suspect from ``SlowOptions.sustained_share`` on (the lowest effect any run of
+windows can confirm); it is ``costly`` when it passes the same tests at ``min_share``,
+the effect two windows confirm (``slow.confirms`` decides which run is enough). A suspect
+below that may also show its arrival by entering last in more of the shared calls than
+any other unit: a straggler late into one call of a step of two enters last in half of
+them, while the others' waits on it spread along the chains of a ring. The longer run of
+windows it needs answers for the weaker test.
+
 Durations alone cannot see this: the others' calls last longer, not the straggler's.
 """
 
@@ -43,6 +51,8 @@ class Straggle:
     lag_s: float  # median of how long after the others' median entry it entered
     entry_wait_share: float  # others' waits on it before it arrived, over the window
     entered_last: bool = True  # its entry times show it (else the others' entry waits do)
+    costly: bool = True  # it costs the job ``min_share`` or more (else only ``sustained_share``)
+    last_most: bool = False  # it entered last in more shared calls than any other unit
 
     @property
     def cost(self) -> float:
@@ -99,17 +109,22 @@ def straggler(
     shares = {u: median(view.shares[r] for r in u) for u in present}
     waits = {u: _entry_waits(u, peers) / view.span_s for u in present}
     best: Straggle | None = None
+    counts: dict[tuple[int, ...], int] | None = None
     for unit in present:
         others = [v for v in present if v != unit]
-        if not below(shares[unit], [shares[v] for v in others], opts.mad_k, opts.min_share):
+        theirs = [shares[v] for v in others]
+        if not below(shares[unit], theirs, opts.mad_k, opts.sustained_share):
             continue
         last, lag = _arrival(view, unit, others, hosts, opts)
         entered_last = last >= opts.last_share and lag > 0
-        # clock-free: the others blocked on it, before it arrived, more than on anyone else
-        least = opts.min_share / len(others)
-        waited_for = below(-waits[unit], [-waits[v] for v in others], opts.mad_k, least)
-        if not (entered_last or waited_for):
+        counts = counts if counts is not None else last_counts(view, present, hosts, opts)
+        most = lag > 0 and all(counts[unit] > counts[v] for v in others)
+        if not (entered_last or most or _waited_for(unit, others, waits, opts.sustained_share,
+                                                    opts)):  # fmt: skip
             continue
+        costly = below(shares[unit], theirs, opts.mad_k, opts.min_share) and (
+            entered_last or _waited_for(unit, others, waits, opts.min_share, opts)
+        )
         found = Straggle(
             unit,
             view.comm,
@@ -120,10 +135,25 @@ def straggler(
             lag,
             waits[unit],
             entered_last,
+            costly,
+            most,
         )
-        if best is None or found.cost > best.cost:
+        if best is None or (found.costly, found.cost) > (best.costly, best.cost):
             best = found
     return best
+
+
+def _waited_for(
+    unit: tuple[int, ...],
+    others: Sequence[tuple[int, ...]],
+    waits: Mapping[tuple[int, ...], float],
+    floor: float,
+    opts: SlowOptions,
+) -> bool:
+    """Clock-free: the others blocked on ``unit``, before it arrived, more than on anyone
+    else, by ``floor`` of a window shared among them and by ``mad_k`` MADs."""
+    least = floor / len(others)
+    return below(-waits[unit], [-waits[v] for v in others], opts.mad_k, least)
 
 
 def _arrival(
@@ -148,6 +178,28 @@ def _arrival(
             last += 1
         lags.append((mine - median(theirs)) / NS)
     return last / len(seqs), median(lags)
+
+
+def last_counts(
+    view: CommView,
+    units: Sequence[tuple[int, ...]],
+    hosts: Mapping[int, str],
+    opts: SlowOptions,
+) -> dict[tuple[int, ...], int]:
+    """How many of the shared calls each unit entered last, after every other unit (by
+    more than ``skew_s`` where the two are not on one host); a call no unit entered last
+    by that margin counts for none."""
+    skew = int(opts.skew_s * NS)
+    places = {u: {hosts.get(r, "") for r in u} for u in units}
+    counts = dict.fromkeys(units, 0)
+    for seq in sorted(next(iter(view.entries.values()))):
+        times = {u: median(view.entries[r][seq] for r in u) for u in units}
+        late = max(units, key=lambda u: times[u])
+        if all(times[late] > times[v] + (0 if places[v] == places[late] and len(places[v]) == 1
+                                         else skew)
+               for v in units if v != late):  # fmt: skip
+            counts[late] += 1
+    return counts
 
 
 def _entry_waits(unit: tuple[int, ...], windows: Mapping[int, Window]) -> float:

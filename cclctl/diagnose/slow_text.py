@@ -10,7 +10,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cclctl.diagnose.slow_links import SlowEdge, SlowLink
-from cclctl.diagnose.slow_model import SLOW_HOST, SLOW_LINK, SLOW_RANK, SlowFinding, SlowReport
+from cclctl.diagnose.slow_model import (
+    SLOW_HOST,
+    SLOW_LINK,
+    SLOW_RANK,
+    SlowFinding,
+    SlowOptions,
+    SlowReport,
+)
 from cclctl.diagnose.slow_ranks import Straggle
 from cclctl.diagnose.slow_stats import median
 from cclctl.ranges import fold_ranks
@@ -29,12 +36,15 @@ def findings(
     hosts: Mapping[int, str],
     pids: Mapping[int, int],
     window_s: float,
+    opts: SlowOptions,
 ) -> list[SlowFinding]:
     """Findings for the confirmed runs, the costliest first."""
     out: list[SlowFinding] = []
     slow_hosts = {key[1] for key in runs if key[0] in ("host", "egress", "ingress")}
     for (kind, what), run in sorted(runs.items(), key=lambda kv: str(kv[0])):
         confirmed = f"found in {len(run)} consecutive windows of {window_s:g}s"
+        if kind in ("rank", "host"):
+            confirmed += _sustained(run, opts)
         if kind == "rank" and hosts.get(what[0]) not in slow_hosts:
             out.append(_rank(run, hosts, pids, confirmed))
         elif kind == "host":
@@ -44,6 +54,17 @@ def findings(
         elif kind in ("egress", "ingress"):
             out.append(_host_links(str(what), kind, run, hosts, confirmed))
     return sorted(out, key=lambda f: (-f.slowdown, f.kind, f.ranks))
+
+
+def _sustained(run: Sequence[Straggle], opts: SlowOptions) -> str:
+    """Words for a straggler confirmed by its long run alone (see ``SlowOptions``)."""
+    if all(s.costly for s in run[-opts.confirm :]):
+        return ""
+    return (
+        f": under the {opts.min_slowdown:g}x that {opts.confirm} windows confirm, a finding "
+        f"from {opts.sustained_slowdown:g}x once it holds "
+        f"{max(opts.confirm, opts.confirm_sustained)} windows in a row"
+    )
 
 
 def _on_slow_host(pair: tuple[int, int], hosts: Mapping[int, str], slow: set[Any]) -> bool:
@@ -69,11 +90,13 @@ def _rate(bytes_per_s: float) -> str:
 def _arrival(run: Sequence[Straggle]) -> list[str]:
     new = run[-1]
     lines = []
-    if sum(s.entered_last for s in run) * 2 > len(run):
+    last = sum(s.entered_last for s in run) * 2 > len(run)
+    if last or sum(s.last_most for s in run) * 2 > len(run):
         lines.append(
             f"entered last in {_pct(median(s.last_frac for s in run))} of the {new.seqs} "
-            f"sampled calls of comm {new.comm} per window, {_ms(median(s.lag_s for s in run))} "
-            "after the others' median entry"
+            f"sampled calls of comm {new.comm} per window"
+            f"{'' if last else ', more often than any other'}, "
+            f"{_ms(median(s.lag_s for s in run))} after the others' median entry"
         )
     lines += [
         f"spent {_pct(median(s.share for s in run))} of each window inside collectives against "
@@ -205,8 +228,13 @@ def reason(report: SlowReport, hosts: int) -> str:
     judged = f"{report.windows_judged} windows of {report.window_s:g}s"
     if report.findings:
         return f"{len(report.findings)} confirmed over {judged} of {report.ranks_seen} ranks"
+    opts = report.options
+    sustained = ""
+    if opts.sustained_share < opts.min_share:
+        sustained = (f", nor a rank or host {_pct(opts.sustained_share)} in "
+                     f"{max(opts.confirm, opts.confirm_sustained)}")  # fmt: skip
     return (
         f"{judged} of {report.ranks_seen} ranks on {hosts} host{'s' if hosts != 1 else ''} "
-        f"judged: no rank, link or host costs the job {_pct(report.options.min_share)} of its "
-        "time or more in consecutive windows"
+        f"judged: no rank, link or host costs the job {_pct(opts.min_share)} of its "
+        f"time or more in {opts.confirm} consecutive windows{sustained}"
     )

@@ -81,10 +81,22 @@ def test_a_stricter_minimum_is_a_flag(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_small_straggler_held_long_is_named_unless_the_sustained_minimum_is_raised(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, Job(slow={3}, lag_share=0.08, windows=6))  # 1.09x
+    out = slow(str(tmp_path))
+    assert out.returncode == EXIT_FAULT, out.stderr
+    assert "under the 1.15x that 2 windows confirm" in out.stdout
+    assert slow(str(tmp_path), "--sustained-slowdown", "1.15").returncode == EXIT_OK
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("--min-slowdown", "0.9"), "--min-slowdown must be above 1"),
+        (("--sustained-slowdown", "1"), "--sustained-slowdown must be above 1"),
         (("--confirm", "0"), "--confirm must be 1 to 12 windows"),
         (("--skew", "-1"), "--skew must be 0 to 60 seconds"),
         (("/no/such/dir",), "/no/such/dir: no such file or folder"),

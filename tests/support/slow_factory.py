@@ -2,17 +2,18 @@
 
 A job of ``n`` ranks runs ``calls`` collectives per window, one every ``period`` seconds;
 each rank spends ``comm_share`` of the window inside them on its own. A straggler enters
-every call ``lag_share`` of a period late, which the others spend waiting inside the call
-(their share grows by it, its own does not), and its ring successor records that wait as
-``entry_wait_ns`` on it; over TCP (``transport="tcp"``, or ranks on different hosts) a
-ring passes the wait on: each rank further down waits in the data phase on the one before
-it, which waits on the straggler. Links carry ``nbytes`` per call at ``rate`` bytes per
-second of data-phase wait, the sender recording ``send_share`` of it; a slow link or a
-slow host's egress is ``factor`` times slower, and with ``coupling`` the other links of a
-ring wait along with it (their receivers wait for data the slow link holds back). A TCP
-link's receiver also records its messages' transfer times (``transfer_share`` of the
-link's own data time; a slow link's grow by ``factor``, coupled links' do not). Entry
-times get seeded uniform jitter; ``skew`` shifts a host's clock. Deterministic for a seed.
+every call (or one in ``late_every``) ``lag_share`` of a period late, which the others
+spend waiting inside the call (their share grows by it, its own does not), and its ring
+successor records that wait as ``entry_wait_ns`` on it; over TCP (``transport="tcp"``, or
+ranks on different hosts) a ring passes the wait on: each rank further down waits in the
+data phase on the one before it, which waits on the straggler. Links carry ``nbytes`` per
+call at ``rate`` bytes per second of data-phase wait, the sender recording ``send_share``
+of it; a slow link or a slow host's egress is ``factor`` times slower, and with
+``coupling`` the other links of a ring wait along with it (their receivers wait for data
+the slow link holds back). A TCP link's receiver also records its messages' transfer times
+(``transfer_share`` of the link's own data time; a slow link's grow by ``factor``, coupled
+links' do not). Entry times get seeded uniform jitter; ``skew`` shifts a host's clock.
+Deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Job:
     lag_share: float = 0.25
     slow_in: Collection[int] | None = None
     lag_seen: bool = True  # False: the sampled entries miss the late calls (aliasing)
+    late_every: int = 1  # the straggler enters late one call in this many (a step's first)
     # links: "ring" (r -> r+1) or "all" (every pair, as all_to_all)
     pattern: str = "ring"
     nbytes: int = 1 << 20
@@ -107,7 +109,7 @@ def _window(job: Job, rank: int, index: int, rng: random.Random) -> Window:
     skew = job.skew.get(job.host(rank), 0.0)
     for k in range(job.calls):
         t = index * job.window_s + k * job.period_s + rng.uniform(0, job.jitter_s) + skew
-        if late and job.lag_seen:
+        if late and job.lag_seen and k % job.late_every == 0:
             t += job.lag_share * job.period_s
         if rank in job.noisy:
             t += rng.uniform(0, job.noise_s)
