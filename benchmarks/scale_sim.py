@@ -29,6 +29,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import resource
 import secrets
 import signal
 import subprocess
@@ -134,15 +135,21 @@ async def _worker(spec: dict[str, Any], queue: Any) -> None:
 
 
 # ---------------------------------------------------------------- the CLI, measured
-def cli(args: list[str], timeout_s: float) -> dict[str, Any]:
+def cli(args: list[str], timeout_s: float, mem_gib: float) -> dict[str, Any]:
     """Run ``python -m cclctl ARGS``: wall time, exit code, peak RSS (its own rusage, from
-    wait4) and its output."""
+    wait4) and its output. Its address space is capped at ``mem_gib`` (a reader that grows
+    without bound on a shared machine fails with MemoryError instead of taking it down)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
     env.pop("CCLCTL_TOKEN", None)  # readers need no token: the statuses are public
+    limit = int(mem_gib * 2**30)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         began = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cclctl", *args], stdout=out, stderr=err, env=env
+            [sys.executable, "-m", "cclctl", *args],
+            stdout=out,
+            stderr=err,
+            env=env,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
         )
         killer = threading.Timer(timeout_s, os.kill, (proc.pid, signal.SIGKILL))
         killer.start()
@@ -165,6 +172,7 @@ def main() -> None:
     parser.add_argument("--measure", type=int, default=5, help="intervals to measure")
     parser.add_argument("--plant", choices=("hang", "slow"), default="hang")
     parser.add_argument("--cli-timeout", type=float, default=300.0)
+    parser.add_argument("--cli-mem-gib", type=float, default=6.0, help="a CLI run's memory cap")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     n, per_host = args.ranks, args.per_host
@@ -236,12 +244,12 @@ def main() -> None:
         )
         base = ["--store", address, "--job", job]
         if args.plant == "hang":
-            hang = cli(["diagnose", "hang", *base, "--json"], args.cli_timeout)
+            hang = cli(["diagnose", "hang", *base, "--json"], args.cli_timeout, args.cli_mem_gib)
             figures["diagnose_hang"] = _verdict(hang, planted)
-            top = cli(["top", *base, "--json"], args.cli_timeout)
+            top = cli(["top", *base, "--json"], args.cli_timeout, args.cli_mem_gib)
             figures["top"] = _brief(top, planted)
         else:
-            slow = cli(["diagnose", "slow", *base, "--json"], args.cli_timeout)
+            slow = cli(["diagnose", "slow", *base, "--json"], args.cli_timeout, args.cli_mem_gib)
             figures["diagnose_slow"] = _verdict(slow, planted)
         figures["store_rss_mib_after"] = proc_rss_mib(store.pid)
     finally:
