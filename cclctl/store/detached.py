@@ -74,13 +74,13 @@ def build(spec: dict[str, Any]) -> StoreServer:
     )
 
 
-def _say(fd: int, message: dict[str, Any]) -> None:
+def say(fd: int, message: dict[str, Any]) -> None:
     """Write the one answer on the starter's pipe and close it."""
     with os.fdopen(fd, "w") as pipe:
         pipe.write(json.dumps(message) + "\n")
 
 
-def _to_devnull(fd: int) -> None:
+def to_devnull(fd: int) -> None:
     """Point ``fd`` at /dev/null: the starter's pipe is then closed on this side."""
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, fd)
@@ -89,13 +89,13 @@ def _to_devnull(fd: int) -> None:
 
 def main() -> int:
     answer = os.dup(1)  # the starter's pipe; stdio itself holds no pipe from here on
-    _to_devnull(1)
+    to_devnull(1)
     try:
         spec = read_spec(sys.stdin.buffer)
     except ValueError as exc:
-        _say(answer, {"error": f"the store process got a bad start line: {exc}"})
+        say(answer, {"error": f"the store process got a bad start line: {exc}"})
         return 2
-    _to_devnull(0)
+    to_devnull(0)
     if os.fork() > 0:  # the starter reaps this one at once; the store is orphaned, on purpose
         os._exit(0)
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s pid %(process)d %(message)s")
@@ -104,9 +104,9 @@ def main() -> int:
         server.start()
     except StoreError as exc:
         fields = {"address": exc.fields.get("address", ""), "errno": exc.fields.get("errno", 0)}
-        _say(answer, {"error": exc.message, **fields})
+        say(answer, {"error": exc.message, **fields})
         return 1
-    _say(answer, {"host": server.host, "port": server.port, "pid": os.getpid()})
+    say(answer, {"host": server.host, "port": server.port, "pid": os.getpid()})
     log = logging.getLogger("cclctl.store")
     record = {"pid": os.getpid(), "port": server.port, "host": server.host, "job": spec["job"]}
     asked = _answer_leave_requests(server, spec["folder"], record)

@@ -31,6 +31,7 @@ from cclctl.runtime.agent.dump_requests import DUMP_KEY
 from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.backends import endpoint_of, open_store
+from cclctl.store.detached import say, to_devnull
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.exporter_host import HostCollector, serve_host_metrics
 from cclctl.telemetry.http_serve import MetricsHTTPServer
@@ -60,17 +61,6 @@ def read_spec(line: bytes) -> dict[str, Any]:
     return spec
 
 
-def _say(fd: int, message: dict[str, Any]) -> None:
-    with os.fdopen(fd, "w") as pipe:
-        pipe.write(json.dumps(message) + "\n")
-
-
-def _to_devnull(fd: int) -> None:
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, fd)
-    os.close(null)
-
-
 async def serve(spec: dict[str, Any], answer: int) -> int:
     """Bind, answer the starter on ``answer``, then write the host's document until the
     agent's ranks are gone (or SIGTERM, or the store refuses every write)."""
@@ -91,12 +81,12 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
     except OSError as exc:
         client.close()
         if exc.errno == errno.EADDRINUSE:
-            _say(answer, {"elsewhere": True})
+            say(answer, {"elsewhere": True})
             return 0
-        _say(answer, {"error": f"the host agent cannot listen: {exc.strerror or exc}"})
+        say(answer, {"error": f"the host agent cannot listen: {exc.strerror or exc}"})
         return 1
     exporter = _exporter(spec, agent)
-    _say(answer, {"pid": os.getpid()})
+    say(answer, {"pid": os.getpid()})
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     writing = asyncio.ensure_future(agent.run(stop))
@@ -153,13 +143,13 @@ def _exporter(spec: dict[str, Any], agent: HostAgent) -> MetricsHTTPServer | Non
 
 def main() -> int:
     answer = os.dup(1)  # the starter's pipe; stdio itself holds no pipe from here on
-    _to_devnull(1)
+    to_devnull(1)
     try:
         spec = read_spec(sys.stdin.buffer.readline(MAX_SPEC_BYTES))
     except (ValueError, StoreError) as exc:
-        _say(answer, {"error": f"the host agent got a bad start line: {exc}"})
+        say(answer, {"error": f"the host agent got a bad start line: {exc}"})
         return 2
-    _to_devnull(0)
+    to_devnull(0)
     if os.fork() > 0:  # the starter reaps this one at once; the agent is orphaned, on purpose
         os._exit(0)
     os.setsid()
