@@ -107,7 +107,7 @@ def straggler(
     if len(present) < 2:
         return None
     shares = {u: median(view.shares[r] for r in u) for u in present}
-    waits = {u: _entry_waits(u, peers) / view.span_s for u in present}
+    waits = {u: ns / NS / view.span_s for u, ns in _entry_waits(present, peers).items()}
     best: Straggle | None = None
     counts: dict[tuple[int, ...], int] | None = None
     for unit in present:
@@ -202,14 +202,20 @@ def last_counts(
     return counts
 
 
-def _entry_waits(unit: tuple[int, ...], windows: Mapping[int, Window]) -> float:
-    """Seconds the other ranks blocked on the unit's ranks before they arrived in a call."""
-    total = 0
+def _entry_waits(
+    units: Sequence[tuple[int, ...]], windows: Mapping[int, Window]
+) -> dict[tuple[int, ...], int]:
+    """Per unit, the nanoseconds the other ranks blocked on its ranks before they arrived
+    in a call: one pass over every rank's peers (a job of thousands of ranks)."""
+    unit_of = {r: unit for unit in units for r in unit}
+    total = dict.fromkeys(units, 0)
     for rank, window in windows.items():
-        if rank in unit:
-            continue
-        total += sum(window.peers[r].entry_wait_ns for r in unit if r in window.peers)
-    return total / NS
+        mine = unit_of.get(rank)
+        for peer, seen in window.peers.items():
+            unit = unit_of.get(peer)
+            if unit is not None and unit is not mine:
+                total[unit] += seen.entry_wait_ns
+    return total
 
 
 def rank_lags(view: CommView) -> dict[int, float]:
