@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from cclctl.diagnose.slow_model import SlowOptions, span_ns
-from cclctl.diagnose.slow_stats import below, median
+from cclctl.diagnose.slow_stats import below, median, others_median_bound
 from cclctl.slow_signals import Window
 
 NS = 1e9
@@ -146,8 +146,14 @@ def _kind(via: str, src: int, dst: int, hosts: Mapping[int, str]) -> str:
 def slow_links(found: Sequence[Link], opts: SlowOptions) -> list[SlowLink]:
     """The links slow against the others of their kind (see module doc)."""
     by_pair = {(x.src, x.dst): x for x in found}
+    kinds = {x.kind for x in found}
+    bound = {k: others_median_bound(math.log2(x.throughput) for x in found if x.kind == k)
+             for k in kinds}  # fmt: skip
+    least = math.log2(opts.link_ratio)
     refs = {}
     for link in found:
+        if bound[link.kind] - math.log2(link.throughput) <= least:
+            continue  # not below its kind's median by the ratio, whichever is left out
         others = [x for x in found if x.kind == link.kind and x is not link]
         judged = _judge(link, others, opts)
         if judged is not None:
@@ -180,14 +186,24 @@ def slow_edges(
     links or untimed: all its messages arrived whole, which a link sharing a slow host's
     bottleneck does when its receiver was reading another of the host's links meanwhile."""
     remote = [x for x in found if x.kind == TCP_REMOTE]
+    logs = sorted(math.log2(x.throughput) for x in remote)
+    least = math.log2(opts.link_ratio)
     out = []
     for host in sorted(
         {hosts.get(x.src, "") for x in remote} | {hosts.get(x.dst, "") for x in remote}
     ):
         for direction, end in (("out", "src"), ("in", "dst")):
             mine = [x for x in remote if hosts.get(getattr(x, end), "") == host]
-            rest = [x for x in remote if x not in mine]
-            judged = [(x, _judge(x, rest, opts, effect=False)) for x in mine]
+            ids = {id(x) for x in mine}
+            rest = [x for x in remote if id(x) not in ids]
+            # the rest's median is at most that of all but the len(mine) smallest: a link
+            # not below that by the ratio is judged not slow without a median of its own
+            bound = median(logs[len(mine) :]) if len(logs) > len(mine) else float("-inf")
+            judged = [
+                (x, _judge(x, rest, opts, effect=False)
+                 if bound - math.log2(x.throughput) > least else None)
+                for x in mine
+            ]  # fmt: skip
             slow = tuple(SlowLink(x, ref, None) for x, ref in judged if ref is not None)
             untimed = [x for x, ref in judged if ref is None and x.transfer_s == 0]
             if len({(s.link.src, s.link.dst) for s in slow}) < 2:

@@ -32,7 +32,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from cclctl.diagnose.slow_model import SlowOptions, span_ns
-from cclctl.diagnose.slow_stats import below, median
+from cclctl.diagnose.slow_stats import below, median, others_median_bound
 from cclctl.slow_signals import Window
 
 NS = 1e9
@@ -110,7 +110,10 @@ def straggler(
     waits = {u: ns / NS / view.span_s for u, ns in _entry_waits(present, peers).items()}
     best: Straggle | None = None
     counts: dict[tuple[int, ...], int] | None = None
+    bound = others_median_bound(shares.values())
     for unit in present:
+        if bound - shares[unit] <= opts.sustained_share:
+            continue  # below no leave-one-out median by the smallest share a finding needs
         others = [v for v in present if v != unit]
         theirs = [shares[v] for v in others]
         if not below(shares[unit], theirs, opts.mad_k, opts.sustained_share):

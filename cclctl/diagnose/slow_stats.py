@@ -35,3 +35,13 @@ def below(value: float, others: Sequence[float], k: float, least: float) -> bool
         return False
     gap = median(others) - value
     return gap > least and gap > k * mad(others)
+
+
+def others_median_bound(values: Iterable[float]) -> float:
+    """The largest median the others of any one of ``values`` can have (the list with that
+    one value left out): the median of all but the smallest. A value this bound does not
+    exceed by ``least`` is below no leave-one-out median by ``least`` (:func:`below`), so
+    a job of thousands of ranks or links takes one median per rank only for the few that
+    may be slow. ``-inf`` for fewer than two values (a value alone has no others)."""
+    ordered = sorted(values)
+    return median(ordered[1:]) if len(ordered) > 1 else float("-inf")
