@@ -114,12 +114,12 @@ async def _read_news(store: ScopedStore, agent: HostAgent, stop: asyncio.Event) 
             count, why = await asyncio.to_thread(
                 lambda: (store.try_get(f"{DUMP_KEY}/count"), store.try_get(f"{DUMP_KEY}/why"))
             )
-            agent.news = json.dumps({
+            agent.news = {
                 "dump_count": count.decode() if count else None,
                 "dump_why": why.decode() if why else None,
-            }).encode()  # fmt: skip
+            }
         except Exception as exc:  # the store's trouble: the ranks' own polls take over
-            agent.news = b"{}"
+            agent.news = {}
             log.warning("cclctl host agent: reading the job's requests failed: %s", exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), agent.interval_s)

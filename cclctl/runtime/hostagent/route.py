@@ -9,8 +9,9 @@ refused connect per interval, and its statuses reach the store directly, under t
 own key, from the next interval on. Readers take, per rank, the newer of the two
 (:mod:`cclctl.live.snapshot`), so a lost agent is seen as its ranks publishing directly.
 
-Once a status went through the agent, the rank deletes the status it had written directly
-(one request), so a job's listing holds one document per host. When the rank closes, its
+Once the agent's answer says its written document holds the rank's status, the rank deletes
+the status it had written directly (one request), so a job's listing holds one document per
+host and a reader always finds one of the two. When the rank closes, its
 last status (the final one, with ``finished``) is also written directly: it is in the store
 before the rank exits, whatever its agent does next.
 
@@ -76,7 +77,10 @@ class AgentRoute:
             self._last = value
             if self._send(value):
                 self.via_agent += 1
-                if self._direct_key_written:  # the agent's document holds it from now on
+                # once the agent's written document holds it (not before: readers would see
+                # neither), the status the rank wrote to its own key goes
+                held = self.news is not None and self.news.get("written") is True
+                if self._direct_key_written and held:
                     with contextlib.suppress(Exception):
                         self.store.delete(key)
                     self._direct_key_written = False

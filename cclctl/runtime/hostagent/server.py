@@ -57,7 +57,10 @@ class HostAgent:
         self.left: dict[int, str] = {}
         #: what every status is answered with: the job's requests for the host's ranks
         #: (:meth:`set_news`; the process reads them from the store once per interval)
-        self.news = b"{}"
+        self.news: dict[str, Any] = {}
+        #: the ranks whose status the last document written holds (a rank's answer says
+        #: so: until then, the status it wrote to its own key is the only one readers see)
+        self.written: set[int] = set()
         self.connected = 0  # ranks' connections open now
         self.ever_connected = 0
         self.refused = 0  # connections of another user
@@ -115,7 +118,7 @@ class HostAgent:
                     break
                 self.receive(rank, await reader.readexactly(length))
                 ranks.add(rank)
-                writer.write(news_frame(self.news))
+                writer.write(news_frame(self.answer(rank)))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -126,6 +129,11 @@ class HostAgent:
             for rank in ranks:
                 self.left[rank] = f"{why} at {now} UTC"
             self._soon.set()
+
+    def answer(self, rank: int) -> bytes:
+        """What a status of ``rank`` is answered with: the news, and whether the last
+        document written holds the rank's status."""
+        return json.dumps({**self.news, "written": rank in self.written}).encode()
 
     def decoded(self) -> dict[int, Any]:
         """Each rank's newest status, decoded (None where it is not JSON): the exporter's."""
@@ -152,8 +160,9 @@ class HostAgent:
         """Write the document now (nothing before the first status); False if it failed."""
         if not self.statuses:
             return True
+        doc = self.document()
         try:
-            await self._write(self.document().to_bytes())
+            await self._write(doc.to_bytes())
         except Exception as exc:  # the store's trouble: counted, tried again next time
             self.write_errors += 1
             self.failed_in_a_row += 1
@@ -162,6 +171,7 @@ class HostAgent:
             return False
         self.writes += 1
         self.failed_in_a_row = 0
+        self.written = set(doc.statuses)
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
