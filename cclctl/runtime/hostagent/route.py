@@ -30,7 +30,7 @@ import socket
 import threading
 from typing import Any, Protocol
 
-from cclctl.runtime.agent.dump_requests import DUMP_KEY
+from cclctl.runtime.agent.dump_requests import DUMP_KEY, SignalStore
 from cclctl.runtime.hostagent.wire import MAX_NEWS, NEWS, status_frame
 
 log = logging.getLogger("cclctl.hostagent")
@@ -154,14 +154,6 @@ def _read(sock: socket.socket, size: int) -> bytes:
             raise ConnectionResetError("the host agent closed the connection")
         data += chunk
     return data
-
-
-class SignalStore(Protocol):
-    """What the dump-request poller reads and writes (the job's scoped store)."""
-
-    def add(self, key: str, delta: int) -> int: ...
-    def set(self, key: str, value: bytes) -> None: ...
-    def try_get(self, key: str) -> bytes | None: ...
 
 
 #: the keys the agent's answer holds, by the field that holds them
