@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from cclctl.errors import BadInput
+from cclctl.status_digest import digest
 
 SCHEMA = "cclctl.host"
 VERSION = 1
@@ -61,11 +62,15 @@ class HostDocument:
         ).encode()
 
 
-def summarize(statuses: Mapping[int, Any]) -> dict[str, Any]:
+def summarize(
+    statuses: Mapping[int, Any], texts: Mapping[int, str] | None = None
+) -> dict[str, Any]:
     """Per communicator: the range of seqs the ranks started and completed, and the ranks
     at the lowest completed seq where not every rank is there (bounded by
-    :data:`MAX_BEHIND`). Statuses that do not have the shape are skipped (the reader
-    reports them, rank by rank)."""
+    :data:`MAX_BEHIND`); per rank with a plain status, its digest
+    (:mod:`cclctl.status_digest`; ``texts``: the text each was decoded from, without
+    which no rank has one). Statuses that do not have the shape are skipped (the
+    reader reports them, rank by rank)."""
     seqs: dict[str, list[tuple[int, int, int]]] = {}
     for rank, doc in statuses.items():
         comms = doc.get("comms") if isinstance(doc, dict) else None
@@ -89,7 +94,12 @@ def summarize(statuses: Mapping[int, Any]) -> dict[str, Any]:
             "completed": [lowest, highest],
             "behind": behind[:MAX_BEHIND],
         }
-    return {"comms": out}
+    digests = {}
+    for rank, text in (texts or {}).items():
+        row = digest(statuses.get(rank), text)
+        if row is not None:
+            digests[str(rank)] = row
+    return {"comms": out, "digests": digests}
 
 
 def _count(value: object) -> TypeGuard[int]:

@@ -28,6 +28,7 @@ from cclctl.diagnose_io import procs
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import ConfigError, FaultFound, UsageError
 from cclctl.limits import MAX_WORLD_SIZE
+from cclctl.live.alike import ALIKE_FROM
 
 HELP = "Diagnose a job: the rank or link that hangs it (hang), or that slows it (slow)."
 
@@ -126,7 +127,7 @@ def hang(
     if dumps or address is None:  # given dumps use no CCLCTL_* variable
         diag = _from_dumps(dumps or [default_folder(job)], job, world_size, opts)
     else:  # the same verdict as top's
-        diag = diagnose_live(live_statuses(address, job), world_size, opts)
+        diag = diagnose_live(live_statuses(address, job, ALIKE_FROM), world_size, opts)
     if as_json:
         ui.write_result(json.dumps(diag.to_dict(), indent=2) + "\n")
     else:

@@ -45,10 +45,11 @@ def _say(line: str) -> None:
     print(f"cclctl: {line}", file=sys.stderr)
 
 
-def live_statuses(address: str, job: str | None) -> JobStatuses:
+def live_statuses(address: str, job: str | None, alike_from: int | None = None) -> JobStatuses:
+    """A live job's statuses from its store (``alike_from``: see :func:`fetch`)."""
     client = connect(address)
     try:
-        statuses = fetch(client, job)
+        statuses = fetch(client, job, alike_from=alike_from)
     finally:
         client.close()
     if not statuses.statuses and not statuses.bad:

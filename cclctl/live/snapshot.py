@@ -16,13 +16,15 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from cclctl import host_status, limits, probe_record
 from cclctl.errors import BadInput, UsageError
+from cclctl.live import alike
 from cclctl.probe_record import ProbeRecord
 from cclctl.records import RankSnapshot, snapshot_from_dict
+from cclctl.status_digest import digest
 
 ROOT = "cclctl/"
 STATUS_KEY = "status/"
@@ -82,14 +84,17 @@ def jobs_in(keys: Mapping[str, Any]) -> list[str]:
     return sorted(jobs)
 
 
-def fetch(store: ListingStore, job: str | None = None) -> JobStatuses:
+def fetch(
+    store: ListingStore, job: str | None = None, *, alike_from: int | None = None
+) -> JobStatuses:
     """Read one job's statuses. Without ``job``, the store must hold exactly one job.
+    ``alike_from``: see :func:`parse`.
 
     Raises UsageError (exit 2) when no job, or more than one, has published status;
     StoreError when the store cannot be reached.
     """
     if job is not None:
-        return parse(job, store.address, store.list(job_prefix(job)))
+        return parse(job, store.address, store.list(job_prefix(job)), alike_from=alike_from)
     listing = store.list(ROOT)
     jobs = jobs_in(listing)
     if not jobs:
@@ -100,11 +105,17 @@ def fetch(store: ListingStore, job: str | None = None) -> JobStatuses:
             "choose one with --job",
             jobs=jobs,
         )
-    return parse(jobs[0], store.address, listing)
+    return parse(jobs[0], store.address, listing, alike_from=alike_from)
 
 
-def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
+def parse(
+    job: str, address: str, listing: Mapping[str, bytes], *, alike_from: int | None = None
+) -> JobStatuses:
     """Parse a listing of full store keys; keys of other jobs are ignored.
+
+    ``alike_from``: where the host documents hold at least this many statuses, ranks that
+    are alike are parsed once (:mod:`cclctl.live.alike`: for a hang's diagnosis, which
+    reads none of what such a rank's status lacks); None: every status in full.
 
     A status the view cannot use is that rank's problem, except one stating a size beyond
     :mod:`cclctl.limits` (a rank key, a world size): that raises TooLarge for the whole
@@ -142,24 +153,54 @@ def parse(job: str, address: str, listing: Mapping[str, bytes]) -> JobStatuses:
             raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
         except BadInput as exc:
             out.bad[rank] = f"bad status: {_unprefixed(exc)}"
-    for doc in out.hosts.values():
-        for number, text in doc.statuses.items():
-            rank = limits.rank(number, f"host document of {doc.host!r}")
-            try:
-                snap = _status(text.encode(), rank)
-            except limits.TooLarge as exc:
-                raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
-            except BadInput as exc:
-                if rank not in out.statuses:
-                    out.bad[rank] = f"bad status (from {doc.host}'s agent): {_unprefixed(exc)}"
-                continue
-            mine = out.statuses.get(rank)
-            if mine is None or snap.time_ns > mine.time_ns:
-                out.statuses[rank] = snap
-                out.bad.pop(rank, None)
-                out.via_agent.add(rank)
-                budget.add(info.ranks for info in snap.comms.values())
+    _merge_hosts(out, budget, alike_from)
     return out
+
+
+def _merge_hosts(out: JobStatuses, budget: limits.MemberBudget, alike_from: int | None) -> None:
+    """The statuses in the host documents, each where it is newer than the rank's own key's
+    (``alike_from``: see :func:`parse`)."""
+    hosts = out.hosts.values()
+    for doc in hosts:
+        for number in doc.statuses:
+            limits.rank(number, f"host document of {doc.host!r}")
+    use_alike = alike_from is not None and sum(len(d.statuses) for d in hosts) >= alike_from
+    found = alike.host_statuses(hosts, _parse_one) if use_alike else _every_status(hosts)
+    for rank, doc, read in found:
+        if isinstance(read, BadInput):
+            if rank not in out.statuses:
+                out.bad[rank] = f"bad status (from {doc.host}'s agent): {_unprefixed(read)}"
+            continue
+        mine = out.statuses.get(rank)
+        if mine is None or read.time_ns > mine.time_ns:
+            out.statuses[rank] = read
+            out.bad.pop(rank, None)
+            out.via_agent.add(rank)
+            budget.add(info.ranks for info in read.comms.values())
+
+
+def _every_status(hosts: Iterable[host_status.HostDocument]) -> Iterator[alike.Found]:
+    """Every status ``hosts`` hold, each parsed in full."""
+    for doc in hosts:
+        for rank, text in doc.statuses.items():
+            yield rank, doc, _parse_one(text, rank, keyed=False)[0]
+
+
+def _parse_one(
+    text: str, rank: int, keyed: bool = True
+) -> tuple[RankSnapshot | BadInput, str | None]:
+    """Rank ``rank``'s status from a host document, or why it is unusable; and, where
+    ``keyed``, its digest's key (:mod:`cclctl.status_digest`; None: it has none). A size
+    beyond :mod:`cclctl.limits` raises TooLarge, for the whole job."""
+    try:
+        data = _decoded(text.encode())
+        snap = _checked(data, rank)
+    except limits.TooLarge as exc:
+        raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
+    except BadInput as exc:
+        return exc, None
+    row = digest(data) if keyed else None
+    return snap, None if row is None else row[2]
 
 
 def _host(out: JobStatuses, host: str, value: bytes) -> None:
@@ -180,14 +221,17 @@ def _clip(text: str, limit: int = 60) -> str:
 
 def _status(value: bytes, rank: int) -> RankSnapshot:
     """A rank's status, checked beyond the schema: the fields a view reads must be usable."""
+    return _checked(_decoded(value), rank)
+
+
+def _decoded(value: bytes) -> Any:
     where = _WHERE
     try:
-        data = json.loads(value)
+        return json.loads(value)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadInput(f"{where}: not valid JSON ({exc})", where=where) from None
     except RecursionError:
         raise BadInput(f"{where}: JSON nested too deeply", where=where) from None
-    return _checked(data, rank)
 
 
 def _checked(data: Any, rank: int) -> RankSnapshot:

@@ -38,6 +38,7 @@ BASE = {
     "slow_signals",
     "probe_record",
     "host_status",
+    "status_digest",
 }
 
 #: what each layer may import of cclctl, besides the base and itself

@@ -153,7 +153,7 @@ class HostAgent:
             interval_s=self.interval_s,
             statuses=dict(self.statuses),
             left=dict(self.left),
-            summary=summarize(self._parsed),
+            summary=summarize(self._parsed, self.statuses),
         )
 
     async def flush(self) -> bool:
