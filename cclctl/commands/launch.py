@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -11,9 +12,11 @@ from cclctl.commands.checks import check_command
 from cclctl.commands.launch_verdict import FailureWatch, verdict_line
 from cclctl.commands.launch_waiting import WaitWatch
 from cclctl.config import runtime_from_env
+from cclctl.errors import UsageError
 from cclctl.launch import streaming_copies
 from cclctl.launch.launcher import MAX_PROCS, launch, print_prefixed
 from cclctl.launch.output import where_to_watch
+from cclctl.store.backends import is_etcd
 
 HELP = (
     "Run CMD as N ranks on this host, around a job store, and stop them all together.\n\n"
@@ -36,6 +39,9 @@ HELP = (
     "seconds while that changes. "
     "At start it prints the store's address and the `cclctl top` and `cclctl diagnose hang` "
     "commands that watch this job, on stderr. "
+    "The job's store is the launcher's own, a process that lingers a while after the job; "
+    "with CCLCTL_STORE=etcd://HOST:PORT,... in the environment it is that etcd cluster "
+    "instead (no store process is started, and --port has no use). "
     f"Ctrl-C is forwarded to every rank before they are stopped the same way. -n is 1 to "
     f"{MAX_PROCS}."
 )
@@ -84,6 +90,11 @@ def launch_command(
     ),
 ) -> None:
     check_command("launch", {"-n": nprocs, "--port": port, "--timeout": timeout, "--grace": grace})
+    if port and is_etcd(os.environ.get("CCLCTL_STORE", "")):
+        raise UsageError(
+            "--port is the launcher's own store's; the job's store is the etcd cluster "
+            "CCLCTL_STORE names: leave --port out"
+        )
     watch, waits = FailureWatch(), WaitWatch()
     result = launch(
         cmd or [],

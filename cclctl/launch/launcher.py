@@ -24,7 +24,8 @@ from cclctl.launch.outcome import LaunchResult, RankExit, Waiting
 from cclctl.launch.output import LineSink
 from cclctl.launch.ranks import FailureHook, RankJob, WaitHook
 from cclctl.launch.witness import StoreSeen, Witness
-from cclctl.runtime.job.store_process import spawn_store
+from cclctl.runtime.job.store_process import DetachedStore, spawn_store
+from cclctl.store.backends import is_etcd
 from cclctl.store.linger import FIRST_RANK_S
 
 __all__ = [
@@ -68,7 +69,9 @@ def launch(
 
     ``env`` adds variables to the inherited environment. Each rank also gets RANK,
     WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port for
-    frameworks that host their own store), CCLCTL_STORE (this launcher's store),
+    frameworks that host their own store), CCLCTL_STORE (this launcher's store; where the
+    launcher's own environment has ``CCLCTL_STORE=etcd://...``, that etcd cluster, and no
+    store process is started),
     CCLCTL_JOB and CCLCTL_TOKEN (a fresh token, also written 0600 to the job's folder for
     the operators on this host, and removed when the job ends), and GLIBC_TUNABLES names a
     streaming-copy threshold (see :mod:`~cclctl.launch.streaming_copies`). Lines go to
@@ -89,26 +92,34 @@ def launch(
     token = auth.new_token()  # the job's: only its ranks may write to its store
     job_name = base.get("CCLCTL_JOB") or f"launch-{secrets.token_hex(4)}"
     token_file = _write_token(job_name, token, base)
-    try:
-        store = spawn_store(
-            "127.0.0.1", port, token, store_server_from_env(), job=job_name,
-            folder=str(token_file.parent), first_rank_s=FIRST_RANK_S,
-        )  # fmt: skip
-    except StoreError as exc:
-        token_file.unlink()
-        raise UsageError(f"{exc}; pick another --port, or 0 for a free one") from None
-    envs = _rank_environments(base, nprocs, store.address, token, job_name)
-    witness = Witness(store.address, token, job_name)
+    etcd = base.get("CCLCTL_STORE", "")
+    store = None if is_etcd(etcd) else _spawn_store(port, token, job_name, token_file)
+    address = etcd if store is None else store.address
+    envs = _rank_environments(base, nprocs, address, token, job_name)
+    witness = Witness(address, token, job_name)
     try:
         job = RankJob(list(cmd), nprocs, envs, witness, on_failure, on_wait, wait_interval_s)
         sink = _route(output or print_prefixed, capture_rank0_stdout)
         return job.run(sink, grace_s, timeout_s, on_start)
     finally:
         witness.close()  # the store lingers for top and diagnose, then leaves by itself
-        store.close()
+        if store is not None:
+            store.close()
         with contextlib.suppress(OSError):
             token_file.unlink()
             token_file.parent.rmdir()  # only when the job left nothing else there
+
+
+def _spawn_store(port: int, token: str, job: str, token_file: Path) -> DetachedStore:
+    """The job's own store, a process of its own that lingers after the job."""
+    try:
+        return spawn_store(
+            "127.0.0.1", port, token, store_server_from_env(), job=job,
+            folder=str(token_file.parent), first_rank_s=FIRST_RANK_S,
+        )  # fmt: skip
+    except StoreError as exc:
+        token_file.unlink()
+        raise UsageError(f"{exc}; pick another --port, or 0 for a free one") from None
 
 
 def _write_token(job: str, token: str, env: Mapping[str, str]) -> Path:

@@ -1,4 +1,5 @@
-"""The launcher as the first witness of a rank's death, through the job's store it hosts.
+"""The launcher as the first witness of a rank's death, through the job's store (the one it
+hosts, or the etcd cluster the job runs on).
 
 The launcher is the ranks' parent: it learns of a death from ``waitpid`` with the signal or
 exit code, which no peer can know. It writes the job's revoke record (first writer wins)
@@ -15,7 +16,8 @@ import socket
 from cclctl import revocation
 from cclctl.errors import BadInput, CclError
 from cclctl.revocation import OPERATOR, Revocation
-from cclctl.store.client import StoreClient
+from cclctl.store.backends import open_store
+from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import job_prefix
 
 REQUEST_TIMEOUT_S = 5.0
@@ -47,14 +49,14 @@ def death_record(rank: int, pid: int, returncode: int, signal_name: str | None) 
 
 
 class Witness:
-    """The launcher's client of its own store, for one job."""
+    """The launcher's client of the job's store, for one job."""
 
     def __init__(self, address: str, token: str, job: str) -> None:
         self.address = address
         self.token = token
         self.job = job
         self.prefix = job_prefix(job)
-        self._client: StoreClient | None = None
+        self._client: KeyValueStore | None = None
 
     def record(self, record: Revocation) -> bool:
         """Write ``record`` as the job's revoke record unless one is there; True if it won."""
@@ -83,10 +85,10 @@ class Witness:
             self._client.close()
             self._client = None
 
-    def _connect(self) -> StoreClient | None:
+    def _connect(self) -> KeyValueStore | None:
         if self._client is None:
             try:
-                self._client = StoreClient.from_address(
+                self._client = open_store(
                     self.address,
                     timeout_s=REQUEST_TIMEOUT_S,
                     connect_timeout_s=REQUEST_TIMEOUT_S,

@@ -133,3 +133,38 @@ def test_job_on_etcd_survives_the_loss_of_its_member(cluster: EtcdCluster, tmp_p
         assert ranks.wait() == [0, 0], "\n".join(ranks.other[-30:])
     finally:
         ranks.kill()
+
+
+DIES = """
+import sys
+import numpy as np
+import cclctl
+comm = cclctl.init()
+x = np.ones(4, np.float32)
+comm.all_reduce(x)
+print("sum", float(x[0]), flush=True)
+if comm.rank == 1:
+    sys.exit(3)
+comm.all_reduce(x)  # rank 0 waits here until the launcher's record fails it
+"""
+
+
+def test_cclctl_launch_runs_its_job_on_etcd_and_records_a_death_there(tmp_path: Path) -> None:
+    with etcd_cluster(tmp_path / "etcd", 1) as cluster:
+        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, CCLCTL_STORE=cluster.address, CCLCTL_JOB="launched-on-etcd",
+                   CCLCTL_TRACE_DIR=str(tmp_path / "dumps"), PYTHONPATH=path)  # fmt: skip
+        cmd = [sys.executable, "-m", "cclctl", "launch", "-n", "2", "--grace", "2", "--",
+               sys.executable, "-c", DIES]  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
+        assert done.returncode == 3, done.stderr
+        assert sorted(done.stdout.split("\n")[:2]) == ["[rank 0] sum 2.0", "[rank 1] sum 2.0"]
+        assert f"--store {cluster.address}" in done.stderr  # where to watch: the cluster
+        assert done.stderr.splitlines()[-1].startswith("cclctl launch: rank 1 (pid ")
+        assert "exited with code 3" in done.stderr.splitlines()[-1]
+        with EtcdClient.from_address(cluster.address, connect_timeout_s=10) as reader:
+            record = json.loads(reader.get("cclctl/launched-on-etcd/revoke", timeout_s=5))
+        assert (record["kind"], record["origin"], record["via"]) == ("died", 1, "launcher")
+        port = subprocess.run([*cmd[:4], "--port", "5000", "--", "true"], env=env,
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert port.returncode == 2 and "leave --port out" in port.stderr
