@@ -11,11 +11,12 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from ports import free_port_block
+from tls_files import TlsFiles
 
 #: How long a cluster may take to elect a leader and answer on every member.
 START_S = 30.0
@@ -34,8 +35,18 @@ def etcd_binary() -> str:
 class EtcdCluster:
     """``size`` members on loopback; ``address`` is what ``CCLCTL_STORE`` takes."""
 
-    def __init__(self, folder: Path, size: int) -> None:
+    def __init__(
+        self, folder: Path, size: int, extra: Sequence[str] = (), tls: TlsFiles | None = None
+    ) -> None:
+        """``extra``: more flags for every member; ``tls``: members serve clients over TLS
+        with these files, and ask for a client certificate the CA signed."""
         binary = etcd_binary()
+        self.tls = tls
+        scheme = "https" if tls else "http"
+        secure = [] if tls is None else [
+            f"--cert-file={tls.server_cert}", f"--key-file={tls.server_key}",
+            f"--trusted-ca-file={tls.ca}", "--client-cert-auth",
+        ]  # fmt: skip
         folder.mkdir(parents=True, exist_ok=True)
         base = free_port_block(2 * size)
         self.client_ports = [base + 2 * i for i in range(size)]
@@ -52,13 +63,15 @@ class EtcdCluster:
                             binary,
                             f"--name=m{i}",
                             f"--data-dir={folder / f'm{i}.etcd'}",
-                            f"--listen-client-urls=http://127.0.0.1:{self.client_ports[i]}",
-                            f"--advertise-client-urls=http://127.0.0.1:{self.client_ports[i]}",
+                            f"--listen-client-urls={scheme}://127.0.0.1:{self.client_ports[i]}",
+                            f"--advertise-client-urls={scheme}://127.0.0.1:{self.client_ports[i]}",
                             f"--listen-peer-urls=http://127.0.0.1:{peers[i]}",
                             f"--initial-advertise-peer-urls=http://127.0.0.1:{peers[i]}",
                             f"--initial-cluster={initial}",
                             f"--initial-cluster-token={token}",
                             "--initial-cluster-state=new",
+                            *secure,
+                            *extra,
                         ],
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -80,7 +93,7 @@ class EtcdCluster:
     def _until_healthy(self) -> None:
         deadline = time.monotonic() + START_S
         for i, port in enumerate(self.client_ports):
-            while not _healthy(port):
+            while not _healthy(port, self.tls):
                 if self.procs[i].poll() is not None:
                     raise RuntimeError(f"etcd member m{i} exited with {self.procs[i].returncode}")
                 if time.monotonic() > deadline:
@@ -106,18 +119,23 @@ class EtcdCluster:
                 self.kill(i)
 
 
-def _healthy(port: int) -> bool:
+def _healthy(port: int, tls: TlsFiles | None = None) -> bool:
+    context = None if tls is None else tls.client_context()
+    scheme = "http" if tls is None else "https"
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
+        url = f"{scheme}://127.0.0.1:{port}/health"
+        with urllib.request.urlopen(url, timeout=1, context=context) as resp:
             return bool(json.load(resp).get("health") == "true")
     except (OSError, ValueError):
         return False
 
 
 @contextlib.contextmanager
-def etcd_cluster(folder: Path, size: int) -> Iterator[EtcdCluster]:
+def etcd_cluster(
+    folder: Path, size: int, extra: Sequence[str] = (), tls: TlsFiles | None = None
+) -> Iterator[EtcdCluster]:
     """A running cluster of ``size`` members, killed on the way out."""
-    cluster = EtcdCluster(folder, size)
+    cluster = EtcdCluster(folder, size, extra, tls)
     try:
         yield cluster
     finally:

@@ -5,8 +5,9 @@
 (a blocking read: a range then a watch, :mod:`~cclctl.store.etcd.watch`) and deleterange;
 ``compare_set`` and ``add`` are transactions on the key's value or its revision. Keys are
 written under the client's lease (:mod:`~cclctl.store.etcd.lease`). The job's token is not
-checked by etcd, which has its own users and TLS (``docs/security.md``); it is accepted and
-unused, so callers pass it as they do to the embedded store.
+checked by etcd, which has its own users and TLS (:mod:`~cclctl.store.etcd.credentials`,
+``docs/security.md``); it is accepted and unused, so callers pass it as they do to the
+embedded store.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from cclctl.errors import StoreError, StoreTimeout
 from cclctl.store.etcd.address import format_endpoints, parse_endpoints
 from cclctl.store.etcd.codec import b64, number, prefix_end, unb64
+from cclctl.store.etcd.credentials import Credentials
+from cclctl.store.etcd.credentials import from_env as credentials_from_env
 from cclctl.store.etcd.gateway import LEASE_NOT_FOUND, EtcdRefused, Gateway
 from cclctl.store.etcd.lease import DEFAULT_LEASE_TTL_S, Lease
 from cclctl.store.etcd.watch import await_keys
@@ -38,15 +41,22 @@ class EtcdClient:
         token: str | None = None,
         max_retry_delay_s: float = 0.5,
         lease_ttl_s: float | None = DEFAULT_LEASE_TTL_S,
+        credentials: Credentials | None = None,
     ) -> None:
         """Reaches a member within ``connect_timeout_s`` (StoreTimeout otherwise).
-        ``token``: unused (see the module). ``lease_ttl_s``: see :class:`Lease`."""
+        ``token``: unused (see the module). ``lease_ttl_s``: see :class:`Lease`.
+        ``credentials``: the user and TLS files (None: the ``CCLCTL_ETCD_*`` variables',
+        :mod:`~cclctl.store.etcd.credentials`)."""
         del token
         self.endpoints = list(endpoints)
         self.host, self.port = self.endpoints[0]
         self.address = format_endpoints(self.endpoints)
         self.timeout_s = timeout_s
-        self._gateway = Gateway(self.endpoints, max_retry_delay_s=max_retry_delay_s)
+        self._gateway = Gateway(
+            self.endpoints,
+            max_retry_delay_s=max_retry_delay_s,
+            credentials=credentials_from_env() if credentials is None else credentials,
+        )
         self._lease = Lease(self._gateway, lease_ttl_s)
         self._gateway.call(
             "/v3/maintenance/status", {}, idempotent=True, within_s=connect_timeout_s

@@ -26,6 +26,8 @@ import time
 from typing import Any
 
 from cclctl.errors import StoreError, StoreTimeout
+from cclctl.store.etcd.credentials import PASSWORD_FILE, USER, Credentials
+from cclctl.store.etcd.stream import Stream, reason
 
 #: The longest one try at one member may take before the next member is tried: a member
 #: that hangs (partitioned, stopped) must not take a request's whole deadline.
@@ -35,6 +37,10 @@ ATTEMPT_S = 3.0
 RETRYABLE_CODES = frozenset({4, 14})
 #: etcd's code for an unknown lease (it expired, or the cluster lost it).
 LEASE_NOT_FOUND = 5
+#: etcd's code for a token it no longer knows (it expired): authenticate again.
+UNAUTHENTICATED = 16
+#: etcd's code for a user without the permission a request needs.
+PERMISSION_DENIED = 7
 _HEADERS = {"Content-Type": "application/json"}
 _LOST = (OSError, http.client.HTTPException)
 
@@ -46,9 +52,19 @@ class EtcdRefused(StoreError):
 class Gateway:
     """Requests to an etcd cluster's gateway, moving between members as they come and go."""
 
-    def __init__(self, endpoints: list[tuple[str, int]], *, max_retry_delay_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        endpoints: list[tuple[str, int]],
+        *,
+        max_retry_delay_s: float = 0.5,
+        credentials: Credentials | None = None,
+    ) -> None:
+        """``credentials``: the user and TLS files (:mod:`.credentials`; None: none)."""
         if not endpoints:
             raise StoreError("an etcd store needs at least one member's HOST:PORT")
+        self.credentials = credentials or Credentials()
+        self._ssl = self.credentials.ssl_context()
+        self._auth_token = ""  # what authenticating as the user gave, sent with each request
         self.endpoints = list(endpoints)
         self.max_retry_delay_s = max_retry_delay_s
         self.failovers = 0  # times a request moved to another member
@@ -72,14 +88,21 @@ class Gateway:
         deadline = time.monotonic() + within_s
         data = json.dumps(body).encode()
         with self._lock:
-            tries, delay, why = 0, 0.0, ""
+            tries, delay, why, renewed = 0, 0.0, "", False
             while True:
                 if self._closed:
                     raise StoreError(f"the connection to etcd at {self.member} is closed")
                 try:
+                    if self.credentials.user and not self._auth_token:
+                        self._authenticate(deadline)
                     return self._attempt(path, data, deadline, idempotent)
                 except _Retry as retry:
                     why = retry.why
+                except EtcdRefused as refused:
+                    if refused.fields.get("code") != UNAUTHENTICATED or renewed:
+                        raise
+                    self._auth_token, renewed = "", True  # it expired: once more, anew
+                    continue
                 tries += 1
                 self._move_on()
                 if tries % len(self.endpoints) == 0:  # every member tried: back off
@@ -100,7 +123,7 @@ class Gateway:
         conn = self._connection(min(left, ATTEMPT_S))
         sent = False
         try:
-            conn.request("POST", path, body=data, headers=_HEADERS)
+            conn.request("POST", path, body=data, headers=self._headers())
             sent = True
             response = conn.getresponse()
             raw = response.read()
@@ -108,11 +131,11 @@ class Gateway:
             self._drop()
             if sent and not idempotent:
                 raise StoreError(
-                    f"lost the connection to etcd at {self.member}: {_reason(exc)}; the "
+                    f"lost the connection to etcd at {self.member}: {reason(exc)}; the "
                     "request may have been applied, so it is not repeated",
                     address=self.member,
                 ) from None
-            raise _Retry(f"{self.member}: {_reason(exc)}") from None
+            raise _Retry(f"{self.member}: {reason(exc)}") from None
         reply = _decode(raw)
         if response.status == 200 and reply is not None and "error" not in reply:
             return reply
@@ -121,7 +144,36 @@ class Gateway:
         message = str(reply.get("message") or reply.get("error") or f"HTTP {response.status}")
         if code in RETRYABLE_CODES and idempotent:
             raise _Retry(f"{self.member}: {message}")
-        raise EtcdRefused(f"etcd at {self.member} refused: {message}", code=code)
+        raise EtcdRefused(
+            f"etcd at {self.member} refused: {message}{self._hint(message, code)}", code=code
+        )
+
+    def _authenticate(self, deadline: float) -> None:
+        """Authenticate as the user at the current member: its token goes with each
+        request until etcd forgets it (then :meth:`call` authenticates again)."""
+        creds = self.credentials
+        body = json.dumps({"name": creds.user, "password": creds.password}).encode()
+        reply = self._attempt("/v3/auth/authenticate", body, deadline, idempotent=True)
+        token = reply.get("token")
+        if not isinstance(token, str) or not token:
+            raise EtcdRefused(f"etcd at {self.member} gave no token to user {creds.user!r}")
+        self._auth_token = token
+
+    def _headers(self) -> dict[str, str]:
+        if not self._auth_token:
+            return _HEADERS
+        return {**_HEADERS, "Authorization": self._auth_token}
+
+    def _hint(self, message: str, code: int) -> str:
+        """What to do about a refusal that is about who cclctl is."""
+        user = self.credentials.user
+        if "user name is empty" in message:
+            return f" (the cluster checks users: set {USER} and {PASSWORD_FILE})"
+        if "invalid user ID or password" in message:
+            return f" (user {user!r}, {USER} and {PASSWORD_FILE})"
+        if code == PERMISSION_DENIED:
+            return f" (user {user!r} needs readwrite on the prefix cclctl/)"
+        return ""
 
     def open_stream(self, path: str, body: dict[str, Any], within_s: float) -> Stream:
         """A streaming request (a watch) on a connection of its own, at the first member
@@ -138,9 +190,9 @@ class Gateway:
                     address=self._names(),
                 )
             host, port = self.endpoints[self._current]
-            conn = http.client.HTTPConnection(host, port, timeout=min(left, ATTEMPT_S))
+            conn = self._new_connection(host, port, min(left, ATTEMPT_S))
             try:
-                conn.request("POST", path, body=data, headers=_HEADERS)
+                conn.request("POST", path, body=data, headers=self._headers())
                 response = conn.getresponse()
                 if response.status == 200:
                     return Stream(conn, response, f"{host}:{port}")
@@ -174,11 +226,16 @@ class Gateway:
                 conn = None
         if conn is None:
             host, port = self.endpoints[self._current]
-            conn = self._conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+            conn = self._conn = self._new_connection(host, port, timeout_s)
         conn.timeout = timeout_s
         if conn.sock is not None:
             conn.sock.settimeout(timeout_s)
         return conn
+
+    def _new_connection(self, host: str, port: int, timeout_s: float) -> http.client.HTTPConnection:
+        if self._ssl is None:
+            return http.client.HTTPConnection(host, port, timeout=timeout_s)
+        return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=self._ssl)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -209,41 +266,6 @@ class Gateway:
                 self._lock.release()
 
 
-class Stream:
-    """One streaming reply: newline-delimited JSON messages, read until a deadline."""
-
-    def __init__(
-        self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse, member: str
-    ) -> None:
-        self.conn = conn
-        self.response = response
-        self.member = member
-
-    def next(self, deadline: float) -> dict[str, Any]:
-        """The next message's ``result``; TimeoutError at ``deadline``, OSError (or
-        ValueError on a garbled line) when the member is gone."""
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the watch's deadline passed")
-        if self.conn.sock is not None:
-            self.conn.sock.settimeout(left)
-        try:
-            line = self.response.readline()
-        except http.client.HTTPException as exc:
-            raise ConnectionError(_reason(exc)) from None
-        if not line:
-            raise ConnectionError(f"etcd at {self.member} ended the stream")
-        message = json.loads(line)
-        if not isinstance(message, dict) or "error" in message:
-            raise ConnectionError(f"etcd at {self.member} ended the stream: {message}")
-        result = message.get("result")
-        return result if isinstance(result, dict) else {}
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.close()
-
-
 class _Retry(Exception):
     """This member did not answer; another may (``why``: what happened)."""
 
@@ -259,7 +281,3 @@ def _decode(raw: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return reply if isinstance(reply, dict) else None
-
-
-def _reason(exc: BaseException) -> str:
-    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

@@ -15,7 +15,8 @@ from typing import Any
 
 from cclctl.errors import StoreError
 from cclctl.store.etcd.codec import b64, number, unb64
-from cclctl.store.etcd.gateway import Gateway, Stream
+from cclctl.store.etcd.gateway import Gateway
+from cclctl.store.etcd.stream import Stream
 
 #: The longest one range request of a blocking read may take.
 RANGE_S = 5.0
