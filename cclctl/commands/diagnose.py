@@ -20,7 +20,12 @@ from cclctl import ui
 from cclctl.commands import diagnose_slow
 from cclctl.commands.checks import check_command
 from cclctl.commands.diagnose_console import report_console
-from cclctl.commands.diagnose_sources import default_folder, live_statuses, read_dumps
+from cclctl.commands.diagnose_sources import (
+    default_folder,
+    live_statuses,
+    no_cycle_collection,
+    read_dumps,
+)
 from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
@@ -127,7 +132,8 @@ def hang(
     if dumps or address is None:  # given dumps use no CCLCTL_* variable
         diag = _from_dumps(dumps or [default_folder(job)], job, world_size, opts)
     else:  # the same verdict as top's
-        diag = diagnose_live(live_statuses(address, job, ALIKE_FROM), world_size, opts)
+        with no_cycle_collection():
+            diag = diagnose_live(live_statuses(address, job, ALIKE_FROM), world_size, opts)
     if as_json:
         ui.write_result(json.dumps(diag.to_dict(), indent=2) + "\n")
     else:

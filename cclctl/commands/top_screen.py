@@ -10,6 +10,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from cclctl.commands.diagnose_sources import no_cycle_collection
 from cclctl.diagnose.model import Options
 from cclctl.diagnose.slow_model import SlowReport
 from cclctl.diagnose_io.live import diagnose_live
@@ -58,7 +59,8 @@ def read_screen(
     stuck thresholds; none while no rank has published. Its UsageError (a --world-size
     below a rank seen) is the user's to fix, as in diagnose.
     """
-    return screen_of(fetch(client, job), world_size, limits)
+    with no_cycle_collection():
+        return screen_of(fetch(client, job), world_size, limits)
 
 
 def screen_of(statuses: JobStatuses, world_size: int | None, limits: Thresholds) -> Screen:

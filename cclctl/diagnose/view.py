@@ -105,8 +105,9 @@ def rank_state(snap: RankSnapshot) -> RankState:
     """
     tail: dict[str, dict[int, CollectiveRecord]] = {}
     records = snap.records  # they hold the call in flight too: a copy of it, once read back
-    if snap.inflight is not None and not any(_same_attempt(r, snap.inflight) for r in records):
-        records = [*records, snap.inflight]
+    call = snap.inflight
+    if call is not None and not any(r is call or _same_attempt(r, call) for r in records):
+        records = [*records, call]
     inflight: list[CollectiveRecord] = []
     for rec in records:
         if in_flight(rec) and not any(_same_call(rec, r) for r in inflight):
