@@ -11,7 +11,6 @@ table per refresh when stdout is a pipe (like ``top -b``), or the JSON document 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -29,7 +28,7 @@ from cclctl.commands.store_access import connect, store_option
 from cclctl.commands.top_screen import Screen, fit_rows, read_screen, render
 from cclctl.errors import ConfigError, StoreError, UsageError
 from cclctl.limits import MAX_WORLD_SIZE
-from cclctl.live.document import to_document
+from cclctl.live.document import dumps, to_document
 from cclctl.live.rank_view import DEFAULT_SLOW_S, DEFAULT_STALE_S, Thresholds
 from cclctl.store.kv import KeyValueStore
 
@@ -109,7 +108,7 @@ def top(
             doc = to_document(view, screen.culprits)
             doc["slow"] = screen.slow.to_dict() if screen.slow is not None else None
             doc["probe"] = _probe_document(screen)
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            sys.stdout.write(dumps(doc) + "\n")
             return
         console = _console()
         if once:

@@ -9,6 +9,8 @@ shows it.
 
 from __future__ import annotations
 
+import json
+import secrets
 from typing import Any
 
 from cclctl.live.culprit import Culprits, display_order
@@ -39,6 +41,16 @@ def to_document(view: JobView, culprits: Culprits) -> dict[str, Any]:
         "waiting": list(culprits.waiting_lines),
         "ranks": [rank_document(r, culprits) for r in display_order(view, culprits)],
     }
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """The document as ``top --json`` prints it: indented, each rank on a line of its own.
+    (An indented dump of every rank's fields runs in Python, not in json's C encoder: 10 s
+    at 100,000 ranks; a line per rank is encoded in C, and reads as well.)"""
+    mark = f"\x00ranks {secrets.token_hex(8)}\x00"  # a string no field of the view holds
+    head = json.dumps({**doc, "ranks": mark}, indent=2)
+    rows = ",\n".join("    " + json.dumps(rank) for rank in doc["ranks"])
+    return head.replace(json.dumps(mark), "[\n" + rows + "\n  ]" if rows else "[]", 1)
 
 
 def _seconds(value: float | None) -> float | None:

@@ -19,7 +19,7 @@ from live_job import live_job
 from cclctl.commands.top_screen import screen_of
 from cclctl.live import cells, table
 from cclctl.live.classify import classify
-from cclctl.live.document import to_document
+from cclctl.live.document import dumps, to_document
 from cclctl.live.rank_view import Thresholds
 from cclctl.live.snapshot import fetch
 from cclctl.live.table import COLUMNS
@@ -527,3 +527,18 @@ def test_a_rank_that_lost_the_store_says_so_in_the_store_column() -> None:
     ranks = {r["rank"]: r for r in to_document(screen.view, screen.culprits)["ranks"]}
     assert (ranks[2]["store_reconnects"], ranks[2]["store_gap_s"]) == (2, 14.2)
     assert not screen.view.wrong  # reconnecting is no fault: the status is fresh again
+
+
+def test_the_json_document_prints_indented_with_a_line_per_rank() -> None:
+    doc = {"schema": "cclctl.top", "job": "\x00ranks\x00 \"odd\"", "missing": [3],
+           "ranks": [{"rank": 0, "current": {"seq": 4}}, {"rank": 1, "current": None}],
+           "slow": {"note": "ranks"}}  # fmt: skip
+    text = dumps(doc)
+    assert json.loads(text) == doc
+    lines = text.splitlines()
+    assert lines[0] == "{" and '  "missing": [' in lines
+    assert (
+        '    {"rank": 0, "current": {"seq": 4}},' in lines
+        and '    {"rank": 1, "current": null}' in lines
+    )
+    assert json.loads(dumps({**doc, "ranks": []}))["ranks"] == []
