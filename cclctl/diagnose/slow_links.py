@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from cclctl.diagnose.slow_model import SlowOptions, span_ns
-from cclctl.diagnose.slow_stats import below, median, others_median_bound
+from cclctl.diagnose.slow_stats import below, median, others_median_bound, sorted_median
 from cclctl.slow_signals import Window
 
 NS = 1e9
@@ -195,7 +195,7 @@ def slow_edges(
             mine = ends[direction].get(host, [])
             # the rest's median is at most that of all but the len(mine) smallest: a link
             # not below that by the ratio is judged not slow without a median of its own
-            bound = median(logs[len(mine) :]) if len(logs) > len(mine) else float("-inf")
+            bound = sorted_median(logs, len(mine)) if len(logs) > len(mine) else float("-inf")
             suspects = {id(x) for x in mine if bound - math.log2(x.throughput) > least}
             if len(suspects) < 2:
                 continue  # fewer than two links of it can be slow: no edge is
