@@ -29,11 +29,12 @@ Durations alone cannot see this: the others' calls last longer, not the straggle
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from cclctl.diagnose.slow_model import SlowOptions, span_ns
-from cclctl.diagnose.slow_stats import below, median, others_median_bound
+from cclctl.diagnose.slow_stats import below, median, others_median_bound, sorted_median
 from cclctl.slow_signals import Window
 
 NS = 1e9
@@ -173,7 +174,7 @@ def unit_times(view: CommView, units: Sequence[Unit]) -> dict[Unit, list[float]]
     for unit in units:
         if len(unit) == 1:
             row = view.entries[unit[0]]
-            out[unit] = [float(row[seq]) for seq in seqs]  # the median of one value
+            out[unit] = list(map(float, map(row.__getitem__, seqs)))  # a median of one
         else:
             rows = [view.entries[r] for r in unit]
             out[unit] = [median(row[seq] for row in rows) for seq in seqs]
@@ -191,16 +192,24 @@ def _arrival(
     (``times``: :func:`unit_times`)."""
     skew = int(opts.skew_s * NS)
     unit_hosts = {hosts.get(r, "") for r in unit}
-    margins = [0 if {hosts.get(r, "") for r in v} == unit_hosts == {hosts.get(unit[0], "")}
-               else skew for v in others]  # fmt: skip
+    home = unit_hosts == {hosts.get(unit[0], "")}  # one host, the others judged without skew
+    near = [times[v] for v in others if home and {hosts.get(r, "") for r in v} == unit_hosts]
+    far = [times[v] for v in others if not (home and {hosts.get(r, "") for r in v} == unit_hosts)]
     last = 0
     lags = []
-    columns = list(zip(*(times[v] for v in others), strict=True))
-    for mine, theirs in zip(times[unit], columns, strict=True):
-        if all(mine > t + m for t, m in zip(theirs, margins, strict=True)):
+    calls = len(times[unit])
+    for mine, close, away in zip(times[unit], _columns(near, calls), _columns(far, calls),
+                                 strict=True):  # fmt: skip
+        # after every other unit: the latest of each kind, beyond its margin, decides
+        if mine > max(close, default=-math.inf) and mine > max(away, default=-math.inf) + skew:
             last += 1
-        lags.append((mine - median(theirs)) / NS)
+        lags.append((mine - median(close + away)) / NS)
     return last / len(lags), median(lags)
+
+
+def _columns(rows: Sequence[Sequence[float]], calls: int) -> Iterator[tuple[float, ...]]:
+    """The units' times call by call: one tuple per call (empty ones for no units)."""
+    return zip(*rows, strict=True) if rows else itertools.repeat((), calls)
 
 
 def last_counts(
@@ -259,7 +268,8 @@ def rank_lags(view: CommView) -> dict[int, float]:
     seqs = sorted(next(iter(view.entries.values())))
     rows = view.entries
     centres = [median(times[seq] for times in rows.values()) for seq in seqs]
+    pairs = list(zip(seqs, centres, strict=True))
     return {
-        rank: median((times[seq] - centre) / NS for seq, centre in zip(seqs, centres, strict=True))
+        rank: sorted_median(sorted([(times[seq] - centre) / NS for seq, centre in pairs]))
         for rank, times in rows.items()
     }
