@@ -238,6 +238,8 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
     counters = data.get("counters") or {}
     if not isinstance(counters, Mapping):
         raise _fail(where, "field 'counters' must be an object")
+    comms = comms_from_dict(data.get("comms", {}), where)
+    records = [record_from_dict(r, f"{where}: record {i}") for i, r in enumerate(records_raw)]
     return RankSnapshot(
         kind="dump" if schema == DUMP_SCHEMA else "status",
         job=str(data.get("job", "")),
@@ -246,11 +248,9 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         host=str(data.get("host", "")),
         pid=data["pid"],
         time_ns=data["time_ns"],
-        comms=comms_from_dict(data.get("comms", {}), where),
-        records=[record_from_dict(r, f"{where}: record {i}") for i, r in enumerate(records_raw)],
-        inflight=None
-        if inflight_raw is None
-        else record_from_dict(inflight_raw, f"{where}: inflight"),
+        comms=comms,
+        records=records,
+        inflight=_inflight(inflight_raw, records_raw, records, where),
         reason=str(data.get("reason", "")),
         counters=dict(counters),
         metrics_url=str(data.get("metrics_url", "")),
@@ -262,6 +262,31 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         else signals_from_dict(data["signals"], f"{where}: signals"),
         ending=_ending(data, where),
     )
+
+
+def _inflight(
+    raw: object, records_raw: list[Any], records: list[CollectiveRecord], where: str
+) -> CollectiveRecord | None:
+    """The call in flight; where it is also the last of ``records`` (a status writes it in
+    both), a copy of that one, validated once (a reader of 100,000 statuses)."""
+    if raw is None:
+        return None
+    if records and _same(raw, records_raw[-1]):
+        last = records[-1]
+        return dataclasses.replace(last, stages=dict(last.stages))
+    return record_from_dict(raw, f"{where}: inflight")
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether two parsed JSON values are the same document: equal, and of the same types
+    throughout (``1``, ``1.0`` and ``true`` are equal in Python, not to the validation)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return a == b
 
 
 def _ending(data: Mapping[str, Any], where: str) -> str:
