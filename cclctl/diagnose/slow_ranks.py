@@ -85,7 +85,9 @@ def comm_views(views: Mapping[int, Window], opts: SlowOptions) -> list[CommView]
         if len(shared) < opts.min_calls:
             continue
         shares = {r: min(1.0, views[r].comms[name].inside_ns / span_ns(views[r])) for r in members}
-        entries = {r: {s: t[s] for s in shared} for r, t in times.items()}
+        # a rank whose sampled seqs are all shared keeps its map (the usual case)
+        entries = {r: t if len(t) == len(shared) else {s: t[s] for s in shared}
+                   for r, t in times.items()}  # fmt: skip
         span = median(span_ns(views[r]) for r in members) / NS
         out.append(CommView(name, shares, entries, span))
     return out
