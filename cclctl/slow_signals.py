@@ -220,9 +220,14 @@ def _peer_from_dict(data: object, where: str) -> PeerWindow:
     via = data.get("via")
     if via not in VIAS:
         raise _fail(where, f"field 'via' must be one of {', '.join(VIAS)}, got {via!r:.40}")
-    counts = ("sent", "received", "send_wait_ns", "recv_wait_ns", "entry_wait_ns",
-              "recv_transfer_ns")  # fmt: skip
-    return PeerWindow(str(via), *(_count(data, key, where) for key in counts))
+    values = [data.get(key, 0) for key in _PEER_COUNTS]
+    if all(type(v) is int and v >= 0 for v in values):  # what JSON gives: the fast path
+        return PeerWindow(str(via), *values)
+    return PeerWindow(str(via), *(_count(data, key, where) for key in _PEER_COUNTS))
+
+
+_PEER_COUNTS = ("sent", "received", "send_wait_ns", "recv_wait_ns", "entry_wait_ns",
+                "recv_transfer_ns")  # fmt: skip
 
 
 def _peer_rank(key: object, where: str) -> int:

@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from cclctl.errors import BadInput
-from cclctl.slow_signals import _count, _entries_checked, _entries_from_list
+from cclctl.slow_signals import (
+    PeerWindow,
+    _count,
+    _entries_checked,
+    _entries_from_list,
+    _peer_from_dict,
+)
 
 
 class Seq(enum.IntEnum):
@@ -56,3 +62,14 @@ def test_a_bad_pair_anywhere_is_refused_with_its_message(bad: Any, match: str, a
 def test_a_count_that_is_not_a_non_negative_int_is_refused(value: object) -> None:
     with pytest.raises(BadInput, match="'calls' must be a non-negative integer"):
         _count({"calls": value}, "calls", "w")
+
+
+def test_a_peer_reads_alike_on_both_paths_and_refuses_what_it_refused() -> None:
+    plain = {"via": "tcp", "sent": 5, "received": 6, "recv_transfer_ns": 9}
+    assert _peer_from_dict(plain, "w") == PeerWindow("tcp", 5, 6, 0, 0, 0, 9)
+    odd = {**plain, "sent": Seq.FIRST}
+    peer = _peer_from_dict(odd, "w")
+    assert peer == PeerWindow("tcp", 7, 6, 0, 0, 0, 9) and type(peer.sent) is int
+    for value in (True, -1, 2.5):
+        with pytest.raises(BadInput, match="w: field 'received' must be a non-negative"):
+            _peer_from_dict({**plain, "received": value}, "w")
