@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from cclctl import limits, revocation
+from cclctl import limits, records_inflight, revocation
 from cclctl.call_fault import CallFault, fault_from_dict
 from cclctl.comm_info import CommInfo, clip, comms_from_dict
 from cclctl.endings import ending_of
@@ -250,7 +250,12 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         time_ns=data["time_ns"],
         comms=comms,
         records=records,
-        inflight=_inflight(inflight_raw, records_raw, records, where),
+        inflight=records_inflight.inflight(
+            inflight_raw,
+            records_raw,
+            records,
+            lambda raw: record_from_dict(raw, f"{where}: inflight"),
+        ),
         reason=str(data.get("reason", "")),
         counters=dict(counters),
         metrics_url=str(data.get("metrics_url", "")),
@@ -262,31 +267,6 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         else signals_from_dict(data["signals"], f"{where}: signals"),
         ending=_ending(data, where),
     )
-
-
-def _inflight(
-    raw: object, records_raw: list[Any], records: list[CollectiveRecord], where: str
-) -> CollectiveRecord | None:
-    """The call in flight; where it is also the last of ``records`` (a status writes it in
-    both), a copy of that one, validated once (a reader of 100,000 statuses)."""
-    if raw is None:
-        return None
-    if records and _same(raw, records_raw[-1]):
-        last = records[-1]
-        return dataclasses.replace(last, stages=dict(last.stages))
-    return record_from_dict(raw, f"{where}: inflight")
-
-
-def _same(a: object, b: object) -> bool:
-    """Whether two parsed JSON values are the same document: equal, and of the same types
-    throughout (``1``, ``1.0`` and ``true`` are equal in Python, not to the validation)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(map(_same, a, b))
-    return a == b
 
 
 def _ending(data: Mapping[str, Any], where: str) -> str:
