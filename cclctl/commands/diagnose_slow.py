@@ -110,9 +110,7 @@ def slow(
     opts = _options(min_slowdown, confirm, skew, ongoing=live, sustained=sustained)
     probe: ProbeEvidence | None = None
     if live and address is not None:
-        with _no_cycle_collection():
-            statuses = live_statuses(address, job)
-            report, probe = with_probe(slow_live(statuses, opts), statuses)
+        report, probe = _live(address, job, opts)
     else:
         paths = dumps or [default_folder(job)]
         report = slow_from_inputs(read_dumps(paths, job), opts, paths)
@@ -125,6 +123,15 @@ def slow(
         _print(report, probe)
     if report.status == SLOW:
         raise FaultFound(slow_report.fault_message(report), kinds=[f.kind for f in report.findings])
+
+
+def _live(
+    address: str, job: str | None, opts: SlowOptions
+) -> tuple[SlowReport, ProbeEvidence | None]:
+    """A live job's verdict, with its last probe as evidence."""
+    with _no_cycle_collection():
+        statuses = live_statuses(address, job)
+        return with_probe(slow_live(statuses, opts), statuses)
 
 
 @contextlib.contextmanager
