@@ -110,7 +110,8 @@ def straggler(
     present = [u for u in present if u]
     if len(present) < 2:
         return None
-    shares = {u: median(view.shares[r] for r in u) for u in present}
+    shares = {u: float(view.shares[u[0]]) if len(u) == 1 else median(view.shares[r] for r in u)
+              for u in present}  # fmt: skip
     waits = {u: ns / NS / view.span_s for u, ns in _entry_waits(present, peers).items()}
     best: Straggle | None = None
     counts: dict[tuple[int, ...], int] | None = None
