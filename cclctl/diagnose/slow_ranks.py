@@ -195,7 +195,7 @@ def _arrival(
     (``times``: :func:`unit_times`)."""
     skew = int(opts.skew_s * NS)
     unit_hosts = {hosts.get(r, "") for r in unit}
-    home = unit_hosts == {hosts.get(unit[0], "")}  # one host, the others judged without skew
+    home = unit_hosts == {hosts.get(unit[0], "")}  # on one host: its others there, no skew
     near = [times[v] for v in others if home and {hosts.get(r, "") for r in v} == unit_hosts]
     far = [times[v] for v in others if not (home and {hosts.get(r, "") for r in v} == unit_hosts)]
     last = 0
@@ -227,8 +227,8 @@ def last_counts(
     by that margin counts for none. ``times``: :func:`unit_times`, where already taken."""
     skew = int(opts.skew_s * NS)
     rows = times if times is not None else unit_times(view, units)
-    # the units judged against each other without the skew: ranks of one host, alone or
-    # together (a unit on several hosts is judged against every other with it)
+    # the units judged against each other without the skew: those on one and the same
+    # host (a unit on several hosts is judged with the skew against every other)
     near: dict[str, list[int]] = {}
     for i, unit in enumerate(units):
         place = {hosts.get(r, "") for r in unit}
