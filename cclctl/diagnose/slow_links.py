@@ -113,6 +113,7 @@ def links(
     out = []
     for src in sorted(views):
         window = views[src]
+        span = span_ns(window) / NS
         for dst, peer in sorted(window.peers.items()):
             tcp = peer.via == "tcp"
             if peer.sent < (MIN_TCP_BYTES if tcp else MIN_BYTES) or (straggler and not tcp):
@@ -126,7 +127,7 @@ def links(
                 recv = max(0, (back.recv_wait_ns if back is not None else 0) - held)
                 charged = peer.send_wait_ns + recv
             out.append(Link(src, dst, _kind(peer.via, src, dst, hosts), peer.sent, charged / NS,
-                            span_ns(window) / NS, transfer / NS))  # fmt: skip
+                            span, transfer / NS))  # fmt: skip
     return out
 
 
