@@ -5,8 +5,10 @@ Builds the host documents ``scale_sim.py`` has its agents write for a planted st
 CPU seconds of this process (a shared machine's load does not add to them) with the cyclic
 GC off, as the command has it: the hosts' documents (``host_status.parse``), their ranks'
 statuses (``json.loads``, ``snapshot_from_dict``), the whole of ``live.snapshot.parse``,
-the analysis (``slow_live``) and the ``--json`` document. No store and no socket: the
-LIST itself is ``scale_sim.py``'s to measure. ``--profile`` prints cProfile's top
+the analysis (``slow_live``) and the ``--json`` document. With ``--store``, first the
+LIST: the documents are set in a real store (``StoreServer``, no token, in a process of
+its own) and listed once through the client the CLI uses (its CPU and wall seconds; the
+store's own work is in the wall time only). ``--profile`` prints cProfile's top
 functions of the analysis.
 
     cd benchmarks && PYTHONPATH=.. ../.venv/bin/python scale_sim_reader.py --ranks 100000
@@ -18,9 +20,11 @@ import argparse
 import cProfile
 import gc
 import json
+import multiprocessing as mp
 import os
 import pstats
 import time
+from multiprocessing.connection import Connection
 
 import scale_sim_docs as docs
 
@@ -29,6 +33,8 @@ from cclctl.diagnose.slow_model import SlowOptions
 from cclctl.diagnose_io.slow_inputs import slow_live
 from cclctl.live.snapshot import job_prefix, parse
 from cclctl.records import snapshot_from_dict
+from cclctl.store.backends import open_store
+from cclctl.store.server import StoreServer
 
 JOB = "simslow"
 
@@ -52,11 +58,40 @@ def listing(n: int, per_host: int) -> dict[str, bytes]:
     return out
 
 
+def _store_main(pipe: Connection) -> None:
+    server = StoreServer("127.0.0.1", 0).start()
+    pipe.send(server.port)
+    pipe.recv()  # until the reader is done (or its end of the pipe closes)
+
+
+def listed(keys: dict[str, bytes], figures: dict[str, object]) -> None:
+    """Set ``keys`` in a store of its own process, then LIST them as the CLI does."""
+    parent, child = mp.get_context("fork").Pipe()
+    store = mp.get_context("fork").Process(target=_store_main, args=(child,), daemon=True)
+    store.start()
+    try:
+        client = open_store(f"127.0.0.1:{parent.recv()}", timeout_s=600.0)
+        for key, value in keys.items():
+            client.set(key, value)
+        cpu, wall = time.process_time(), time.perf_counter()
+        got = client.list(job_prefix(JOB))
+        figures["list_cpu_s"] = time.process_time() - cpu
+        figures["list_wall_s"] = time.perf_counter() - wall
+        figures["listed_keys"] = len(got)
+        client.close()
+    finally:
+        parent.send("stop")
+        store.join(timeout=30)
+        if store.is_alive():
+            store.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=10_000)
     parser.add_argument("--per-host", type=int, default=8)
     parser.add_argument("--profile", type=int, default=0, help="top functions to print")
+    parser.add_argument("--store", action="store_true", help="measure the LIST too")
     args = parser.parse_args()
     keys = listing(args.ranks, args.per_host)
     figures: dict[str, object] = {
@@ -64,6 +99,8 @@ def main() -> None:
         "mib_listed": round(sum(map(len, keys.values())) / 2**20, 1),
         "load_avg_at_start": os.getloadavg(),
     }
+    if args.store:
+        listed(keys, figures)
     gc.disable()
     clock = time.process_time
     began = clock()
