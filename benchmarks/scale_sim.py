@@ -136,9 +136,10 @@ async def _worker(spec: dict[str, Any], queue: Any) -> None:
 
 # ---------------------------------------------------------------- the CLI, measured
 def cli(args: list[str], timeout_s: float, mem_gib: float) -> dict[str, Any]:
-    """Run ``python -m cclctl ARGS``: wall time, exit code, peak RSS (its own rusage, from
-    wait4) and its output. Its address space is capped at ``mem_gib`` (a reader that grows
-    without bound on a shared machine fails with MemoryError instead of taking it down)."""
+    """Run ``python -m cclctl ARGS``: wall time, exit code, CPU time and peak RSS (its own
+    rusage, from wait4) and its output. Its address space is capped at ``mem_gib`` (a
+    reader that grows without bound on a shared machine fails with MemoryError instead of
+    taking it down)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
     env.pop("CCLCTL_TOKEN", None)  # readers need no token: the statuses are public
     limit = int(mem_gib * 2**30)
@@ -159,8 +160,9 @@ def cli(args: list[str], timeout_s: float, mem_gib: float) -> dict[str, Any]:
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return {"wall_s": wall, "rc": proc.returncode, "max_rss_mib": usage.ru_maxrss / 1024,
-                "stdout": out.read().decode(), "stderr": err.read().decode()[-2000:]}  # fmt: skip
+        return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rc": proc.returncode,
+                "max_rss_mib": usage.ru_maxrss / 1024, "stdout": out.read().decode(),
+                "stderr": err.read().decode()[-2000:]}  # fmt: skip
 
 
 def main() -> None:
@@ -291,6 +293,7 @@ def _verdict(run: dict[str, Any], planted: int) -> dict[str, Any]:
 def _brief(run: dict[str, Any], planted: int) -> dict[str, Any]:
     return {
         "wall_s": round(run["wall_s"], 3),
+        "cpu_s": round(run["cpu_s"], 3),  # its own user + system time: what load does not add
         "rc": run["rc"],
         "max_rss_mib": round(run["max_rss_mib"], 1),
         "stdout_bytes": len(run["stdout"]),

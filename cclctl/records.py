@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from cclctl import limits, revocation
+from cclctl import limits, records_inflight, revocation
 from cclctl.call_fault import CallFault, fault_from_dict
 from cclctl.comm_info import CommInfo, clip, comms_from_dict
 from cclctl.endings import ending_of
@@ -238,6 +238,8 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
     counters = data.get("counters") or {}
     if not isinstance(counters, Mapping):
         raise _fail(where, "field 'counters' must be an object")
+    comms = comms_from_dict(data.get("comms", {}), where)
+    records = [record_from_dict(r, f"{where}: record {i}") for i, r in enumerate(records_raw)]
     return RankSnapshot(
         kind="dump" if schema == DUMP_SCHEMA else "status",
         job=str(data.get("job", "")),
@@ -246,11 +248,14 @@ def snapshot_from_dict(data: object, where: str = "document") -> RankSnapshot:
         host=str(data.get("host", "")),
         pid=data["pid"],
         time_ns=data["time_ns"],
-        comms=comms_from_dict(data.get("comms", {}), where),
-        records=[record_from_dict(r, f"{where}: record {i}") for i, r in enumerate(records_raw)],
-        inflight=None
-        if inflight_raw is None
-        else record_from_dict(inflight_raw, f"{where}: inflight"),
+        comms=comms,
+        records=records,
+        inflight=records_inflight.inflight(
+            inflight_raw,
+            records_raw,
+            records,
+            lambda raw: record_from_dict(raw, f"{where}: inflight"),
+        ),
         reason=str(data.get("reason", "")),
         counters=dict(counters),
         metrics_url=str(data.get("metrics_url", "")),

@@ -56,6 +56,8 @@ def _is_int(value: object) -> bool:
 def _count(data: Mapping[str, Any], key: str, where: str) -> int:
     """A non-negative integer field (0 when absent)."""
     value = data.get(key, 0)
+    if type(value) is int and value >= 0:  # what JSON gives: the fast path
+        return value
     if not _is_int(value) or value < 0:
         raise _fail(where, f"field {key!r} must be a non-negative integer, got {value!r:.40}")
     return int(value)
@@ -180,6 +182,19 @@ def _entries_from_list(data: object, where: str) -> list[tuple[int, int]]:
     if len(data) > MAX_ENTRIES:
         raise _too_many(where, "entries", len(data), MAX_ENTRIES)
     entries = []
+    for pair in data:  # the fast path: pairs of plain non-negative ints, as JSON gives them
+        if type(pair) is list and len(pair) == 2:
+            seq, enter = pair
+            if type(seq) is int and type(enter) is int and seq >= 0 and enter >= 0:
+                entries.append((seq, enter))
+                continue
+        return _entries_checked(data, where)
+    return entries
+
+
+def _entries_checked(data: list[Any], where: str) -> list[tuple[int, int]]:
+    """:func:`_entries_from_list` one check at a time, to say what is wrong."""
+    entries = []
     for pair in data:
         if not (isinstance(pair, list) and len(pair) == 2 and all(map(_is_int, pair))):
             raise _fail(where, f"an entry must be [seq, enter_ns], got {pair!r:.60}")
@@ -205,9 +220,14 @@ def _peer_from_dict(data: object, where: str) -> PeerWindow:
     via = data.get("via")
     if via not in VIAS:
         raise _fail(where, f"field 'via' must be one of {', '.join(VIAS)}, got {via!r:.40}")
-    counts = ("sent", "received", "send_wait_ns", "recv_wait_ns", "entry_wait_ns",
-              "recv_transfer_ns")  # fmt: skip
-    return PeerWindow(str(via), *(_count(data, key, where) for key in counts))
+    values = [data.get(key, 0) for key in _PEER_COUNTS]
+    if all(type(v) is int and v >= 0 for v in values):  # what JSON gives: the fast path
+        return PeerWindow(str(via), *values)
+    return PeerWindow(str(via), *(_count(data, key, where) for key in _PEER_COUNTS))
+
+
+_PEER_COUNTS = ("sent", "received", "send_wait_ns", "recv_wait_ns", "entry_wait_ns",
+                "recv_transfer_ns")  # fmt: skip
 
 
 def _peer_rank(key: object, where: str) -> int:

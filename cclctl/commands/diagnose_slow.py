@@ -20,7 +20,12 @@ from rich.text import Text
 from cclctl import ui
 from cclctl.commands.checks import check_command
 from cclctl.commands.diagnose_console import report_console
-from cclctl.commands.diagnose_sources import default_folder, live_statuses, read_dumps
+from cclctl.commands.diagnose_sources import (
+    default_folder,
+    live_statuses,
+    no_cycle_collection,
+    read_dumps,
+)
 from cclctl.diagnose import slow_report
 from cclctl.diagnose.slow_model import SLOW, SlowOptions, SlowReport
 from cclctl.diagnose.slow_probe import ProbeEvidence
@@ -107,8 +112,7 @@ def slow(
     opts = _options(min_slowdown, confirm, skew, ongoing=live, sustained=sustained)
     probe: ProbeEvidence | None = None
     if live and address is not None:
-        statuses = live_statuses(address, job)
-        report, probe = with_probe(slow_live(statuses, opts), statuses)
+        report, probe = _live(address, job, opts)
     else:
         paths = dumps or [default_folder(job)]
         report = slow_from_inputs(read_dumps(paths, job), opts, paths)
@@ -121,6 +125,15 @@ def slow(
         _print(report, probe)
     if report.status == SLOW:
         raise FaultFound(slow_report.fault_message(report), kinds=[f.kind for f in report.findings])
+
+
+def _live(
+    address: str, job: str | None, opts: SlowOptions
+) -> tuple[SlowReport, ProbeEvidence | None]:
+    """A live job's verdict, with its last probe as evidence."""
+    with no_cycle_collection():
+        statuses = live_statuses(address, job)
+        return with_probe(slow_live(statuses, opts), statuses)
 
 
 def _options(

@@ -50,12 +50,17 @@ Key = tuple[str, object]
 
 @dataclasses.dataclass
 class Judged:
-    """One window: whether it could be judged, its suspects with their evidence, figures."""
+    """One window: whether it could be judged, its suspects with their evidence, and what
+    its figures are taken from (only the newest judged window's are shown)."""
 
     index: int
     judged: bool
     suspects: dict[Key, object]
-    figures: dict[int, RankFigures]
+    views: Mapping[int, Window]
+    comms: Sequence[slow_ranks.CommView]
+
+    def figures(self) -> dict[int, RankFigures]:
+        return _figures(self.views, self.comms)
 
 
 def analyse(
@@ -78,7 +83,7 @@ def analyse(
     done = [j for j in judged if j.judged]
     report.windows_judged = len(done)
     if done:
-        report.figures = done[-1].figures
+        report.figures = done[-1].figures()
     complete = max(len(r.windows) for r in ranks)
     if complete < opts.confirm:
         report.reason = (
@@ -145,7 +150,7 @@ def _judge(
         suspects[("egress" if edge.direction == "out" else "ingress", edge.host)] = edge
     kinds = [x.kind for x in links]
     judged = bool(comms) or any(kinds.count(k) >= 2 for k in kinds)
-    return Judged(index, judged, suspects, _figures(views, comms))
+    return Judged(index, judged, suspects, views, comms)
 
 
 def _host_units(views: Mapping[int, Window], hosts: Mapping[int, str]) -> list[tuple[int, ...]]:

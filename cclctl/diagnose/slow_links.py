@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from cclctl.diagnose.slow_model import SlowOptions, span_ns
-from cclctl.diagnose.slow_stats import below, median, others_median_bound
+from cclctl.diagnose.slow_stats import below, median, others_median_bound, sorted_median
 from cclctl.slow_signals import Window
 
 NS = 1e9
@@ -113,6 +113,7 @@ def links(
     out = []
     for src in sorted(views):
         window = views[src]
+        span = span_ns(window) / NS
         for dst, peer in sorted(window.peers.items()):
             tcp = peer.via == "tcp"
             if peer.sent < (MIN_TCP_BYTES if tcp else MIN_BYTES) or (straggler and not tcp):
@@ -126,7 +127,7 @@ def links(
                 recv = max(0, (back.recv_wait_ns if back is not None else 0) - held)
                 charged = peer.send_wait_ns + recv
             out.append(Link(src, dst, _kind(peer.via, src, dst, hosts), peer.sent, charged / NS,
-                            span_ns(window) / NS, transfer / NS))  # fmt: skip
+                            span, transfer / NS))  # fmt: skip
     return out
 
 
@@ -188,22 +189,21 @@ def slow_edges(
     remote = [x for x in found if x.kind == TCP_REMOTE]
     logs = sorted(math.log2(x.throughput) for x in remote)
     least = math.log2(opts.link_ratio)
+    ends = {"out": _by_host(remote, "src", hosts), "in": _by_host(remote, "dst", hosts)}
     out = []
-    for host in sorted(
-        {hosts.get(x.src, "") for x in remote} | {hosts.get(x.dst, "") for x in remote}
-    ):
-        for direction, end in (("out", "src"), ("in", "dst")):
-            mine = [x for x in remote if hosts.get(getattr(x, end), "") == host]
-            ids = {id(x) for x in mine}
-            rest = [x for x in remote if id(x) not in ids]
+    for host in sorted(ends["out"].keys() | ends["in"].keys()):
+        for direction in ("out", "in"):
+            mine = ends[direction].get(host, [])
             # the rest's median is at most that of all but the len(mine) smallest: a link
             # not below that by the ratio is judged not slow without a median of its own
-            bound = median(logs[len(mine) :]) if len(logs) > len(mine) else float("-inf")
-            judged = [
-                (x, _judge(x, rest, opts, effect=False)
-                 if bound - math.log2(x.throughput) > least else None)
-                for x in mine
-            ]  # fmt: skip
+            bound = sorted_median(logs, len(mine)) if len(logs) > len(mine) else float("-inf")
+            suspects = {id(x) for x in mine if bound - math.log2(x.throughput) > least}
+            if len(suspects) < 2:
+                continue  # fewer than two links of it can be slow: no edge is
+            ids = {id(x) for x in mine}
+            rest = [x for x in remote if id(x) not in ids]
+            judged = [(x, _judge(x, rest, opts, effect=False) if id(x) in suspects else None)
+                      for x in mine]  # fmt: skip
             slow = tuple(SlowLink(x, ref, None) for x, ref in judged if ref is not None)
             untimed = [x for x, ref in judged if ref is None and x.transfer_s == 0]
             if len({(s.link.src, s.link.dst) for s in slow}) < 2:
@@ -213,6 +213,14 @@ def slow_edges(
                 if edge.cost >= opts.min_share:
                     out.append(edge)
     return _egress_first(out)
+
+
+def _by_host(found: Sequence[Link], end: str, hosts: Mapping[int, str]) -> dict[str, list[Link]]:
+    """The links by the host of their ``end`` ("src" or "dst"), in their order."""
+    out: dict[str, list[Link]] = {}
+    for link in found:
+        out.setdefault(hosts.get(getattr(link, end), ""), []).append(link)
+    return out
 
 
 def _egress_first(edges: list[SlowEdge]) -> list[SlowEdge]:

@@ -29,10 +29,12 @@ Durations alone cannot see this: the others' calls last longer, not the straggle
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
 
 from cclctl.diagnose.slow_model import SlowOptions, span_ns
-from cclctl.diagnose.slow_stats import below, median, others_median_bound
+from cclctl.diagnose.slow_stats import below, median, others_median_bound, sorted_median
 from cclctl.slow_signals import Window
 
 NS = 1e9
@@ -83,7 +85,9 @@ def comm_views(views: Mapping[int, Window], opts: SlowOptions) -> list[CommView]
         if len(shared) < opts.min_calls:
             continue
         shares = {r: min(1.0, views[r].comms[name].inside_ns / span_ns(views[r])) for r in members}
-        entries = {r: {s: t[s] for s in shared} for r, t in times.items()}
+        # a rank whose sampled seqs are all shared keeps its map (the usual case)
+        entries = {r: t if len(t) == len(shared) else {s: t[s] for s in shared}
+                   for r, t in times.items()}  # fmt: skip
         span = median(span_ns(views[r]) for r in members) / NS
         out.append(CommView(name, shares, entries, span))
     return out
@@ -106,10 +110,12 @@ def straggler(
     present = [u for u in present if u]
     if len(present) < 2:
         return None
-    shares = {u: median(view.shares[r] for r in u) for u in present}
+    shares = {u: float(view.shares[u[0]]) if len(u) == 1 else median(view.shares[r] for r in u)
+              for u in present}  # fmt: skip
     waits = {u: ns / NS / view.span_s for u, ns in _entry_waits(present, peers).items()}
     best: Straggle | None = None
     counts: dict[tuple[int, ...], int] | None = None
+    times: dict[tuple[int, ...], list[float]] | None = None
     bound = others_median_bound(shares.values())
     for unit in present:
         if bound - shares[unit] <= opts.sustained_share:
@@ -118,9 +124,10 @@ def straggler(
         theirs = [shares[v] for v in others]
         if not below(shares[unit], theirs, opts.mad_k, opts.sustained_share):
             continue
-        last, lag = _arrival(view, unit, others, hosts, opts)
+        times = times if times is not None else unit_times(view, present)
+        last, lag = _arrival(times, unit, others, hosts, opts)
         entered_last = last >= opts.last_share and lag > 0
-        counts = counts if counts is not None else last_counts(view, present, hosts, opts)
+        counts = counts if counts is not None else last_counts(view, present, hosts, opts, times)
         most = lag > 0 and all(counts[unit] > counts[v] for v in others)
         if not (entered_last or most or _waited_for(unit, others, waits, opts.sustained_share,
                                                     opts)):  # fmt: skip
@@ -159,28 +166,53 @@ def _waited_for(
     return below(-waits[unit], [-waits[v] for v in others], opts.mad_k, least)
 
 
+Unit = tuple[int, ...]
+
+
+def unit_times(view: CommView, units: Sequence[Unit]) -> dict[Unit, list[float]]:
+    """Each unit's entry time in each shared call, oldest seq first: the median of its
+    ranks' (one pass over the entries, shared by :func:`_arrival` and :func:`last_counts`)."""
+    seqs = sorted(next(iter(view.entries.values())))
+    out: dict[Unit, list[float]] = {}
+    for unit in units:
+        if len(unit) == 1:
+            row = view.entries[unit[0]]
+            out[unit] = list(map(float, map(row.__getitem__, seqs)))  # a median of one
+        else:
+            rows = [view.entries[r] for r in unit]
+            out[unit] = [median(row[seq] for row in rows) for seq in seqs]
+    return out
+
+
 def _arrival(
-    view: CommView,
+    times: Mapping[tuple[int, ...], Sequence[float]],
     unit: tuple[int, ...],
     others: Sequence[tuple[int, ...]],
     hosts: Mapping[int, str],
     opts: SlowOptions,
 ) -> tuple[float, float]:
-    """The share of shared calls ``unit`` entered last, and its median lag in seconds."""
-    seqs = sorted(next(iter(view.entries.values())))
+    """The share of shared calls ``unit`` entered last, and its median lag in seconds
+    (``times``: :func:`unit_times`)."""
     skew = int(opts.skew_s * NS)
     unit_hosts = {hosts.get(r, "") for r in unit}
-    margins = [0 if {hosts.get(r, "") for r in v} == unit_hosts == {hosts.get(unit[0], "")}
-               else skew for v in others]  # fmt: skip
+    home = unit_hosts == {hosts.get(unit[0], "")}  # on one host: its others there, no skew
+    near = [times[v] for v in others if home and {hosts.get(r, "") for r in v} == unit_hosts]
+    far = [times[v] for v in others if not (home and {hosts.get(r, "") for r in v} == unit_hosts)]
     last = 0
     lags = []
-    for seq in seqs:
-        mine = median(view.entries[r][seq] for r in unit)
-        theirs = [median(view.entries[r][seq] for r in v) for v in others]
-        if all(mine > t + m for t, m in zip(theirs, margins, strict=True)):
+    calls = len(times[unit])
+    for mine, close, away in zip(times[unit], _columns(near, calls), _columns(far, calls),
+                                 strict=True):  # fmt: skip
+        # after every other unit: the latest of each kind, beyond its margin, decides
+        if mine > max(close, default=-math.inf) and mine > max(away, default=-math.inf) + skew:
             last += 1
-        lags.append((mine - median(theirs)) / NS)
-    return last / len(seqs), median(lags)
+        lags.append((mine - median(close + away)) / NS)
+    return last / len(lags), median(lags)
+
+
+def _columns(rows: Sequence[Sequence[float]], calls: int) -> Iterator[tuple[float, ...]]:
+    """The units' times call by call: one tuple per call (empty ones for no units)."""
+    return zip(*rows, strict=True) if rows else itertools.repeat((), calls)
 
 
 def last_counts(
@@ -188,20 +220,33 @@ def last_counts(
     units: Sequence[tuple[int, ...]],
     hosts: Mapping[int, str],
     opts: SlowOptions,
+    times: Mapping[tuple[int, ...], Sequence[float]] | None = None,
 ) -> dict[tuple[int, ...], int]:
     """How many of the shared calls each unit entered last, after every other unit (by
     more than ``skew_s`` where the two are not on one host); a call no unit entered last
-    by that margin counts for none."""
+    by that margin counts for none. ``times``: :func:`unit_times`, where already taken."""
     skew = int(opts.skew_s * NS)
-    places = {u: {hosts.get(r, "") for r in u} for u in units}
+    rows = times if times is not None else unit_times(view, units)
+    # the units judged against each other without the skew: those on one and the same
+    # host (a unit on several hosts is judged with the skew against every other)
+    near: dict[str, list[int]] = {}
+    for i, unit in enumerate(units):
+        place = {hosts.get(r, "") for r in unit}
+        if len(place) == 1:
+            near.setdefault(place.pop(), []).append(i)
+    group = {i: g for g in near.values() for i in g}
     counts = dict.fromkeys(units, 0)
-    for seq in sorted(next(iter(view.entries.values()))):
-        times = {u: median(view.entries[r][seq] for r in u) for u in units}
-        late = max(units, key=lambda u: times[u])
-        if all(times[late] > times[v] + (0 if places[v] == places[late] and len(places[v]) == 1
-                                         else skew)
-               for v in units if v != late):  # fmt: skip
-            counts[late] += 1
+    for column in zip(*(rows[u] for u in units), strict=True):
+        top = max(column)
+        late = column.index(top)  # the first unit at the latest time
+        mine = group.get(late, [late])
+        rest = list(column)
+        for i in mine:
+            rest[i] = -math.inf
+        far = max(rest)  # the latest entry of a unit judged with the skew
+        close = max((column[i] for i in mine if i != late), default=-math.inf)
+        if top > close and top > far + skew:
+            counts[units[late]] += 1
     return counts
 
 
@@ -224,9 +269,10 @@ def _entry_waits(
 def rank_lags(view: CommView) -> dict[int, float]:
     """Each member's median lag, in seconds, behind the median entry of the members."""
     seqs = sorted(next(iter(view.entries.values())))
-    lags: dict[int, list[float]] = {r: [] for r in view.entries}
-    for seq in seqs:
-        centre = median(t[seq] for t in view.entries.values())
-        for rank, times in view.entries.items():
-            lags[rank].append((times[seq] - centre) / NS)
-    return {r: median(v) for r, v in lags.items()}
+    rows = view.entries
+    centres = [median(times[seq] for times in rows.values()) for seq in seqs]
+    pairs = list(zip(seqs, centres, strict=True))
+    return {
+        rank: sorted_median(sorted([(times[seq] - centre) / NS for seq, centre in pairs]))
+        for rank, times in rows.items()
+    }

@@ -7,7 +7,6 @@ against what most ranks or links do.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 
 #: The MAD of a normal sample times this estimates its standard deviation.
@@ -15,9 +14,25 @@ MAD_SCALE = 1.4826
 
 
 def median(values: Iterable[float]) -> float:
-    """The median; 0.0 for no values."""
-    data = list(values)
-    return float(statistics.median(data)) if data else 0.0
+    """The median (of an even count, the mean of the middle two, as ``statistics.median``
+    gives it); 0.0 for no values. Inline rather than ``statistics.median``: the analysis of
+    100,000 ranks takes hundreds of thousands of them."""
+    data = sorted(values)
+    n = len(data)
+    if not n:
+        return 0.0
+    i = n // 2
+    return float(data[i]) if n % 2 else float((data[i - 1] + data[i]) / 2)
+
+
+def sorted_median(ordered: Sequence[float], start: int = 0) -> float:
+    """:func:`median` of ``ordered[start:]`` where ``ordered`` is sorted already: no copy and
+    no sort (a job's links, judged host by host, share one sorted list)."""
+    n = len(ordered) - start
+    if n <= 0:
+        return 0.0
+    i = start + n // 2
+    return float(ordered[i]) if n % 2 else float((ordered[i - 1] + ordered[i]) / 2)
 
 
 def mad(values: Sequence[float]) -> float:

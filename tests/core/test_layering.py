@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cclctl"
 #: the base: standard library only, importable by every layer
 BASE = {
     "records",
+    "records_inflight",
     "endings",
     "record_stages",
     "comm_info",
