@@ -186,12 +186,14 @@ async def _answers(
                              else f"rendezvous abandoned: {message}", "fields": {}}
                     for c in claims}  # fmt: skip
         return {c.rank: {"error": message, "fields": fields} for c in claims}
-    hosts, pids = world_doc.expand(raw, world_size)
+    members = world_doc.host_members(raw, host, world_size)
     answers: dict[int, dict[str, Any]] = {}
+    text = raw.decode()
     for claim in claims:
-        if (hosts[claim.rank], pids[claim.rank]) == (host, claim.pid):
-            answers[claim.rank] = {"world": raw.decode()}
+        if members.get(claim.rank) == claim.pid:
+            answers[claim.rank] = {"world": text}
             continue
+        hosts, pids = world_doc.expand(raw, world_size)  # a rank claimed twice: who else
         first = who(hosts[claim.rank], pids[claim.rank])
         message = f"rank {claim.rank} is claimed twice: by {first} and {who(host, claim.pid)}"
         await store.compare_set(ERROR_KEY, None, message.encode())

@@ -60,6 +60,20 @@ def build(world_size: int, claims: Iterable[tuple[int, str, int]]) -> bytes:
     return json.dumps({"world_size": world_size, "hosts": hosts}, separators=(",", ":")).encode()
 
 
+def host_members(raw: bytes, host: str, world_size: int) -> dict[int, int]:
+    """The pid of each rank the document places on ``host``: what an agent checks its own
+    claims against, without expanding the whole world (a RendezvousError if unreadable)."""
+    members: dict[int, int] = {}
+    try:
+        for entry in json.loads(raw)["hosts"]:
+            if entry["host"] == host:
+                ranks = parse_ranks(str(entry["ranks"]), limit=world_size)
+                members.update(zip(ranks, unfold_pids(str(entry["pids"]), len(ranks)), strict=True))
+    except (ValueError, TypeError, KeyError, UsageError) as exc:
+        raise RendezvousError(f"the rendezvous' world document is unreadable: {exc}") from None
+    return members
+
+
 def expand(raw: bytes, world_size: int) -> tuple[list[str], list[int]]:
     """The host and the pid of every rank, by rank; a RendezvousError if the document is
     not one of this world (another size, a rank twice or none)."""
