@@ -320,3 +320,24 @@ def test_processes_join_with_the_agent_on_and_off(agent: str) -> None:
         assert (len(groups), claims) == (1, [])
     else:
         assert (groups, len(claims)) == ([], 4)
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_late_to_its_host_joins_in_a_group_of_its_own(
+    server: StoreServer, agents: dict[str, Agent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cclctl.runtime.hostagent import rendezvous
+
+    monkeypatch.setattr(rendezvous, "FLUSH_S", 0.05)
+    agents["host-a"] = Agent(server, "host-a")
+    first: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: first.extend(join_ranks(server, [(0, "host-a", 2)], 2)), daemon=True
+    )
+    thread.start()
+    with StoreClient("127.0.0.1", server.port) as client:  # its batch went without rank 1
+        client.get(f"cclctl/job/rdzv/group/0.{PID}", timeout_s=10)
+    (late,) = join_ranks(server, [(1, "host-a", 2)], 2)
+    thread.join(20)
+    assert late.hosts == first[0].hosts == ["host-a", "host-a"]
+    assert agents["host-a"].service.groups == 2

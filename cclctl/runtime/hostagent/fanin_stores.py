@@ -10,9 +10,14 @@ so the agent's blocking reads go on a connection of their own.
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 
 from cclctl.errors import StoreTimeout
 from cclctl.store.scope import ScopedStore
+
+#: a store, or the function that opens it
+Opened = ScopedStore | Callable[[], ScopedStore]
 
 
 class BlockingStore:
@@ -39,26 +44,39 @@ class BlockingStore:
 
 class ThreadedStore:
     """:class:`~.fanin.FanInStore` over ``scoped``, each call on a worker thread, and the
-    blocking reads over ``waiting`` (another connection)."""
+    blocking reads over ``waiting`` (another connection). Either may be given as a function
+    that opens it, called at its first use: an agent whose ranks never claim through it
+    holds no connection for the rendezvous (a lingering store counts an idle one a rank's).
+    """
 
-    def __init__(self, scoped: ScopedStore, waiting: ScopedStore) -> None:
-        self.blocking = BlockingStore(scoped)
-        self.waiting = waiting
+    def __init__(self, scoped: Opened, waiting: Opened) -> None:
+        self._given = (scoped, waiting)
+        self._opened: list[ScopedStore | None] = [None, None]
+        self._lock = threading.Lock()
+
+    def _store(self, which: int) -> ScopedStore:
+        with self._lock:
+            found = self._opened[which]
+            if found is None:
+                given = self._given[which]
+                found = given if isinstance(given, ScopedStore) else given()
+                self._opened[which] = found
+            return found
 
     async def set(self, key: str, value: bytes) -> None:
-        await asyncio.to_thread(self.blocking.scoped.set, key, value)
+        await asyncio.to_thread(lambda: self._store(0).set(key, value))
 
     async def add(self, key: str, delta: int) -> int:
-        return await asyncio.to_thread(self.blocking.scoped.add, key, delta)
+        return await asyncio.to_thread(lambda: self._store(0).add(key, delta))
 
     async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
-        return await asyncio.to_thread(self.blocking.scoped.compare_set, key, expected, desired)
+        return await asyncio.to_thread(lambda: self._store(0).compare_set(key, expected, desired))
 
     async def get(self, key: str, timeout_s: float) -> bytes | None:
-        return await asyncio.to_thread(get_or_none, self.waiting, key, timeout_s)
+        return await asyncio.to_thread(lambda: get_or_none(self._store(1), key, timeout_s))
 
     async def list(self, prefix: str) -> dict[str, bytes]:
-        return await asyncio.to_thread(self.blocking.scoped.list, prefix)
+        return await asyncio.to_thread(lambda: self._store(0).list(prefix))
 
 
 def get_or_none(scoped: ScopedStore, key: str, timeout_s: float) -> bytes | None:

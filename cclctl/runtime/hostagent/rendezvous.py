@@ -6,12 +6,15 @@ claim as one frame (:func:`frame`: a length, then JSON: rank, pid, world size, l
 size, timeout) and reads one answer frame. The service gathers claims into a batch and
 hands the batch to the fan-in protocol (:func:`cclctl.runtime.job.fanin.join_group`) once
 the host's ranks are all in (the largest local world size the claims carry), or
-:data:`FLUSH_S` after the last claim came (a rank late to start, or a launcher that sets no
-local world size, costs one more group, never a wait); a second claim of a rank already in
+:data:`FLUSH_S` after the last claim came (at most :data:`MAX_BATCH_S` after the first: a
+rank late to start, or a launcher that sets no local world size, costs one more group,
+never a long wait); a second claim of a rank already in
 the batch starts the next one, so the store sees both and names them. Before its first
 group the agent checks its token against rank 0's proof once (one read), and every
 answer says whether it matched; a rank whose answer says no checks its own, as a rank
-alone does. :meth:`RendezvousService.claim` is the entry point the socket handler calls,
+alone does. An agent whose store requests fail (its store gone: a rerun's ranks may find
+an earlier run's agent still lingering) answers so, and its ranks join alone.
+:meth:`RendezvousService.claim` is the entry point the socket handler calls,
 and the scale simulator calls it for its simulated ranks.
 """
 
@@ -28,14 +31,17 @@ from typing import Any
 from cclctl import auth
 from cclctl.runtime.hostagent.address import peer_uid, rendezvous_name
 from cclctl.runtime.hostagent.fanin import Claim, FanInStore, Where, join_group
-from cclctl.runtime.hostagent.fanin_stores import ThreadedStore, get_or_none
+from cclctl.runtime.hostagent.fanin_stores import ThreadedStore
 from cclctl.store.backends import open_store
+from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
 
 log = logging.getLogger("cclctl.hostagent")
 
-#: a batch short of the host's ranks goes this long after its last claim
+#: a batch short of the host's ranks goes this long after its last claim, and no later
+#: than :data:`MAX_BATCH_S` after its first
 FLUSH_S = 1.0
+MAX_BATCH_S = 5.0
 LENGTH = struct.Struct(">I")
 #: the largest claim the agent reads; the largest answer a rank reads (a world document)
 MAX_CLAIM = 4 << 10
@@ -68,6 +74,7 @@ class RendezvousService:
         self._hold = hold  # +1 / -1 as a rank's connection opens and closes: the agent stays
         self._batch: list[tuple[Claim, int, asyncio.Future[dict[str, Any]]]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._oldest = 0.0  # when the batch's first claim came (the loop's clock)
         self.groups = 0  # batches written as groups
         self._joining: set[asyncio.Future[None]] = set()  # the batches' tasks, kept
 
@@ -82,10 +89,14 @@ class RendezvousService:
         self._batch.append((claim, max(1, int(body.get("local_world_size", 1))), future))
         if self._timer is not None:
             self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        if len(self._batch) == 1:
+            self._oldest = loop.time()
         if len(self._batch) >= max(expected for _, expected, _ in self._batch):
             self._flush()
         else:
-            self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
+            due = min(FLUSH_S, self._oldest + MAX_BATCH_S - loop.time())
+            self._timer = loop.call_later(max(0.0, due), self._flush)
         return await future
 
     def _flush(self) -> None:
@@ -104,11 +115,10 @@ class RendezvousService:
         try:
             token_ok = await self._token(min(c.timeout_s for c in claims))
             answers = await join_group(self.store, self.host, claims, self.where)
-        except Exception as exc:  # the store's trouble: each rank says so and fails
+        except Exception as exc:  # the agent's trouble with the store: its ranks join alone
             log.warning("cclctl host agent: the rendezvous of %s failed: %s", self.host, exc)
-            message = (f"rendezvous failed in the host agent of {self.host} (pid {os.getpid()}): "
-                       f"{type(exc).__name__}: {exc}")  # fmt: skip
-            token_ok, answers = False, {c.rank: {"error": message, "fields": {}} for c in claims}
+            failed = f"{type(exc).__name__}: {exc}"
+            token_ok, answers = False, {c.rank: {"agent_failed": failed} for c in claims}
         for claim, _, future in batch:
             if not future.done():
                 future.set_result(dict(answers[claim.rank], token_ok=token_ok))
@@ -148,35 +158,31 @@ class RendezvousService:
 async def serve_rendezvous(
     spec: dict[str, Any], name: str, hold: Callable[[int], None]
 ) -> Callable[[], None]:
-    """The agent process's service on two connections of its own to the job's store (its
-    blocking reads hold one), listening beside the status socket ``name``; returns what
-    closes them."""
+    """The agent process's service, listening beside the status socket ``name``, on two
+    connections of its own to the job's store (its blocking reads hold one), opened at the
+    first claim; returns what closes them."""
     token = spec["token"]
-    clients = [open_store(spec["store"], timeout_s=WRITE_TIMEOUT_S,
-                          connect_timeout_s=WRITE_TIMEOUT_S, token=token or None)
-               for _ in range(2)]  # fmt: skip
-    scoped, waiting = (ScopedStore.for_job(client, spec["job"]) for client in clients)
+    clients: list[KeyValueStore] = []
+
+    def opened() -> ScopedStore:  # at the first claim's first request, on a worker thread
+        client = open_store(spec["store"], timeout_s=WRITE_TIMEOUT_S,
+                            connect_timeout_s=WRITE_TIMEOUT_S, token=token or None)  # fmt: skip
+        clients.append(client)
+        return ScopedStore.for_job(client, spec["job"])
+
+    store = ThreadedStore(opened, opened)
 
     async def check_token(timeout_s: float) -> bool:
-        check = await asyncio.to_thread(get_or_none, waiting, auth.TOKEN_CHECK_KEY, timeout_s)
+        check = await store.get(auth.TOKEN_CHECK_KEY, timeout_s)
         return bool(token) and check is not None and auth.proves_check(check, token, spec["job"])
 
     where = Where(spec["job"], spec["store"])
-    store = ThreadedStore(scoped, waiting)
     service = RendezvousService(spec["host"], store, where, check_token, hold)
-
-    def close() -> None:
-        for client in clients:
-            client.close()
-
-    try:
-        server = await service.serve(rendezvous_name(name))
-    except BaseException:
-        close()
-        raise
+    server = await service.serve(rendezvous_name(name))
 
     def close_all() -> None:
         server.close()
-        close()
+        for client in clients:
+            client.close()
 
     return close_all

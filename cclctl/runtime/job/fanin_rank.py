@@ -1,14 +1,15 @@
-"""A rank's side of the fan-in rendezvous (:mod:`.fanin`): its claim goes to its host's
-agent, which answers with the job's world document; without an agent the rank is a group
-of its own.
+"""A rank's side of the fan-in rendezvous (:mod:`cclctl.runtime.hostagent.fanin`): its
+claim goes to its host's agent, which answers with the job's world document; without an
+agent the rank is a group of its own.
 
 The host's first local rank starts the agent here (:func:`~cclctl.runtime.hostagent.spawn.
 start_agent`, as the status link would later: it finds this one), so the agent is there
 before the claims. The host's other ranks look for its rendezvous socket until the agent
-has had its time to start. A rank that finds no agent, or whose agent's connection breaks
-before it answered (the agent died), joins alone, through the same protocol: its claim is
-the same whichever way it went, so a claim the dead agent had already written counts once.
-An agent that holds the connection but never answers fails the rank, naming the agent.
+has had its time to start. A rank that finds no agent, whose agent's connection breaks
+before it answered (the agent died), or whose agent says its store requests failed, joins
+alone, through the same protocol: its claim is the same whichever way it went, so a claim
+the agent had already written counts once. An agent that holds the connection but never
+answers fails the rank, naming the agent.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from cclctl.runtime.hostagent import world_doc
 from cclctl.runtime.hostagent.address import peer_pid, rendezvous_name, socket_name
 from cclctl.runtime.hostagent.fanin import LISTER_GRACE_S, Claim, Where, join_group, run_blocking
 from cclctl.runtime.hostagent.fanin_stores import BlockingStore
-from cclctl.runtime.hostagent.rendezvous import LENGTH, MAX_ANSWER, frame
+from cclctl.runtime.hostagent.rendezvous import LENGTH, MAX_ANSWER, MAX_BATCH_S, frame
 from cclctl.runtime.hostagent.spawn import START_TIMEOUT_S, start_agent
 from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check
 from cclctl.store.scope import ScopedStore
@@ -36,8 +37,9 @@ log = logging.getLogger("cclctl.rendezvous")
 
 #: how long a rank looks for the agent's socket once the agent's starter has its answer
 AFTER_START_S = 1.0
-#: the agent's answer may come this long after the rank's own rendezvous timeout
-ANSWER_SLACK_S = LISTER_GRACE_S + 5.0
+#: the agent's answer may come this long after the rank's own rendezvous timeout (its
+#: batch's wait, the lister's grace, and a margin)
+ANSWER_SLACK_S = MAX_BATCH_S + LISTER_GRACE_S + 5.0
 _POLL_S = 0.02
 
 
@@ -102,7 +104,10 @@ def _through_agent(
     sock.settimeout(within)
     try:
         sock.sendall(frame(claim))
-        return _answer(sock)
+        answer = _answer(sock)
+        if "agent_failed" in answer:
+            raise ValueError(f"the agent's store requests failed: {answer['agent_failed']}")
+        return answer
     except TimeoutError:
         raise RendezvousError(
             f"rank {claim['rank']}: the host agent of {cfg.hostname} (pid {agent}) gave no "
