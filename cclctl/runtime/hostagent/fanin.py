@@ -176,8 +176,8 @@ async def _answers(
     store: FanInStore, raw: bytes, host: str, claims: Sequence[Claim], world_size: int
 ) -> dict[int, dict[str, Any]]:
     """Each rank's answer from ``rdzv/world`` as read."""
-    doc = json.loads(raw)
-    if "error" in doc:
+    if raw.startswith(b'{"error"'):  # else the world (world_doc.build), not decoded here
+        doc = json.loads(raw)
         message = str(doc["error"])
         own = set(doc.get("ranks") or ())
         fields = doc.get("fields") or {}
@@ -188,7 +188,7 @@ async def _answers(
         return {c.rank: {"error": message, "fields": fields} for c in claims}
     members = world_doc.host_members(raw, host, world_size)
     answers: dict[int, dict[str, Any]] = {}
-    text = raw.decode()
+    text = raw.decode()  # each rank reads the whole world from it
     for claim in claims:
         if members.get(claim.rank) == claim.pid:
             answers[claim.rank] = {"world": text}

@@ -62,13 +62,16 @@ def build(world_size: int, claims: Iterable[tuple[int, str, int]]) -> bytes:
 
 def host_members(raw: bytes, host: str, world_size: int) -> dict[int, int]:
     """The pid of each rank the document places on ``host``: what an agent checks its own
-    claims against, without expanding the whole world (a RendezvousError if unreadable)."""
+    claims against. It finds the host's entry as :func:`build` wrote it (one per host) and
+    decodes that alone, not the whole world; a RendezvousError if unreadable."""
     members: dict[int, int] = {}
+    text = raw.decode()
+    start = text.find('{"host":' + json.dumps(host) + ",")
     try:
-        for entry in json.loads(raw)["hosts"]:
-            if entry["host"] == host:
-                ranks = parse_ranks(str(entry["ranks"]), limit=world_size)
-                members.update(zip(ranks, unfold_pids(str(entry["pids"]), len(ranks)), strict=True))
+        entries = [json.JSONDecoder().raw_decode(text, start)[0]] if start >= 0 else []
+        for entry in entries:
+            ranks = parse_ranks(str(entry["ranks"]), limit=world_size)
+            members.update(zip(ranks, unfold_pids(str(entry["pids"]), len(ranks)), strict=True))
     except (ValueError, TypeError, KeyError, UsageError) as exc:
         raise RendezvousError(f"the rendezvous' world document is unreadable: {exc}") from None
     return members
