@@ -42,7 +42,7 @@ PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|rdzv/world_si
 #: (``runtime/hostagent/fanin.py``). A connection that asks nothing else is no rank's: a
 #: lingering store does not wait for it, nor refuse a rerun's takeover for it.
 AGENT_REQUESTS = {
-    Op.SET: re.compile(rb"cclctl/[^/]+/(host/[^/]+|rdzv/group/[0-9]+\.[0-9]+)"),
+    Op.SET: re.compile(rb"cclctl/[^/]+/(host/[^/]+|rdzv/group/[0-9]+\.[0-9]+\.[0-9]+)"),
     Op.TRY_GET: re.compile(rb"cclctl/[^/]+/signal/dump/(count|why)"),
     Op.COMPARE_SET: re.compile(rb"cclctl/[^/]+/rdzv/(world_size|world|error|lister)"),
     Op.ADD: re.compile(rb"cclctl/[^/]+/rdzv/arrived"),

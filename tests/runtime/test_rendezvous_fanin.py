@@ -134,8 +134,8 @@ def test_hosts_join_through_their_agents_with_one_group_each(
     with StoreClient("127.0.0.1", server.port) as client:
         keys = sorted(client.list("cclctl/job/rdzv/"))
     assert [k for k in keys if "/group/" in k] == [
-        f"cclctl/job/rdzv/group/0.{PID}",
-        f"cclctl/job/rdzv/group/2.{PID}",
+        f"cclctl/job/rdzv/group/0.{PID}.2",
+        f"cclctl/job/rdzv/group/2.{PID}.2",
     ]
     assert not any("/rank/" in k for k in keys)  # no rank's own claim: the hosts' groups
     assert [a.service.groups for a in agents.values()] == [1, 1]
@@ -218,16 +218,35 @@ def test_ranks_whose_agent_dies_mid_rendezvous_join_alone(
 
 @pytest.mark.timeout(30)
 def test_a_claim_carried_twice_by_the_same_process_counts_once(server: StoreServer) -> None:
-    store = scoped(server)
-    where = Where("job", store.address)
-    try:
-        claims = [Claim(0, 10, 2, 5.0), Claim(1, 11, 2, 5.0)]
-        both = run_blocking(join_group(BlockingStore(store), "h", claims, where))
-        again = run_blocking(join_group(BlockingStore(store), "h", [Claim(1, 11, 2, 5.0)], where))
-    finally:
-        store.client.close()
-    assert set(both) == {0, 1} and all("world" in a for a in both.values())
-    assert again[1] == both[1]
+    """An agent wrote its host's group, then died; its first rank joins alone: the group
+    stays (its key is not the rank's own) and the rank's claim counts once."""
+    where = Where("job", f"127.0.0.1:{server.port}")
+    out: dict[str, Any] = {}
+
+    def group(name: str, claims: list[Claim]) -> None:
+        store = scoped(server)
+        try:
+            out[name] = run_blocking(join_group(BlockingStore(store), "h", claims, where))
+        finally:
+            store.client.close()
+
+    agent = threading.Thread(
+        target=group, args=("agent", [Claim(0, 10, 3, 10), Claim(1, 11, 3, 10)])
+    )
+    agent.start()
+    with StoreClient("127.0.0.1", server.port) as client:
+        client.get("cclctl/job/rdzv/group/0.10.2", timeout_s=10)
+    alone = threading.Thread(target=group, args=("alone", [Claim(0, 10, 3, 10)]))
+    alone.start()
+    with StoreClient("127.0.0.1", server.port) as client:
+        client.get("cclctl/job/rdzv/group/0.10.1", timeout_s=10)
+    group("last", [Claim(2, 12, 3, 10)])
+    for thread in (agent, alone):
+        thread.join(20)
+    world = out["last"][2]["world"]
+    assert out["agent"] == {0: {"world": world}, 1: {"world": world}}
+    assert out["alone"] == {0: {"world": world}}
+    assert json.loads(world)["hosts"] == [{"host": "h", "ranks": "0-2", "pids": "10+3"}]
 
 
 @pytest.mark.timeout(30)
@@ -336,7 +355,7 @@ def test_a_rank_late_to_its_host_joins_in_a_group_of_its_own(
     )
     thread.start()
     with StoreClient("127.0.0.1", server.port) as client:  # its batch went without rank 1
-        client.get(f"cclctl/job/rdzv/group/0.{PID}", timeout_s=10)
+        client.get(f"cclctl/job/rdzv/group/0.{PID}.1", timeout_s=10)
     (late,) = join_ranks(server, [(1, "host-a", 2)], 2)
     thread.join(20)
     assert late.hosts == first[0].hosts == ["host-a", "host-a"]

@@ -7,7 +7,8 @@ keys (under ``cclctl/<job>/``):
 
 1. agrees on the world size: one compare-and-set of ``rdzv/world_size``, as the flat path's
    ranks do (marked ``fanin``, so a job whose ranks mix the two paths says so);
-2. writes its claims (host, and each rank's pid) under ``rdzv/group/<first rank>.<pid>``;
+2. writes its claims (host, and each rank's pid) under
+   ``rdzv/group/<first rank>.<its pid>.<ranks>``;
 3. adds its ranks to ``rdzv/arrived``; a writer that sees the count reach the world size
    reads the groups (the one listing of the rendezvous), checks them (a rank claimed by
    two processes) and writes ``rdzv/world``: the world document (:mod:`.world_doc`), or
@@ -89,7 +90,9 @@ async def join_group(
     if not joining:
         return answers
     world_size, timeout_s = joining[0].world_size, min(c.timeout_s for c in joining)
-    key = f"{GROUP_PREFIX}{joining[0].rank}.{joining[0].pid}"
+    # the first claim's rank and pid, and the group's size: a rank alone after its agent
+    # died never overwrites the agent's group of several
+    key = f"{GROUP_PREFIX}{joining[0].rank}.{joining[0].pid}.{len(joining)}"
     group = {"host": host, "claims": [[c.rank, c.pid] for c in joining]}
     await store.set(key, json.dumps(group, separators=(",", ":")).encode())
     if await store.add(ARRIVED_KEY, len(joining)) >= world_size:
