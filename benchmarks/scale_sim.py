@@ -19,6 +19,9 @@ slow rank planted (``--plant slow``: it enters every call late, in its slowness 
 nothing.
 
     python benchmarks/scale_sim.py --ranks 10000 --per-host 8 --procs 2 [--plant slow]
+
+With ``--rendezvous`` it measures the fan-in rendezvous through the agents instead
+(:mod:`scale_sim_rdzv`).
 """
 
 from __future__ import annotations
@@ -176,7 +179,16 @@ def main() -> None:
     parser.add_argument("--cli-timeout", type=float, default=300.0)
     parser.add_argument("--cli-mem-gib", type=float, default=6.0, help="a CLI run's memory cap")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--rendezvous", action="store_true", help="the fan-in rendezvous (scale_sim_rdzv.py)"
+    )
     args = parser.parse_args()
+    if args.rendezvous:
+        import scale_sim_rdzv
+
+        figures = scale_sim_rdzv.measure(args, store_main, proc_cpu_s, proc_rss_mib)
+        print(json.dumps(figures, indent=1))
+        return
     n, per_host = args.ranks, args.per_host
     hosts = -(-n // per_host)
     planted = n // 3 + 1

@@ -55,14 +55,16 @@ class AsyncStore:
                 raise ConnectionError("the store refused the token")
         return self
 
-    async def request(self, op: Op, fields: list[bytes]) -> tuple[int, list[bytes]]:
+    async def request(
+        self, op: Op, fields: list[bytes], timeout_s: float | None = None
+    ) -> tuple[int, list[bytes]]:
         assert self._writer is not None, "connect() first"
         async with self._slots:
             future: asyncio.Future[tuple[int, list[bytes]]] = (
                 asyncio.get_running_loop().create_future()
             )
             self._pending.append(future)
-            frame = pack_request(op, fields)
+            frame = pack_request(op, fields, timeout_s)
             self._writer.write(frame)
             self.requests += 1
             self.sent_bytes += len(frame)

@@ -21,6 +21,8 @@ from cclctl.errors import ConfigError
 
 #: Bytes of randomness in a fresh nonce and in a generated token.
 NONCE_BYTES = 16
+#: the job's store key where rank 0 leaves its proof of the token (never the token)
+TOKEN_CHECK_KEY = "auth/check"
 TOKEN_BYTES = 32
 #: An answer to a challenge (HMAC-SHA256).
 PROOF_BYTES = hashlib.sha256().digest_size
@@ -124,3 +126,10 @@ def read_token_file(folder: str | os.PathLike[str]) -> str | None:
     finally:
         os.close(fd)
     return text or None
+
+
+def proves_check(check: bytes, token: str, job: str) -> bool:
+    """Whether ``token`` is the one rank 0's check (:data:`TOKEN_CHECK_KEY`: a nonce, then
+    the proof over it) was made with."""
+    challenge, proof = check[:NONCE_BYTES], check[NONCE_BYTES:]
+    return verify(token, proof, "token-check", job, challenge)

@@ -32,3 +32,14 @@ def peer_uid(sock: socket.socket) -> int:
     """The user id of the process at the other end of a Unix socket."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
     return int(_CREDENTIALS.unpack(raw)[1])
+
+
+def peer_pid(sock: socket.socket) -> int:
+    """The pid of the process at the other end of a Unix socket (what an error names)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+    return int(_CREDENTIALS.unpack(raw)[0])
+
+
+def rendezvous_name(name: str) -> str:
+    """The socket of the agent's rendezvous service, beside its status socket ``name``."""
+    return f"{name}-rdzv"

@@ -29,6 +29,7 @@ from cclctl.errors import StoreError
 from cclctl.host_status import KEY
 from cclctl.runtime.agent.dump_requests import DUMP_KEY
 from cclctl.runtime.hostagent.address import socket_name
+from cclctl.runtime.hostagent.rendezvous import serve_rendezvous
 from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.backends import endpoint_of, open_store
 from cclctl.store.detached import say, to_devnull
@@ -85,6 +86,11 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
             return 0
         say(answer, {"error": f"the host agent cannot listen: {exc.strerror or exc}"})
         return 1
+    try:
+        close_rendezvous = await serve_rendezvous(spec, name, agent.hold)
+    except Exception as exc:  # its ranks then join alone; statuses still go through it
+        close_rendezvous = _nothing
+        log.warning("cclctl host agent: no rendezvous service: %s", exc)
     exporter = _exporter(spec, agent)
     say(answer, {"pid": os.getpid()})
     stop = asyncio.Event()
@@ -101,6 +107,7 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
     if exporter is not None:
         exporter.stop()
     idle.cancel()
+    close_rendezvous()
     client.close()
     log.info("cclctl host agent of %s: %d writes, %d failed, exiting", spec["host"],
              agent.writes, agent.write_errors)  # fmt: skip
@@ -123,6 +130,10 @@ async def _read_news(store: ScopedStore, agent: HostAgent, stop: asyncio.Event) 
             log.warning("cclctl host agent: reading the job's requests failed: %s", exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), agent.interval_s)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _exporter(spec: dict[str, Any], agent: HostAgent) -> MetricsHTTPServer | None:

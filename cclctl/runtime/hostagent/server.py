@@ -62,6 +62,7 @@ class HostAgent:
         #: so: until then, the status it wrote to its own key is the only one readers see)
         self.written: set[int] = set()
         self.connected = 0  # ranks' connections open now
+        self.held = 0  # ranks' rendezvous connections open now (:meth:`hold`)
         self.ever_connected = 0
         self.refused = 0  # connections of another user
         self.writes = 0
@@ -144,6 +145,12 @@ class HostAgent:
         return {"writes": self.writes, "write_errors": self.write_errors,
                 "refused": self.refused, "connected": self.connected}  # fmt: skip
 
+    def hold(self, delta: int) -> None:
+        """A rank's rendezvous connection opened (+1) or closed (-1): while one is open the
+        agent stays, and it waits ``first_s`` for statuses again after (:meth:`idle_for`)."""
+        self.held += delta
+        self._changed.set()
+
     # ------------------------------------------------------------------ documents out
     def document(self) -> HostDocument:
         return HostDocument(
@@ -203,7 +210,7 @@ class HostAgent:
         since = loop.time()
         while True:
             timeout: float | None = None  # ranks connected: until one leaves
-            if not self.connected:
+            if not self.connected and not self.held:
                 timeout = (linger_s if self.ever_connected else first_s) - (loop.time() - since)
                 if timeout <= 0:
                     return
@@ -212,5 +219,5 @@ class HostAgent:
                 await asyncio.wait_for(self._changed.wait(), timeout)
             except TimeoutError:
                 continue
-            if not self.connected:
+            if not self.connected and not self.held:
                 since = loop.time()

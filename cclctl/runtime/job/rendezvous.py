@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import secrets
-import time
 from typing import Any
 
 from cclctl.config import (
@@ -20,8 +19,9 @@ from cclctl.config import (
     store_server_from_env,
 )
 from cclctl.config_rendezvous import RendezvousConfig
-from cclctl.errors import RendezvousError, StoreTimeout
-from cclctl.ranges import fold_ranks
+from cclctl.errors import RendezvousError
+from cclctl.runtime.job.fanin_rank import join_fanin
+from cclctl.runtime.job.gather import ERROR_KEY, gather
 from cclctl.runtime.job.job_store import bind_host as _bind_host
 from cclctl.runtime.job.job_store import connect, connect_live
 from cclctl.runtime.job.store_process import DetachedStore, spawn_store
@@ -29,10 +29,6 @@ from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_ch
 from cclctl.store.backends import open_store
 from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
-
-#: How often a waiting rank looks for an error another rank reported, so it fails fast.
-ERROR_POLL_S = 0.5
-ERROR_KEY = "rdzv/error"
 
 
 @dataclasses.dataclass
@@ -72,7 +68,7 @@ class Rendezvous:
         prefix = f"x/{key}/{round_no}/"
         scoped = self.job_store
         scoped.set(f"{prefix}{self.rank}", value)
-        return _gather(scoped, prefix, self.world_size, timeout_s, f"exchange {key!r}")
+        return gather(scoped, prefix, self.world_size, timeout_s, f"exchange {key!r}")
 
     def close(self) -> None:
         """Leave the store; on rank 0 the store process serves on (see ``server``)."""
@@ -124,9 +120,11 @@ def join(
             server.close()
         raise
     try:
-        joined = join_store(
-            client, rdzv.rank, rdzv.world_size, cfg, rdzv.local_rank, rdzv.local_world_size, source
-        )
+        place = (rdzv.local_rank, rdzv.local_world_size)
+        if cfg.host_agent:  # through the host's agent: see runtime/job/fanin.py
+            joined = _join_fanin(client, rdzv.rank, rdzv.world_size, cfg, place, source)
+        else:
+            joined = join_store(client, rdzv.rank, rdzv.world_size, cfg, *place, source)
     except BaseException:
         client.close()
         if server is not None:
@@ -134,6 +132,22 @@ def join(
         raise
     joined.server = server
     return joined
+
+
+def _join_fanin(
+    store: KeyValueStore,
+    rank: int,
+    world_size: int,
+    cfg: RuntimeConfig,
+    place: tuple[int, int],
+    source: TokenSource,
+) -> Rendezvous:
+    """Join with the rank's claim carried by its host's agent (alone without one)."""
+    _check_rank(rank, world_size)
+    joined = join_fanin(ScopedStore.for_job(store, cfg.job), rank, world_size, cfg, place, source)
+    return Rendezvous(rank=rank, world_size=world_size, local_rank=place[0],
+                      local_world_size=place[1], store=store, job=cfg.job, hosts=joined.hosts,
+                      pids=joined.pids, token=joined.token)  # fmt: skip
 
 
 def _join_etcd(rdzv: RendezvousConfig, cfg: RuntimeConfig) -> Rendezvous:
@@ -172,19 +186,14 @@ def join_store(
     """Join through a running store: check the world size, claim the rank, wait for all,
     and agree on the job's token (rank 0 leaves a proof of ``cfg.token``, the others check
     theirs against it, reading ``token_source``'s file again while theirs is stale)."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise RendezvousError(
-            f"rank {rank} is out of range for world size {world_size}",
-            rank=rank,
-            world_size=world_size,
-        )
+    _check_rank(rank, world_size)
     scoped = ScopedStore.for_job(store, cfg.job)
     me = {"rank": rank, "host": cfg.hostname, "pid": os.getpid()}
     _agree_world_size(scoped, world_size, me)
     if rank == 0 and cfg.token:
         publish_check(scoped, cfg.token, cfg.job)
     _claim_rank(scoped, rank, dict(me, nonce=secrets.token_hex(8)))
-    claims = _gather(scoped, "rdzv/rank/", world_size, cfg.connect_timeout_s, "rendezvous")
+    claims = gather(scoped, "rdzv/rank/", world_size, cfg.connect_timeout_s, "rendezvous")
     parsed = [_claim(raw) for raw in claims]
     token = cfg.token
     if rank != 0 and token:
@@ -201,6 +210,15 @@ def join_store(
         pids=[_pid(claim) for claim in parsed],
         token=token,
     )
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise RendezvousError(
+            f"rank {rank} is out of range for world size {world_size}",
+            rank=rank,
+            world_size=world_size,
+        )
 
 
 def _claim(raw: bytes) -> dict[str, Any]:
@@ -223,6 +241,12 @@ def _who(claim: dict[str, Any]) -> str:
 def _agree_world_size(scoped: ScopedStore, world_size: int, me: dict[str, Any]) -> None:
     mine = json.dumps(dict(me, world_size=world_size)).encode()
     first = json.loads(scoped.compare_set("rdzv/world_size", None, mine))
+    if first.get("fanin"):  # that rank's host agent carried its claim (runtime/job/fanin.py)
+        message = (f"rendezvous path disagreement: rank {me['rank']} ({_who(me)}) joins without "
+                   f"a host agent, but rank {first.get('rank')} ({_who(first)}) joined through "
+                   "one: set the same CCLCTL_HOST_AGENT on every rank")  # fmt: skip
+        _report(scoped, message)
+        raise RendezvousError(message, rank=me["rank"])
     if first.get("world_size") != world_size:
         message = (
             f"world size disagreement: rank {me['rank']} ({_who(me)}) was started with world "
@@ -245,44 +269,3 @@ def _claim_rank(scoped: ScopedStore, rank: int, claim: dict[str, Any]) -> None:
 def _report(scoped: ScopedStore, message: str) -> None:
     """Leave the first error where waiting ranks look, so they fail now, not at a timeout."""
     scoped.compare_set(ERROR_KEY, None, message.encode())
-
-
-def _gather(
-    scoped: ScopedStore, prefix: str, world_size: int, timeout_s: float, what: str
-) -> list[bytes]:
-    """Wait for ``prefix<rank>`` of every rank; values by rank, or an error naming the missing."""
-    keys = [f"{prefix}{r}" for r in range(world_size)]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            scoped.wait(keys, timeout_s=max(0.0, min(remaining, ERROR_POLL_S)))
-        except StoreTimeout:
-            _raise_reported(scoped, what)
-            if remaining > ERROR_POLL_S:
-                continue
-            present = scoped.list(prefix)
-            missing = [r for r, key in enumerate(keys) if key not in present]
-            raise RendezvousError(
-                f"{what} timed out after {timeout_s:g}s: {_ranks(missing)} of {world_size} "
-                f"never arrived (job {_job_of(scoped)!r}, store {scoped.address})",
-                missing=fold_ranks(missing),
-                elapsed=timeout_s,
-            ) from None
-        _raise_reported(scoped, what)  # everyone arrived, but maybe not everyone agreed
-        found = scoped.list(prefix)
-        return [found[key] for key in keys]
-
-
-def _raise_reported(scoped: ScopedStore, what: str) -> None:
-    reported = scoped.try_get(ERROR_KEY)
-    if reported is not None:
-        raise RendezvousError(f"{what} abandoned: {reported.decode(errors='replace')}")
-
-
-def _job_of(scoped: ScopedStore) -> str:
-    return scoped.prefix.removeprefix("cclctl/").rstrip("/")
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {fold_ranks(ranks)}"

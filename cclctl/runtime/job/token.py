@@ -29,7 +29,7 @@ GIVEN, GENERATE, READ_FILE, WAIT_FOR_FILE, REFUSE = (
     "wait-for-file",
     "refuse",
 )
-CHECK_KEY = "auth/check"
+CHECK_KEY = auth.TOKEN_CHECK_KEY
 _FILE_POLL_S = 0.1
 RECIPE = "export CCLCTL_TOKEN=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
 
@@ -155,8 +155,7 @@ def agree_token(
             rank=rank,
         ) from None
     raw = scoped.get(CHECK_KEY)
-    challenge, proof = raw[: auth.NONCE_BYTES], raw[auth.NONCE_BYTES :]
-    while not auth.verify(source.token, proof, "token-check", job, challenge):
+    while not auth.proves_check(raw, source.token, job):
         if source.plan not in (READ_FILE, WAIT_FOR_FILE) or time.monotonic() >= deadline:
             raise RendezvousError(
                 f"rank {rank}'s token ({auth.redact(source.token)}, {source.plan}) is not rank "

@@ -1,0 +1,180 @@
+"""``scale_sim.py --rendezvous``: the fan-in rendezvous of N simulated ranks on N/8 hosts,
+through real host agents' rendezvous services, against the real store.
+
+Each worker process runs its share of the hosts' real
+:class:`cclctl.runtime.hostagent.rendezvous.RendezvousService` objects on one asyncio loop.
+A simulated rank has no process and no socket: its claim enters through
+``RendezvousService.claim``, the call the agent's socket handler makes for a rank's frame.
+Everything after that is the agents' real code (:mod:`cclctl.runtime.hostagent.fanin`):
+each agent checks its token against rank 0's proof, writes its host's group, counts its
+ranks in, reads the world document. As a real agent, each has two connections to the
+store: its quick requests go through the worker's one pipelined connection
+(:mod:`scale_sim_client`), its blocking reads through a connection of its own (the store
+answers a connection's requests in order, so a blocking read holds it).
+
+The agents connect first; then every simulated rank claims at once, and the figure is the
+wall time from then until every rank of every host has its answer (the world document).
+Also: store requests per host (counted by the agents' store adapter), the world document's
+size, the store's CPU and RSS. Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import secrets
+import signal
+import time
+from typing import Any
+
+import scale_sim_docs as docs
+from scale_sim_client import AsyncStore
+
+from cclctl.runtime.hostagent.fanin import WORLD_KEY, Where
+from cclctl.runtime.hostagent.rendezvous import RendezvousService
+from cclctl.runtime.job.token import publish_check
+from cclctl.store.client import StoreClient
+from cclctl.store.protocol import Op, Status
+from cclctl.store.scope import ScopedStore, job_prefix
+
+TIMEOUT_S = 300.0
+
+
+class SimFanInStore:
+    """:class:`cclctl.runtime.hostagent.fanin.FanInStore` over the simulator's asyncio
+    clients: ``quick`` (shared, pipelined) and ``waiting`` (this agent's own); counts
+    requests."""
+
+    def __init__(self, quick: AsyncStore, waiting: AsyncStore, prefix: str) -> None:
+        self.quick, self.waiting, self.prefix = quick, waiting, prefix
+        self.requests = 0
+
+    async def _ask(
+        self, via: AsyncStore, op: Op, fields: list[bytes], timeout_s: float | None = None
+    ) -> tuple[int, list[bytes]]:
+        self.requests += 1
+        status, out = await via.request(op, fields, timeout_s)
+        if status == Status.ERROR:
+            raise ConnectionError(out[0].decode(errors="replace") if out else "store error")
+        return status, out
+
+    async def set(self, key: str, value: bytes) -> None:
+        await self._ask(self.quick, Op.SET, [(self.prefix + key).encode(), value])
+
+    async def add(self, key: str, delta: int) -> int:
+        _, out = await self._ask(self.quick, Op.ADD, [(self.prefix + key).encode(), b"%d" % delta])
+        return int(out[0])
+
+    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        fields = [(self.prefix + key).encode(), desired] + ([expected] if expected else [])
+        status, out = await self._ask(self.quick, Op.COMPARE_SET, fields)
+        return out[0] if status == Status.OK else b""
+
+    async def get(self, key: str, timeout_s: float) -> bytes | None:
+        status, out = await self._ask(
+            self.waiting, Op.GET, [(self.prefix + key).encode()], max(0.0, timeout_s)
+        )
+        return out[0] if status == Status.OK else None
+
+    async def list(self, prefix: str) -> dict[str, bytes]:
+        _, out = await self._ask(self.quick, Op.LIST, [(self.prefix + prefix).encode()])
+        cut = len(self.prefix)
+        return {out[i].decode()[cut:]: out[i + 1] for i in range(0, len(out), 2)}
+
+
+def worker_main(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> None:
+    asyncio.run(_worker(spec, ready, go, results))
+
+
+async def _worker(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> None:
+    n, per_host, job, token = spec["ranks"], spec["per_host"], spec["job"], spec["token"]
+    port, prefix = spec["port"], job_prefix(job)
+    where = Where(job, f"127.0.0.1:{port}")
+    quick = await AsyncStore(max_pending=4096).connect("127.0.0.1", port, token)
+    hosts = range(spec["first_host"], spec["last_host"])
+    waiting = [await AsyncStore().connect("127.0.0.1", port, token) for _ in hosts]
+    stores = [SimFanInStore(quick, wait, prefix) for wait in waiting]
+    services = []
+    for h, store in zip(hosts, stores, strict=True):
+
+        async def check(timeout_s: float, store: SimFanInStore = store) -> bool:
+            from cclctl import auth
+
+            raw = await store.get(auth.TOKEN_CHECK_KEY, timeout_s)
+            return raw is not None and auth.proves_check(raw, token, job)
+
+        services.append(RendezvousService(docs.host_name(h), store, where, check))
+    ready.put(spec["index"])
+    await asyncio.to_thread(go.wait)
+    began = time.monotonic()
+
+    async def host(h: int, service: RendezvousService) -> tuple[float, int]:
+        ranks = range(h * per_host, min(n, (h + 1) * per_host))
+        claims = [service.claim({"rank": r, "pid": 100_000 + r, "world_size": n,
+                                 "local_world_size": len(ranks), "timeout_s": TIMEOUT_S})
+                  for r in ranks]  # fmt: skip
+        answers = await asyncio.gather(*claims)
+        return time.monotonic(), sum(1 for a in answers if "error" in a)
+
+    done = await asyncio.gather(*(host(h, s) for h, s in zip(hosts, services, strict=True)))
+    results.put({"index": spec["index"], "began": began, "last": max(t for t, _ in done),
+                 "first": min(t for t, _ in done), "errors": sum(e for _, e in done),
+                 "requests": [s.requests for s in stores],
+                 "groups": sum(s.groups for s in services)})  # fmt: skip
+    for store in (quick, *waiting):
+        await store.close()
+
+
+def measure(args: Any, store_main: Any, proc_cpu_s: Any, proc_rss_mib: Any) -> dict[str, Any]:
+    """Run the rendezvous once (``args``: ranks, per_host, procs); its figures."""
+    n, per_host = args.ranks, args.per_host
+    hosts = -(-n // per_host)
+    job, token = "simrdzv", secrets.token_hex(16)
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    store = ctx.Process(target=store_main, args=(token, child), daemon=True)
+    store.start()
+    port = parent.recv()
+    figures: dict[str, Any] = {"ranks": n, "hosts": hosts, "per_host": per_host,
+                               "procs": args.procs, "cpus": os.cpu_count(),
+                               "load_avg_at_start": os.getloadavg()}  # fmt: skip
+    with StoreClient("127.0.0.1", port, token=token) as client:
+        publish_check(ScopedStore.for_job(client, job), token, job)  # rank 0's, before it claims
+        ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+        share = -(-hosts // args.procs)
+        workers = []
+        for index in range(args.procs):
+            spec = {"index": index, "ranks": n, "per_host": per_host, "job": job,
+                    "token": token, "port": port, "first_host": index * share,
+                    "last_host": min(hosts, (index + 1) * share)}  # fmt: skip
+            proc = ctx.Process(target=worker_main, args=(spec, ready, go, results), daemon=True)
+            proc.start()
+            workers.append(proc)
+        try:
+            for _ in workers:
+                ready.get(timeout=600)
+            cpu0 = proc_cpu_s(store.pid)
+            go.set()
+            got = [results.get(timeout=TIMEOUT_S + 60) for _ in workers]
+            began = min(r["began"] for r in got)
+            requests = [count for r in got for count in r["requests"]]
+            figures.update(
+                rendezvous_s=round(max(r["last"] for r in got) - began, 3),
+                first_host_answered_s=round(min(r["first"] for r in got) - began, 3),
+                errors=sum(r["errors"] for r in got),
+                groups=sum(r["groups"] for r in got),
+                store_requests_per_host_mean=round(sum(requests) / len(requests), 2),
+                store_requests_per_host_max=max(requests),
+                store_cpu_s=round(proc_cpu_s(store.pid) - cpu0, 3),
+                store_rss_mib=round(proc_rss_mib(store.pid), 1),
+                world_doc_bytes=len(client.get(job_prefix(job) + WORLD_KEY, timeout_s=5)),
+            )
+        finally:
+            for proc in workers:
+                proc.join(timeout=30)
+                if proc.is_alive() and proc.pid is not None:
+                    os.kill(proc.pid, signal.SIGKILL)
+            parent.send("stop")
+            store.join(timeout=10)
+    return figures

@@ -1,0 +1,158 @@
+"""A rank's side of the fan-in rendezvous (:mod:`cclctl.runtime.hostagent.fanin`): its
+claim goes to its host's agent, which answers with the job's world document; without an
+agent the rank is a group of its own.
+
+The host's first local rank starts the agent here (:func:`~cclctl.runtime.hostagent.spawn.
+start_agent`, as the status link would later: it finds this one), so the agent is there
+before the claims. The host's other ranks look for its rendezvous socket until the agent
+has had its time to start. A rank that finds no agent, whose agent's connection breaks
+before it answered (the agent died), or whose agent says its store requests failed, joins
+alone, through the same protocol: its claim is the same whichever way it went, so a claim
+the agent had already written counts once. An agent that holds the connection but never
+answers fails the rank, naming the agent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from cclctl.config import RuntimeConfig, job_dir
+from cclctl.errors import RendezvousError
+from cclctl.runtime.hostagent import world_doc
+from cclctl.runtime.hostagent.address import peer_pid, rendezvous_name, socket_name
+from cclctl.runtime.hostagent.fanin import LISTER_GRACE_S, Claim, Where, join_group, run_blocking
+from cclctl.runtime.hostagent.fanin_stores import BlockingStore
+from cclctl.runtime.hostagent.rendezvous import LENGTH, MAX_ANSWER, MAX_BATCH_S, frame
+from cclctl.runtime.hostagent.spawn import START_TIMEOUT_S, start_agent
+from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check
+from cclctl.store.scope import ScopedStore
+
+log = logging.getLogger("cclctl.rendezvous")
+
+#: how long a rank looks for the agent's socket once the agent's starter has its answer
+AFTER_START_S = 1.0
+#: the agent's answer may come this long after the rank's own rendezvous timeout (its
+#: batch's wait, the lister's grace, and a margin)
+ANSWER_SLACK_S = MAX_BATCH_S + LISTER_GRACE_S + 5.0
+_POLL_S = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class Joined:
+    """What the rank learnt: every rank's host and pid, the agreed token, and whether its
+    host's agent carried its claim."""
+
+    hosts: list[str]
+    pids: list[int]
+    token: str
+    via_agent: bool
+
+
+def join_fanin(
+    scoped: ScopedStore,
+    rank: int,
+    world_size: int,
+    cfg: RuntimeConfig,
+    place: tuple[int, int],
+    source: TokenSource | None = None,
+) -> Joined:
+    """Join through the host's agent (``place``: local rank, local world size), else alone."""
+    if rank == 0 and cfg.token:
+        publish_check(scoped, cfg.token, cfg.job)
+    claim = {"rank": rank, "pid": os.getpid(), "world_size": world_size,
+             "local_world_size": place[1], "timeout_s": cfg.connect_timeout_s}  # fmt: skip
+    answer = _through_agent(claim, cfg, place[0], scoped.address)
+    via_agent = answer is not None
+    if answer is None:
+        alone = [Claim(rank, os.getpid(), world_size, cfg.connect_timeout_s)]
+        where = Where(cfg.job, scoped.address)
+        answer = run_blocking(join_group(BlockingStore(scoped), cfg.hostname, alone, where))[rank]
+    if "error" in answer:
+        fields = answer.get("fields") if isinstance(answer.get("fields"), dict) else {}
+        raise RendezvousError(str(answer["error"]), **(fields or {}))
+    hosts, pids = world_doc.expand(str(answer["world"]).encode(), world_size)
+    token = cfg.token
+    if rank != 0 and token and answer.get("token_ok") is not True:
+        token = agree_token(scoped, source or TokenSource(token, GIVEN, ""), rank, cfg.job,
+                            cfg.connect_timeout_s)  # fmt: skip
+    return Joined(hosts, pids, token, via_agent)
+
+
+def _through_agent(
+    claim: dict[str, Any], cfg: RuntimeConfig, local_rank: int, address: str
+) -> dict[str, Any] | None:
+    """The agent's answer to ``claim``; None when there is no agent or it died first."""
+    name = socket_name(cfg.job, cfg.hostname, address, cfg.token)
+    if local_rank == 0:
+        start_agent(job=cfg.job, store=address, token=cfg.token, host=cfg.hostname,
+                    interval_s=cfg.status_interval_s, folder=cfg.trace_dir or job_dir(cfg.job),
+                    metrics=(cfg.metrics_addr, cfg.host_metrics_port))  # fmt: skip
+    wait_s = AFTER_START_S + (0.0 if local_rank == 0 else START_TIMEOUT_S)
+    sock = _connect(rendezvous_name(name), wait_s)
+    if sock is None:
+        log.info("cclctl: rank %d found no host agent on %s; it joins alone",
+                 claim["rank"], cfg.hostname)  # fmt: skip
+        return None
+    agent = peer_pid(sock)
+    within = float(claim["timeout_s"]) + ANSWER_SLACK_S
+    sock.settimeout(within)
+    try:
+        sock.sendall(frame(claim))
+        answer = _answer(sock)
+        if "agent_failed" in answer:
+            raise ValueError(f"the agent's store requests failed: {answer['agent_failed']}")
+        return answer
+    except TimeoutError:
+        raise RendezvousError(
+            f"rank {claim['rank']}: the host agent of {cfg.hostname} (pid {agent}) gave no "
+            f"rendezvous answer within {within:g}s",
+            rank=claim["rank"],
+            agent_pid=agent,
+        ) from None
+    except (OSError, ValueError) as exc:
+        log.warning("cclctl: rank %d lost its host agent (%s pid %d) during the rendezvous "
+                    "(%s); it joins alone", claim["rank"], cfg.hostname, agent, exc)  # fmt: skip
+        return None
+    finally:
+        sock.close()
+
+
+def _connect(name: str, wait_s: float) -> socket.socket | None:
+    """A connection to the abstract socket ``name``, looked for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(name)
+            return sock
+        except OSError:
+            sock.close()
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(_POLL_S)
+
+
+def _answer(sock: socket.socket) -> dict[str, Any]:
+    (length,) = LENGTH.unpack(_read(sock, LENGTH.size))
+    if length > MAX_ANSWER:
+        raise ValueError(f"the agent answered {length:,} bytes")
+    answer = json.loads(_read(sock, length))
+    if not isinstance(answer, dict):
+        raise ValueError("the agent's answer is not a JSON object")
+    return answer
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise ConnectionResetError("the host agent closed the connection")
+        data += chunk
+    return bytes(data)
