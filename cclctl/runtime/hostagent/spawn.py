@@ -24,6 +24,10 @@ START_TIMEOUT_S = 10.0
 LOG_NAME = "agent.log"
 
 log = logging.getLogger("cclctl.hostagent")
+#: The agents this process saw serve their host, by (job, store, token, host): the
+#: rendezvous starts the host's agent, and the status link, which would start it again,
+#: finds it here instead of in a second agent process that answers "elsewhere".
+_SERVING: set[tuple[str, str, str, str]] = set()
 
 
 def start_agent(
@@ -32,7 +36,11 @@ def start_agent(
 ) -> int | None:  # fmt: skip
     """Start ``host``'s agent for ``job`` (store at ``store``; its Prometheus endpoint at
     ``metrics``, none at port 0); its pid, or None when another agent already serves the
-    host or it could not start (logged)."""
+    host (one this process started or found before is not looked for again) or it could
+    not start (logged)."""
+    serving = (job, store, token, host)
+    if serving in _SERVING:
+        return None
     linger = max(2.0, 2 * interval_s) if linger_s is None else linger_s
     spec = {
         "job": job,
@@ -73,8 +81,11 @@ def start_agent(
     if not isinstance(answer, dict):
         answer = {"error": "it answered something else"}
     if "pid" in answer and isinstance(answer["pid"], int):
+        _SERVING.add(serving)
         return int(answer["pid"])
-    if not answer.get("elsewhere"):
+    if answer.get("elsewhere"):
+        _SERVING.add(serving)
+    else:
         where = os.path.join(folder, LOG_NAME)
         log.warning("cclctl: no host agent on %s (%s; see %s); ranks publish their own "
                     "statuses", host, answer.get("error"), where)  # fmt: skip

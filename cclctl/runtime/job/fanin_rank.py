@@ -3,8 +3,8 @@ claim goes to its host's agent, which answers with the job's world document; wit
 agent the rank is a group of its own.
 
 The host's first local rank starts the agent here (:func:`~cclctl.runtime.hostagent.spawn.
-start_agent`, as the status link would later: it finds this one), so the agent is there
-before the claims. The host's other ranks look for its rendezvous socket until the agent
+start_agent`; the status link, which would start it later, knows it is there), so the
+agent is there before the claims. The host's other ranks look for its rendezvous socket until the agent
 has had its time to start. A rank that finds no agent, whose agent's connection breaks
 before it answered (the agent died), or whose agent says its store requests failed, joins
 alone, through the same protocol: its claim is the same whichever way it went, so a claim
