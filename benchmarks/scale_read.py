@@ -8,7 +8,8 @@ times as a subprocess, and its wall time, CPU time (user + system, from ``wait4`
 RSS and verdict are printed. So the figures are the reader's, apart from the simulator's
 feeding, which ``scale_sim.py`` measures with the store under load.
 
-In the same run, in this process, the same listing is read both ways, alternated:
+In the same run, in this process, the same listing is read both ways, alternated, the
+cyclic GC paused as the CLI pauses it:
 every status parsed (``alike_from=None``, what ``top`` does) and alike ranks made from one
 model per key (what ``diagnose hang --store`` does from 1,024 statuses), each followed by
 the diagnosis; their times and ratio are printed, and whether the two diagnoses are equal.
@@ -32,6 +33,7 @@ from typing import Any
 import scale_sim_docs as docs
 from scale_sim import cli, store_main
 
+from cclctl.commands.diagnose_sources import no_cycle_collection
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.live import snapshot
 from cclctl.live.alike import ALIKE_FROM
@@ -74,9 +76,10 @@ def in_process(address: str, rounds: int) -> dict[str, Any]:
             times["list"].append(time.perf_counter() - began)
         for side, alike_from in (("every", None), ("alike", ALIKE_FROM)):
             began = time.perf_counter()
-            statuses = snapshot.parse(JOB, "here", listing, alike_from=alike_from)
-            statuses.fetched_ns = fetched_ns
-            diagnosis = diagnose_live(statuses)
+            with no_cycle_collection():  # as the CLI reads
+                statuses = snapshot.parse(JOB, "here", listing, alike_from=alike_from)
+                statuses.fetched_ns = fetched_ns
+                diagnosis = diagnose_live(statuses)
             times[side].append(time.perf_counter() - began)
             doc = diagnosis.to_dict()
             doc["time_ns"] = None
