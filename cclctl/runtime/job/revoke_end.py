@@ -25,6 +25,10 @@ from typing import Protocol
 from cclctl.config import RuntimeConfig
 from cclctl.live.snapshot import JobStatuses
 from cclctl.revocation import Revocation
+from cclctl.runtime.hostagent.address import socket_name
+from cclctl.runtime.hostagent.revoke_fanout import fanout_name
+from cclctl.runtime.hostagent.revoke_feed import RevokeFeed
+from cclctl.runtime.job.hang_claim import HangClaim
 from cclctl.runtime.job.revoke_key import RevokeKey, RevokeListener
 
 log = logging.getLogger(__name__)
@@ -87,6 +91,10 @@ class JobRevokeEnd:
         self.stale_after_s = max(cfg.timeout_s, 3 * cfg.status_interval_s)
         #: how long, and how often, the diagnosis is asked again while it names nobody
         self.ask_for_s, self.ask_every_s = 2 * cfg.status_interval_s, cfg.status_interval_s / 2
+        #: how long the other ranks wait for a hang's diagnoser before one takes it over:
+        #: its asking, and the time one listing and diagnosis of a large job may take
+        self.claim_lease_s = self.ask_for_s + 2 * cfg.status_interval_s + 2.0
+        self.last_claim: HangClaim | None = None  # this rank's part in its last hang
         self._followers: list[Handler] = []
         self._carried: list[Carried] = []
         self._last: Revocation | None = None  # the record the listener handed on last
@@ -157,10 +165,12 @@ class JobRevokeEnd:
         """Remove the job's record if it is still ``record`` (a hang that ended)."""
         self.key.withdraw(record)
 
-    def name_hang(self, build: Build) -> Revocation | None:
+    def name_hang(self, build: Build, hang: str = "") -> Revocation | None:
         """The job's record, or the rank a hang waits on as the live diagnosis of the job's
         statuses names it (``build`` makes its record), agreed with the other ranks; asked
-        again for a status interval or two while neither is there (None then)."""
+        again for a status interval or two while neither is there (None then). ``hang``
+        names the hung call alike on every rank: then only the first rank to claim it
+        diagnoses, and the others take its record (:mod:`.hang_claim`)."""
 
         def ask() -> Revocation | None:
             stored = self.key.stored()
@@ -170,7 +180,14 @@ class JobRevokeEnd:
             found = self._suspect(statuses)
             return None if found is None else self.key.agree(build(found, statuses))
 
-        return first_named(ask, self.ask_for_s, self.ask_every_s, self._wait, self._clock)
+        def diagnose() -> Revocation | None:
+            return first_named(ask, self.ask_for_s, self.ask_every_s, self._wait, self._clock)
+
+        stored = self.key.stored()
+        if stored is not None or not hang:
+            return stored or diagnose()
+        self.last_claim = HangClaim(self.key, self.rank, hang, self.claim_lease_s)
+        return self.last_claim.run(diagnose, self.key.stored)
 
     def _suspect(self, statuses: JobStatuses) -> Suspect | None:
         from cclctl.diagnose_io.hang_origin import hang_suspect  # only when a hang expires
@@ -190,7 +207,16 @@ def open_end(
     telemetry: Documents,
 ) -> JobRevokeEnd:
     """The agent's revoke end (``make`` is :meth:`Agent.revoke_end`): the one a front end
-    of this rank opened already, else a new one."""
-    end = make(lambda: JobRevokeEnd(RevokeKey(address, token, job, telemetry.rank), telemetry))
+    of this rank opened already, else a new one, listening through the host agent's
+    fan-out where the job has agents (``CCLCTL_HOST_AGENT``)."""
+
+    def new() -> JobRevokeEnd:
+        cfg = telemetry.cfg
+        feed = None
+        if cfg.host_agent:
+            feed = RevokeFeed(fanout_name(socket_name(job, cfg.hostname, address, token)))
+        return JobRevokeEnd(RevokeKey(address, token, job, telemetry.rank, feed), telemetry)
+
+    end = make(new)
     assert isinstance(end, JobRevokeEnd), end
     return end

@@ -1,10 +1,12 @@
 """The job's one revoke record in its store, as one rank reads and writes it.
 
 The record lives under the job's ``revoke`` key (:mod:`cclctl.revocation`): the first
-writer wins (compare-and-set), so the job agrees on one origin. A rank listens for it with
-a blocking ``wait`` on a connection of its own, so the wait never holds up a request of the
-failure path, and every request is bounded, so a store that is gone costs seconds, never a
-hang. A rank process's one revoke end (:mod:`~cclctl.runtime.job.revoke_end`), which
+writer wins (compare-and-set), so the job agrees on one origin. A rank listens for it
+through its host agent, which holds the host's one wait on the key
+(:mod:`~cclctl.runtime.hostagent.revoke_feed`); where there is no agent, or it is gone, with
+a blocking ``wait`` of its own, on a connection of its own, so the wait never holds up a
+request of the failure path. Every request is bounded, so a store that is gone costs
+seconds, never a hang. A rank process's one revoke end (:mod:`~cclctl.runtime.job.revoke_end`), which
 cclctl's runtime and the PyTorch integration share, reads and writes the record through this.
 """
 
@@ -21,6 +23,7 @@ from cclctl import revocation
 from cclctl.errors import BadInput, CclError, StoreTimeout
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.revocation import Revocation
+from cclctl.runtime.hostagent.revoke_feed import RevokeFeed
 from cclctl.store.backends import open_store
 from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
@@ -52,12 +55,19 @@ def _client(address: str, token: str, timeout_s: float) -> KeyValueStore:
 
 
 class RevokeKey:
-    """Rank ``rank``'s access to job ``job``'s revoke record in the store at ``address``."""
+    """Rank ``rank``'s access to job ``job``'s revoke record in the store at ``address``
+    (listened for through ``feed``, its host agent's fan-out, while that answers)."""
 
-    def __init__(self, address: str, token: str, job: str, rank: int) -> None:
+    def __init__(
+        self, address: str, token: str, job: str, rank: int, feed: RevokeFeed | None = None
+    ) -> None:
         self.job = job
         self.rank = rank
+        self.feed = feed
+        self._handed = False  # a record was handed on: the next ask is after a renewal
         self.scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
+        self._address, self._token = address, token
+        self._waiter: ScopedStore | None = None  # opened for a hang's wait (hang_claim)
         self._listener = ScopedStore.for_job(
             _client(address, token, LISTEN_SLICE_S + STORE_OP_S), job
         )
@@ -94,6 +104,23 @@ class RevokeKey:
         }
         self.scoped.set(revocation.ack_key(self.rank), json.dumps(ack).encode())
 
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        """The job's ``key`` set to ``desired`` if it holds ``expected`` (a hang's claim)."""
+        return self.scoped.compare_set(key, expected, desired)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.scoped.set(key, value)
+
+    def wait_for(self, key: str, timeout_s: float) -> bool:
+        """Wait until the job's ``key`` exists (a StoreTimeout after ``timeout_s``), on a
+        connection of its own, opened at the first such wait, so the wait holds up no
+        request of the failure path."""
+        if self._waiter is None:
+            client = _client(self._address, self._token, STORE_OP_S)
+            self._waiter = ScopedStore.for_job(client, self.job)
+        self._waiter.wait([key], timeout_s=timeout_s)
+        return True
+
     def statuses(self) -> JobStatuses:
         """Every rank's live status, in one listing."""
         return fetch(self.scoped.client, self.job)
@@ -103,8 +130,17 @@ class RevokeKey:
         the store is gone (errors in a row) or the record cannot be read."""
         errors = 0
         while not stopped.is_set():
+            slice_s = LISTEN_SLICE_S
+            if self.feed is not None:
+                raw = self.feed.next_record(fresh=self._handed)
+                if stopped.is_set():
+                    return None
+                if raw is not None:
+                    return self._decoded(raw)
+                # no agent answers: wait on the store until the feed tries it again
+                slice_s = min(LISTEN_SLICE_S, max(0.05, self.feed.retry_in()))
             try:
-                self._listener.wait([revocation.KEY], timeout_s=LISTEN_SLICE_S)
+                self._listener.wait([revocation.KEY], timeout_s=slice_s)
                 raw = self._listener.try_get(revocation.KEY)
             except StoreTimeout:
                 continue
@@ -116,20 +152,28 @@ class RevokeKey:
                 continue
             if raw is None:
                 continue  # withdrawn between the wait and the read
-            try:
-                return revocation.decode(raw, _WHERE)
-            except BadInput as exc:
-                log.warning("rank %d: ignored the store's revoke record: %s", self.rank, exc)
-                return None
+            return self._decoded(raw)
         return None
 
+    def _decoded(self, raw: bytes) -> Revocation | None:
+        self._handed = True
+        try:
+            return revocation.decode(raw, _WHERE)
+        except BadInput as exc:
+            log.warning("rank %d: ignored the store's revoke record: %s", self.rank, exc)
+            return None
+
     def stop_listening(self) -> None:
-        """End a blocking :meth:`next_record` at once (its connection closes)."""
+        """End a blocking :meth:`next_record` at once (its connections close)."""
+        if self.feed is not None:
+            self.feed.close()
         self._listener.client.close()
 
     def close(self) -> None:
         self.stop_listening()
         self.scoped.client.close()
+        if self._waiter is not None:
+            self._waiter.client.close()
 
 
 class RevokeListener:
