@@ -52,7 +52,9 @@ class HangClaim:
         self.waited = False  # this rank waited for another's
 
     def _mine(self) -> bytes:
-        return json.dumps({"rank": self.rank, "pid": os.getpid(), "time_ns": time.time_ns()}).encode()
+        return json.dumps(
+            {"rank": self.rank, "pid": os.getpid(), "time_ns": time.time_ns()}
+        ).encode()
 
     def take(self, holder: bytes | None) -> tuple[bool, bytes]:
         """Claim the diagnosis if the claim is still ``holder`` (None: nobody's): whether

@@ -6,8 +6,9 @@ through its host agent, which holds the host's one wait on the key
 (:mod:`~cclctl.runtime.hostagent.revoke_feed`); where there is no agent, or it is gone, with
 a blocking ``wait`` of its own, on a connection of its own, so the wait never holds up a
 request of the failure path. Every request is bounded, so a store that is gone costs
-seconds, never a hang. A rank process's one revoke end (:mod:`~cclctl.runtime.job.revoke_end`), which
-cclctl's runtime and the PyTorch integration share, reads and writes the record through this.
+seconds, never a hang. A rank process's one revoke end
+(:mod:`~cclctl.runtime.job.revoke_end`), which cclctl's runtime and the PyTorch integration
+share, reads and writes the record through this.
 """
 
 from __future__ import annotations
