@@ -59,8 +59,8 @@ class FakeKey:
     def set(self, key: str, value: bytes) -> None:
         self.claims[key] = value
 
-    def wait_for(self, key: str, timeout_s: float) -> bool:
-        return key in self.claims
+    def try_get(self, key: str) -> bytes | None:
+        return self.claims.get(key)
 
     def statuses(self) -> JobStatuses:
         self.fetched += 1

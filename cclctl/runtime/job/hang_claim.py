@@ -4,10 +4,12 @@ Every rank of a hung collective expires it at about the same time, and each woul
 the job's statuses (one document per host, ~100 MB at 100,000 ranks) and run the full
 diagnosis. Instead each names the hang (its communicator, life, call and seq) and
 compare-and-sets ``diagnosis/<hang>`` in the job's store: the one that wins diagnoses
-(and writes the job's revoke record, as before); the others wait for ``diagnosis/<hang>/done``,
-which the claimer writes when it is through, and take the job's record (or, where the
-claimer named nobody, their own view, as before). A claimer that dies or is late past
-its lease is taken over: a waiter compare-and-sets the claim it saw to its own.
+(and writes the job's revoke record, as before), then sets ``diagnosis/<hang>/done``.
+The others wait for the record as every record reaches a rank (through the host agent's
+one wait, :mod:`~cclctl.runtime.hostagent.revoke_fanout`, so a hang adds no store
+watchers), at most a lease; then they read ``done``: where the claimer is through having
+named nobody, they go on with their own view, as before; where it is not (it died, or is
+late), one of them takes the claim over (compare-and-set of the claim it saw).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from cclctl.errors import CclError, StoreTimeout
+from cclctl.errors import CclError
 
 PREFIX = "diagnosis/"
 #: how many times a waiter takes over a claim that was not delivered, at most
@@ -32,7 +34,7 @@ class ClaimStore(Protocol):
 
     def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes: ...
     def set(self, key: str, value: bytes) -> None: ...
-    def wait_for(self, key: str, timeout_s: float) -> bool: ...
+    def try_get(self, key: str) -> bytes | None: ...
 
 
 def claim_key(hang: str) -> str:
@@ -68,16 +70,19 @@ class HangClaim:
         with contextlib.suppress(CclError):
             self.store.set(f"{self.key}/done", str(self.rank).encode())
 
-    def done(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the claimer to be through; False if it is not."""
-        try:
-            return self.store.wait_for(f"{self.key}/done", timeout_s)
-        except StoreTimeout:
-            return False
+    def through(self) -> bool:
+        """Whether the claimer said it is through."""
+        return self.store.try_get(f"{self.key}/done") is not None
 
-    def run(self, diagnose: Callable[[], T | None], stored: Callable[[], T | None]) -> T | None:
-        """``diagnose()`` if this rank wins the claim (or takes it over), else the job's
-        record (``stored()``) once the claimer is through; None where neither names one."""
+    def run(
+        self,
+        diagnose: Callable[[], T | None],
+        stored: Callable[[], T | None],
+        handed: Callable[[float], T | None],
+    ) -> T | None:
+        """``diagnose()`` if this rank wins the claim (or takes it over); else the record
+        the job's listener hands on within the lease (``handed(lease_s)``) or the job's
+        record (``stored()``); None where the claimer is through and named none."""
         won, holder = self.take(None)
         for _ in range(TAKEOVERS + 1):
             if won:
@@ -87,9 +92,10 @@ class HangClaim:
                 finally:
                     self.finish()
             self.waited = True
-            through = self.done(self.lease_s)
-            found = stored()
-            if found is not None or through:
+            found = handed(self.lease_s)
+            if found is None:
+                found = stored()
+            if found is not None or self.through():
                 return found
             won, holder = self.take(holder)  # the claimer died or is late: take it over
         return stored()

@@ -93,12 +93,15 @@ class JobRevokeEnd:
         self.ask_for_s, self.ask_every_s = 2 * cfg.status_interval_s, cfg.status_interval_s / 2
         #: how long the other ranks wait for a hang's diagnoser before one takes it over:
         #: its asking, and the time one listing and diagnosis of a large job may take
-        self.claim_lease_s = self.ask_for_s + 2 * cfg.status_interval_s + 2.0
+        self.claim_lease_s = self.ask_for_s + 2 * cfg.status_interval_s + 10.0
         self.last_claim: HangClaim | None = None  # this rank's part in its last hang
         self._followers: list[Handler] = []
         self._carried: list[Carried] = []
         self._last: Revocation | None = None  # the record the listener handed on last
         self._lock = threading.Lock()
+        self._handed = threading.Condition(self._lock)  # notified as each record comes
+        self._count = 0  # records handed on so far
+        self._newest: Revocation | None = None  # the last of them (kept across renewals)
         documents.revoke_source = self.carried
         self._listener = RevokeListener(key, self._hand_on, f"cclctl-revoke-r{self.rank}")
         self._clock = clock
@@ -131,7 +134,9 @@ class JobRevokeEnd:
 
     def _hand_on(self, record: Revocation) -> None:
         with self._lock:
-            self._last = record
+            self._last = self._newest = record
+            self._count += 1
+            self._handed.notify_all()
             followers = list(self._followers)
         for handle in followers:
             try:
@@ -183,11 +188,19 @@ class JobRevokeEnd:
         def diagnose() -> Revocation | None:
             return first_named(ask, self.ask_for_s, self.ask_every_s, self._wait, self._clock)
 
+        seen = self._count  # a record handed on from here on is one a diagnoser wrote
         stored = self.key.stored()
         if stored is not None or not hang:
             return stored or diagnose()
+
+        def handed(timeout_s: float) -> Revocation | None:
+            with self._handed:
+                self._handed.wait_for(lambda: self._count > seen or self.stopped.is_set(),
+                                      timeout_s)  # fmt: skip
+                return self._newest if self._count > seen else None
+
         self.last_claim = HangClaim(self.key, self.rank, hang, self.claim_lease_s)
-        return self.last_claim.run(diagnose, self.key.stored)
+        return self.last_claim.run(diagnose, self.key.stored, handed)
 
     def _suspect(self, statuses: JobStatuses) -> Suspect | None:
         from cclctl.diagnose_io.hang_origin import hang_suspect  # only when a hang expires

@@ -67,8 +67,6 @@ class RevokeKey:
         self.feed = feed
         self._handed = False  # a record was handed on: the next ask is after a renewal
         self.scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
-        self._address, self._token = address, token
-        self._waiter: ScopedStore | None = None  # opened for a hang's wait (hang_claim)
         self._listener = ScopedStore.for_job(
             _client(address, token, LISTEN_SLICE_S + STORE_OP_S), job
         )
@@ -112,15 +110,8 @@ class RevokeKey:
     def set(self, key: str, value: bytes) -> None:
         self.scoped.set(key, value)
 
-    def wait_for(self, key: str, timeout_s: float) -> bool:
-        """Wait until the job's ``key`` exists (a StoreTimeout after ``timeout_s``), on a
-        connection of its own, opened at the first such wait, so the wait holds up no
-        request of the failure path."""
-        if self._waiter is None:
-            client = _client(self._address, self._token, STORE_OP_S)
-            self._waiter = ScopedStore.for_job(client, self.job)
-        self._waiter.wait([key], timeout_s=timeout_s)
-        return True
+    def try_get(self, key: str) -> bytes | None:
+        return self.scoped.try_get(key)
 
     def statuses(self) -> JobStatuses:
         """Every rank's live status, in one listing."""
@@ -173,8 +164,6 @@ class RevokeKey:
     def close(self) -> None:
         self.stop_listening()
         self.scoped.client.close()
-        if self._waiter is not None:
-            self._waiter.client.close()
 
 
 class RevokeListener:
