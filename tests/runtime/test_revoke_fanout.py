@@ -39,7 +39,9 @@ class _FanoutThread:
 
     def __init__(self, address: str, name: str) -> None:
         self.client = StoreClient.from_address(address, timeout_s=40, connect_timeout_s=5)
-        self.store = ScopedStore.for_job(self.client, JOB)
+        self.reader = StoreClient.from_address(address, timeout_s=10, connect_timeout_s=5)
+        self.store = ScopedStore.for_job(self.client, JOB)  # the wait's
+        reads = ScopedStore.for_job(self.reader, JOB)  # as the agent: reads pass the wait
         self.loop = asyncio.new_event_loop()
         self.stop = asyncio.Event()
         ready = threading.Event()
@@ -52,7 +54,7 @@ class _FanoutThread:
             return True
 
         async def read() -> bytes | None:
-            return await asyncio.to_thread(self.store.try_get, revocation.KEY)
+            return await asyncio.to_thread(reads.try_get, revocation.KEY)
 
         async def main() -> None:
             self.fanout = RevokeFanout(wait, read, poll_s=0.05)
@@ -70,6 +72,7 @@ class _FanoutThread:
         self.loop.call_soon_threadsafe(self.stop.set)
         self.client.close()  # ends the blocking wait
         self.thread.join(WAIT_S)
+        self.reader.close()
         self.loop.close()
 
 

@@ -191,33 +191,38 @@ async def _first_of(*waits: Awaitable[Any], timeout_s: float) -> None:
 
 
 async def serve_fanout(spec: dict[str, Any], agent_name: str, stop: asyncio.Event) -> None:
-    """The agent process's fan-out for the job of ``spec`` (:func:`.main.read_spec`): its
-    own store connection for the one blocking wait, closed at ``stop`` (which ends it)."""
+    """The agent process's fan-out for the job of ``spec`` (:func:`.main.read_spec`): a
+    store connection for the one blocking wait and one for reads (a client answers one
+    request at a time, and a rank's read must not queue behind the wait), closed at
+    ``stop``, which ends it."""
     token = spec["token"] or None
-    client = open_store(spec["store"], timeout_s=WATCH_SLICE_S + STORE_OP_S,
-                        connect_timeout_s=STORE_OP_S, token=token)  # fmt: skip
-    store = ScopedStore.for_job(client, spec["job"])
+    waiting = open_store(spec["store"], timeout_s=WATCH_SLICE_S + STORE_OP_S,
+                         connect_timeout_s=STORE_OP_S, token=token)  # fmt: skip
+    reading = open_store(spec["store"], timeout_s=STORE_OP_S, connect_timeout_s=STORE_OP_S,
+                         token=token)  # fmt: skip
+    waits, reads = (ScopedStore.for_job(c, spec["job"]) for c in (waiting, reading))
 
     async def wait(timeout_s: float) -> bool:
         try:
-            await asyncio.to_thread(store.wait, [revocation.KEY], timeout_s)
+            await asyncio.to_thread(waits.wait, [revocation.KEY], timeout_s)
         except StoreTimeout:
             return False
         return True
 
     async def read() -> bytes | None:
-        return await asyncio.to_thread(store.try_get, revocation.KEY)
+        return await asyncio.to_thread(reads.try_get, revocation.KEY)
 
     fanout = RevokeFanout(wait, read, poll_s=max(0.1, float(spec["interval_s"]) / 2))
     try:
         await fanout.serve(fanout_name(agent_name))
+        watching = asyncio.ensure_future(fanout.run(stop))
+        await stop.wait()
     except OSError as exc:
-        client.close()
         log.warning("cclctl host agent: no revoke fan-out (%s); each rank waits itself", exc)
-        return
-    watching = asyncio.ensure_future(fanout.run(stop))
-    await stop.wait()
+        watching = None
     fanout.close()
-    client.close()  # ends a blocking wait at once
-    with contextlib.suppress(Exception):
-        await watching
+    waiting.close()  # ends a blocking wait at once
+    reading.close()
+    if watching is not None:
+        with contextlib.suppress(Exception):
+            await watching
