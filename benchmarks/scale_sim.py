@@ -174,7 +174,16 @@ def main() -> None:
     parser.add_argument("--cli-timeout", type=float, default=300.0)
     parser.add_argument("--cli-mem-gib", type=float, default=6.0, help="a CLI run's memory cap")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--revoke",
+        choices=("agent", "direct"),
+        default=None,
+        help="time a revoke record to every rank instead (scale_sim_revoke.py)",
+    )
     args = parser.parse_args()
+    if args.revoke:
+        revoke_main(args)
+        return
     n, per_host = args.ranks, args.per_host
     hosts = -(-n // per_host)
     planted = n // 3 + 1
@@ -267,6 +276,27 @@ def main() -> None:
     if args.json:
         print(json.dumps(figures, indent=1))
         return
+    for key, value in figures.items():
+        print(f"{key:32} {value}")
+
+
+def revoke_main(args: argparse.Namespace) -> None:
+    """``--revoke agent|direct``: the store's waits on a revoke record and the time from the
+    record to every simulated rank (through the hosts' agents, or each rank's own wait)."""
+    import scale_sim_revoke
+
+    token = secrets.token_hex(16)
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    store = ctx.Process(target=store_main, args=(token, child), daemon=True)
+    store.start()
+    load = os.getloadavg()
+    try:
+        figures = scale_sim_revoke.run(ctx, parent.recv(), token, args)
+    finally:
+        parent.send("stop")
+        store.join(timeout=10)
+    figures.update(per_host=args.per_host, procs=args.procs, load_avg_at_start=load)
     for key, value in figures.items():
         print(f"{key:32} {value}")
 
