@@ -208,8 +208,11 @@ class JobRevokeEnd:
         return hang_suspect(statuses, self.hang_after_s, self.stale_after_s)
 
     def close(self) -> None:
-        """Stop listening and close the store connections; the store may already be gone."""
+        """Stop listening and close the store connections; the store may already be gone
+        (a hang's waiter, if any, stops waiting)."""
         self._listener.close()
+        with self._handed:
+            self._handed.notify_all()
 
 
 def open_end(
