@@ -38,11 +38,13 @@ READ_ONLY_OPS = frozenset((Op.LIST, Op.PING, Op.HELLO, Op.AUTH))
 PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|rdzv/world_size|probe)")
 
 #: What a host agent asks of its job's store (``runtime/hostagent``): its host's document
-#: written, the job's dump requests read. A connection that asks nothing else is no rank's:
-#: a lingering store does not wait for it, nor refuse a rerun's takeover for it.
+#: written, the job's dump requests read, the job's revoke record waited on and read. A
+#: connection that asks nothing else is no rank's: a lingering store does not wait for it,
+#: nor refuse a rerun's takeover for it.
 AGENT_REQUESTS = {
     Op.SET: re.compile(rb"cclctl/[^/]+/host/[^/]+"),
-    Op.TRY_GET: re.compile(rb"cclctl/[^/]+/signal/dump/(count|why)"),
+    Op.TRY_GET: re.compile(rb"cclctl/[^/]+/(signal/dump/(count|why)|revoke)"),
+    Op.WAIT: re.compile(rb"cclctl/[^/]+/revoke"),
 }
 _AGENT_PATTERNS: dict[int, re.Pattern[bytes]] = {int(op): p for op, p in AGENT_REQUESTS.items()}
 

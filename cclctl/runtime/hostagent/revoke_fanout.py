@@ -213,6 +213,8 @@ async def serve_fanout(spec: dict[str, Any], agent_name: str, stop: asyncio.Even
         return await asyncio.to_thread(reads.try_get, revocation.KEY)
 
     fanout = RevokeFanout(wait, read, poll_s=max(0.1, float(spec["interval_s"]) / 2))
+    with contextlib.suppress(Exception):  # (the watch says if the store is gone)
+        await fanout.refresh()  # the record as it is; and the store sees no rank's connection
     try:
         await fanout.serve(fanout_name(agent_name))
         watching = asyncio.ensure_future(fanout.run(stop))
