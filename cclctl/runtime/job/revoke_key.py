@@ -67,9 +67,14 @@ class RevokeKey:
         self.feed = feed
         self._handed = False  # a record was handed on: the next ask is after a renewal
         self.scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
-        self._listener = ScopedStore.for_job(
-            _client(address, token, LISTEN_SLICE_S + STORE_OP_S), job
-        )
+        self._address, self._token = address, token
+        #: the rank's own listening connection: opened at once without an agent, else only
+        #: once the agent does not answer (the store then holds none for this rank)
+        self._listener: ScopedStore | None = None
+        self._lock = threading.Lock()
+        self._stopping = False
+        if feed is None:
+            self._listening()
 
     def stored(self) -> Revocation | None:
         """The job's record, if one is there."""
@@ -132,8 +137,9 @@ class RevokeKey:
                 # no agent answers: wait on the store until the feed tries it again
                 slice_s = min(LISTEN_SLICE_S, max(0.05, self.feed.retry_in()))
             try:
-                self._listener.wait([revocation.KEY], timeout_s=slice_s)
-                raw = self._listener.try_get(revocation.KEY)
+                listener = self._listening()
+                listener.wait([revocation.KEY], timeout_s=slice_s)
+                raw = listener.try_get(revocation.KEY)
             except StoreTimeout:
                 continue
             except CclError:
@@ -147,6 +153,26 @@ class RevokeKey:
             return self._decoded(raw)
         return None
 
+    def _listening(self) -> ScopedStore:
+        """The rank's own listening connection (opened now if it is not yet; a CclError
+        once :meth:`stop_listening` ran)."""
+        with self._lock:
+            if self._listener is not None or self._stopping:
+                return self._opened()
+        client = _client(self._address, self._token, LISTEN_SLICE_S + STORE_OP_S)
+        with self._lock:
+            if self._listener is None and not self._stopping:
+                self._listener = ScopedStore.for_job(client, self.job)
+                return self._listener
+        client.close()  # closed meanwhile
+        with self._lock:
+            return self._opened()
+
+    def _opened(self) -> ScopedStore:
+        if self._stopping or self._listener is None:
+            raise CclError("the revoke listener is closed")
+        return self._listener
+
     def _decoded(self, raw: bytes) -> Revocation | None:
         self._handed = True
         try:
@@ -159,7 +185,11 @@ class RevokeKey:
         """End a blocking :meth:`next_record` at once (its connections close)."""
         if self.feed is not None:
             self.feed.close()
-        self._listener.client.close()
+        with self._lock:
+            self._stopping = True
+            listener = self._listener
+        if listener is not None:
+            listener.client.close()
 
     def close(self) -> None:
         self.stop_listening()
