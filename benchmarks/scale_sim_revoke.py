@@ -38,15 +38,18 @@ class WaitingStore(AsyncStore):
     """The pipelined client with a blocking ``wait`` (a connection that waits holds up
     the requests behind it: the store answers a connection's requests in order)."""
 
-    async def wait_for(self, key: str, timeout_s: float) -> bool:
+    async def wait_for(self, key: str, timeout_s: float, op: Op = Op.WAIT) -> bytes | None:
+        """``op`` WAIT: b"" once the key exists; GET: its value; None at the timeout."""
         assert self._writer is not None, "connect() first"
         future: asyncio.Future[tuple[int, list[bytes]]] = asyncio.get_running_loop().create_future()
         self._pending.append(future)
-        self._writer.write(pack_request(Op.WAIT, [key.encode()], timeout_s))
+        self._writer.write(pack_request(op, [key.encode()], timeout_s))
         self.requests += 1
         await self._writer.drain()
-        status, _ = await future
-        return status == Status.OK
+        status, fields = await future
+        if status != Status.OK:
+            return None
+        return fields[0] if fields else b""
 
     async def try_get(self, key: str) -> bytes | None:
         status, fields = await self.request(Op.TRY_GET, [key.encode()])
@@ -70,7 +73,7 @@ async def _rank_via_agent(name: str, got: list[int]) -> None:
 async def _rank_direct(spec: dict[str, Any], key: str, got: list[int]) -> None:
     store = await WaitingStore(max_pending=4).connect("127.0.0.1", spec["port"], spec["token"])
     try:
-        if await store.wait_for(key, WAIT_S):
+        if await store.wait_for(key, WAIT_S) is not None:
             got.append(time.time_ns())
     finally:
         await store.close()
@@ -96,8 +99,8 @@ async def _worker(spec: dict[str, Any], pipe: Connection) -> None:
         waits = await WaitingStore(max_pending=4).connect("127.0.0.1", port, token)
         stores.append(waits)
 
-        async def wait(timeout_s: float, waits: WaitingStore = waits) -> bool:
-            return await waits.wait_for(key, timeout_s)
+        async def wait(timeout_s: float, waits: WaitingStore = waits) -> bytes | None:
+            return await waits.wait_for(key, timeout_s, Op.GET)
 
         async def read() -> bytes | None:
             return await reads.try_get(key)

@@ -44,7 +44,7 @@ PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|rdzv/world_si
 AGENT_REQUESTS = {
     Op.SET: re.compile(rb"cclctl/[^/]+/host/[^/]+"),
     Op.TRY_GET: re.compile(rb"cclctl/[^/]+/(signal/dump/(count|why)|revoke)"),
-    Op.WAIT: re.compile(rb"cclctl/[^/]+/revoke"),
+    Op.GET: re.compile(rb"cclctl/[^/]+/revoke"),
 }
 _AGENT_PATTERNS: dict[int, re.Pattern[bytes]] = {int(op): p for op, p in AGENT_REQUESTS.items()}
 

@@ -46,12 +46,11 @@ class _FanoutThread:
         self.stop = asyncio.Event()
         ready = threading.Event()
 
-        async def wait(timeout_s: float) -> bool:
+        async def wait(timeout_s: float) -> bytes | None:
             try:
-                await asyncio.to_thread(self.store.wait, [revocation.KEY], timeout_s)
+                return await asyncio.to_thread(self.store.get, revocation.KEY, timeout_s)
             except StoreTimeout:
-                return False
-            return True
+                return None
 
         async def read() -> bytes | None:
             return await asyncio.to_thread(reads.try_get, revocation.KEY)

@@ -10,10 +10,11 @@ shrink cleared the record it had), answered by the record's bytes as the store h
 or by nothing at the end of a :data:`SLICE_S` slice, so a rank whose agent stalls finds out
 and waits on the store itself (:mod:`.revoke_feed`, the rank's side).
 
-While there is no record the agent's wait blocks in the store; while there is one it
-reads the key again every ``poll_s`` (a withdrawn hang, a retry's cleared key, a newer
-record). A store that fails :data:`GIVE_UP` times in a row ends the fan-out: it closes
-its ranks' connections and its socket, and each rank waits on the store itself.
+While there is no record the agent's wait blocks in the store (a blocking ``get``: the
+record comes with the wake-up); while there is one it reads the key again every
+``poll_s`` (a withdrawn hang, a retry's cleared key, a newer record). A store that fails
+:data:`GIVE_UP` times in a row ends the fan-out: it closes its ranks' connections and its
+socket, and each rank waits on the store itself.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ WATCH_SLICE_S = 30.0
 GIVE_UP = 5
 STORE_OP_S = 2.0
 
-#: ``wait(timeout_s)``: True once the key exists, False at the timeout
-Wait = Callable[[float], Awaitable[bool]]
+#: ``wait(timeout_s)``: the key's bytes once it exists (a blocking ``get``), None at the timeout
+Wait = Callable[[float], Awaitable[bytes | None]]
 #: ``read()``: the key's bytes, None if it has none
 Read = Callable[[], Awaitable[bytes | None]]
 
@@ -104,12 +105,14 @@ class RevokeFanout:
             try:
                 if self.current is None:
                     self.waits += 1
-                    if not await self._wait(WATCH_SLICE_S):
-                        continue
-                else:
-                    await _first_of(stop.wait(), self._news.wait(), timeout_s=self.poll_s)
-                    if stop.is_set():
-                        break
+                    raw = await self._wait(WATCH_SLICE_S)
+                    if raw is not None:
+                        async with self._reading:
+                            self._set(raw)
+                    continue
+                await _first_of(stop.wait(), self._news.wait(), timeout_s=self.poll_s)
+                if stop.is_set():
+                    break
                 await self.refresh()
                 errors = 0
             except Exception as exc:  # the store's trouble: tried again, then given up
@@ -202,12 +205,11 @@ async def serve_fanout(spec: dict[str, Any], agent_name: str, stop: asyncio.Even
                          token=token)  # fmt: skip
     waits, reads = (ScopedStore.for_job(c, spec["job"]) for c in (waiting, reading))
 
-    async def wait(timeout_s: float) -> bool:
+    async def wait(timeout_s: float) -> bytes | None:
         try:
-            await asyncio.to_thread(waits.wait, [revocation.KEY], timeout_s)
+            return await asyncio.to_thread(waits.get, revocation.KEY, timeout_s)
         except StoreTimeout:
-            return False
-        return True
+            return None
 
     async def read() -> bytes | None:
         return await asyncio.to_thread(reads.try_get, revocation.KEY)
