@@ -8,6 +8,7 @@ watchdog timeout until the record ends their calls.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -67,3 +68,26 @@ def test_an_abort_reaches_every_live_rank_with_or_without_its_agent(
         r: e for r, e in errors.items() if not re.search(r"seq 3 aborted by operator sre@vm", e)
     }
     assert not wrong, f"ranks not naming the origin: {wrong}"
+
+
+def test_a_hang_is_diagnosed_once_and_every_survivor_names_its_origin(tmp_path: Path) -> None:
+    """Rank 5 is frozen at seq 3; the other seven expire the call within a status interval
+    of each other: one claims the hang and diagnoses it (one claim, one "done" in the
+    store), every one names rank 5."""
+    env = {"CCLCTL_ON_HANG": "raise", "CCLCTL_TRANSPORT": "auto", "CCLCTL_RETRY_BUDGET": "0"}
+    job = FaultJob(
+        tmp_path, 8, fault="stop:rank=5:seq=3", op="all_reduce", timeout_s=2.0, job="fanjob",
+        pause_s=0.2, hold_on_error=False, default_dumps=True, extra=env,
+    )  # fmt: skip
+    survivors = [r for r in range(8) if r != 5]
+    try:
+        errors = job.errors(survivors)
+        with StoreClient.from_address(job.store, token=TOKEN, connect_timeout_s=30) as client:
+            claims = ScopedStore.for_job(client, job.job).list("diagnosis/")
+    finally:
+        job.finish()
+    wrong = {r: e for r, e in errors.items() if not re.search(r"rank 5 \(pid \d+ on [^)]+\)", e)}
+    assert not wrong, f"ranks not naming the origin: {wrong}"
+    (claim,) = [key for key in claims if not key.endswith("/done")]
+    assert sorted(claims) == [claim, f"{claim}/done"]
+    assert json.loads(claims[claim])["rank"] in survivors
