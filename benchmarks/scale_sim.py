@@ -182,12 +182,21 @@ def main() -> None:
     parser.add_argument(
         "--rendezvous", action="store_true", help="the fan-in rendezvous (scale_sim_rdzv.py)"
     )
+    parser.add_argument(
+        "--revoke",
+        choices=("agent", "direct"),
+        default=None,
+        help="time a revoke record to every rank instead (scale_sim_revoke.py)",
+    )
     args = parser.parse_args()
     if args.rendezvous:
         import scale_sim_rdzv
 
         figures = scale_sim_rdzv.measure(args, store_main, proc_cpu_s, proc_rss_mib)
         print(json.dumps(figures, indent=1))
+        return
+    if args.revoke:
+        revoke_main(args)
         return
     n, per_host = args.ranks, args.per_host
     hosts = -(-n // per_host)
@@ -281,6 +290,27 @@ def main() -> None:
     if args.json:
         print(json.dumps(figures, indent=1))
         return
+    for key, value in figures.items():
+        print(f"{key:32} {value}")
+
+
+def revoke_main(args: argparse.Namespace) -> None:
+    """``--revoke agent|direct``: the store's waits on a revoke record and the time from the
+    record to every simulated rank (through the hosts' agents, or each rank's own wait)."""
+    import scale_sim_revoke
+
+    token = secrets.token_hex(16)
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    store = ctx.Process(target=store_main, args=(token, child), daemon=True)
+    store.start()
+    load = os.getloadavg()
+    try:
+        figures = scale_sim_revoke.run(ctx, parent.recv(), token, args)
+    finally:
+        parent.send("stop")
+        store.join(timeout=10)
+    figures.update(per_host=args.per_host, procs=args.procs, load_avg_at_start=load)
     for key, value in figures.items():
         print(f"{key:32} {value}")
 

@@ -38,15 +38,16 @@ READ_ONLY_OPS = frozenset((Op.LIST, Op.PING, Op.HELLO, Op.AUTH))
 PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|rdzv/world_size|probe)")
 
 #: What a host agent asks of its job's store (``runtime/hostagent``): its host's document
-#: written, the job's dump requests read, and its host's part of the fan-in rendezvous
-#: (``runtime/hostagent/fanin.py``). A connection that asks nothing else is no rank's: a
-#: lingering store does not wait for it, nor refuse a rerun's takeover for it.
+#: written, the job's dump requests read, its host's part of the fan-in rendezvous
+#: (``runtime/hostagent/fanin.py``), and the job's revoke record waited on and read. A
+#: connection that asks nothing else is no rank's: a lingering store does not wait for it,
+#: nor refuse a rerun's takeover for it.
 AGENT_REQUESTS = {
     Op.SET: re.compile(rb"cclctl/[^/]+/(host/[^/]+|rdzv/group/[0-9]+\.[0-9]+\.[0-9]+)"),
-    Op.TRY_GET: re.compile(rb"cclctl/[^/]+/signal/dump/(count|why)"),
+    Op.TRY_GET: re.compile(rb"cclctl/[^/]+/(signal/dump/(count|why)|revoke)"),
     Op.COMPARE_SET: re.compile(rb"cclctl/[^/]+/rdzv/(world_size|world|error|lister)"),
     Op.ADD: re.compile(rb"cclctl/[^/]+/rdzv/arrived"),
-    Op.GET: re.compile(rb"cclctl/[^/]+/(rdzv/world|auth/check)"),
+    Op.GET: re.compile(rb"cclctl/[^/]+/(rdzv/world|auth/check|revoke)"),
 }
 _AGENT_PATTERNS: dict[int, re.Pattern[bytes]] = {int(op): p for op, p in AGENT_REQUESTS.items()}
 

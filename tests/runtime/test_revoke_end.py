@@ -34,6 +34,7 @@ class FakeKey:
         self.fetched = 0
         self.record: Revocation | None = None
         self.scoped = None  # what the runtime's Revoker decides a mismatch with
+        self.claims: dict[str, bytes] = {}  # a hang's claim (this rank is the only one)
 
     def next_record(self, stopped: threading.Event) -> Revocation | None:
         return None if stopped.is_set() else self.records.get()
@@ -50,6 +51,16 @@ class FakeKey:
     def agree(self, record: Revocation) -> Revocation:
         self.record = self.record or record
         return self.record
+
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        now = self.claims.setdefault(key, desired) if expected is None else self.claims[key]
+        return now
+
+    def set(self, key: str, value: bytes) -> None:
+        self.claims[key] = value
+
+    def try_get(self, key: str) -> bytes | None:
+        return self.claims.get(key)
 
     def statuses(self) -> JobStatuses:
         self.fetched += 1

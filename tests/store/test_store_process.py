@@ -66,6 +66,20 @@ def test_a_host_agents_connection_does_not_keep_it(spawn: Callable[..., Detached
         until("the store gone", lambda: gone(store.pid), 30)
 
 
+def test_a_host_agents_revoke_fanout_does_not_keep_it(spawn: Callable[..., DetachedStore]) -> None:
+    """The agent's revoke fan-out waits on the job's record (a blocking get) and reads it on
+    connections of its own; neither is a rank's."""
+    store = spawn(0.5)
+    with (
+        StoreClient(store.host, store.port, token=TOKEN, timeout_s=5) as waits,
+        StoreClient(store.host, store.port, token=TOKEN, timeout_s=5) as reads,
+    ):
+        assert reads.try_get("cclctl/j/revoke") is None
+        with pytest.raises(StoreTimeout):
+            waits.get("cclctl/j/revoke", timeout_s=0.2)
+        until("the store gone", lambda: gone(store.pid), 30)
+
+
 def test_it_never_exits_while_a_rank_is_connected(spawn: Callable[..., DetachedStore]) -> None:
     store = spawn(0.3)
     with StoreClient(store.host, store.port, token=TOKEN, timeout_s=5) as rank:

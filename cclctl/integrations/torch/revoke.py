@@ -62,7 +62,8 @@ class TorchRevoke:
         diagnosis names (None: it names nobody yet, or the store does not answer)."""
         try:
             found = self._end.name_hang(
-                lambda found, statuses: self._suspected(rec, *found, statuses)
+                lambda found, statuses: self._suspected(rec, *found, statuses),
+                f"{rec.comm}/{rec.op}/{rec.seq}",
             )
             return None if found is None else self.adopt(found)
         except (CclError, ValueError) as exc:

@@ -30,6 +30,7 @@ from cclctl.host_status import KEY
 from cclctl.runtime.agent.dump_requests import DUMP_KEY
 from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.rendezvous import serve_rendezvous
+from cclctl.runtime.hostagent.revoke_fanout import serve_fanout
 from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.backends import endpoint_of, open_store
 from cclctl.store.detached import say, to_devnull
@@ -97,6 +98,7 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     writing = asyncio.ensure_future(agent.run(stop))
     reading = asyncio.ensure_future(_read_news(store, agent, stop))
+    revokes = asyncio.ensure_future(serve_fanout(spec, name, stop))
     idle = asyncio.ensure_future(agent.idle_for(float(spec["linger_s"]), float(spec["first_s"])))
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({idle, stopped, writing}, return_when="FIRST_COMPLETED")
@@ -104,6 +106,7 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
     stop.set()
     await writing
     await reading
+    await revokes
     if exporter is not None:
         exporter.stop()
     idle.cancel()

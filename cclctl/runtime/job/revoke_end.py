@@ -25,6 +25,10 @@ from typing import Protocol
 from cclctl.config import RuntimeConfig
 from cclctl.live.snapshot import JobStatuses
 from cclctl.revocation import Revocation
+from cclctl.runtime.hostagent.address import socket_name
+from cclctl.runtime.hostagent.revoke_fanout import fanout_name
+from cclctl.runtime.hostagent.revoke_feed import RevokeFeed
+from cclctl.runtime.job.hang_claim import HangClaim
 from cclctl.runtime.job.revoke_key import RevokeKey, RevokeListener
 
 log = logging.getLogger(__name__)
@@ -87,10 +91,17 @@ class JobRevokeEnd:
         self.stale_after_s = max(cfg.timeout_s, 3 * cfg.status_interval_s)
         #: how long, and how often, the diagnosis is asked again while it names nobody
         self.ask_for_s, self.ask_every_s = 2 * cfg.status_interval_s, cfg.status_interval_s / 2
+        #: how long the other ranks wait for a hang's diagnoser before one takes it over:
+        #: its asking, and the time one listing and diagnosis of a large job may take
+        self.claim_lease_s = self.ask_for_s + 2 * cfg.status_interval_s + 10.0
+        self.last_claim: HangClaim | None = None  # this rank's part in its last hang
         self._followers: list[Handler] = []
         self._carried: list[Carried] = []
         self._last: Revocation | None = None  # the record the listener handed on last
         self._lock = threading.Lock()
+        self._handed = threading.Condition(self._lock)  # notified as each record comes
+        self._count = 0  # records handed on so far
+        self._newest: Revocation | None = None  # the last of them (kept across renewals)
         documents.revoke_source = self.carried
         self._listener = RevokeListener(key, self._hand_on, f"cclctl-revoke-r{self.rank}")
         self._clock = clock
@@ -123,7 +134,9 @@ class JobRevokeEnd:
 
     def _hand_on(self, record: Revocation) -> None:
         with self._lock:
-            self._last = record
+            self._last = self._newest = record
+            self._count += 1
+            self._handed.notify_all()
             followers = list(self._followers)
         for handle in followers:
             try:
@@ -157,10 +170,12 @@ class JobRevokeEnd:
         """Remove the job's record if it is still ``record`` (a hang that ended)."""
         self.key.withdraw(record)
 
-    def name_hang(self, build: Build) -> Revocation | None:
+    def name_hang(self, build: Build, hang: str = "") -> Revocation | None:
         """The job's record, or the rank a hang waits on as the live diagnosis of the job's
         statuses names it (``build`` makes its record), agreed with the other ranks; asked
-        again for a status interval or two while neither is there (None then)."""
+        again for a status interval or two while neither is there (None then). ``hang``
+        names the hung call alike on every rank: then only the first rank to claim it
+        diagnoses, and the others take its record (:mod:`.hang_claim`)."""
 
         def ask() -> Revocation | None:
             stored = self.key.stored()
@@ -170,7 +185,22 @@ class JobRevokeEnd:
             found = self._suspect(statuses)
             return None if found is None else self.key.agree(build(found, statuses))
 
-        return first_named(ask, self.ask_for_s, self.ask_every_s, self._wait, self._clock)
+        def diagnose() -> Revocation | None:
+            return first_named(ask, self.ask_for_s, self.ask_every_s, self._wait, self._clock)
+
+        seen = self._count  # a record handed on from here on is one a diagnoser wrote
+        stored = self.key.stored()
+        if stored is not None or not hang:
+            return stored or diagnose()
+
+        def handed(timeout_s: float) -> Revocation | None:
+            with self._handed:
+                self._handed.wait_for(lambda: self._count > seen or self.stopped.is_set(),
+                                      timeout_s)  # fmt: skip
+                return self._newest if self._count > seen else None
+
+        self.last_claim = HangClaim(self.key, self.rank, hang, self.claim_lease_s)
+        return self.last_claim.run(diagnose, self.key.stored, handed)
 
     def _suspect(self, statuses: JobStatuses) -> Suspect | None:
         from cclctl.diagnose_io.hang_origin import hang_suspect  # only when a hang expires
@@ -178,8 +208,11 @@ class JobRevokeEnd:
         return hang_suspect(statuses, self.hang_after_s, self.stale_after_s)
 
     def close(self) -> None:
-        """Stop listening and close the store connections; the store may already be gone."""
+        """Stop listening and close the store connections; the store may already be gone
+        (a hang's waiter, if any, stops waiting)."""
         self._listener.close()
+        with self._handed:
+            self._handed.notify_all()
 
 
 def open_end(
@@ -190,7 +223,16 @@ def open_end(
     telemetry: Documents,
 ) -> JobRevokeEnd:
     """The agent's revoke end (``make`` is :meth:`Agent.revoke_end`): the one a front end
-    of this rank opened already, else a new one."""
-    end = make(lambda: JobRevokeEnd(RevokeKey(address, token, job, telemetry.rank), telemetry))
+    of this rank opened already, else a new one, listening through the host agent's
+    fan-out where the job has agents (``CCLCTL_HOST_AGENT``)."""
+
+    def new() -> JobRevokeEnd:
+        cfg = telemetry.cfg
+        feed = None
+        if cfg.host_agent:
+            feed = RevokeFeed(fanout_name(socket_name(job, cfg.hostname, address, token)))
+        return JobRevokeEnd(RevokeKey(address, token, job, telemetry.rank, feed), telemetry)
+
+    end = make(new)
     assert isinstance(end, JobRevokeEnd), end
     return end

@@ -1,11 +1,14 @@
 """The job's one revoke record in its store, as one rank reads and writes it.
 
 The record lives under the job's ``revoke`` key (:mod:`cclctl.revocation`): the first
-writer wins (compare-and-set), so the job agrees on one origin. A rank listens for it with
-a blocking ``wait`` on a connection of its own, so the wait never holds up a request of the
-failure path, and every request is bounded, so a store that is gone costs seconds, never a
-hang. A rank process's one revoke end (:mod:`~cclctl.runtime.job.revoke_end`), which
-cclctl's runtime and the PyTorch integration share, reads and writes the record through this.
+writer wins (compare-and-set), so the job agrees on one origin. A rank listens for it
+through its host agent, which holds the host's one wait on the key
+(:mod:`~cclctl.runtime.hostagent.revoke_feed`); where there is no agent, or it is gone, with
+a blocking ``wait`` of its own, on a connection of its own, so the wait never holds up a
+request of the failure path. Every request is bounded, so a store that is gone costs
+seconds, never a hang. A rank process's one revoke end
+(:mod:`~cclctl.runtime.job.revoke_end`), which cclctl's runtime and the PyTorch integration
+share, reads and writes the record through this.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from cclctl import revocation
 from cclctl.errors import BadInput, CclError, StoreTimeout
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.revocation import Revocation
+from cclctl.runtime.hostagent.revoke_feed import RevokeFeed
 from cclctl.store.backends import open_store
 from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
@@ -52,15 +56,25 @@ def _client(address: str, token: str, timeout_s: float) -> KeyValueStore:
 
 
 class RevokeKey:
-    """Rank ``rank``'s access to job ``job``'s revoke record in the store at ``address``."""
+    """Rank ``rank``'s access to job ``job``'s revoke record in the store at ``address``
+    (listened for through ``feed``, its host agent's fan-out, while that answers)."""
 
-    def __init__(self, address: str, token: str, job: str, rank: int) -> None:
+    def __init__(
+        self, address: str, token: str, job: str, rank: int, feed: RevokeFeed | None = None
+    ) -> None:
         self.job = job
         self.rank = rank
+        self.feed = feed
+        self._handed = False  # a record was handed on: the next ask is after a renewal
         self.scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
-        self._listener = ScopedStore.for_job(
-            _client(address, token, LISTEN_SLICE_S + STORE_OP_S), job
-        )
+        self._address, self._token = address, token
+        #: the rank's own listening connection: opened at once without an agent, else only
+        #: once the agent does not answer (the store then holds none for this rank)
+        self._listener: ScopedStore | None = None
+        self._lock = threading.Lock()
+        self._stopping = False
+        if feed is None:
+            self._listening()
 
     def stored(self) -> Revocation | None:
         """The job's record, if one is there."""
@@ -94,6 +108,16 @@ class RevokeKey:
         }
         self.scoped.set(revocation.ack_key(self.rank), json.dumps(ack).encode())
 
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        """The job's ``key`` set to ``desired`` if it holds ``expected`` (a hang's claim)."""
+        return self.scoped.compare_set(key, expected, desired)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.scoped.set(key, value)
+
+    def try_get(self, key: str) -> bytes | None:
+        return self.scoped.try_get(key)
+
     def statuses(self) -> JobStatuses:
         """Every rank's live status, in one listing."""
         return fetch(self.scoped.client, self.job)
@@ -103,9 +127,19 @@ class RevokeKey:
         the store is gone (errors in a row) or the record cannot be read."""
         errors = 0
         while not stopped.is_set():
+            slice_s = LISTEN_SLICE_S
+            if self.feed is not None:
+                raw = self.feed.next_record(fresh=self._handed)
+                if stopped.is_set():
+                    return None
+                if raw is not None:
+                    return self._decoded(raw)
+                # no agent answers: wait on the store until the feed tries it again
+                slice_s = min(LISTEN_SLICE_S, max(0.05, self.feed.retry_in()))
             try:
-                self._listener.wait([revocation.KEY], timeout_s=LISTEN_SLICE_S)
-                raw = self._listener.try_get(revocation.KEY)
+                listener = self._listening()
+                listener.wait([revocation.KEY], timeout_s=slice_s)
+                raw = listener.try_get(revocation.KEY)
             except StoreTimeout:
                 continue
             except CclError:
@@ -116,16 +150,46 @@ class RevokeKey:
                 continue
             if raw is None:
                 continue  # withdrawn between the wait and the read
-            try:
-                return revocation.decode(raw, _WHERE)
-            except BadInput as exc:
-                log.warning("rank %d: ignored the store's revoke record: %s", self.rank, exc)
-                return None
+            return self._decoded(raw)
         return None
 
+    def _listening(self) -> ScopedStore:
+        """The rank's own listening connection (opened now if it is not yet; a CclError
+        once :meth:`stop_listening` ran)."""
+        with self._lock:
+            if self._listener is not None or self._stopping:
+                return self._opened()
+        client = _client(self._address, self._token, LISTEN_SLICE_S + STORE_OP_S)
+        with self._lock:
+            if self._listener is None and not self._stopping:
+                self._listener = ScopedStore.for_job(client, self.job)
+                return self._listener
+        client.close()  # closed meanwhile
+        with self._lock:
+            return self._opened()
+
+    def _opened(self) -> ScopedStore:
+        if self._stopping or self._listener is None:
+            raise CclError("the revoke listener is closed")
+        return self._listener
+
+    def _decoded(self, raw: bytes) -> Revocation | None:
+        self._handed = True
+        try:
+            return revocation.decode(raw, _WHERE)
+        except BadInput as exc:
+            log.warning("rank %d: ignored the store's revoke record: %s", self.rank, exc)
+            return None
+
     def stop_listening(self) -> None:
-        """End a blocking :meth:`next_record` at once (its connection closes)."""
-        self._listener.client.close()
+        """End a blocking :meth:`next_record` at once (its connections close)."""
+        if self.feed is not None:
+            self.feed.close()
+        with self._lock:
+            self._stopping = True
+            listener = self._listener
+        if listener is not None:
+            listener.client.close()
 
     def close(self) -> None:
         self.stop_listening()

@@ -267,12 +267,13 @@ class Revoker:
     def hang_origin(self, rec: CollectiveRecord, fallback: Revocation) -> Revocation:
         """The watchdog expired ``rec``: the job's record if there is one, else the rank the
         hang waits on as the diagnosis of the live statuses names it, asked again for a
-        status interval or two (:meth:`JobRevokeEnd.name_hang`), else ``fallback`` (this
-        rank's own peer), agreed with the other ranks."""
+        status interval or two (:meth:`JobRevokeEnd.name_hang`: only the first rank to
+        expire the call diagnoses it), else ``fallback`` (this rank's own peer), agreed with
+        the other ranks."""
+        hang = f"{rec.comm}/{self.failure.epoch}/{rec.op}/{rec.seq}"
         try:
-            return self._end.name_hang(lambda found, _: self._suspected(rec, found)) or (
-                self.agree(fallback)
-            )
+            named = self._end.name_hang(lambda found, _: self._suspected(rec, found), hang)
+            return named or self.agree(fallback)
         except (CclError, ValueError):
             return fallback
 
