@@ -40,9 +40,7 @@ def make_tls_files(folder: Path) -> TlsFiles:
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=cclctl {name}",
                  "-keyout", key, "-out", csr)  # fmt: skip
         extfile = folder / f"{name}.ext"
-        extfile.write_text(
-            "extendedKeyUsage=serverAuth,clientAuth\n" + (ext + "\n" if ext else "")
-        )
+        extfile.write_text("extendedKeyUsage=serverAuth,clientAuth\n" + (ext + "\n" if ext else ""))
         _openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
                  "-days", "2", "-extfile", extfile, "-out", cert)  # fmt: skip
         certs[name] = (str(cert), str(key))

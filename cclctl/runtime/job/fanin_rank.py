@@ -5,11 +5,11 @@ agent the rank is a group of its own.
 The host's first local rank starts the agent here (:func:`~cclctl.runtime.hostagent.spawn.
 start_agent`; the status link, which would start it later, knows it is there), so the
 agent is there before the claims. The host's other ranks look for its rendezvous socket
-until the agent has had its time to start. A rank that finds no agent, whose agent's connection breaks
-before it answered (the agent died), or whose agent says its store requests failed, joins
-alone, through the same protocol: its claim is the same whichever way it went, so a claim
-the agent had already written counts once. An agent that holds the connection but never
-answers fails the rank, naming the agent.
+until the agent has had its time to start. A rank that finds no agent, whose agent's
+connection breaks before it answered (the agent died), or whose agent says its store
+requests failed, joins alone, through the same protocol: its claim is the same whichever
+way it went, so a claim the agent had already written counts once. An agent that holds the
+connection but never answers fails the rank, naming the agent.
 """
 
 from __future__ import annotations
