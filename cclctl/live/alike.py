@@ -25,8 +25,9 @@ from cclctl.host_status import HostDocument
 from cclctl.records import RankSnapshot
 from cclctl.status_digest import Digest, alike, checked, text_hash
 
-#: From this many statuses in host documents `cclctl diagnose hang --store` parses ranks
-#: that are alike once; below it, a job's every status costs less than a second to read.
+#: From this many statuses in host documents `cclctl diagnose hang --store` (and the rank
+#: that diagnoses a hang its watchdog found) parses ranks that are alike once; below it, a
+#: job's every status costs less than a second to read.
 ALIKE_FROM = 1024
 #: Parses one rank's status text in full: its snapshot (or why it is unusable) and its
 #: own digest's key (None: it has none).

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from cclctl import revocation
 from cclctl.errors import BadInput, CclError, StoreTimeout
+from cclctl.live.alike import ALIKE_FROM
 from cclctl.live.snapshot import JobStatuses, fetch
 from cclctl.revocation import Revocation
 from cclctl.runtime.hostagent.revoke_feed import RevokeFeed
@@ -119,8 +120,9 @@ class RevokeKey:
         return self.scoped.try_get(key)
 
     def statuses(self) -> JobStatuses:
-        """Every rank's live status, in one listing."""
-        return fetch(self.scoped.client, self.job)
+        """Every rank's live status, in one listing (a large job's alike ranks parsed once,
+        as ``diagnose hang --store`` reads them: :mod:`cclctl.live.alike`)."""
+        return fetch(self.scoped.client, self.job, alike_from=ALIKE_FROM)
 
     def next_record(self, stopped: threading.Event) -> Revocation | None:
         """Block until the job has a record and return it; None once ``stopped`` is set,
