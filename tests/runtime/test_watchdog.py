@@ -234,3 +234,23 @@ def test_dump_requests_reach_other_ranks_once() -> None:
     assert not me.poll()  # the asking rank dumped already
     assert other.poll() and not other.poll()
     assert reasons == ["requested by rank 0: all_reduce seq 4 hung"]
+
+
+def test_requests_before_a_rank_are_not_its_and_it_first_looks_on_its_thread() -> None:
+    store = DictStore()
+    request_dump(store, 0, "an earlier hang")
+    reads: list[str] = []
+    get = store.try_get
+    store.try_get = lambda key: reads.append(key) or get(key)  # type: ignore[method-assign]
+
+    class Dumper:
+        def dump(self, reason: str, path: str | None = None) -> str | None:
+            raise AssertionError(f"dumped for {reason}")
+
+    requests = DumpRequests(store, Dumper(), rank=2, interval_s=3600).start()
+    requests.stop()
+    assert reads == []  # started without a read: its first look is on its thread
+    assert not requests.poll()  # the first look: the earlier request is not its
+    request_dump(store, 1, "all_reduce seq 9 hung")
+    with pytest.raises(AssertionError, match="requested by rank 1: all_reduce seq 9 hung"):
+        requests.poll()

@@ -46,12 +46,14 @@ class DumpRequests:
         self._store = store
         self._rank = rank
         self._dumper = dumper
-        self._seen = 0
+        # The requests counted at the first look are older than this rank: not its to
+        # answer. The first look is on the thread, an interval after the start, when a rank
+        # its host agent serves has the agent's answer to read it from (no store connection).
+        self._seen: int | None = None
         # a CclError: the store may be restarting or gone; try again next turn
         self._thread = Periodic("cclctl-dump-requests", self._turn, interval_s, quiet=(CclError,))
 
     def start(self) -> DumpRequests:
-        self._seen = self._count()
         self._thread.start()
         return self
 
@@ -65,6 +67,9 @@ class DumpRequests:
     def poll(self) -> bool:
         """Dump once if a new request arrived since the last poll."""
         count = self._count()
+        if self._seen is None:
+            self._seen = count
+            return False
         if count <= self._seen:
             return False
         self._seen = count

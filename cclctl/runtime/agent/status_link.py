@@ -3,7 +3,8 @@
 Both run on a store connection of their own, so a rank whose main thread is blocked on the
 store (or in a gloo or NCCL call) still shows a fresh heartbeat and still dumps when the job
 asks. With ``CCLCTL_HOST_AGENT`` on (a job's default) the status goes through the host's
-agent (:mod:`cclctl.runtime.hostagent`), which the host's first local rank starts here.
+agent (:mod:`cclctl.runtime.hostagent`), which the host's first local rank starts here, and
+that connection is opened only when a request needs it (no agent answers, the last status).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.spawn import start_agent
 from cclctl.store.backends import open_store
 from cclctl.store.kv import KeyValueStore
+from cclctl.store.lazy import LazyStore
 from cclctl.store.scope import ScopedStore
 from cclctl.telemetry.counters import StoreCounts
 from cclctl.telemetry.hub import Telemetry
@@ -53,11 +55,20 @@ class StatusLink:
 
     def __init__(self, rdzv: Placement, cfg: RuntimeConfig, telemetry: Telemetry) -> None:
         self.rdzv = rdzv
-        self.client = open_store(
-            rdzv.store.address,
-            timeout_s=cfg.timeout_s,
-            connect_timeout_s=cfg.connect_timeout_s,
-            token=rdzv.token or None,
+        address = rdzv.store.address
+
+        def opened() -> KeyValueStore:
+            return open_store(
+                address,
+                timeout_s=cfg.timeout_s,
+                connect_timeout_s=cfg.connect_timeout_s,
+                token=rdzv.token or None,
+            )
+
+        # Through the host's agent the status and the dump requests need no store
+        # connection of the rank's own: it is opened when a request needs it (no agent).
+        self.client: KeyValueStore = (
+            LazyStore(address, opened, cfg.timeout_s) if cfg.host_agent else opened()
         )
         self.signals = ScopedStore.for_job(self.client, rdzv.job)
         server = rdzv.server
