@@ -17,6 +17,7 @@ import threading
 import time
 
 from cclctl.runtime.hostagent.revoke_fanout import ANSWER, ASK, MAX_RECORD, SLICE_S
+from cclctl.runtime.hostagent.wire import read_exact
 
 #: how long a connect to the agent may take
 CONNECT_S = 2.0
@@ -57,12 +58,12 @@ class RevokeFeed:
             while True:
                 sock.sendall(ASK.pack(1 if fresh else 0))
                 fresh = False
-                (length,) = ANSWER.unpack(_read(sock, ANSWER.size))
+                (length,) = ANSWER.unpack(read_exact(sock, ANSWER.size))
                 if length > MAX_RECORD:
                     raise ValueError(f"the agent answered {length:,} bytes")
                 if length:
                     self.delivered += 1
-                    return _read(sock, length)
+                    return read_exact(sock, length)
         except (OSError, ValueError):
             self._drop(lost=True)
             return None
@@ -105,13 +106,3 @@ class RevokeFeed:
         with self._lock:
             self._closed = True
         self._drop(lost=False)
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionResetError("the host agent closed the connection")
-        data += chunk
-    return data

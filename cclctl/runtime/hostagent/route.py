@@ -24,14 +24,13 @@ per rank; without an agent's answer the poller reads the store, as before.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import threading
 from typing import Any, Protocol
 
 from cclctl.runtime.agent.dump_requests import DUMP_KEY, SignalStore
-from cclctl.runtime.hostagent.wire import MAX_NEWS, NEWS, status_frame
+from cclctl.runtime.hostagent.wire import MAX_NEWS, NEWS, read_object, status_frame
 
 log = logging.getLogger("cclctl.hostagent")
 
@@ -110,13 +109,7 @@ class AgentRoute:
     @staticmethod
     def _answer(sock: socket.socket) -> dict[str, Any]:
         """The agent's news after a status (a ValueError if it is not a JSON object)."""
-        (length,) = NEWS.unpack(_read(sock, NEWS.size))
-        if length > MAX_NEWS:
-            raise ValueError(f"the agent answered {length:,} bytes")
-        news = json.loads(_read(sock, length))
-        if not isinstance(news, dict):
-            raise ValueError("the agent's answer is not a JSON object")
-        return news
+        return read_object(sock, NEWS, MAX_NEWS)
 
     def _connect(self) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -144,16 +137,6 @@ class AgentRoute:
         if last is not None and sent:
             with contextlib.suppress(Exception):
                 self.store.set(self.status_key, last)
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionResetError("the host agent closed the connection")
-        data += chunk
-    return data
 
 
 #: the keys the agent's answer holds, by the field that holds them

@@ -15,7 +15,6 @@ connection but never answers fails the rank, naming the agent.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import socket
@@ -30,6 +29,7 @@ from cclctl.runtime.hostagent.fanin import LISTER_GRACE_S, Claim, Where, join_gr
 from cclctl.runtime.hostagent.fanin_stores import BlockingStore
 from cclctl.runtime.hostagent.rendezvous import LENGTH, MAX_ANSWER, MAX_BATCH_S, frame
 from cclctl.runtime.hostagent.spawn import START_TIMEOUT_S, start_agent
+from cclctl.runtime.hostagent.wire import read_object
 from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check
 from cclctl.store.scope import ScopedStore
 
@@ -139,20 +139,4 @@ def _connect(name: str, wait_s: float) -> socket.socket | None:
 
 
 def _answer(sock: socket.socket) -> dict[str, Any]:
-    (length,) = LENGTH.unpack(_read(sock, LENGTH.size))
-    if length > MAX_ANSWER:
-        raise ValueError(f"the agent answered {length:,} bytes")
-    answer = json.loads(_read(sock, length))
-    if not isinstance(answer, dict):
-        raise ValueError("the agent's answer is not a JSON object")
-    return answer
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(min(size - len(data), 1 << 20))
-        if not chunk:
-            raise ConnectionResetError("the host agent closed the connection")
-        data += chunk
-    return bytes(data)
+    return read_object(sock, LENGTH, MAX_ANSWER)
