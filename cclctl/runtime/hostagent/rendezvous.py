@@ -4,7 +4,7 @@ rank's answer out (the job's world document, or the error that ended the rendezv
 A rank connects to the agent's second socket (:func:`.address.rendezvous_name`), sends its
 claim as one frame (:func:`frame`: a length, then JSON: rank, pid, world size, local world
 size, timeout) and reads one answer frame. The service gathers claims into a batch and
-hands the batch to the fan-in protocol (:func:`cclctl.runtime.job.fanin.join_group`) once
+hands the batch to the fan-in protocol (:func:`cclctl.runtime.hostagent.fanin.join_group`) once
 the host's ranks are all in (the largest local world size the claims carry), or
 :data:`FLUSH_S` after the last claim came (at most :data:`MAX_BATCH_S` after the first: a
 rank late to start, or a launcher that sets no local world size, costs one more group,

@@ -121,7 +121,7 @@ def join(
         raise
     try:
         place = (rdzv.local_rank, rdzv.local_world_size)
-        if cfg.host_agent:  # through the host's agent: see runtime/job/fanin.py
+        if cfg.host_agent:  # through the host agent (runtime/job/fanin_rank.py)
             joined = _join_fanin(client, rdzv.rank, rdzv.world_size, cfg, place, source)
         else:
             joined = join_store(client, rdzv.rank, rdzv.world_size, cfg, *place, source)
@@ -241,7 +241,7 @@ def _who(claim: dict[str, Any]) -> str:
 def _agree_world_size(scoped: ScopedStore, world_size: int, me: dict[str, Any]) -> None:
     mine = json.dumps(dict(me, world_size=world_size)).encode()
     first = json.loads(scoped.compare_set("rdzv/world_size", None, mine))
-    if first.get("fanin"):  # that rank's host agent carried its claim (runtime/job/fanin.py)
+    if first.get("fanin"):  # that rank's host agent carried its claim (runtime/hostagent/fanin.py)
         message = (f"rendezvous path disagreement: rank {me['rank']} ({_who(me)}) joins without "
                    f"a host agent, but rank {first.get('rank')} ({_who(first)}) joined through "
                    "one: set the same CCLCTL_HOST_AGENT on every rank")  # fmt: skip
