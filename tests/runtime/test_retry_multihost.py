@@ -80,8 +80,17 @@ class Lines:
 
 
 def _job(
-    hosts: TwoHosts, tmp: Path, iters: int, budget_s: float, timeout_s: float = 30.0
+    hosts: TwoHosts,
+    tmp: Path,
+    iters: int,
+    budget_s: float,
+    timeout_s: float = 30.0,
+    hold: tuple[str, int] | None = None,
 ) -> tuple[NetJob, Lines]:
+    """``hold``: (path, rank): that rank waits before each call ``i`` for ``path.i``."""
+    extra = {"CCLCTL_RETRY_BUDGET": str(budget_s), "COUNT": str(COUNT)}
+    if hold is not None:
+        extra.update(HOLD=hold[0], HOLD_RANK=str(hold[1]))
     job = NetJob(
         hosts,
         tmp,
@@ -89,7 +98,7 @@ def _job(
         timeout_s=timeout_s,  # 30 s: the watchdog stays out of it, link faults are the retry's
         iters=iters,
         worker=WORKER,
-        extra={"CCLCTL_RETRY_BUDGET": str(budget_s), "COUNT": str(COUNT)},
+        extra=extra,
     )
     return job, Lines(job)
 
@@ -140,11 +149,14 @@ def test_a_reset_as_a_call_starts_is_resumed_in_the_step(
     """Resets as rank 2 enters calls 1 and 3: every message on the leaders' link is still
     held by its sender, so each reset is survived in the step, no retry."""
     iters = 5
-    job, lines = _job(hosts, tmp_path, iters, budget_s=20)
+    hold = str(tmp_path / "go")
+    job, lines = _job(hosts, tmp_path, iters, budget_s=20, hold=(hold, 2))
     try:
-        for i in (1, 3):
-            lines.wait(2, rf"iter {i} ")
-            assert _reset_links(job) == 1  # the leaders' link
+        for i in range(iters):
+            lines.wait(2, rf"iter {i} ")  # rank 2 holds before entering call i
+            if i in (1, 3):
+                assert _reset_links(job) == 1  # the leaders' link
+            Path(f"{hold}.{i}").touch()
         _finished(job, lines, iters, expected[0])
         assert _epochs(lines) == [0] * 4, lines.seen  # nothing re-ran
         assert [_resumes(job, r) for r in LEADERS] == [2, 2]

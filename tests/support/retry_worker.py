@@ -4,7 +4,8 @@ Each rank's input is whole numbers drawn from a generator seeded by its rank, so
 exact in any order and a test can compute it. Before each call the rank prints
 ``iter <i> <wall ns>``, after it ``digest <i> <sha256 of the result> <wall ns>`` (the times
 just before the call and as it returned, so a benchmark times the call without this
-process's hashing or the pipe), and after a call that was
+process's hashing or the pipe; with ``HOLD`` one rank waits there for the test's word),
+and after a call that was
 retried ``rerun <i> <seq> <attempt> <start_ns>`` (its last attempt, from the flight
 recorder); at the end its epoch (how many retries renewed its links) and ``done``. A failed
 call prints ``failed <i> <sha256 of what the buffer holds> <error>``, so a test can tell the
@@ -27,6 +28,9 @@ from cclctl.telemetry.hub import Telemetry
 
 ITERS = int(os.environ.get("ITERS", "4"))
 COUNT = int(os.environ.get("COUNT", str(16 << 20)))  # 64 MiB of float32
+#: with HOLD set, rank HOLD_RANK waits after printing ``iter <i>`` until ``$HOLD.<i>``
+#: exists, so a test's fault lands before it enters the call, whatever the load
+HOLD, HOLD_RANK = os.environ.get("HOLD", ""), int(os.environ.get("HOLD_RANK", "-1"))
 
 
 def rank_input(rank: int, count: int) -> np.ndarray:
@@ -43,6 +47,12 @@ def _last_attempt(comm: Communicator) -> str:
     return f"{rec.seq} {rec.attempt} {rec.start_ns}"
 
 
+def _hold(path: str, within_s: float = 120.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def main() -> int:
     comm = cclctl.init()
     x0 = rank_input(comm.rank, COUNT)
@@ -51,6 +61,8 @@ def main() -> int:
     for i in range(ITERS):
         buf[:] = x0
         print(f"iter {i} {time.time_ns()}", flush=True)
+        if HOLD and comm.rank == HOLD_RANK:
+            _hold(f"{HOLD}.{i}")
         try:
             comm.all_reduce(buf)
             returned = time.time_ns()
