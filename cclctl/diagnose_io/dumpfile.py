@@ -71,12 +71,13 @@ def _in_layout(dump: LargeDump) -> RankSnapshot:
 def _slow(data: bytes, path: str) -> RankSnapshot:
     try:
         text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise fail(path, "binary data, not a JSON dump") from None
+    except UnicodeDecodeError as exc:  # a character cut at the end is a cut document
+        cut = exc.reason == "unexpected end of data" and exc.end == len(data)
+        raise fail(path, TRUNCATED if cut else "binary data, not a JSON dump") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
+        if _ends_inside(exc, text):
             raise fail(path, TRUNCATED) from None
         raise fail(
             path, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
@@ -88,6 +89,14 @@ def _slow(data: bytes, path: str) -> RankSnapshot:
     snap = snapshot_from_dict(doc, path)
     snap.records = _cut(snap.records, doc)
     return snap
+
+
+def _ends_inside(exc: json.JSONDecodeError, text: str) -> bool:
+    """The decoder stopped because the text ends: past its last byte, in an unterminated
+    string, or in a ``\\uXXXX`` escape the end cut short."""
+    if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
+        return True
+    return exc.msg.startswith("Invalid \\uXXXX escape") and exc.pos + 6 > len(text)
 
 
 def _cut(records: list[Any], doc: Any) -> list[Any]:

@@ -90,6 +90,25 @@ def test_truncated_dump(tmp_path: Path, fraction: float):
     )
 
 
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_a_dump_cut_inside_an_escape_or_a_character_is_truncated(tmp_path, ascii_only) -> None:
+    """Wherever the cut lands in a ``\\u2026`` escape (or in the three bytes of the
+    character written raw), the reader says the document is cut short."""
+    doc = Job(2).enter([0]).snapshot(0).to_dict()
+    doc["reason"] = "stuck \u2026 here"
+    data = json.dumps(doc, ensure_ascii=ascii_only).encode()
+    mark = b"\\u2026" if ascii_only else "\u2026".encode()
+    start = data.index(mark)
+    for end in range(start + 1, start + len(mark)):
+        path = write(tmp_path / f"cut{end}.json", data[:end])
+        with pytest.raises(BadInput) as err:
+            read_dump(path)
+        assert (
+            err.value.message
+            == f"{path}: truncated JSON (the file ends in the middle of the document)"
+        )
+
+
 @pytest.mark.parametrize(
     ("data", "why"),
     [
