@@ -125,3 +125,46 @@ def test_a_claimer_that_died_is_taken_over_by_one_waiter(ends) -> None:
     assert {(r.kind, r.origin, r.seen_by) for r in named if r} == {("hang", 2, taker)}
     assert all(r is not None for r in named)
     assert store.try_get(claim_key(HANG)) != dead
+
+
+class _Keys:
+    """A claim's store: keys in a dict."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, bytes] = {}
+
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        if self.keys.get(key) == expected:
+            self.keys[key] = desired
+        return self.keys[key]
+
+    def set(self, key: str, value: bytes) -> None:
+        self.keys[key] = value
+
+    def try_get(self, key: str) -> bytes | None:
+        return self.keys.get(key)
+
+
+@pytest.mark.parametrize("claimer_through", [True, False])
+def test_a_waiter_goes_on_once_the_claimer_is_through_naming_nobody(claimer_through) -> None:
+    """A claimer that named nobody is through by the end of its asking: its waiters go on
+    then, not at the lease's end; a claimer not through then is waited for the rest of
+    the lease, and then taken over."""
+    from cclctl.runtime.job.hang_claim import HangClaim
+
+    keys = _Keys()
+    HangClaim(keys, 0, HANG, lease_s=14.0, soon_s=2.0).take(None)  # rank 0 holds the claim
+    if claimer_through:
+        HangClaim(keys, 0, HANG, lease_s=14.0).finish()  # ... and named nobody
+    waits: list[float] = []
+
+    def handed(timeout_s: float) -> Revocation | None:
+        waits.append(timeout_s)  # no record comes
+        return None
+
+    waiter = HangClaim(keys, 5, HANG, lease_s=14.0, soon_s=2.0)
+    result = waiter.run(lambda: "diagnosed by 5", lambda: None, handed)
+    if claimer_through:
+        assert (result, waits) == (None, [2.0])
+    else:
+        assert (result, waits) == ("diagnosed by 5", [2.0, 12.0])  # the rest, then taken over

@@ -9,7 +9,9 @@ The others wait for the record as every record reaches a rank (through the host 
 one wait, :mod:`~cclctl.runtime.hostagent.revoke_fanout`, so a hang adds no store
 watchers), at most a lease; then they read ``done``: where the claimer is through having
 named nobody, they go on with their own view, as before; where it is not (it died, or is
-late), one of them takes the claim over (compare-and-set of the claim it saw).
+late), one of them takes the claim over (compare-and-set of the claim it saw). A waiter
+with no record by the time the claimer's asking ends reads ``done`` then already, so a
+hang nobody is named for costs the waiters that asking, not the lease.
 """
 
 from __future__ import annotations
@@ -45,11 +47,17 @@ class HangClaim:
     """Rank ``rank``'s part in the diagnosis of the hang ``hang`` through ``store``: a
     claimer that has not delivered within ``lease_s`` is taken over."""
 
-    def __init__(self, store: ClaimStore, rank: int, hang: str, lease_s: float) -> None:
+    def __init__(
+        self, store: ClaimStore, rank: int, hang: str, lease_s: float, soon_s: float | None = None
+    ) -> None:
+        """``soon_s``: by when a claimer that names nobody is through (its asking): a waiter
+        that has no record then and finds it through goes on, instead of waiting out the
+        lease (None: the lease)."""
         self.store = store
         self.rank = rank
         self.key = claim_key(hang)
         self.lease_s = lease_s
+        self.soon_s = lease_s if soon_s is None else min(soon_s, lease_s)
         self.diagnosed = False  # this rank ran the diagnosis
         self.waited = False  # this rank waited for another's
 
@@ -92,7 +100,9 @@ class HangClaim:
                 finally:
                     self.finish()
             self.waited = True
-            found = handed(self.lease_s)
+            found = handed(self.soon_s)
+            if found is None and self.soon_s < self.lease_s and not self.through():
+                found = handed(self.lease_s - self.soon_s)
             if found is None:
                 found = stored()
             if found is not None or self.through():

@@ -94,6 +94,8 @@ class JobRevokeEnd:
         #: how long the other ranks wait for a hang's diagnoser before one takes it over:
         #: its asking, and the time one listing and diagnosis of a large job may take
         self.claim_lease_s = self.ask_for_s + 2 * cfg.status_interval_s + 10.0
+        #: by when a claimer that names nobody is through: its asking and a last listing
+        self.claim_soon_s = self.ask_for_s + 2 * cfg.status_interval_s
         self.last_claim: HangClaim | None = None  # this rank's part in its last hang
         self._followers: list[Handler] = []
         self._carried: list[Carried] = []
@@ -199,7 +201,9 @@ class JobRevokeEnd:
                                       timeout_s)  # fmt: skip
                 return self._newest if self._count > seen else None
 
-        self.last_claim = HangClaim(self.key, self.rank, hang, self.claim_lease_s)
+        self.last_claim = HangClaim(
+            self.key, self.rank, hang, self.claim_lease_s, self.claim_soon_s
+        )
         return self.last_claim.run(diagnose, self.key.stored, handed)
 
     def _suspect(self, statuses: JobStatuses) -> Suspect | None:
