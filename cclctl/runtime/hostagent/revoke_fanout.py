@@ -162,6 +162,8 @@ class RevokeFanout:
                 self.answered += bool(raw)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except asyncio.CancelledError:
+            pass  # the agent's loop is ending (asyncio 3.11 would log a cancelled handler)
         finally:
             self.subscribers -= 1
             self._writers.discard(writer)
