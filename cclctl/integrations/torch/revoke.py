@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Sequence
 
 from cclctl.endings import ENDING_TERMINATED
 from cclctl.errors import CclError
@@ -47,9 +48,13 @@ class TorchRevoke:
     with ``cclctl.init()``'s communicators in the same process): what torch's calls say of
     the job's failure, and the record this rank adopted."""
 
-    def __init__(self, end: JobRevokeEnd, telemetry: Telemetry) -> None:
+    def __init__(
+        self, end: JobRevokeEnd, telemetry: Telemetry, peers: Sequence[tuple[str, int]] = ()
+    ) -> None:
+        """``peers``: every rank's (host, pid), by rank, as the rendezvous has them."""
         self.telemetry = telemetry
         self.rank = telemetry.rank
+        self.peers = peers
         self.record: Revocation | None = None  # the record this rank adopted
         self._lock = threading.Lock()
         self._end = end
@@ -147,7 +152,9 @@ class TorchRevoke:
         :data:`PEER_EXIT_GRACE_S` (its sockets close before it turns zombie): one that died
         without a word (killed) before one that said why (an uncaught error), lower ranks
         first. A rank the launcher stopped (its status says SIGTERM, or its exit does) did
-        not die first: the launcher stops every rank once one is gone."""
+        not die first: the launcher stops every rank once one is gone. A rank of this host
+        whose status the store does not hold yet (its host agent has not written its first
+        document) is looked at by its pid at the rendezvous."""
         host = self.telemetry.cfg.hostname
         statuses = self._end.key.statuses().statuses
         local = {
@@ -159,6 +166,14 @@ class TorchRevoke:
             and snap.ending != ENDING_TERMINATED
             and exit_reason(snap.pid) not in TEARDOWN
         }
+        unseen = (
+            (rank, pid)
+            for rank, (where, pid) in enumerate(self.peers)
+            if rank != self.rank and rank not in statuses and where == host and pid > 0
+        )
+        for rank, pid in unseen:
+            if exit_reason(pid) not in TEARDOWN:
+                local.setdefault(pid, (False, rank))
         found = first_gone(sorted(local, key=local.__getitem__), PEER_EXIT_GRACE_S)
         if found is None or found[1] in TEARDOWN:
             return None

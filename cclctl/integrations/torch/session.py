@@ -118,7 +118,7 @@ class Session:
         except Exception as exc:
             log.warning("cclctl: this rank does not share the job's revoke record: %s", exc)
             return None
-        return TorchRevoke(end, self.telemetry)
+        return TorchRevoke(end, self.telemetry, tuple(zip(rdzv.hosts, rdzv.pids, strict=False)))
 
     # -- process groups -------------------------------------------------------------------
 

@@ -45,6 +45,8 @@ class Placement(Protocol):
     job: str
     token: str
     store: KeyValueStore
+    hosts: list[str]  # every rank's host, by rank
+    pids: list[int]  # every rank's pid, by rank
 
     @property
     def server(self) -> StoreCounted | None: ...
