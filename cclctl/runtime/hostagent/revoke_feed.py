@@ -18,6 +18,7 @@ import time
 
 from cclctl.runtime.hostagent.revoke_fanout import ANSWER, ASK, MAX_RECORD, SLICE_S
 from cclctl.runtime.hostagent.wire import read_exact
+from cclctl.runtime.socket_io import connect_unix
 
 #: how long a connect to the agent may take
 CONNECT_S = 2.0
@@ -74,12 +75,8 @@ class RevokeFeed:
                 return self._sock
             if time.monotonic() < self._retry_at:
                 return None
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(CONNECT_S)
-            try:
-                sock.connect(self.name)
-            except OSError:
-                sock.close()
+            sock = connect_unix(self.name, CONNECT_S)
+            if sock is None:
                 self._later()
                 return None
             sock.settimeout(SLICE_S + LATE_S)  # the agent answers within its slice

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from cclctl.runtime.agent.dump_requests import DUMP_KEY, SignalStore
 from cclctl.runtime.hostagent.wire import MAX_NEWS, NEWS, read_object, status_frame
+from cclctl.runtime.socket_io import connect_unix
 
 log = logging.getLogger("cclctl.hostagent")
 
@@ -112,14 +113,7 @@ class AgentRoute:
         return read_object(sock, NEWS, MAX_NEWS)
 
     def _connect(self) -> socket.socket | None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(SEND_TIMEOUT_S)
-        try:
-            sock.connect(self.name)
-        except OSError:
-            sock.close()
-            return None
-        return sock
+        return connect_unix(self.name, SEND_TIMEOUT_S)
 
     def _drop(self) -> None:
         self.news = None

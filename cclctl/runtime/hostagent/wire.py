@@ -11,6 +11,8 @@ import socket
 import struct
 from typing import Any
 
+from cclctl.runtime.socket_io import recv_exact
+
 HEADER = struct.Struct(">II")  # rank, length of the status document
 NEWS = struct.Struct(">I")  # length of the agent's answer
 #: the largest answer a rank takes
@@ -29,13 +31,7 @@ def news_frame(news: bytes) -> bytes:
 
 def read_exact(sock: socket.socket, size: int) -> bytes:
     """``size`` bytes from ``sock``; ConnectionResetError where the agent closed it first."""
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionResetError("the host agent closed the connection")
-        data += chunk
-    return data
+    return recv_exact(sock, size, "the host agent closed the connection")
 
 
 def read_object(sock: socket.socket, header: struct.Struct, limit: int) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from cclctl.runtime.hostagent.rendezvous import LENGTH, MAX_ANSWER, MAX_BATCH_S,
 from cclctl.runtime.hostagent.spawn import START_TIMEOUT_S, start_agent
 from cclctl.runtime.hostagent.wire import read_object
 from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check
+from cclctl.runtime.socket_io import connect_unix
 from cclctl.store.scope import ScopedStore
 
 log = logging.getLogger("cclctl.rendezvous")
@@ -127,12 +128,9 @@ def _connect(name: str, wait_s: float) -> socket.socket | None:
     """A connection to the abstract socket ``name``, looked for up to ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(name)
+        sock = connect_unix(name, None)
+        if sock is not None:
             return sock
-        except OSError:
-            sock.close()
         if time.monotonic() >= deadline:
             return None
         time.sleep(_POLL_S)

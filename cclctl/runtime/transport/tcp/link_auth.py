@@ -28,6 +28,7 @@ import struct
 import zlib
 
 from cclctl import auth
+from cclctl.runtime.socket_io import recv_exact
 from cclctl.runtime.transport.tcp.mac import LinkMac
 
 VERSION = 1
@@ -138,13 +139,7 @@ class LinkContext:
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionResetError("closed during the handshake")
-        data += chunk
-    return data
+    return recv_exact(sock, size, "closed during the handshake")
 
 
 def _expect(sock: socket.socket, shape: struct.Struct, magic: bytes, claimed: int | None) -> bytes:
