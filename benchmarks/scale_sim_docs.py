@@ -59,6 +59,15 @@ def _template(snap: RankSnapshot) -> str:
     return _SENTINEL.sub(lambda m: _FIELDS[m.group(0)], text)
 
 
+def _status(job: str, n: int, **fields: Any) -> str:
+    """A status template of job ``job`` of ``n`` ranks: the rank's own numbers (rank, pid,
+    host, time) as %-fields, ``fields`` as given."""
+    return _template(
+        RankSnapshot(kind="status", job=job, rank=_RANK, world_size=n, host=_HOST, pid=_PID,
+                     time_ns=_TIME, **fields)
+    )  # fmt: skip
+
+
 def world(n: int) -> str:
     return f"0:0-{n - 1}"
 
@@ -77,20 +86,13 @@ def hang_templates(job: str, n: int, t0_ns: int) -> dict[str, str]:
                 start_ns=t0_ns - 30 * NS, waiting_on=_PREV, waiting_for="recv",
             )  # fmt: skip
         done = SEQ - 1
-        out[kind] = _template(
-            RankSnapshot(
-                kind="status",
-                job=job,
-                rank=_RANK,
-                world_size=n,
-                host=_HOST,
-                pid=_PID,
-                time_ns=_TIME,
-                comms={comm: CommInfo(members, done if behind else SEQ, done)},
-                records=[inflight] if inflight else [],
-                inflight=inflight,
-                counters={"collectives": done, "errors": 0, "retries": 0, "hangs": 0},
-            )
+        out[kind] = _status(
+            job,
+            n,
+            comms={comm: CommInfo(members, done if behind else SEQ, done)},
+            records=[inflight] if inflight else [],
+            inflight=inflight,
+            counters={"collectives": done, "errors": 0, "retries": 0, "hangs": 0},
         )
     return out
 
@@ -105,19 +107,12 @@ def slow_templates(job: str, n: int, t0_ns: int, per_host: int) -> dict[str, str
     out = {}
     kinds = [(f"normal{p}", p) for p in range(per_host)] + [("slow", 0), ("after", 1)]
     for kind, position in kinds:
-        out[kind] = _template(
-            RankSnapshot(
-                kind="status",
-                job=job,
-                rank=_RANK,
-                world_size=n,
-                host=_HOST,
-                pid=_PID,
-                time_ns=_TIME,
-                comms={comm: CommInfo(members, 10_000, 10_000)},
-                counters={"collectives": 10_000, "errors": 0, "retries": 0, "hangs": 0},
-                signals=_signals(comm, starts, kind, position),
-            )
+        out[kind] = _status(
+            job,
+            n,
+            comms={comm: CommInfo(members, 10_000, 10_000)},
+            counters={"collectives": 10_000, "errors": 0, "retries": 0, "hangs": 0},
+            signals=_signals(comm, starts, kind, position),
         )
     return out
 
