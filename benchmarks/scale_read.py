@@ -31,7 +31,8 @@ import time
 from typing import Any
 
 import scale_sim_docs as docs
-from scale_sim import cli, store_main
+from scale_sim import cli
+from scale_sim_procs import end_store, store_main
 
 from cclctl.commands.diagnose_sources import no_cycle_collection
 from cclctl.diagnose_io.live import diagnose_live
@@ -131,10 +132,7 @@ def main() -> None:
                       f"the planted rank: {named}", flush=True)  # fmt: skip
         print("in process:", in_process(address, args.rounds), f"load {os.getloadavg()}")
     finally:
-        there.send("stop")
-        store.join(timeout=10)
-        if store.is_alive():
-            store.kill()
+        end_store(there, store)
 
 
 if __name__ == "__main__":

@@ -40,39 +40,18 @@ import sys
 import tempfile
 import threading
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import scale_sim_docs as docs
 from scale_sim_client import AsyncStore
+from scale_sim_procs import end_store, end_workers, proc_cpu_s, proc_rss_mib, store_main
 
 from cclctl.host_status import KEY
 from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.scope import job_prefix
-from cclctl.store.server import StoreServer
 
 ROOT = Path(__file__).resolve().parent.parent
-CLK = os.sysconf("SC_CLK_TCK")
-
-
-# ---------------------------------------------------------------- the store's process
-def store_main(token: str, pipe: Connection) -> None:
-    server = StoreServer("127.0.0.1", 0, token=token).start()
-    pipe.send(server.port)
-    pipe.recv()  # until the simulator says so (or its end of the pipe closes)
-
-
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK  # utime + stime
-
-
-def proc_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 # ---------------------------------------------------------------- a worker's process
@@ -192,7 +171,7 @@ def main() -> None:
     if args.rendezvous:
         import scale_sim_rdzv
 
-        figures = scale_sim_rdzv.measure(args, store_main, proc_cpu_s, proc_rss_mib)
+        figures = scale_sim_rdzv.measure(args)
         print(json.dumps(figures, indent=1))
         return
     if args.revoke:
@@ -276,17 +255,8 @@ def main() -> None:
             figures["diagnose_slow"] = _verdict(slow, planted)
         figures["store_rss_mib_after"] = proc_rss_mib(store.pid)
     finally:
-        for proc in workers:
-            if proc.pid is not None and proc.is_alive():
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc in workers:
-            proc.join(timeout=30)
-            if proc.is_alive() and proc.pid is not None:
-                os.kill(proc.pid, signal.SIGKILL)
-        parent.send("stop")
-        store.join(timeout=10)
-        if store.is_alive() and store.pid is not None:
-            os.kill(store.pid, signal.SIGKILL)
+        end_workers(workers, terminate=True)
+        end_store(parent, store)
     if args.json:
         print(json.dumps(figures, indent=1))
         return
@@ -308,8 +278,7 @@ def revoke_main(args: argparse.Namespace) -> None:
     try:
         figures = scale_sim_revoke.run(ctx, parent.recv(), token, args)
     finally:
-        parent.send("stop")
-        store.join(timeout=10)
+        end_store(parent, store)
     figures.update(per_host=args.per_host, procs=args.procs, load_avg_at_start=load)
     for key, value in figures.items():
         print(f"{key:32} {value}")

@@ -24,12 +24,12 @@ import asyncio
 import multiprocessing as mp
 import os
 import secrets
-import signal
 import time
 from typing import Any
 
 import scale_sim_docs as docs
 from scale_sim_client import AsyncStore
+from scale_sim_procs import end_store, end_workers, proc_cpu_s, proc_rss_mib, store_main
 
 from cclctl.runtime.hostagent.fanin import WORLD_KEY, Where
 from cclctl.runtime.hostagent.rendezvous import RendezvousService
@@ -126,7 +126,7 @@ async def _worker(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> No
         await store.close()
 
 
-def measure(args: Any, store_main: Any, proc_cpu_s: Any, proc_rss_mib: Any) -> dict[str, Any]:
+def measure(args: Any) -> dict[str, Any]:
     """Run the rendezvous once (``args``: ranks, per_host, procs); its figures."""
     n, per_host = args.ranks, args.per_host
     hosts = -(-n // per_host)
@@ -171,10 +171,6 @@ def measure(args: Any, store_main: Any, proc_cpu_s: Any, proc_rss_mib: Any) -> d
                 world_doc_bytes=len(client.get(job_prefix(job) + WORLD_KEY, timeout_s=5)),
             )
         finally:
-            for proc in workers:
-                proc.join(timeout=30)
-                if proc.is_alive() and proc.pid is not None:
-                    os.kill(proc.pid, signal.SIGKILL)
-            parent.send("stop")
-            store.join(timeout=10)
+            end_workers(workers)
+            end_store(parent, store)
     return figures

@@ -24,9 +24,9 @@ import multiprocessing as mp
 import os
 import pstats
 import time
-from multiprocessing.connection import Connection
 
 import scale_sim_docs as docs
+from scale_sim_procs import end_store, store_main
 
 from cclctl import host_status
 from cclctl.diagnose.slow_model import SlowOptions
@@ -34,7 +34,6 @@ from cclctl.diagnose_io.slow_inputs import slow_live
 from cclctl.live.snapshot import job_prefix, parse
 from cclctl.records import snapshot_from_dict
 from cclctl.store.backends import open_store
-from cclctl.store.server import StoreServer
 
 JOB = "simslow"
 
@@ -58,16 +57,10 @@ def listing(n: int, per_host: int) -> dict[str, bytes]:
     return out
 
 
-def _store_main(pipe: Connection) -> None:
-    server = StoreServer("127.0.0.1", 0).start()
-    pipe.send(server.port)
-    pipe.recv()  # until the reader is done (or its end of the pipe closes)
-
-
 def listed(keys: dict[str, bytes], figures: dict[str, object]) -> None:
     """Set ``keys`` in a store of its own process, then LIST them as the CLI does."""
     parent, child = mp.get_context("fork").Pipe()
-    store = mp.get_context("fork").Process(target=_store_main, args=(child,), daemon=True)
+    store = mp.get_context("fork").Process(target=store_main, args=(None, child), daemon=True)
     store.start()
     try:
         client = open_store(f"127.0.0.1:{parent.recv()}", timeout_s=600.0)
@@ -80,10 +73,7 @@ def listed(keys: dict[str, bytes], figures: dict[str, object]) -> None:
         figures["listed_keys"] = len(got)
         client.close()
     finally:
-        parent.send("stop")
-        store.join(timeout=30)
-        if store.is_alive():
-            store.kill()
+        end_store(parent, store)
 
 
 def main() -> None:

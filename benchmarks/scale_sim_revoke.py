@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
-import signal
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
 from scale_sim_client import AsyncStore
+from scale_sim_procs import end_workers
 
 from cclctl import revocation
 from cclctl.revocation import Revocation
@@ -172,10 +171,7 @@ def run(ctx: Any, port: int, token: str, args: Any) -> dict[str, Any]:
             figures["to_half_ms"] = (times[len(times) // 2] - t0) / 1e6
             figures["to_every_rank_ms"] = (times[-1] - t0) / 1e6
     finally:
-        for proc in workers:
-            proc.join(timeout=30)
-            if proc.is_alive() and proc.pid is not None:
-                os.kill(proc.pid, signal.SIGKILL)
+        end_workers(workers)
     return figures
 
 
