@@ -3,6 +3,8 @@ connection, which a rank its host agent serves never opens."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from cclctl.errors import StoreError
@@ -37,3 +39,36 @@ def test_closing_one_never_opened_opens_nothing(server: StoreServer) -> None:
 
     with LazyStore(server.address, opener, timeout_s=5) as lazy:
         assert not lazy.opened
+
+
+def test_a_close_while_it_connects_does_not_wait_and_the_request_fails(server) -> None:
+    connecting, go_on = threading.Event(), threading.Event()
+    opened: list[StoreClient] = []
+
+    def opener() -> StoreClient:
+        connecting.set()
+        go_on.wait(30)  # a connect that takes its time
+        opened.append(StoreClient.from_address(server.address))
+        return opened[-1]
+
+    lazy = LazyStore(server.address, opener, timeout_s=5)
+    failed: list[Exception] = []
+
+    def request() -> None:
+        try:
+            lazy.set("k", b"1")
+        except StoreError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    assert connecting.wait(30)
+    lazy.close()  # returns while the connect is still under way
+    go_on.set()
+    thread.join(30)
+    assert len(failed) == 1 and "closed" in str(failed[0])
+    assert not lazy.opened and len(opened) == 1
+    with pytest.raises(StoreError, match="closed"):
+        opened[0].try_get("k")  # the connection it opened was closed ...
+    with StoreClient.from_address(server.address) as reader:
+        assert reader.try_get("k") is None  # ... before the request was sent

@@ -28,6 +28,7 @@ from cclctl.revocation import Revocation
 from cclctl.runtime.hostagent.revoke_feed import RevokeFeed
 from cclctl.store.backends import open_store
 from cclctl.store.kv import KeyValueStore
+from cclctl.store.lazy import LazyStore
 from cclctl.store.scope import ScopedStore
 
 log = logging.getLogger(__name__)
@@ -68,14 +69,13 @@ class RevokeKey:
         self.feed = feed
         self._handed = False  # a record was handed on: the next ask is after a renewal
         self.scoped = ScopedStore.for_job(_client(address, token, STORE_OP_S), job)
-        self._address, self._token = address, token
         #: the rank's own listening connection: opened at once without an agent, else only
         #: once the agent does not answer (the store then holds none for this rank)
-        self._listener: ScopedStore | None = None
-        self._lock = threading.Lock()
-        self._stopping = False
+        listen_s = LISTEN_SLICE_S + STORE_OP_S
+        self._listener = LazyStore(address, lambda: _client(address, token, listen_s), listen_s)
+        self._listens = ScopedStore.for_job(self._listener, job)
         if feed is None:
-            self._listening()
+            self._listener.open()
 
     def stored(self) -> Revocation | None:
         """The job's record, if one is there."""
@@ -139,9 +139,8 @@ class RevokeKey:
                 # no agent answers: wait on the store until the feed tries it again
                 slice_s = min(LISTEN_SLICE_S, max(0.05, self.feed.retry_in()))
             try:
-                listener = self._listening()
-                listener.wait([revocation.KEY], timeout_s=slice_s)
-                raw = listener.try_get(revocation.KEY)
+                self._listens.wait([revocation.KEY], timeout_s=slice_s)
+                raw = self._listens.try_get(revocation.KEY)
             except StoreTimeout:
                 continue
             except CclError:
@@ -155,26 +154,6 @@ class RevokeKey:
             return self._decoded(raw)
         return None
 
-    def _listening(self) -> ScopedStore:
-        """The rank's own listening connection (opened now if it is not yet; a CclError
-        once :meth:`stop_listening` ran)."""
-        with self._lock:
-            if self._listener is not None or self._stopping:
-                return self._opened()
-        client = _client(self._address, self._token, LISTEN_SLICE_S + STORE_OP_S)
-        with self._lock:
-            if self._listener is None and not self._stopping:
-                self._listener = ScopedStore.for_job(client, self.job)
-                return self._listener
-        client.close()  # closed meanwhile
-        with self._lock:
-            return self._opened()
-
-    def _opened(self) -> ScopedStore:
-        if self._stopping or self._listener is None:
-            raise CclError("the revoke listener is closed")
-        return self._listener
-
     def _decoded(self, raw: bytes) -> Revocation | None:
         self._handed = True
         try:
@@ -187,11 +166,7 @@ class RevokeKey:
         """End a blocking :meth:`next_record` at once (its connections close)."""
         if self.feed is not None:
             self.feed.close()
-        with self._lock:
-            self._stopping = True
-            listener = self._listener
-        if listener is not None:
-            listener.client.close()
+        self._listener.close()
 
     def close(self) -> None:
         self.stop_listening()
