@@ -193,14 +193,14 @@ def _parse_one(
     ``keyed``, its digest's key (:mod:`cclctl.status_digest`; None: it has none). A size
     beyond :mod:`cclctl.limits` raises TooLarge, for the whole job."""
     try:
-        data = _decoded(text.encode())
+        data = _decoded(text)  # a host document's status is text already
         snap = _checked(data, rank)
     except limits.TooLarge as exc:
         raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
     except BadInput as exc:
         return exc, None
     row = digest(data) if keyed else None
-    return snap, None if row is None else row[2]
+    return snap, None if row is None else row[2]  # the key (its text's hash is not needed)
 
 
 def _host(out: JobStatuses, host: str, value: bytes) -> None:
@@ -224,7 +224,7 @@ def _status(value: bytes, rank: int) -> RankSnapshot:
     return _checked(_decoded(value), rank)
 
 
-def _decoded(value: bytes) -> Any:
+def _decoded(value: str | bytes) -> Any:
     where = _WHERE
     try:
         return json.loads(value)
