@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any
 
 from cclctl.errors import BadInput
-from cclctl.status_digest import digest
+from cclctl.status_digest import digest, is_count
 
 SCHEMA = "cclctl.host"
 VERSION = 1
@@ -79,7 +79,7 @@ def summarize(
         for comm, info in comms.items():
             started = info.get("last_started") if isinstance(info, dict) else None
             completed = info.get("last_completed") if isinstance(info, dict) else None
-            if _count(started) and _count(completed):
+            if is_count(started) and is_count(completed):
                 seqs.setdefault(str(comm), []).append((rank, started, completed))
     out: dict[str, Any] = {}
     for comm, rows in sorted(seqs.items()):
@@ -102,11 +102,6 @@ def summarize(
     return {"comms": out, "digests": digests}
 
 
-def _count(value: object) -> TypeGuard[int]:
-    """A count or seq: a non-negative int (a bool is not one)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def parse(value: bytes, where: str) -> HostDocument:
     """A host document from the store; BadInput (naming ``where``) if it is not one."""
     try:
@@ -122,7 +117,7 @@ def parse(value: bytes, where: str) -> HostDocument:
         raise BadInput(f"{where}: 'statuses' and 'left' must be maps by rank", where=where)
     host, pid, time_ns = data.get("host"), data.get("pid"), data.get("time_ns")
     interval = data.get("interval_s")
-    if not isinstance(host, str) or not _count(pid) or not _count(time_ns):
+    if not isinstance(host, str) or not is_count(pid) or not is_count(time_ns):
         raise BadInput(f"{where}: 'host', 'pid' and 'time_ns' are required", where=where)
     if not isinstance(interval, int | float) or isinstance(interval, bool) or interval <= 0:
         raise BadInput(f"{where}: 'interval_s' must be a positive number", where=where)

@@ -24,7 +24,7 @@ import hashlib
 import json
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from cclctl.records import COMPLETED, STARTED, CollectiveRecord, RankSnapshot
 
@@ -69,7 +69,7 @@ def digest(doc: object, text: str = "") -> list[Any] | None:
     if inflight is not None and not (_plain(inflight) and inflight.get("state") == STARTED):
         return None
     pid, time_ns = doc.get("pid"), doc.get("time_ns")
-    if not _count(pid) or not _count(time_ns):
+    if not is_count(pid) or not is_count(time_ns):
         return None
     rest = {k: v for k, v in doc.items() if k not in _OWN}
     rest["records"] = [_common(r) for r in records]
@@ -96,7 +96,8 @@ def _common(rec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in rec.items() if k not in _RECORD_OWN}
 
 
-def _count(value: object) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
+    """A count, seq, pid or clock: a non-negative int (a bool is not one)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -118,7 +119,7 @@ def checked(row: object) -> Digest | None:
     if not isinstance(row, list) or len(row) != len(FIELDS):
         return None
     pid, time_ns, key, call, text = row
-    if not (_count(pid) and _count(time_ns) and isinstance(key, str) and isinstance(text, str)):
+    if not (is_count(pid) and is_count(time_ns) and isinstance(key, str) and isinstance(text, str)):
         return None
     if len(key) != KEY_CHARS or len(text) != TEXT_CHARS:
         return None
@@ -129,7 +130,7 @@ def checked(row: object) -> Digest | None:
     start, step, on, waiting_for = call
     start = 0 if start is None else start
     step = 0 if step is None else step
-    if not (_count(start) and _count(step) and (on is None or _count(on))):
+    if not (is_count(start) and is_count(step) and (on is None or is_count(on))):
         return None
     if waiting_for not in _WAITING_FOR:
         return None
