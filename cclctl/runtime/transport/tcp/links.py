@@ -22,7 +22,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cclctl.errors import CommError, PeerError
 from cclctl.runtime.transport.base import Wait
@@ -103,7 +103,8 @@ class Links:
         self._dialer = Dialer(
             rank, world_size, job, token, epoch, flags, connect_timeout_s, handshake_s
         )
-        self.peers: list[str] = []
+        #: every rank's address, by rank; read only to dial a peer (it may fetch it then)
+        self.peers: Sequence[str] = []
         self.socks: dict[int, socket.socket] = {}
         self.sessions: dict[int, LinkMac] = {}
         #: peers whose link broke or was closed in this epoch: never linked again in it
