@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from cclctl.errors import CommError, PeerError
+from cclctl.errors import CclError, CommError, PeerError
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp import link_auth, stall
 from cclctl.runtime.transport.tcp.accept import POLL_S, Acceptor
@@ -171,7 +171,11 @@ class Links:
         return self.sessions.get(peer)
 
     def _connect(self, peer: int, call: Call, wait: Wait) -> socket.socket:
-        sock, session = self._dialer.first(peer, self.peers[peer], call, wait)
+        try:
+            where = self.peers[peer]
+        except CclError as exc:  # an address fetched on first use that never came
+            raise self._peer_error(peer, call, f"no address of rank {peer}: {exc}") from None
+        sock, session = self._dialer.first(peer, where, call, wait)
         self._keep(peer, sock, session)
         return sock
 
