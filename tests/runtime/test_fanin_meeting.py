@@ -9,7 +9,9 @@ wait on more keys than its host has ranks; a rank that never comes is named.
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ import pytest
 from shm_thread_ranks import MemoryExchange, run_on
 
 from cclctl.errors import CommError, PeerError, RendezvousError
+from cclctl.launch.launcher import launch
 from cclctl.records import CollectiveRecord
 from cclctl.runtime.hostagent import world_doc
 from cclctl.runtime.hostagent.fanin import Claim, Where, join_group, run_blocking
@@ -35,6 +38,7 @@ from cclctl.runtime.transport.wire import Call
 from cclctl.store.client import StoreClient
 from cclctl.store.scope import ScopedStore
 from cclctl.store.server import StoreServer
+from scripts import script
 
 pytestmark = pytest.mark.timeout(120)
 JOB = "meet"
@@ -310,3 +314,25 @@ def test_a_rank_that_never_comes_is_named_by_every_rank(server: StoreServer) -> 
         assert "exchange 'shm/mapped' timed out after 1s: ranks 2-3 of 4 never arrived" in (
             str(error)
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent", ["1", "0"])
+def test_a_launched_job_meets_through_the_world_document_with_its_agents(agent: str) -> None:
+    """With host agents the ranks meet under ``transport/0/``; without, in the rounds."""
+    lines: list[str] = []
+    result = launch(
+        [sys.executable, script("meet_worker.py")],
+        4,
+        env={"FAKE_HOSTS": "2", "CCLCTL_HOST_AGENT": agent},
+        output=lambda rank, stream, line: lines.append(line),
+        timeout_s=90,
+    )
+    assert result.returncode == 0, lines
+    said = [json.loads(line) for line in lines if line.startswith('{"rank"')]
+    assert sorted(s["rank"] for s in said) == [0, 1, 2, 3], lines
+    assert {s["transport"] for s in said} == {"hybrid"}
+    if agent == "1":
+        assert all(s["fanin_keys"] > 0 and s["exchange_keys"] == 0 for s in said), said
+    else:
+        assert all(s["fanin_keys"] == 0 and s["exchange_keys"] > 0 for s in said), said
