@@ -14,8 +14,8 @@ answers a connection's requests in order, so a blocking read holds it).
 
 Then each simulated rank meets for its transport as
 :class:`cclctl.runtime.job.fanin_meeting.FanInMeeting` does, request for request (the same
-keys): its TCP address set once; its host's segment names (a set, a wait on the host's
-ranks' keys, a look for a reported error, a listing of the host's prefix); ``mapped/<rank>``
+keys): its TCP address set once; its host's segment names (a set, then a blocking get of
+each of its host's other ranks' names); ``mapped/<rank>``
 set, the counter added to (the rank that reaches N lists the problems and writes the
 verdict), the verdict read with a blocking get. Its quick requests go through the worker's
 pipelined connection, its blocking ones through a connection of its own, as a real rank
@@ -47,7 +47,6 @@ from scale_sim_procs import end_store, end_workers, proc_cpu_s, proc_rss_mib, st
 from cclctl.runtime.hostagent.fanin import WORLD_KEY, Where
 from cclctl.runtime.hostagent.rendezvous import RendezvousService
 from cclctl.runtime.job import fanin_meeting as meeting
-from cclctl.runtime.job.gather import ERROR_KEY
 from cclctl.runtime.job.token import publish_check
 from cclctl.store.client import StoreClient
 from cclctl.store.protocol import Op, Status
@@ -122,11 +121,9 @@ class SimRank:
         tag = hashlib.sha256(host.encode()).hexdigest()[:16]
         segments = f"{meeting.SEGMENT_PREFIX}{tag}/"
         await self.ask(Op.SET, f"{segments}{rank}", [b"cclctl-sim-r%d" % rank])
-        keys = [(self.prefix + f"{segments}{r}").encode() for r in local]
-        self.requests += 1
-        await self.own.request(Op.WAIT, keys, TIMEOUT_S)
-        await self.ask(Op.TRY_GET, ERROR_KEY, [])
-        await self.ask(Op.LIST, segments, [])
+        for peer in local:
+            if peer != rank:
+                await self.ask(Op.GET, f"{segments}{peer}", [], TIMEOUT_S)
         await self.ask(Op.SET, f"{meeting.MAPPED_PREFIX}{rank}", [b""])
         _, count = await self.ask(Op.ADD, meeting.COUNT_KEY, [b"1"])
         if int(count[0]) == n:

@@ -13,8 +13,9 @@ communicator's first life; a retry meets in rounds under its own prefix):
   one blocking get when it first dials that peer (:class:`PeerAddresses`), so it reads
   only its algorithms' peers. A peer that never published fails the dial, naming it in
   the words of the exchange's timeout;
-- **segment names**: among a host's ranks only, under ``shm/<hash of the host key>/``
-  (:func:`~cclctl.runtime.job.gather.gather` of those ranks);
+- **segment names**: among a host's ranks only, under ``shm/<hash of the host key>/``: a
+  set, then one blocking get per peer of the host (no listing: the store's scans every
+  key it holds);
 - **the mapped verdict**: each rank sets ``mapped/<rank>`` (and ``problem/<rank>`` when it
   could not map its host's segments) and adds 1 to ``mapped#``; the rank whose add reaches
   N lists ``problem/`` alone and writes ``verdict``, which every rank reads with one
@@ -27,12 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
 from cclctl.errors import RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
-from cclctl.runtime.job.gather import gather
 from cclctl.runtime.transport.meeting import Roster
 from cclctl.store.scope import ScopedStore
 
@@ -115,15 +116,31 @@ class FanInMeeting:
         return Roster(keys=self._keys, tcp_asked=bool(self._tcp), addresses=addresses)
 
     def segments(self, local: Sequence[int], name: bytes) -> Mapping[int, bytes]:
-        """The host's ranks' segment names, exchanged among them alone."""
+        """The host's ranks' segment names, exchanged among them alone: one blocking get
+        per peer of the host (a listing would scan every key of the store)."""
         if len(local) < 2:
             return {self._rank: name}
         host = hashlib.sha256(self._keys[self._rank].encode()).hexdigest()[:16]
         prefix = f"{SEGMENT_PREFIX}{host}/"
         self._scoped.set(f"{prefix}{self._rank}", name)
-        what = "exchange 'shm/segments'"
-        names = gather(self._scoped, prefix, self._size, self._timeout_s, what, ranks=local)
-        return dict(zip(local, names, strict=True))
+        names = {self._rank: name}
+        deadline = time.monotonic() + self._timeout_s
+        for peer in local:
+            if peer in names:
+                continue
+            try:
+                left = max(0.001, deadline - time.monotonic())
+                names[peer] = self._scoped.get(f"{prefix}{peer}", left)
+            except StoreTimeout:
+                missing = [r for r in local if r not in names
+                           and self._scoped.try_get(f"{prefix}{r}") is None]  # fmt: skip
+                where = f"job {_job_of(self._scoped)!r}, store {self._scoped.address}"
+                what = "exchange 'shm/segments'"
+                message = _timed_out(what, self._timeout_s, missing, self._size, where)
+                raise RendezvousError(
+                    message, missing=fold_ranks(missing), elapsed=self._timeout_s
+                ) from None
+        return names
 
     def mapped(self, problem: str) -> bool:
         """Whether every rank of the job mapped its host's segments: one verdict for all."""

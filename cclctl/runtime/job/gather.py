@@ -1,5 +1,4 @@
-"""Waiting for a value of every rank: the flat rendezvous' claims and the address exchange
-(or of some ranks: a fan-in job's host exchanging its segment names).
+"""Waiting for a value of every rank: the flat rendezvous' claims and the address exchange.
 
 Each waiting rank waits on every rank's key and lists them once all are in, looking every
 :data:`ERROR_POLL_S` for an error another rank reported, so it fails fast; a timeout names
@@ -9,7 +8,6 @@ the ranks that never wrote, folded.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 from cclctl.errors import RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
@@ -21,17 +19,10 @@ ERROR_KEY = "rdzv/error"
 
 
 def gather(
-    scoped: ScopedStore,
-    prefix: str,
-    world_size: int,
-    timeout_s: float,
-    what: str,
-    ranks: Sequence[int] | None = None,
+    scoped: ScopedStore, prefix: str, world_size: int, timeout_s: float, what: str
 ) -> list[bytes]:
-    """Wait for ``prefix<rank>`` of every rank (of ``ranks``, when given); values in that
-    order, or an error naming the missing."""
-    ranks = range(world_size) if ranks is None else ranks
-    keys = [f"{prefix}{r}" for r in ranks]
+    """Wait for ``prefix<rank>`` of every rank; values by rank, or an error naming the missing."""
+    keys = [f"{prefix}{r}" for r in range(world_size)]
     deadline = time.monotonic() + timeout_s
     while True:
         remaining = deadline - time.monotonic()
@@ -42,7 +33,7 @@ def gather(
             if remaining > ERROR_POLL_S:
                 continue
             present = scoped.list(prefix)
-            missing = [r for r, key in zip(ranks, keys, strict=True) if key not in present]
+            missing = [r for r, key in enumerate(keys) if key not in present]
             raise RendezvousError(
                 f"{what} timed out after {timeout_s:g}s: {_ranks(missing)} of {world_size} "
                 f"never arrived (job {_job_of(scoped)!r}, store {scoped.address})",
