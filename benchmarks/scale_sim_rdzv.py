@@ -25,8 +25,8 @@ The agents and the ranks connect first; then every simulated rank claims at once
 figures: the wall time from then until every rank of every host has its answer (the world
 document), and until every rank has its transport's verdict. Also: store requests per host
 (the agents' requests, counted by their store adapter, and the transport agreement's, of
-all the host's ranks), the world document's size, the store's CPU and RSS. Prints figures;
-asserts nothing.
+all the host's ranks), the world document's size, the store's CPU and RSS, the simulator's
+workers' CPU. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -221,8 +221,10 @@ def measure(args: Any) -> dict[str, Any]:
             for _ in workers:
                 ready.get(timeout=600)
             cpu0 = proc_cpu_s(store.pid)
+            workers0 = sum(proc_cpu_s(w.pid) for w in workers)
             go.set()
             got = [results.get(timeout=TIMEOUT_S + 60) for _ in workers]
+            workers_cpu = sum(proc_cpu_s(w.pid) for w in workers) - workers0
             began = min(r["began"] for r in got)
             requests = [count for r in got for count in r["requests"]]
             meets = [count for r in got for count in r["meeting"]]
@@ -238,6 +240,7 @@ def measure(args: Any) -> dict[str, Any]:
                 transport_requests_per_host_max=max(meets),
                 transport_requests_per_rank_max=max(c for r in got for c in r["rank_meeting"]),
                 store_cpu_s=round(proc_cpu_s(store.pid) - cpu0, 3),
+                simulator_cpu_s=round(workers_cpu, 3),
                 store_rss_mib=round(proc_rss_mib(store.pid), 1),
                 world_doc_bytes=len(client.get(job_prefix(job) + WORLD_KEY, timeout_s=5)),
             )
