@@ -19,7 +19,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from cclctl.config import RuntimeConfig
 from cclctl.errors import PeerError, ProtocolError
+from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp.links import Links
@@ -378,3 +380,59 @@ def test_a_malformed_resume_frame_is_a_protocol_error(frame: bytes) -> None:
 def test_a_cursor_travels_whole() -> None:
     c = Cursor(started=12, held=11, received=9, partial=4096, tail=10, tail_from=77)
     assert Cursor.unpack(c.pack(), 1) == c
+
+
+def _comms(ts: list[TcpTransport]) -> list[Communicator]:
+    cfg = RuntimeConfig(job=JOB, timeout_s=30.0, connect_timeout_s=10.0)
+    return [
+        Communicator(rank=r, world_size=2, transport=t, cfg=cfg, comm_id=world_comm_id(2))
+        for r, t in enumerate(ts)
+    ]
+
+
+def _both_ways_in_flight(links: Links) -> bool:
+    """Rank 0's send to rank 1 is mid-message and its receive from rank 1 has begun, each
+    in a step of its own (two threads)."""
+    flow = links.flow(1)
+    out, inc = flow.send, flow.recv
+    return out is not None and out.item.begun and inc is not None and out.owner is not inc.owner
+
+
+def _end_by(how: str, sock: socket.socket) -> None:
+    if how == "ss -K":
+        _reset(sock)
+    else:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.mark.parametrize("how", ["shutdown", pytest.param("ss -K", marks=needs_ss)])
+@pytest.mark.parametrize("mac", [False, True], ids=["plain", "mac"])
+def test_a_reset_while_a_send_and_a_receive_with_one_peer_are_in_flight_on_two_threads(
+    how: str, mac: bool
+) -> None:
+    """The torch backend's lanes run a send and a receive with one peer at once, each in a
+    step of its own: a reset of their link is resumed once, for both ways, whichever
+    thread meets it first, and the other thread's transfer goes on over the new link. Rank
+    0's send is mid-message (rank 1 reads nothing yet) and its receive waits on rank 1
+    when the connection ends; rank 1's calls start after, on the link made again."""
+    links, ts = _pair(mac=mac)
+    comms = _comms(ts)
+    data = [_payload(r, BIG) for r in range(2)]
+    got = [np.zeros(BIG, np.uint8) for _ in range(2)]
+    try:
+        _link(ts)
+        zero = [Rank(lambda: comms[0].send(data[0], 1)), Rank(lambda: comms[0].recv(got[0], 1))]
+        for r in zero:
+            r.start()
+        _wait_until(lambda: _both_ways_in_flight(links[0]), "rank 0 both ways in flight")
+        _end_by(how, links[0].socks[1])
+        one = [Rank(lambda: comms[1].send(data[1], 0)), Rank(lambda: comms[1].recv(got[1], 0))]
+        for r in one:
+            r.start()
+        for r in (*zero, *one):
+            r.join(40)
+        assert [(r.error, r.is_alive()) for r in (*zero, *one)] == [(None, False)] * 4
+        assert np.array_equal(got[0], data[1]) and np.array_equal(got[1], data[0])
+        assert links[0].resumed == [0, 1] and links[1].resumed == [1, 0]
+    finally:
+        _close(ts)

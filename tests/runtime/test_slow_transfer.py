@@ -14,6 +14,7 @@ import pytest
 from cclctl.runtime.failure import FailureState
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
+from cclctl.runtime.transport.tcp.flow import Flow
 from cclctl.runtime.transport.tcp.step import TcpStep
 from cclctl.telemetry.windows import PeerWaits
 
@@ -32,6 +33,10 @@ class _Links:
         self.resume_s = 0.0
         self.stall_ms = 0
         self.tails: dict[int, object] = {}
+        self.flows = {1: Flow()}
+
+    def flow(self, peer: int) -> Flow:
+        return self.flows[peer]
 
     def session(self, peer: int) -> None:
         return None

@@ -29,6 +29,7 @@ from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp import link_auth, stall
 from cclctl.runtime.transport.tcp.accept import POLL_S, Acceptor
 from cclctl.runtime.transport.tcp.dial import Dialer, peer_error
+from cclctl.runtime.transport.tcp.flow import Flow
 from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused, LinkContext
 from cclctl.runtime.transport.tcp.mac import LinkMac
 from cclctl.runtime.transport.tcp.refusals import RefusalLog
@@ -119,6 +120,7 @@ class Links:
         self.tails: dict[int, tuple[int, int, bytes]] = {}
         #: new links from linked peers (their side of the link broke), for a resume to take
         self._fresh: dict[int, tuple[socket.socket, LinkMac | None]] = {}
+        self._flows: dict[int, Flow] = {}  # peer -> what moves on its link (made on first use)
         self.refusals = RefusalLog(rank)  # handshakes refused since the links opened
         self._linked = threading.Condition()
         self._dialing = threading.Lock()  # a send and a recv on two threads share a link
@@ -165,6 +167,11 @@ class Links:
         elif sock is None:
             sock = self._accept(peer, call, wait)
         return sock
+
+    def flow(self, peer: int) -> Flow:
+        """The link to ``peer``'s lock and what its steps move on it (:mod:`.flow`)."""
+        found = self._flows.get(peer)
+        return found if found is not None else self._flows.setdefault(peer, Flow())
 
     def session(self, peer: int) -> LinkMac | None:
         """The link's MAC session; None when messages carry no MAC."""

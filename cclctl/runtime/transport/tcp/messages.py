@@ -22,15 +22,23 @@ _REVOKE_READ_S = 0.2  # a revoke frame is sent whole: the longest its rest may t
 
 
 class Send:
-    __slots__ = ("begun", "bufs", "peer", "sock")
+    __slots__ = ("begun", "bufs", "finished", "peer", "sock")
 
     def __init__(self, sock: socket.socket, peer: int, header: bytes, view: memoryview) -> None:
         self.sock = sock
         self.peer = peer
         self.begun = False  # some of it is on the wire: the link is mid-message until done
+        #: it needs no more moves: sent whole, or found whole at the peer by a resume
+        self.finished = False
         self.bufs: list[memoryview] = (
             [memoryview(header), view] if len(view) else [memoryview(header)]
         )
+
+    def again(self, sock: socket.socket, bufs: list[memoryview]) -> None:
+        """Send ``bufs`` (what the peer lacks of it) on ``sock``, a link made again."""
+        self.sock = sock
+        self.bufs = bufs
+        self.begun = False
 
     def advance(self) -> int:
         """Send what the socket takes now; return bytes sent (-1 once finished)."""
@@ -52,6 +60,7 @@ class Recv:
         "began",
         "call",
         "expected",
+        "finished",
         "got",
         "header",
         "nbytes",
@@ -81,6 +90,8 @@ class Recv:
         self.header = bytearray(wire.HEADER_SIZE)
         self.expected = wire.pack(call, step, self.nbytes)
         self.got = 0  # bytes of header + payload received so far
+        #: it arrived whole (and was counted on the link), whichever step read its end
+        self.finished = False
         #: perf_counter_ns() when its first bytes came, set by a step that times its
         #: messages' transfers (0: not timed, or it has not begun)
         self.began = 0
@@ -151,6 +162,11 @@ class MacSend(Send):
         self.hashed = 0  # payload bytes sent and hashed
         self.tagged = False
 
+    def again_whole(self, sock: socket.socket, header: bytes, session: LinkMac) -> None:
+        """Send the message again whole on ``sock``, a link made again, under its session
+        (a MAC covers the whole message: a part of it is of no use)."""
+        MacSend.__init__(self, sock, self.peer, header, self.view, session)
+
     def advance(self) -> int:
         if self.tagged:
             return super().advance()
@@ -189,6 +205,12 @@ class MacRecv(Recv):
         self.payload_done = False
         self.tag = bytearray(TAG_BYTES)
         self.tag_got = 0
+
+    def again_whole(self, sock: socket.socket, session: LinkMac) -> None:
+        """Receive the message again whole from ``sock``, a link made again, under its
+        session (the peer sends it whole)."""
+        MacRecv.__init__(self, sock, self.peer, self.view, self.call, self.step, self.rank,
+                         session)  # fmt: skip
 
     def advance(self) -> int:
         if not self.payload_done:

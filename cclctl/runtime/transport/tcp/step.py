@@ -6,7 +6,8 @@ caller's buffers (``sendmsg`` with the header, ``recv_into`` a memoryview), so l
 are never copied in user space. On links with a MAC session (``CCLCTL_LINK_MAC=1``) every
 message is followed by its tag, checked before the payload counts as received. A link that
 a reset breaks mid-step is made again and what the peer lacks sent again
-(:mod:`~cclctl.runtime.transport.tcp.resume`) where the links allow it (``resume_s``).
+(:mod:`~cclctl.runtime.transport.tcp.resume`) where the links allow it (``resume_s``), both
+ways at once, even where the other way is another thread's step (:mod:`.flow`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.drive import transferred
 from cclctl.runtime.transport.tcp import resume, stall
+from cclctl.runtime.transport.tcp.flow import Incoming, Outgoing
 from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
 from cclctl.runtime.transport.tcp.links import Links
+from cclctl.runtime.transport.tcp.mac import LinkMac
 from cclctl.runtime.transport.tcp.messages import MacRecv, MacSend, Recv, Send
-from cclctl.runtime.transport.tcp.resume import stream_from, unacked, why_not
+from cclctl.runtime.transport.tcp.resume import Cursor, stream_from, unacked, why_not
 
 log = logging.getLogger("cclctl.links")
 
@@ -86,11 +89,23 @@ class TcpStep:
         self.recvs = recvs
         self.recvd: set[int] = set()  # peers whose message of the step arrived whole
         self.pending: list[Send | Recv] = []
-        for peer, (_, header, view) in sends.items():
-            self.pending.append(_send(links, links.socks[peer], peer, header, view))
+        # Each transfer takes its link's socket and shows itself to a resume under the
+        # link's lock: a resume on another thread happens wholly before it or sees it.
+        for peer, (index, header, view) in sends.items():
+            flow = links.flow(peer)
+            with flow.lock:
+                out = _send(links, links.socks[peer], peer, header, view)
+                flow.send = Outgoing(self, out, index, header, view)
+            self.pending.append(out)
         for peer, view in recvs.items():
-            self.pending.append(_recv(links, links.socks[peer], peer, view, call, step))
+            flow = links.flow(peer)
+            with flow.lock:
+                into = _recv(links, links.socks[peer], peer, view, call, step)
+                flow.recv = Incoming(self, into)
+            self.pending.append(into)
         self.done = not self.pending
+        if self.done:
+            self._release()
         self.look_at = 0.0  # when a wait next looks for a stalled link (time.monotonic())
 
     def advance(self) -> bool:
@@ -105,66 +120,85 @@ class TcpStep:
         timed = self.wait.waits is not None
         if self.links.has_fresh():  # a peer linked again: its side of the old link broke
             self._relinked()
+        links = self.links
         for item in list(pending):
             if item not in pending:
-                continue  # replaced by a resume of its link
-            try:
-                moved = item.advance()
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError as exc:
-                self._broken(item, exc)
+                continue  # ended by a resume of its link
+            with links.flow(item.peer).lock:  # a resume on another thread waits, or is done
+                if item.finished:  # a resume on another thread found it whole
+                    self._ended(item)
+                    progressed = True
+                    continue
+                sock = item.sock
+                try:
+                    moved = item.advance()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError as exc:
+                    self._broken(item, exc, sock)
+                    progressed = True
+                    continue
+                except ProtocolError:
+                    # Half a foreign message is on the wire: the failure's announce closes
+                    # every link, so the peer fails at once instead of waiting for a reply.
+                    pending.remove(item)
+                    raise
                 progressed = True
-                continue
-            except ProtocolError:
-                # Half a foreign message is on the wire: the failure's announce closes
-                # every link, so the peer fails at once instead of waiting for a reply.
-                pending.remove(item)
-                raise
-            progressed = True
-            if moved < 0:
-                pending.remove(item)
-                if isinstance(item, Recv):
-                    self.links.received[item.peer] += 1
-                    self.recvd.add(item.peer)
-                    if item.began:
-                        transferred(self.wait, item.peer, perf_counter_ns() - item.began)
-            elif timed and isinstance(item, Recv) and not item.began:
-                item.began = perf_counter_ns()
+                if moved < 0:
+                    item.finished = True
+                    if isinstance(item, Recv):
+                        links.received[item.peer] += 1
+                    self._ended(item)
+                elif timed and isinstance(item, Recv) and not item.began:
+                    item.began = perf_counter_ns()
         self.done = not pending
-        if self.done and self.sends and self.links.resume_s:
-            self._keep_tails()
+        if self.done:
+            if self.sends and links.resume_s:
+                self._keep_tails()
+            self._release()
         return progressed
+
+    def _ended(self, item: Send | Recv) -> None:
+        """``item`` is whole (counted on the link by whoever read its end): drop it."""
+        self.pending.remove(item)
+        if isinstance(item, Recv):
+            self.recvd.add(item.peer)
+            if item.began:
+                transferred(self.wait, item.peer, perf_counter_ns() - item.began)
+
+    def _release(self) -> None:
+        """The step ended: its transfers are no longer its links' to resume."""
+        links = self.links
+        for peer in {*self.sends, *self.recvs}:
+            flow = links.flow(peer)
+            with flow.lock:
+                flow.release(self)
 
     def _relinked(self) -> None:
         """Resume each link of the step whose peer linked again (it found the old one
         broken, so whatever this side sends on it is lost), after reading what the old
         socket still holds."""
         for item in list(self.pending):
-            if item in self.pending and self.links.has_fresh(item.peer):
-                why = f"rank {item.peer} linked again: its side of the link broke"
-                self._broken(item, ConnectionResetError(errno.ECONNRESET, why))
+            with self.links.flow(item.peer).lock:  # a resume on another thread took it?
+                if item in self.pending and self.links.has_fresh(item.peer):
+                    why = f"rank {item.peer} linked again: its side of the link broke"
+                    self._broken(item, ConnectionResetError(errno.ECONNRESET, why), item.sock)
 
-    def _receiving(self, peer: int) -> Recv | None:
-        """This step's receive from ``peer`` while it is not complete."""
-        return next((p for p in self.pending if p.peer == peer and isinstance(p, Recv)), None)
-
-    def _drain(self, peer: int) -> Recv | None:
+    def _drain(self, recv: Recv) -> None:
         """Read what the broken link's socket still holds (what the peer's kernel had and
-        the reset left) into this step's receive from ``peer``, so a resume goes on from
-        there; the receive, unless that completed it."""
-        recv = self._receiving(peer)
-        while recv is not None:
+        the reset left) into ``recv`` (this step's receive from the peer, or another
+        thread's step's), so a resume goes on from there; one that this completes is
+        counted and finished here, and dropped by the step it is in."""
+        while not recv.finished:
             try:
                 moved = recv.advance()
             except OSError:  # drained (or no more to read)
-                return recv
+                return
             if moved < 0:
-                self.pending.remove(recv)
-                self.links.received[peer] += 1
-                self.recvd.add(peer)
-                return None
-        return None
+                recv.finished = True
+                self.links.received[recv.peer] += 1
+                if recv in self.pending:
+                    self._ended(recv)
 
     def _keep_tails(self) -> None:
         """As the step ends: keep a copy of the bytes of each message it sent that the
@@ -203,8 +237,10 @@ class TcpStep:
         poller = select.poll()
         events: dict[int, int] = {}
         for item in self.pending:
+            fd = item.sock.fileno()  # -1: a resume on another thread closed it just now
             flag = select.POLLIN if isinstance(item, Recv) else select.POLLOUT
-            events[item.sock.fileno()] = events.get(item.sock.fileno(), 0) | flag
+            if fd >= 0:
+                events[fd] = events.get(fd, 0) | flag
         events[wait.failure.wake_fd] = select.POLLIN  # the failure state wakes it at once
         for fd, mask in events.items():
             poller.register(fd, mask)
@@ -220,15 +256,24 @@ class TcpStep:
         self.look_at = now + _STALL_LOOK_S
         after_ms = self.links.stall_ms
         for item in list(self.pending):  # a receive's link may hold this rank's last send
-            if stall.stalled(item.sock, after_ms):
-                why = f"nothing sent on it was acknowledged for {after_ms / 1000:g}s"
-                self._broken(item, OSError(errno.ETIMEDOUT, why))
+            with self.links.flow(item.peer).lock:
+                sock = item.sock
+                if item in self.pending and stall.stalled(sock, after_ms):
+                    why = f"nothing sent on it was acknowledged for {after_ms / 1000:g}s"
+                    self._broken(item, OSError(errno.ETIMEDOUT, why), sock)
 
-    def _broken(self, item: Send | Recv, exc: OSError) -> None:
+    def _broken(self, item: Send | Recv, exc: OSError, sock: socket.socket) -> None:
         """Resume the link of ``item`` where a reset broke it and the links allow; else (or
-        when that fails) drop it and raise the fault, for the retry or the caller."""
+        when that fails) drop it and raise the fault, for the retry or the caller.
+        ``sock``: the socket that failed; the caller holds the link's lock. Where a resume
+        on another thread has moved ``item`` to a new link since, or found it whole, there
+        is nothing to do."""
+        if item.sock is not sock or item.finished or item not in self.pending:
+            return
         why = exc.strerror or str(exc)
-        if self.links.resume_s > 0 and resume.resumable(exc):
+        if item.peer in self.links.dropped:
+            why = f"this rank closed the link meanwhile ({why})"  # another thread's fault
+        elif self.links.resume_s > 0 and resume.resumable(exc):
             try:
                 self._resume(item.peer)
                 return
@@ -257,30 +302,64 @@ class TcpStep:
 
     def _resume(self, peer: int) -> None:
         """Make the link to ``peer`` again, agree on what was lost with it, and go on with
-        this step's transfers to it: on a plain link from the byte the other side reached
-        (a kept tail first), on a MAC link each message again whole."""
+        the transfers to and from it, this step's and another thread's (:mod:`.flow`): on a
+        plain link from the byte the other side reached (a kept tail first), on a MAC link
+        each message again whole. The caller holds the link's lock."""
         links = self.links
-        held = self.sends.get(peer)
+        flow = links.flow(peer)
+        out, inc = flow.send, flow.recv
         plain = links.session(peer) is None
-        # On a MAC link the message goes again whole: what the old socket holds is no use.
-        recv = self._drain(peer) if plain else self._receiving(peer)
-        partial = recv.got if recv is not None and plain else 0
+        recv = inc.item if inc is not None and not inc.item.finished else None
+        if recv is not None and plain:
+            self._drain(recv)  # on a MAC link it comes again whole: the old socket is no use
+        partial = recv.got if recv is not None and not recv.finished and plain else 0
         mine, theirs, owed = resume.resume(
-            links, peer, self.call, self.wait, held[0] if held else -1, partial
+            links, peer, self.call, self.wait, out.index if out is not None else -1, partial
         )
         sock = links.socks[peer]
-        self.pending[:] = [p for p in self.pending if p.peer != peer]
-        if held is not None and resume.resend(mine, theirs):
-            item = _send(links, sock, peer, held[1], held[2])
-            if plain:  # from the byte the peer reached, after what it lacks of the last
-                at = theirs.partial if theirs.received == held[0] else 0
-                item.bufs = ([memoryview(owed)] if owed else []) + stream_from(item.bufs, at)
-            self.pending.append(item)
+        if out is not None:
+            self._send_again(out, sock, mine, theirs, owed)
         elif owed:
             self.pending.append(Send(sock, peer, owed, memoryview(b"")))
-        if recv is not None and plain:
-            recv.sock = sock  # it goes on where it was: the peer sends from that byte
-            self.pending.append(recv)
-        elif peer in self.recvs and peer not in self.recvd:
-            self.pending.append(_recv(links, sock, peer, self.recvs[peer], self.call, self.step))
+        if recv is not None and not recv.finished:
+            if isinstance(recv, MacRecv):
+                recv.again_whole(sock, _session(links, peer))
+            else:
+                recv.sock = sock  # it goes on where it was: the peer sends from that byte
         self.done = not self.pending
+
+    def _send_again(
+        self, out: Outgoing, sock: socket.socket, mine: Cursor, theirs: Cursor, owed: bytes
+    ) -> None:
+        """Move the message ``out`` on to the new link: what the peer lacks of it again
+        (after what it lacks of the last message's kept tail), or nothing where the peer
+        has it whole."""
+        item, peer = out.item, out.item.peer
+        if not resume.resend(mine, theirs):
+            if owed:
+                self.pending.append(Send(sock, peer, owed, memoryview(b"")))
+            if not item.finished:
+                item.finished = True  # the step it is in drops it (this one: now)
+                if item in self.pending:
+                    self._ended(item)
+            return
+        if item.finished:  # sent whole in this step and lost with the link: a new item
+            if out.owner is not self:
+                # Only a step of several links ends one of its sends before the others,
+                # and such a step (a collective's) is the only one on its links.
+                raise OSError(errno.EPROTO, f"rank {peer} lacks a message another step ended")
+            item = out.item = _send(self.links, sock, peer, out.header, out.view)
+            self.pending.append(item)
+        elif isinstance(item, MacSend):
+            item.again_whole(sock, out.header, _session(self.links, peer))
+        if isinstance(item, MacSend):
+            return  # whole, under the new link's session
+        at = theirs.partial if theirs.received == out.index else 0
+        whole = [memoryview(out.header), out.view] if len(out.view) else [memoryview(out.header)]
+        item.again(sock, ([memoryview(owed)] if owed else []) + stream_from(whole, at))
+
+
+def _session(links: Links, peer: int) -> LinkMac:
+    session = links.session(peer)
+    assert session is not None, "a MAC link's new connection has a session"
+    return session
