@@ -20,8 +20,8 @@ nothing.
 
     python benchmarks/scale_sim.py --ranks 10000 --per-host 8 --procs 2 [--plant slow]
 
-With ``--rendezvous`` it measures the fan-in rendezvous through the agents instead
-(:mod:`scale_sim_rdzv`).
+With ``--rendezvous`` it measures the fan-in rendezvous through the agents, and the
+transport's agreement after it, instead (:mod:`scale_sim_rdzv`).
 """
 
 from __future__ import annotations
@@ -159,7 +159,9 @@ def main() -> None:
     parser.add_argument("--cli-mem-gib", type=float, default=6.0, help="a CLI run's memory cap")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
-        "--rendezvous", action="store_true", help="the fan-in rendezvous (scale_sim_rdzv.py)"
+        "--rendezvous",
+        action="store_true",
+        help="the fan-in rendezvous and the transport's agreement (scale_sim_rdzv.py)",
     )
     parser.add_argument(
         "--revoke",

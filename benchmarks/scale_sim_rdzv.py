@@ -12,15 +12,29 @@ store: its quick requests go through the worker's one pipelined connection
 (:mod:`scale_sim_client`), its blocking reads through a connection of its own (the store
 answers a connection's requests in order, so a blocking read holds it).
 
-The agents connect first; then every simulated rank claims at once, and the figure is the
-wall time from then until every rank of every host has its answer (the world document).
-Also: store requests per host (counted by the agents' store adapter), the world document's
-size, the store's CPU and RSS. Prints figures; asserts nothing.
+Then each simulated rank meets for its transport as
+:class:`cclctl.runtime.job.fanin_meeting.FanInMeeting` does, request for request (the same
+keys): its TCP address set once; its host's segment names (a set, then a blocking get of
+each of its host's other ranks' names); ``mapped/<rank>``
+set, the counter added to (the rank that reaches N lists the problems and writes the
+verdict), the verdict read with a blocking get. Its quick requests go through the worker's
+pipelined connection, its blocking ones through a connection of its own, as a real rank
+has. (The dials' address reads come later, one per peer an algorithm links to.)
+
+The agents and the ranks connect first; then every simulated rank claims at once. The
+figures: the wall time from then until every rank of every host has its answer (the world
+document), until every rank has added to the counter, and until every rank has its
+transport's verdict. Also: store requests per host
+(the agents' requests, counted by their store adapter, and the transport agreement's, of
+all the host's ranks), the world document's size, the store's CPU and RSS, the simulator's
+workers' CPU. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import multiprocessing as mp
 import os
 import secrets
@@ -33,6 +47,7 @@ from scale_sim_procs import end_store, end_workers, proc_cpu_s, proc_rss_mib, st
 
 from cclctl.runtime.hostagent.fanin import WORLD_KEY, Where
 from cclctl.runtime.hostagent.rendezvous import RendezvousService
+from cclctl.runtime.job import fanin_meeting as meeting
 from cclctl.runtime.job.token import publish_check
 from cclctl.store.client import StoreClient
 from cclctl.store.protocol import Op, Status
@@ -83,6 +98,45 @@ class SimFanInStore:
         return {out[i].decode()[cut:]: out[i + 1] for i in range(0, len(out), 2)}
 
 
+class SimRank:
+    """One simulated rank's side of the transport agreement: quick requests on the worker's
+    pipelined connection, blocking ones on its own; counts them."""
+
+    def __init__(self, quick: AsyncStore, own: AsyncStore, prefix: str) -> None:
+        self.quick, self.own, self.prefix = quick, own, prefix
+        self.requests = 0
+        self.counted = 0.0  # when its add to the counter was answered (the loop's clock)
+
+    async def ask(
+        self, op: Op, key: str, more: list[bytes], timeout_s: float | None = None
+    ) -> tuple[int, list[bytes]]:
+        self.requests += 1
+        via = self.own if op in (Op.GET, Op.WAIT) else self.quick
+        status, out = await via.request(op, [(self.prefix + key).encode(), *more], timeout_s)
+        if status == Status.ERROR:
+            raise ConnectionError(out[0].decode(errors="replace") if out else "store error")
+        return status, out
+
+    async def meet(self, rank: int, host: str, local: range, n: int) -> bool:
+        """FanInMeeting's requests for ``rank`` of ``host``; whether the verdict came."""
+        await self.ask(Op.SET, f"{meeting.ADDRESS_PREFIX}{rank}", [b"127.0.0.1:%d" % rank])
+        tag = hashlib.sha256(host.encode()).hexdigest()[:16]
+        segments = f"{meeting.SEGMENT_PREFIX}{tag}/"
+        await self.ask(Op.SET, f"{segments}{rank}", [b"cclctl-sim-r%d" % rank])
+        for peer in local:
+            if peer != rank:
+                await self.ask(Op.GET, f"{segments}{peer}", [], TIMEOUT_S)
+        await self.ask(Op.SET, f"{meeting.MAPPED_PREFIX}{rank}", [b""])
+        _, count = await self.ask(Op.ADD, meeting.COUNT_KEY, [b"1"])
+        self.counted = time.monotonic()
+        if int(count[0]) == n:
+            await self.ask(Op.LIST, meeting.PROBLEM_PREFIX, [])
+            verdict = json.dumps({"problems": {}}).encode()
+            await self.ask(Op.COMPARE_SET, meeting.VERDICT_KEY, [verdict])
+        status, _ = await self.ask(Op.GET, meeting.VERDICT_KEY, [], TIMEOUT_S)
+        return status == Status.OK
+
+
 def worker_main(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> None:
     asyncio.run(_worker(spec, ready, go, results))
 
@@ -95,6 +149,9 @@ async def _worker(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> No
     hosts = range(spec["first_host"], spec["last_host"])
     waiting = [await AsyncStore().connect("127.0.0.1", port, token) for _ in hosts]
     stores = [SimFanInStore(quick, wait, prefix) for wait in waiting]
+    first, last = hosts.start * per_host, min(n, hosts.stop * per_host)
+    ranks = {r: SimRank(quick, await AsyncStore(max_pending=4).connect("127.0.0.1", port, token),
+                        prefix) for r in range(first, last)}  # fmt: skip
     services = []
     for h, store in zip(hosts, stores, strict=True):
 
@@ -109,20 +166,33 @@ async def _worker(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> No
     await asyncio.to_thread(go.wait)
     began = time.monotonic()
 
-    async def host(h: int, service: RendezvousService) -> tuple[float, int]:
-        ranks = range(h * per_host, min(n, (h + 1) * per_host))
+    async def host(h: int, service: RendezvousService) -> tuple[float, float, int]:
+        local = range(h * per_host, min(n, (h + 1) * per_host))
         claims = [service.claim({"rank": r, "pid": 100_000 + r, "world_size": n,
-                                 "local_world_size": len(ranks), "timeout_s": TIMEOUT_S})
-                  for r in ranks]  # fmt: skip
+                                 "local_world_size": len(local), "timeout_s": TIMEOUT_S,
+                                 "key": "sim-boot-id:42:4026531836", "tcp": False})
+                  for r in local]  # fmt: skip
         answers = await asyncio.gather(*claims)
-        return time.monotonic(), sum(1 for a in answers if "error" in a)
+        answered = time.monotonic()
+        errors = sum(1 for a in answers if "error" in a)
+        if errors:
+            return answered, answered, errors
+        met = await asyncio.gather(*(ranks[r].meet(r, service.host, local, n) for r in local))
+        return answered, time.monotonic(), sum(1 for ok in met if not ok)
 
     done = await asyncio.gather(*(host(h, s) for h, s in zip(hosts, services, strict=True)))
-    results.put({"index": spec["index"], "began": began, "last": max(t for t, _ in done),
-                 "first": min(t for t, _ in done), "errors": sum(e for _, e in done),
-                 "requests": [s.requests for s in stores],
+    per_host_meeting = [
+        sum(ranks[r].requests for r in range(h * per_host, min(n, (h + 1) * per_host)))
+        for h in hosts
+    ]
+    results.put({"index": spec["index"], "began": began, "last": max(t for t, _, _ in done),
+                 "first": min(t for t, _, _ in done), "met": max(t for _, t, _ in done),
+                 "errors": sum(e for _, _, e in done), "requests": [s.requests for s in stores],
+                 "meeting": per_host_meeting,
+                 "rank_meeting": [r.requests for r in ranks.values()],
+                 "counted": max(r.counted for r in ranks.values()),
                  "groups": sum(s.groups for s in services)})  # fmt: skip
-    for store in (quick, *waiting):
+    for store in (quick, *waiting, *(r.own for r in ranks.values())):
         await store.close()
 
 
@@ -155,10 +225,13 @@ def measure(args: Any) -> dict[str, Any]:
             for _ in workers:
                 ready.get(timeout=600)
             cpu0 = proc_cpu_s(store.pid)
+            workers0 = sum(proc_cpu_s(w.pid) for w in workers)
             go.set()
             got = [results.get(timeout=TIMEOUT_S + 60) for _ in workers]
+            workers_cpu = sum(proc_cpu_s(w.pid) for w in workers) - workers0
             began = min(r["began"] for r in got)
             requests = [count for r in got for count in r["requests"]]
+            meets = [count for r in got for count in r["meeting"]]
             figures.update(
                 rendezvous_s=round(max(r["last"] for r in got) - began, 3),
                 first_host_answered_s=round(min(r["first"] for r in got) - began, 3),
@@ -166,7 +239,13 @@ def measure(args: Any) -> dict[str, Any]:
                 groups=sum(r["groups"] for r in got),
                 store_requests_per_host_mean=round(sum(requests) / len(requests), 2),
                 store_requests_per_host_max=max(requests),
+                transport_agreed_s=round(max(r["met"] for r in got) - began, 3),
+                transport_all_counted_s=round(max(r["counted"] for r in got) - began, 3),
+                transport_requests_per_host_mean=round(sum(meets) / len(meets), 2),
+                transport_requests_per_host_max=max(meets),
+                transport_requests_per_rank_max=max(c for r in got for c in r["rank_meeting"]),
                 store_cpu_s=round(proc_cpu_s(store.pid) - cpu0, 3),
+                simulator_cpu_s=round(workers_cpu, 3),
                 store_rss_mib=round(proc_rss_mib(store.pid), 1),
                 world_doc_bytes=len(client.get(job_prefix(job) + WORLD_KEY, timeout_s=5)),
             )

@@ -28,6 +28,7 @@ from cclctl.config import RuntimeConfig, job_dir
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.launch.launcher import launch
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
+from cclctl.runtime.job.fanin_meeting import ADDRESS_PREFIX
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp import link_auth
@@ -98,8 +99,9 @@ def test_an_attacker_who_knows_the_address_and_connects_first_is_refused() -> No
             try:
                 token = auth.read_token_file(job_dir(job))
                 client = StoreClient.from_address(store_address, connect_timeout_s=10, token=token)
-                info = json.loads(client.get(f"cclctl/{job}/x/transport/0/1", timeout_s=30))
-                host, _, port = info["tcp"].rpartition(":")
+                # what rank 1 published for its transport (it joined through its host agent)
+                raw = client.get(f"cclctl/{job}/{ADDRESS_PREFIX}1", timeout_s=30)
+                host, _, port = raw.decode().rpartition(":")
                 outcome["old"] = _old_attack(host, int(port), job)
                 outcome["forged"] = _forged_attack(host, int(port), job)
                 client.set("test/attacked", b"1")

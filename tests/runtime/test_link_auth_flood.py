@@ -28,6 +28,7 @@ from launch_helpers import Lines
 from cclctl import auth
 from cclctl.config import job_dir
 from cclctl.launch.launcher import launch
+from cclctl.runtime.job.fanin_meeting import ADDRESS_PREFIX
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp import link_auth
@@ -52,8 +53,9 @@ def _wait() -> Wait:
 def _rank_ports(client: StoreClient, job: str, n: int) -> list[tuple[str, int]]:
     ports = []
     for rank in range(n):
-        info = json.loads(client.get(f"cclctl/{job}/x/transport/0/{rank}", timeout_s=30))
-        host, _, port = info["tcp"].rpartition(":")
+        # what the rank published for its transport (it joined through its host agent)
+        address = client.get(f"cclctl/{job}/{ADDRESS_PREFIX}{rank}", timeout_s=30).decode()
+        host, _, port = address.rpartition(":")
         ports.append((host, int(port)))
     return ports
 

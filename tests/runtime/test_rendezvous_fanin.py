@@ -360,3 +360,39 @@ def test_a_rank_late_to_its_host_joins_in_a_group_of_its_own(
     thread.join(20)
     assert late.hosts == first[0].hosts == ["host-a", "host-a"]
     assert agents["host-a"].service.groups == 2
+
+
+@pytest.mark.timeout(30)
+def test_the_agents_carry_each_claims_host_key_and_tcp_asked_into_the_world(
+    server: StoreServer, agents: dict[str, Agent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the transport's choice needs comes back in the world document: rank 1 asked for
+    TCP; host-b's two ranks are on two machines (two keys), so its entry is split."""
+    for host in ("host-a", "host-b"):
+        agents[host] = Agent(server, host)
+    mine = threading.local()
+    monkeypatch.setattr(fanin_rank, "host_key", lambda: mine.key)
+    place = [(0, "host-a", "auto", "k1"), (1, "host-a", "tcp", "k1"),
+             (2, "host-b", "auto", "k2"), (3, "host-b", "auto", "k3")]  # fmt: skip
+    out: list[Any] = [None] * 4
+
+    def body(rank: int, host: str, transport: str, key: str) -> None:
+        mine.key = key
+        store = scoped(server)
+        try:
+            config = cfg(host).replace(transport=transport)
+            out[rank] = join_fanin(store, rank, 4, config, (1, 2))  # no agent to start
+        except BaseException as exc:
+            out[rank] = exc
+        finally:
+            store.client.close()
+
+    threads = [threading.Thread(target=body, args=p, daemon=True) for p in place]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(j.via_agent for j in out), out
+    assert [j.keys for j in out] == [["host-a", "host-a", "host-b\0k2", "host-b\0k3"]] * 4
+    assert [j.tcp for j in out] == [[1]] * 4
+    assert [j.hosts for j in out] == [["host-a", "host-a", "host-b", "host-b"]] * 4

@@ -7,7 +7,8 @@ keys (under ``cclctl/<job>/``):
 
 1. agrees on the world size: one compare-and-set of ``rdzv/world_size``, as the flat path's
    ranks do (marked ``fanin``, so a job whose ranks mix the two paths says so);
-2. writes its claims (host, and each rank's pid) under
+2. writes its claims (host, each rank's pid, its host key and whether it asked for TCP,
+   for the transport's choice: :mod:`cclctl.runtime.job.fanin_meeting`) under
    ``rdzv/group/<first rank>.<its pid>.<ranks>``;
 3. adds its ranks to ``rdzv/arrived``; a writer that sees the count reach the world size
    reads the groups (the one listing of the rendezvous), checks them (a rank claimed by
@@ -54,12 +55,15 @@ class FanInStore(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """One rank's claim, as its rank sent it."""
+    """One rank's claim, as its rank sent it (``key``: its host key; ``tcp``: it asked for
+    TCP)."""
 
     rank: int
     pid: int
     world_size: int
     timeout_s: float
+    key: str = ""
+    tcp: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +97,7 @@ async def join_group(
     # the first claim's rank and pid, and the group's size: a rank alone after its agent
     # died never overwrites the agent's group of several
     key = f"{GROUP_PREFIX}{joining[0].rank}.{joining[0].pid}.{len(joining)}"
-    group = {"host": host, "claims": [[c.rank, c.pid] for c in joining]}
+    group = _group(host, joining)
     await store.set(key, json.dumps(group, separators=(",", ":")).encode())
     if await store.add(ARRIVED_KEY, len(joining)) >= world_size:
         await settle(store, world_size, where, timeout_s, missing_is_final=False)
@@ -109,6 +113,21 @@ async def join_group(
         return answers
     answers.update(await _answers(store, raw, host, joining, world_size))
     return answers
+
+
+def _group(host: str, claims: Sequence[Claim]) -> dict[str, Any]:
+    """The group's document: its claims, their host key (one, or one per claim where they
+    differ) and the ranks that asked for TCP (only when some did)."""
+    group: dict[str, Any] = {"host": host, "claims": [[c.rank, c.pid] for c in claims]}
+    keys = [c.key for c in claims]
+    if len(set(keys)) == 1:
+        group["key"] = keys[0]
+    else:
+        group["keys"] = keys
+    tcp = [c.rank for c in claims if c.tcp]
+    if tcp:
+        group["tcp"] = tcp
+    return group
 
 
 async def _agree_world_size(
@@ -152,9 +171,12 @@ async def settle(
     """Read the groups and write ``rdzv/world``: the world, a rank claimed twice, or (once
     the timeout passed: ``missing_is_final``) the ranks that never arrived."""
     claims: dict[int, tuple[str, int]] = {}
+    keys: dict[int, str] = {}
+    tcp: set[int] = set()
     for raw in (await store.list(GROUP_PREFIX)).values():
         group = json.loads(raw)
-        for rank, pid in group["claims"]:
+        their = group.get("keys") or [group.get("key", "")] * len(group["claims"])
+        for (rank, pid), key in zip(group["claims"], their, strict=True):
             host = str(group["host"])
             # the same process twice (through its agent, then alone) is one claim
             seen = claims.setdefault(int(rank), (host, int(pid)))
@@ -162,9 +184,13 @@ async def settle(
                 message = f"rank {rank} is claimed twice: by {who(*seen)} and {who(host, pid)}"
                 await report(store, message, [int(rank)])
                 return
+            keys.setdefault(int(rank), str(key))
+        tcp.update(int(rank) for rank in group.get("tcp", ()))
     missing = [r for r in range(world_size) if r not in claims]
     if not missing:
-        doc = world_doc.build(world_size, ((r, h, p) for r, (h, p) in claims.items()))
+        doc = world_doc.build(
+            world_size, ((r, h, p) for r, (h, p) in claims.items()), keys, tcp & set(claims)
+        )
         await store.compare_set(WORLD_KEY, None, doc)
     elif missing_is_final:
         named = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {fold_ranks(missing)}"

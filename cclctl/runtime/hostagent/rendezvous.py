@@ -3,7 +3,8 @@ rank's answer out (the job's world document, or the error that ended the rendezv
 
 A rank connects to the agent's second socket (:func:`.address.rendezvous_name`), sends its
 claim as one frame (:func:`frame`: a length, then JSON: rank, pid, world size, local world
-size, timeout) and reads one answer frame. The service gathers claims into a batch and
+size, timeout, and for the transport's choice its host key and whether it asked for TCP)
+and reads one answer frame. The service gathers claims into a batch and
 hands the batch to the fan-in protocol (:func:`cclctl.runtime.hostagent.fanin.join_group`) once
 the host's ranks are all in (the largest local world size the claims carry), or
 :data:`FLUSH_S` after the last claim came (at most :data:`MAX_BATCH_S` after the first: a
@@ -80,9 +81,11 @@ class RendezvousService:
 
     async def claim(self, body: dict[str, Any]) -> dict[str, Any]:
         """A rank's claim (``rank``, ``pid``, ``world_size``, ``local_world_size``,
-        ``timeout_s``) in; its answer out, once the job's world document is in."""
+        ``timeout_s``, and optionally ``key`` and ``tcp``) in; its answer out, once the
+        job's world document is in."""
         claim = Claim(int(body["rank"]), int(body["pid"]), int(body["world_size"]),
-                      float(body["timeout_s"]))  # fmt: skip
+                      float(body["timeout_s"]), str(body.get("key", "")),
+                      body.get("tcp") is True)  # fmt: skip
         if any(c.rank == claim.rank for c, _, _ in self._batch):
             self._flush()
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()

@@ -10,6 +10,10 @@ connection breaks before it answered (the agent died), or whose agent says its s
 requests failed, joins alone, through the same protocol: its claim is the same whichever
 way it went, so a claim the agent had already written counts once. An agent that holds the
 connection but never answers fails the rank, naming the agent.
+
+The claim also carries what the transport's choice needs (the rank's host key and whether
+it asked for TCP), so the world document answers it for every rank
+(:mod:`cclctl.runtime.job.fanin_meeting`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from cclctl.runtime.hostagent.spawn import START_TIMEOUT_S, start_agent
 from cclctl.runtime.hostagent.wire import read_object
 from cclctl.runtime.job.token import GIVEN, TokenSource, agree_token, publish_check
 from cclctl.runtime.socket_io import connect_unix
+from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.store.scope import ScopedStore
 
 log = logging.getLogger("cclctl.rendezvous")
@@ -46,13 +51,16 @@ _POLL_S = 0.02
 
 @dataclasses.dataclass(frozen=True)
 class Joined:
-    """What the rank learnt: every rank's host and pid, the agreed token, and whether its
-    host's agent carried its claim."""
+    """What the rank learnt: every rank's host, pid and host key (equal for ranks that can
+    share memory), the ranks that asked for TCP, the agreed token, and whether its host's
+    agent carried its claim."""
 
     hosts: list[str]
     pids: list[int]
     token: str
     via_agent: bool
+    keys: list[str] = dataclasses.field(default_factory=list)
+    tcp: list[int] = dataclasses.field(default_factory=list)
 
 
 def join_fanin(
@@ -66,23 +74,25 @@ def join_fanin(
     """Join through the host's agent (``place``: local rank, local world size), else alone."""
     if rank == 0 and cfg.token:
         publish_check(scoped, cfg.token, cfg.job)
+    key, tcp = host_key(), cfg.transport == "tcp"
     claim = {"rank": rank, "pid": os.getpid(), "world_size": world_size,
-             "local_world_size": place[1], "timeout_s": cfg.connect_timeout_s}  # fmt: skip
+             "local_world_size": place[1], "timeout_s": cfg.connect_timeout_s, "key": key,
+             "tcp": tcp}  # fmt: skip
     answer = _through_agent(claim, cfg, place[0], scoped.address)
     via_agent = answer is not None
     if answer is None:
-        alone = [Claim(rank, os.getpid(), world_size, cfg.connect_timeout_s)]
+        alone = [Claim(rank, os.getpid(), world_size, cfg.connect_timeout_s, key, tcp)]
         where = Where(cfg.job, scoped.address)
         answer = run_blocking(join_group(BlockingStore(scoped), cfg.hostname, alone, where))[rank]
     if "error" in answer:
         fields = answer.get("fields") if isinstance(answer.get("fields"), dict) else {}
         raise RendezvousError(str(answer["error"]), **(fields or {}))
-    hosts, pids = world_doc.expand(str(answer["world"]).encode(), world_size)
+    world = world_doc.read(str(answer["world"]).encode(), world_size)
     token = cfg.token
     if rank != 0 and token and answer.get("token_ok") is not True:
         token = agree_token(scoped, source or TokenSource(token, GIVEN, ""), rank, cfg.job,
                             cfg.connect_timeout_s)  # fmt: skip
-    return Joined(hosts, pids, token, via_agent)
+    return Joined(world.hosts, world.pids, token, via_agent, world.keys, world.tcp)
 
 
 def _through_agent(

@@ -16,6 +16,7 @@ from cclctl.runtime.comm.communicator import Communicator, world_comm_id
 from cclctl.runtime.comm.recovery import retry_rules
 from cclctl.runtime.identity import RankIdentity
 from cclctl.runtime.job import link_telemetry
+from cclctl.runtime.job.fanin_meeting import FanInMeeting
 from cclctl.runtime.job.rendezvous import Rendezvous, join, join_store
 from cclctl.runtime.job.retry import Retry, world_links
 from cclctl.runtime.job.revoke_end import open_end
@@ -23,6 +24,7 @@ from cclctl.runtime.job.revoker import Revoker
 from cclctl.runtime.job.survivors import Survivors
 from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.hybrid import build_transport
+from cclctl.runtime.transport.meeting import Exchange, TransportMeeting
 from cclctl.runtime.transport.shm.segment import host_key
 from cclctl.store.backends import endpoint_of, open_store
 from cclctl.store.kv import KeyValueStore
@@ -94,7 +96,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         rdzv.rank,
         rdzv.world_size,
         cfg.job,
-        lambda key, value: rdzv.exchange(key, value, cfg.connect_timeout_s),
+        _meeting(rdzv, cfg),
         links,
         choice=cfg.transport,
         host=f"{cfg.hostname}|{host_key()}",
@@ -141,6 +143,15 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
     survivors.revoker = revoker  # a shrunk communicator's failures go through the store too
     agent.watch()
     return comm
+
+
+def _meeting(rdzv: Rendezvous, cfg: RuntimeConfig) -> TransportMeeting | Exchange:
+    """How the world's ranks meet to open the transport: through the world document and
+    a few keys each after a fan-in rendezvous, else in the job's exchange rounds."""
+    if rdzv.host_keys is not None:
+        return FanInMeeting(rdzv.job_store, rdzv.rank, rdzv.world_size, rdzv.host_keys,
+                            rdzv.tcp_ranks, cfg.connect_timeout_s)  # fmt: skip
+    return lambda key, value: rdzv.exchange(key, value, cfg.connect_timeout_s)
 
 
 def _identity(rdzv: Rendezvous, cfg: RuntimeConfig, telemetry: Telemetry) -> RankIdentity:

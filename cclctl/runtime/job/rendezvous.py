@@ -50,6 +50,11 @@ class Rendezvous:
     hosts: list[str] = dataclasses.field(default_factory=list)  # host of every rank, by rank
     pids: list[int] = dataclasses.field(default_factory=list)  # pid of every rank, by rank
     token: str = ""  # the job's token, as every rank agreed on it (see runtime/job/token.py)
+    #: a fan-in rendezvous' every rank's host key and the ranks that asked for TCP (from the
+    #: world document: the transport meets through them, runtime/job/fanin_meeting.py);
+    #: None after the flat rendezvous (the transport meets in exchange rounds)
+    host_keys: list[str] | None = None
+    tcp_ranks: list[int] = dataclasses.field(default_factory=list)
     _rounds: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
 
@@ -147,7 +152,8 @@ def _join_fanin(
     joined = join_fanin(ScopedStore.for_job(store, cfg.job), rank, world_size, cfg, place, source)
     return Rendezvous(rank=rank, world_size=world_size, local_rank=place[0],
                       local_world_size=place[1], store=store, job=cfg.job, hosts=joined.hosts,
-                      pids=joined.pids, token=joined.token)  # fmt: skip
+                      pids=joined.pids, token=joined.token, host_keys=joined.keys,
+                      tcp_ranks=joined.tcp)  # fmt: skip
 
 
 def _join_etcd(rdzv: RendezvousConfig, cfg: RuntimeConfig) -> Rendezvous:

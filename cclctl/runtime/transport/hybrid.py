@@ -1,11 +1,12 @@
 """Choosing the transport: shared memory within a host, TCP between hosts, both when mixed.
 
-Every rank publishes, in one store round, the transport it was configured with
-(``CCLCTL_TRANSPORT``), a key for its host and its TCP address. Ranks with the same host key
-can map each other's segments: the key joins the hostname with the kernel's boot id and the
-device of ``/dev/shm``, so two containers on one machine with separate ``/dev/shm`` mounts
-are told apart, and a reused hostname on two machines is too. Every rank sees every answer,
-so all of them reach the same choice: TCP as soon as one rank asks for it or one host cannot
+Every rank learns, through its :class:`~cclctl.runtime.transport.meeting.TransportMeeting`,
+the transport each rank was configured with (``CCLCTL_TRANSPORT``), a key for each rank's
+host and the TCP addresses of its peers. Ranks with the same host key can map each other's
+segments: the key joins the hostname with the kernel's boot id and the device of
+``/dev/shm``, so two containers on one machine with separate ``/dev/shm`` mounts are told
+apart, and a reused hostname on two machines is too. Every rank learns the same facts, so
+all of them reach the same choice: TCP as soon as one rank asks for it or one host cannot
 share memory, shared memory when one host holds the whole job, and otherwise the hybrid
 transport, whose all-reduce is hierarchical (see ``algorithms/hierarchical.py``).
 """
@@ -13,7 +14,6 @@ transport, whose all-reduce is hierarchical (see ``algorithms/hierarchical.py``)
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
@@ -31,10 +31,11 @@ from cclctl.runtime.transport.base import (
 )
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
 from cclctl.runtime.transport.drive import drive, exchanged
+from cclctl.runtime.transport.meeting import Exchange, TransportMeeting, as_meeting
 from cclctl.runtime.transport.shm.group import ShmGroup
 from cclctl.runtime.transport.shm.layout import Layout
 from cclctl.runtime.transport.shm.segment import host_key
-from cclctl.runtime.transport.shm.transport import Exchange, ShmTransport, open_group
+from cclctl.runtime.transport.shm.transport import ShmTransport, open_group
 from cclctl.runtime.transport.tcp.links import Links
 from cclctl.runtime.transport.tcp.transport import TcpTransport
 
@@ -52,7 +53,7 @@ def build_transport(
     rank: int,
     world_size: int,
     job: str,
-    exchange: Exchange,
+    meeting: TransportMeeting | Exchange,
     links: Links,
     *,
     choice: str = "auto",
@@ -61,17 +62,20 @@ def build_transport(
     spin_s: float | None = None,
     one_copy: bool = True,
 ) -> Transport:
-    """Agree with every rank on a transport and open it (``links`` is handed over)."""
+    """Agree with every rank on a transport and open it (``links`` is handed over).
+
+    ``meeting``: how this rank learns the others' facts; an exchange meets in its rounds
+    (:class:`~cclctl.runtime.transport.meeting.ExchangeMeeting`)."""
+    meet = as_meeting(meeting)
     tcp = TcpTransport(links)
     try:
-        mine = {"transport": choice, "host": host or host_key(), "tcp": links.address}
-        infos = [json.loads(raw) for raw in exchange("transport", json.dumps(mine).encode())]
-        tcp.set_peers([str(info["tcp"]) for info in infos])
-        keys = [str(info["host"]) for info in infos]
-        if any(info["transport"] == "tcp" for info in infos) or len(set(keys)) == world_size:
+        roster = meet.meet(choice, host or host_key(), links.address)
+        tcp.set_peers(roster.addresses)
+        keys = roster.keys
+        if roster.tcp_asked or len(set(keys)) == world_size:
             return tcp
         local = [r for r in range(world_size) if keys[r] == keys[rank]]
-        group, every_host_ok = open_group(rank, local, job, exchange, layout=layout, spin_s=spin_s)
+        group, every_host_ok = open_group(rank, local, job, meet, layout=layout, spin_s=spin_s)
     except BaseException:
         tcp.close()
         raise

@@ -8,16 +8,17 @@ Two paths share each rank's segment:
   a rank copies its input into its own segment once, and every peer reduces or copies
   straight out of it with numpy's ``out=``: no extra copies, no messages (``group.py``).
 
-Setup goes through the job's store: each rank creates its segment and publishes its name,
-the peers map it, and once every local rank has said it mapped all of them each owner
-unlinks its name, so nothing is left in ``/dev/shm`` however a rank later dies.
+Setup goes through the transport's meeting (:mod:`cclctl.runtime.transport.meeting`): each
+rank creates its segment and publishes its name to its host's ranks, the peers map it, and
+once every rank of the job has said whether it mapped all of its host's, each owner unlinks
+its name, so nothing is left in ``/dev/shm`` however a rank later dies.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from cclctl.errors import CclError, PeerError
 from cclctl.revocation import Revocation
@@ -25,14 +26,12 @@ from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
 from cclctl.runtime.transport.drive import DrivenAlone
+from cclctl.runtime.transport.meeting import SegmentMeeting
 from cclctl.runtime.transport.shm import segment as shm_segment
 from cclctl.runtime.transport.shm.futex import Futex
 from cclctl.runtime.transport.shm.group import ShmGroup
 from cclctl.runtime.transport.shm.layout import W_PID, Layout, View
 from cclctl.runtime.transport.shm.p2p import Incoming, Outgoing, Rings, ShmStep
-
-#: Publish ``value`` under ``key`` and return every rank's value by rank (all ranks call it).
-Exchange = Callable[[str, bytes], list[bytes]]
 
 DEFAULT_SPIN_S = 50e-6  # busy polling before yielding the core
 YIELD_S = 1e-3  # then yielding it (to a peer that may be waiting for it) before sleeping
@@ -49,7 +48,7 @@ def open_group(
     rank: int,
     local_ranks: Sequence[int],
     job: str,
-    exchange: Exchange,
+    meeting: SegmentMeeting,
     *,
     layout: Layout | None = None,
     spin_s: float | None = None,
@@ -72,17 +71,16 @@ def open_group(
             shm_segment.sweep()
             own = shm_segment.Segment.create(shm_segment.segment_name(job, rank), layout.size)
             View(own, layout, rank).init_owner()
-        names = exchange("shm/segments", own.name.encode() if own else b"")
+        names = meeting.segments(ranks, own.name.encode() if own else b"")
         problem = "" if own is not None or len(ranks) < 2 else "no writable /dev/shm"
         if own is not None:
             try:
                 views = [_map(own, names[r].decode(), layout, r, rank) for r in ranks]
             except CclError as exc:
                 problem = str(exc) or "cannot map"
-        verdicts = exchange("shm/mapped", problem.encode())
+        every_host_ok = meeting.mapped(problem)
         if own is not None:
             own.unlink()  # every local rank has mapped it, or given up
-        every_host_ok = not any(verdicts)
         if own is None or not every_host_ok:
             for view in views:
                 view.release()

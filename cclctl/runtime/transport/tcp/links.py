@@ -22,9 +22,9 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from cclctl.errors import CommError, PeerError
+from cclctl.errors import CclError, CommError, PeerError
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp import link_auth, stall
 from cclctl.runtime.transport.tcp.accept import POLL_S, Acceptor
@@ -104,7 +104,8 @@ class Links:
         self._dialer = Dialer(
             rank, world_size, job, token, epoch, flags, connect_timeout_s, handshake_s
         )
-        self.peers: list[str] = []
+        #: every rank's address, by rank; read only to dial a peer (it may fetch it then)
+        self.peers: Sequence[str] = []
         self.socks: dict[int, socket.socket] = {}
         self.sessions: dict[int, LinkMac] = {}
         #: peers whose link broke or was closed in this epoch: never linked again in it
@@ -177,7 +178,11 @@ class Links:
         return self.sessions.get(peer)
 
     def _connect(self, peer: int, call: Call, wait: Wait) -> socket.socket:
-        sock, session = self._dialer.first(peer, self.peers[peer], call, wait)
+        try:
+            where = self.peers[peer]
+        except CclError as exc:  # an address fetched on first use that never came
+            raise self._peer_error(peer, call, f"no address of rank {peer}: {exc}") from None
+        sock, session = self._dialer.first(peer, where, call, wait)
         self._keep(peer, sock, session)
         return sock
 

@@ -42,7 +42,9 @@ class TcpTransport(DrivenAlone):
         return self._links.address
 
     def set_peers(self, addresses: Sequence[str]) -> None:
-        self._links.peers = list(addresses)
+        """Every rank's address, by rank; kept as given (a lazy sequence fetches an address
+        on its first read, when this rank dials that peer)."""
+        self._links.peers = addresses
 
     def start(
         self,
