@@ -27,7 +27,7 @@ from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp.links import Links
 from cclctl.runtime.transport.tcp.messages import Send
 from cclctl.runtime.transport.tcp.resume import Cursor, from_tail, lost, problem, resend
-from cclctl.runtime.transport.tcp.step import TAIL_MIN_BYTES
+from cclctl.runtime.transport.tcp.step_resume import TAIL_MIN_BYTES
 from cclctl.runtime.transport.tcp.transport import TcpTransport
 
 pytestmark = pytest.mark.timeout(60)

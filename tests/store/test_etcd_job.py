@@ -167,7 +167,10 @@ def test_cclctl_launch_runs_its_job_on_etcd_and_records_a_death_there(tmp_path: 
         )
         with EtcdClient.from_address(cluster.address, connect_timeout_s=10) as reader:
             record = json.loads(reader.get("cclctl/launched-on-etcd/revoke", timeout_s=5))
-        assert (record["kind"], record["origin"], record["via"]) == ("died", 1, "launcher")
+        # a death's witness: the launcher, or the survivor's pidfd on rank 1 (same host),
+        # whichever records it first
+        assert (record["kind"], record["origin"]) == ("died", 1)
+        assert record["via"] in ("launcher", "pidfd"), record
         port = subprocess.run([*cmd[:4], "--port", "5000", "--", "true"], env=env,
                               capture_output=True, text=True, timeout=30)  # fmt: skip
         assert port.returncode == 2 and "leave --port out" in port.stderr

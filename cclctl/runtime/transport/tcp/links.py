@@ -26,47 +26,23 @@ from collections.abc import Callable, Sequence
 
 from cclctl.errors import CclError, CommError, PeerError
 from cclctl.runtime.transport.base import Wait
-from cclctl.runtime.transport.tcp import link_auth, stall
+from cclctl.runtime.transport.tcp import link_auth
 from cclctl.runtime.transport.tcp.accept import POLL_S, Acceptor
 from cclctl.runtime.transport.tcp.dial import Dialer, peer_error
 from cclctl.runtime.transport.tcp.flow import Flow
 from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused, LinkContext
 from cclctl.runtime.transport.tcp.mac import LinkMac
 from cclctl.runtime.transport.tcp.refusals import RefusalLog
+from cclctl.runtime.transport.tcp.sockets import listen, prepare
 from cclctl.runtime.transport.wire import Call
 
 log = logging.getLogger("cclctl.links")
 
-_SOCKET_BUFFER = 4 << 20
 #: Longest a handshake may take before the newcomer is dropped.
 HANDSHAKE_TIMEOUT_S = 10.0
 #: Handshakes held at once; a newcomer past them takes the place of the oldest unproven one.
 MAX_PENDING_HANDSHAKES = 64
 _RELINK_LOOK_S = 0.05  # how often a link awaited again looks at the failure state
-
-
-def _prepare(sock: socket.socket, stall_ms: int) -> None:
-    """A linked socket as steps use it: no Nagle, large buffers, probed, non-blocking."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        with contextlib.suppress(OSError):  # a capped limit is fine, just slower
-            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
-    if stall_ms:
-        stall.keep_probing(sock, stall_ms)
-    sock.setblocking(False)
-
-
-def _listen(host: str, rank: int, world_size: int) -> socket.socket:
-    """This rank's listening socket on ``host``, at a port the system picks."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, 0))
-    except OSError as exc:
-        listener.close()
-        raise CommError(f"rank {rank}: cannot listen on {host}: {exc}", rank=rank) from None
-    listener.listen(max(128, world_size + 16))
-    return listener
 
 
 class Links:
@@ -125,7 +101,7 @@ class Links:
         self._linked = threading.Condition()
         self._dialing = threading.Lock()  # a send and a recv on two threads share a link
         self._closed = threading.Event()
-        self._listener = _listen(host, rank, world_size)
+        self._listener = listen(host, rank, world_size)
         self.address = "{}:{}".format(*self._listener.getsockname())
         self._acceptor = self._start_accepting(handshake_s)
 
@@ -250,7 +226,7 @@ class Links:
             sock.sendall(link_auth.confirmation(self._dialer.token, ctx))  # 36 bytes: never blocks
             session = ctx.session(self._dialer.token, self.rank)
             if claimed in self.socks:  # its side broke: kept for this side's resume
-                _prepare(sock, self.stall_ms)
+                prepare(sock, self.stall_ms)
                 stale = self._fresh.pop(claimed, None)
                 if stale is not None:
                     stale[0].close()
@@ -260,7 +236,7 @@ class Links:
             self._linked.notify_all()
 
     def _keep(self, peer: int, sock: socket.socket, session: LinkMac | None) -> None:
-        _prepare(sock, self.stall_ms)
+        prepare(sock, self.stall_ms)
         self._file(peer, sock, session)
 
     def _file(self, peer: int, sock: socket.socket, session: LinkMac | None) -> None:

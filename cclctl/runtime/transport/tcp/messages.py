@@ -241,3 +241,27 @@ class MacRecv(Recv):
         if got > self.hashed:
             self.mac.update(self.view[self.hashed : got])
             self.hashed = got
+
+
+def outgoing(
+    sock: socket.socket, peer: int, header: bytes, view: memoryview, session: LinkMac | None
+) -> Send:
+    """A message to ``peer`` on a link with MAC ``session`` (None: a plain link)."""
+    if session is None:
+        return Send(sock, peer, header, view)
+    return MacSend(sock, peer, header, view, session)
+
+
+def incoming(
+    sock: socket.socket,
+    peer: int,
+    view: memoryview,
+    call: wire.Call,
+    step: int,
+    rank: int,
+    session: LinkMac | None,
+) -> Recv:
+    """A message from ``peer`` into ``view`` on a link with MAC ``session`` (None: plain)."""
+    if session is None:
+        return Recv(sock, peer, view, call, step, rank)
+    return MacRecv(sock, peer, view, call, step, rank, session)

@@ -6,8 +6,8 @@ caller's buffers (``sendmsg`` with the header, ``recv_into`` a memoryview), so l
 are never copied in user space. On links with a MAC session (``CCLCTL_LINK_MAC=1``) every
 message is followed by its tag, checked before the payload counts as received. A link that
 a reset breaks mid-step is made again and what the peer lacks sent again
-(:mod:`~cclctl.runtime.transport.tcp.resume`) where the links allow it (``resume_s``), both
-ways at once, even where the other way is another thread's step (:mod:`.flow`).
+(:mod:`~cclctl.runtime.transport.tcp.step_resume`) where the links allow it (``resume_s``),
+both ways at once, even where the other way is another thread's step (:mod:`.flow`).
 """
 
 from __future__ import annotations
@@ -23,44 +23,24 @@ from cclctl.errors import PeerError, ProtocolError
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.drive import transferred
-from cclctl.runtime.transport.tcp import resume, stall
+from cclctl.runtime.transport.tcp import resume, stall, step_resume
 from cclctl.runtime.transport.tcp.flow import Incoming, Outgoing
 from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
 from cclctl.runtime.transport.tcp.links import Links
-from cclctl.runtime.transport.tcp.mac import LinkMac
-from cclctl.runtime.transport.tcp.messages import MacRecv, MacSend, Recv, Send
-from cclctl.runtime.transport.tcp.resume import Cursor, stream_from, unacked, why_not
+from cclctl.runtime.transport.tcp.messages import Recv, Send, incoming, outgoing
+from cclctl.runtime.transport.tcp.resume import why_not
 
 log = logging.getLogger("cclctl.links")
 
 _POLL_SLICE_S = 0.5  # how often a blocked step re-checks its deadline and abort flag
-#: Messages from this size on keep their unacknowledged tail as their step ends (a copy of
-#: at most a socket buffer, small beside the message); a smaller one whose tail a reset
-#: drops goes to the retry instead, whose re-run costs little at that size.
-TAIL_MIN_BYTES = 1 << 20
 _STALL_LOOK_S = 0.1  # how often a waiting step reads its links' TCP_INFO for a stall
-
-
-def _send(links: Links, sock: socket.socket, peer: int, header: bytes, view: memoryview) -> Send:
-    session = links.session(peer)
-    if session is None:
-        return Send(sock, peer, header, view)
-    return MacSend(sock, peer, header, view, session)
-
-
-def _recv(links: Links, sock: socket.socket, peer: int, view: memoryview, call: wire.Call,
-          step: int) -> Recv:  # fmt: skip
-    session = links.session(peer)
-    if session is None:
-        return Recv(sock, peer, view, call, step, links.rank)
-    return MacRecv(sock, peer, view, call, step, links.rank, session)
 
 
 class TcpStep:
     """The TCP share of one step (a :class:`~cclctl.runtime.transport.base.Progress`).
 
     It keeps every transfer of the step, finished or not, so a link that a reset breaks
-    can be made again and what the peer lacks sent again (:meth:`_resume`); with resume on,
+    can be made again and what the peer lacks sent again (:mod:`.step_resume`); with resume on,
     a large message on a plain link whose bytes the peer's kernel has not all acknowledged
     as the step ends leaves a copy of those (its tail) for a resume after the step."""
 
@@ -94,13 +74,14 @@ class TcpStep:
         for peer, (index, header, view) in sends.items():
             flow = links.flow(peer)
             with flow.lock:
-                out = _send(links, links.socks[peer], peer, header, view)
+                out = outgoing(links.socks[peer], peer, header, view, links.session(peer))
                 flow.send = Outgoing(self, out, index, header, view)
             self.pending.append(out)
         for peer, view in recvs.items():
             flow = links.flow(peer)
             with flow.lock:
-                into = _recv(links, links.socks[peer], peer, view, call, step)
+                into = incoming(links.socks[peer], peer, view, call, step, links.rank,
+                                links.session(peer))  # fmt: skip
                 flow.recv = Incoming(self, into)
             self.pending.append(into)
         self.done = not self.pending
@@ -126,7 +107,7 @@ class TcpStep:
                 continue  # ended by a resume of its link
             with links.flow(item.peer).lock:  # a resume on another thread waits, or is done
                 if item.finished:  # a resume on another thread found it whole
-                    self._ended(item)
+                    self.ended(item)
                     progressed = True
                     continue
                 sock = item.sock
@@ -148,17 +129,17 @@ class TcpStep:
                     item.finished = True
                     if isinstance(item, Recv):
                         links.received[item.peer] += 1
-                    self._ended(item)
+                    self.ended(item)
                 elif timed and isinstance(item, Recv) and not item.began:
                     item.began = perf_counter_ns()
         self.done = not pending
         if self.done:
             if self.sends and links.resume_s:
-                self._keep_tails()
+                step_resume.keep_tails(links, self.sends)
             self._release()
         return progressed
 
-    def _ended(self, item: Send | Recv) -> None:
+    def ended(self, item: Send | Recv) -> None:
         """``item`` is whole (counted on the link by whoever read its end): drop it."""
         self.pending.remove(item)
         if isinstance(item, Recv):
@@ -183,43 +164,6 @@ class TcpStep:
                 if item in self.pending and self.links.has_fresh(item.peer):
                     why = f"rank {item.peer} linked again: its side of the link broke"
                     self._broken(item, ConnectionResetError(errno.ECONNRESET, why), item.sock)
-
-    def _drain(self, recv: Recv) -> None:
-        """Read what the broken link's socket still holds (what the peer's kernel had and
-        the reset left) into ``recv`` (this step's receive from the peer, or another
-        thread's step's), so a resume goes on from there; one that this completes is
-        counted and finished here, and dropped by the step it is in."""
-        while not recv.finished:
-            try:
-                moved = recv.advance()
-            except OSError:  # drained (or no more to read)
-                return
-            if moved < 0:
-                recv.finished = True
-                self.links.received[recv.peer] += 1
-                if recv in self.pending:
-                    self._ended(recv)
-
-    def _keep_tails(self) -> None:
-        """As the step ends: keep a copy of the bytes of each message it sent that the
-        peer's kernel has not yet acknowledged (plain links only: a MAC link's message goes
-        again whole), the only bytes of it a later reset can lose once the buffer is the
-        caller's again."""
-        links = self.links
-        for peer, (index, header, view) in self.sends.items():
-            if len(view) < TAIL_MIN_BYTES:
-                links.tails.pop(peer, None)
-                continue
-            sock = links.socks.get(peer)
-            plain = links.session(peer) is None
-            pending = unacked(sock) if sock is not None and plain else 0
-            if pending <= 0:
-                links.tails.pop(peer, None)
-                continue
-            total = len(header) + len(view)
-            start = total - min(pending, total)
-            tail = b"".join(stream_from([memoryview(header), view], start))
-            links.tails[peer] = (index, start, tail)
 
     def waiting_on(self) -> tuple[int, str]:
         first = next((p for p in self.pending if isinstance(p, Recv)), self.pending[0])
@@ -275,7 +219,7 @@ class TcpStep:
             why = f"this rank closed the link meanwhile ({why})"  # another thread's fault
         elif self.links.resume_s > 0 and resume.resumable(exc):
             try:
-                self._resume(item.peer)
+                step_resume.resume_link(self, item.peer)
                 return
             except (OSError, HandshakeRefused) as failed:
                 why += f"; not resumed: {why_not(failed)}"
@@ -299,67 +243,3 @@ class TcpStep:
             fault="link_broke",
             waiting_for="recv" if isinstance(item, Recv) else "send",
         ) from None
-
-    def _resume(self, peer: int) -> None:
-        """Make the link to ``peer`` again, agree on what was lost with it, and go on with
-        the transfers to and from it, this step's and another thread's (:mod:`.flow`): on a
-        plain link from the byte the other side reached (a kept tail first), on a MAC link
-        each message again whole. The caller holds the link's lock."""
-        links = self.links
-        flow = links.flow(peer)
-        out, inc = flow.send, flow.recv
-        plain = links.session(peer) is None
-        recv = inc.item if inc is not None and not inc.item.finished else None
-        if recv is not None and plain:
-            self._drain(recv)  # on a MAC link it comes again whole: the old socket is no use
-        partial = recv.got if recv is not None and not recv.finished and plain else 0
-        mine, theirs, owed = resume.resume(
-            links, peer, self.call, self.wait, out.index if out is not None else -1, partial
-        )
-        sock = links.socks[peer]
-        if out is not None:
-            self._send_again(out, sock, mine, theirs, owed)
-        elif owed:
-            self.pending.append(Send(sock, peer, owed, memoryview(b"")))
-        if recv is not None and not recv.finished:
-            if isinstance(recv, MacRecv):
-                recv.again_whole(sock, _session(links, peer))
-            else:
-                recv.sock = sock  # it goes on where it was: the peer sends from that byte
-        self.done = not self.pending
-
-    def _send_again(
-        self, out: Outgoing, sock: socket.socket, mine: Cursor, theirs: Cursor, owed: bytes
-    ) -> None:
-        """Move the message ``out`` on to the new link: what the peer lacks of it again
-        (after what it lacks of the last message's kept tail), or nothing where the peer
-        has it whole."""
-        item, peer = out.item, out.item.peer
-        if not resume.resend(mine, theirs):
-            if owed:
-                self.pending.append(Send(sock, peer, owed, memoryview(b"")))
-            if not item.finished:
-                item.finished = True  # the step it is in drops it (this one: now)
-                if item in self.pending:
-                    self._ended(item)
-            return
-        if item.finished:  # sent whole in this step and lost with the link: a new item
-            if out.owner is not self:
-                # Only a step of several links ends one of its sends before the others,
-                # and such a step (a collective's) is the only one on its links.
-                raise OSError(errno.EPROTO, f"rank {peer} lacks a message another step ended")
-            item = out.item = _send(self.links, sock, peer, out.header, out.view)
-            self.pending.append(item)
-        elif isinstance(item, MacSend):
-            item.again_whole(sock, out.header, _session(self.links, peer))
-        if isinstance(item, MacSend):
-            return  # whole, under the new link's session
-        at = theirs.partial if theirs.received == out.index else 0
-        whole = [memoryview(out.header), out.view] if len(out.view) else [memoryview(out.header)]
-        item.again(sock, ([memoryview(owed)] if owed else []) + stream_from(whole, at))
-
-
-def _session(links: Links, peer: int) -> LinkMac:
-    session = links.session(peer)
-    assert session is not None, "a MAC link's new connection has a session"
-    return session
