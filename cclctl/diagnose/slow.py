@@ -134,12 +134,13 @@ def _judge(
     comms = slow_ranks.comm_views(views, opts) if len(views) >= 2 else []
     singles = [(r,) for r in sorted(views)]
     by_host = _host_units(views, hosts)
+    waits = slow_ranks.entry_waits(views) if comms else []
     for view in comms:
-        found = slow_ranks.straggler(view, singles, hosts, views, opts)
+        found = slow_ranks.straggler(view, singles, hosts, views, opts, waits)
         if found is not None:
             suspects.setdefault(("rank", found.ranks), found)
         if len(by_host) >= 2:
-            group = slow_ranks.straggler(view, by_host, hosts, views, opts)
+            group = slow_ranks.straggler(view, by_host, hosts, views, opts, waits)
             if group is not None and len(group.ranks) >= 2:
                 suspects.setdefault(("host", hosts[group.ranks[0]]), group)
     # a straggler's lateness runs along chains of waits: links judged by waits sit it out

@@ -77,14 +77,22 @@ def comm_views(views: Mapping[int, Window], opts: SlowOptions) -> list[CommView]
     names = sorted({c for w in views.values() for c in w.comms})
     out = []
     for name in names:
-        members = [r for r, w in views.items() if _busy(w, name, opts)]
+        least = opts.min_calls  # of its calls a member ended in the window
+        busy = {r: (w, cw) for r, w in views.items()
+                if (cw := w.comms.get(name)) is not None and cw.calls >= least}  # fmt: skip
+        members = list(busy)
         if len(members) < 2:
             continue
-        times = {r: dict(views[r].comms[name].entries) for r in members}
-        shared = set.intersection(*(set(t) for t in times.values()))
+        times = {r: dict(cw.entries) for r, (_, cw) in busy.items()}
+        first = times[members[0]].keys()
+        if all(t.keys() == first for t in times.values()):  # the usual case: one seq set
+            shared = set(first)
+        else:
+            shared = set.intersection(*(set(t) for t in times.values()))
         if len(shared) < opts.min_calls:
             continue
-        shares = {r: min(1.0, views[r].comms[name].inside_ns / span_ns(views[r])) for r in members}
+        shares = {r: min(1.0, cw.inside_ns / max(1, w.end_ns - w.start_ns))  # span_ns
+                  for r, (w, cw) in busy.items()}  # fmt: skip
         # a rank whose sampled seqs are all shared keeps its map (the usual case)
         entries = {r: t if len(t) == len(shared) else {s: t[s] for s in shared}
                    for r, t in times.items()}  # fmt: skip
@@ -93,26 +101,24 @@ def comm_views(views: Mapping[int, Window], opts: SlowOptions) -> list[CommView]
     return out
 
 
-def _busy(window: Window, comm: str, opts: SlowOptions) -> bool:
-    cw = window.comms.get(comm)
-    return cw is not None and cw.calls >= opts.min_calls
-
-
 def straggler(
     view: CommView,
     units: Sequence[tuple[int, ...]],
     hosts: Mapping[int, str],
     peers: Mapping[int, Window],
     opts: SlowOptions,
+    entry_waits: Sequence[tuple[int, int, int]] | None = None,
 ) -> Straggle | None:
-    """The unit that waits least and arrives last in ``view``, if one does by enough."""
+    """The unit that waits least and arrives last in ``view``, if one does by enough
+    (``entry_waits``: :func:`entry_waits` of ``peers``, where already taken)."""
     present = [tuple(r for r in u if r in view.shares) for u in units]
     present = [u for u in present if u]
     if len(present) < 2:
         return None
     shares = {u: float(view.shares[u[0]]) if len(u) == 1 else median(view.shares[r] for r in u)
               for u in present}  # fmt: skip
-    waits = {u: ns / NS / view.span_s for u, ns in _entry_waits(present, peers).items()}
+    waits = {u: ns / NS / view.span_s
+             for u, ns in _entry_waits(present, peers, entry_waits).items()}  # fmt: skip
     best: Straggle | None = None
     counts: dict[tuple[int, ...], int] | None = None
     times: dict[tuple[int, ...], list[float]] | None = None
@@ -196,8 +202,15 @@ def _arrival(
     skew = int(opts.skew_s * NS)
     unit_hosts = {hosts.get(r, "") for r in unit}
     home = unit_hosts == {hosts.get(unit[0], "")}  # on one host: its others there, no skew
-    near = [times[v] for v in others if home and {hosts.get(r, "") for r in v} == unit_hosts]
-    far = [times[v] for v in others if not (home and {hosts.get(r, "") for r in v} == unit_hosts)]
+    near: list[Sequence[float]] = []
+    far: list[Sequence[float]] = []
+    if home:
+        (here,) = unit_hosts
+        for v in others:  # a unit on ``here`` alone is near, judged without the skew
+            alone = hosts.get(v[0], "") == here and all(hosts.get(r, "") == here for r in v)
+            (near if alone else far).append(times[v])
+    else:
+        far = [times[v] for v in others]
     last = 0
     lags = []
     calls = len(times[unit])
@@ -231,9 +244,9 @@ def last_counts(
     # host (a unit on several hosts is judged with the skew against every other)
     near: dict[str, list[int]] = {}
     for i, unit in enumerate(units):
-        place = {hosts.get(r, "") for r in unit}
-        if len(place) == 1:
-            near.setdefault(place.pop(), []).append(i)
+        place = hosts.get(unit[0], "")
+        if len(unit) == 1 or all(hosts.get(r, "") == place for r in unit):
+            near.setdefault(place, []).append(i)
     group = {i: g for g in near.values() for i in g}
     counts = dict.fromkeys(units, 0)
     for column in zip(*(rows[u] for u in units), strict=True):
@@ -250,19 +263,27 @@ def last_counts(
     return counts
 
 
+def entry_waits(windows: Mapping[int, Window]) -> list[tuple[int, int, int]]:
+    """Every ``(rank, peer, ns)`` where a rank blocked on a peer before it arrived in a
+    call (``entry_wait_ns``, not 0): one pass over every rank's peers, shared by the
+    window's units of ranks and of hosts."""
+    return [(rank, peer, seen.entry_wait_ns) for rank, window in windows.items()
+            for peer, seen in window.peers.items() if seen.entry_wait_ns]  # fmt: skip
+
+
 def _entry_waits(
-    units: Sequence[tuple[int, ...]], windows: Mapping[int, Window]
+    units: Sequence[tuple[int, ...]],
+    windows: Mapping[int, Window],
+    waits: Sequence[tuple[int, int, int]] | None = None,
 ) -> dict[tuple[int, ...], int]:
     """Per unit, the nanoseconds the other ranks blocked on its ranks before they arrived
-    in a call: one pass over every rank's peers (a job of thousands of ranks)."""
+    in a call (``waits``: :func:`entry_waits` of ``windows``, where already taken)."""
     unit_of = {r: unit for unit in units for r in unit}
     total = dict.fromkeys(units, 0)
-    for rank, window in windows.items():
-        mine = unit_of.get(rank)
-        for peer, seen in window.peers.items():
-            unit = unit_of.get(peer)
-            if unit is not None and unit is not mine:
-                total[unit] += seen.entry_wait_ns
+    for rank, peer, ns in entry_waits(windows) if waits is None else waits:
+        unit = unit_of.get(peer)
+        if unit is not None and unit is not unit_of.get(rank):
+            total[unit] += ns
     return total
 
 
