@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 
 from cclctl.diagnose.slow_model import SlowOptions, span_ns
@@ -291,9 +292,14 @@ def rank_lags(view: CommView) -> dict[int, float]:
     """Each member's median lag, in seconds, behind the median entry of the members."""
     seqs = sorted(next(iter(view.entries.values())))
     rows = view.entries
-    centres = [median(times[seq] for times in rows.values()) for seq in seqs]
-    pairs = list(zip(seqs, centres, strict=True))
+    centres = [median(map(operator.itemgetter(seq), rows.values())) for seq in seqs]
+    ns = itertools.repeat(NS)
+    # per rank (times[seq] - centre) / NS for each seq, mapped in C (a job of 100,000 ranks)
     return {
-        rank: sorted_median(sorted([(times[seq] - centre) / NS for seq, centre in pairs]))
+        rank: sorted_median(
+            sorted(
+                map(operator.truediv, map(operator.sub, map(times.__getitem__, seqs), centres), ns)
+            )
+        )
         for rank, times in rows.items()
     }
