@@ -96,10 +96,20 @@ def summarize(
         }
     digests = {}
     for rank, text in (texts or {}).items():
-        row = digest(statuses.get(rank), text)
+        doc = statuses.get(rank)
+        row = digest(doc, text) if _names(doc, rank) else None
         if row is not None:
             digests[str(rank)] = row
     return {"comms": out, "digests": digests}
+
+
+def _names(doc: object, rank: int) -> bool:
+    """Whether a status says it is ``rank`` of its world (a reader refuses one that does
+    not: a rank made from a model has its key's rank)."""
+    if not isinstance(doc, dict):
+        return False
+    said, size = doc.get("rank"), doc.get("world_size")
+    return type(said) is int and said == rank and type(size) is int and 0 <= rank < size
 
 
 def parse(value: bytes, where: str) -> HostDocument:

@@ -26,6 +26,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard, TypeVar
 
+from cclctl import limits
 from cclctl.records import COMPLETED, STARTED, CollectiveRecord, RankSnapshot
 
 #: A status's fields that differ by rank, or that no hang diagnosis reads.
@@ -69,7 +70,7 @@ def digest(doc: object, text: str = "") -> list[Any] | None:
     if inflight is not None and not (_plain(inflight) and inflight.get("state") == STARTED):
         return None
     pid, time_ns = doc.get("pid"), doc.get("time_ns")
-    if not is_count(pid) or not is_count(time_ns):
+    if not is_count(pid) or not is_count(time_ns) or max(pid, time_ns) > limits.MAX_INT:
         return None
     rest = {k: v for k, v in doc.items() if k not in _OWN}
     rest["records"] = [_common(r) for r in records]

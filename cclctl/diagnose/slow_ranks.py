@@ -31,11 +31,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import operator
 from collections.abc import Iterator, Mapping, Sequence
 
 from cclctl.diagnose.slow_model import SlowOptions, span_ns
-from cclctl.diagnose.slow_stats import below, median, others_median_bound, sorted_median
+from cclctl.diagnose.slow_stats import below, median, others_median_bound
 from cclctl.slow_signals import Window
 
 NS = 1e9
@@ -286,20 +285,3 @@ def _entry_waits(
         if unit is not None and unit is not unit_of.get(rank):
             total[unit] += ns
     return total
-
-
-def rank_lags(view: CommView) -> dict[int, float]:
-    """Each member's median lag, in seconds, behind the median entry of the members."""
-    seqs = sorted(next(iter(view.entries.values())))
-    rows = view.entries
-    centres = [median(map(operator.itemgetter(seq), rows.values())) for seq in seqs]
-    ns = itertools.repeat(NS)
-    # per rank (times[seq] - centre) / NS for each seq, mapped in C (a job of 100,000 ranks)
-    return {
-        rank: sorted_median(
-            sorted(
-                map(operator.truediv, map(operator.sub, map(times.__getitem__, seqs), centres), ns)
-            )
-        )
-        for rank, times in rows.items()
-    }

@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from cclctl.diagnose import slow_links, slow_ranks
+from cclctl.diagnose import slow, slow_links, slow_ranks
 from cclctl.diagnose.slow_links import TCP_LOCAL, TCP_REMOTE, Link
 from cclctl.diagnose.slow_model import SlowOptions
 from cclctl.diagnose.slow_ranks import CommView
@@ -115,7 +115,7 @@ def test_unit_times_last_counts_and_arrival_match_their_definitions(seed: int) -
 
 def test_rank_lags_are_each_ranks_median_lag_behind_the_median_entry() -> None:
     view = _view(random.Random(3), 9, 5, late=4)
-    lags = slow_ranks.rank_lags(view)
+    lags = slow.rank_lags(view)
     for rank, times in view.entries.items():
         mine = [(times[s] - median(t[s] for t in view.entries.values())) / 1e9 for s in times]
         assert lags[rank] == median(mine)

@@ -134,6 +134,28 @@ def test_a_model_whose_status_does_not_match_its_digest_is_not_a_model() -> None
     assert made == full  # rank 0 as it says; rank 1 the model of the others
 
 
+@pytest.mark.parametrize(
+    "odd", [{"rank": 7}, {"pid": 1 << 64}, {"time_ns": 1 << 64}, {"world_size": 6}]
+)
+def test_a_status_whose_own_numbers_a_reader_refuses_is_read_the_same(odd) -> None:
+    """Rank 6 says it is another rank, or has a pid or a clock beyond 64 bits, or a world
+    its rank is outside: it gets no digest, so it is parsed in full and refused both ways
+    (a rank made from a model would have its key's rank and its digest's numbers)."""
+    snaps = _job(16, **{"3": {"seq": 0}})
+    listing = _listing(snaps)
+    key = f"cclctl/{JOB}/host/{_host(6)}"
+    doc = json.loads(listing[key])
+    status = json.loads(doc["statuses"]["6"])
+    status.update(odd)
+    doc["statuses"]["6"] = json.dumps(status)
+    texts = {int(r): t for r, t in doc["statuses"].items()}
+    doc["summary"] = host_status.summarize({r: json.loads(t) for r, t in texts.items()}, texts)
+    assert "6" not in doc["summary"]["digests"] and "5" in doc["summary"]["digests"]
+    listing[key] = json.dumps(doc).encode()
+    full, made = _both(listing)
+    assert made == full
+
+
 def test_digests_differ_only_where_the_ranks_do() -> None:
     a, b = _digest(_status(2, 8)), _digest(_status(5, 8))
     assert a is not None and b is not None
