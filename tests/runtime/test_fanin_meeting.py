@@ -408,11 +408,15 @@ def test_a_host_that_cannot_map_sends_every_rank_to_tcp(
     assert exchange_kinds(hosts) == ["TcpTransport"] * 4  # as the exchange rounds decide
 
 
+@pytest.mark.parametrize("through", ["agents", "store"])
 def test_a_rank_that_never_publishes_its_address_fails_the_dial_naming_it(
-    server: StoreServer,
+    server: StoreServer, agents: Callable[[Sequence[str]], dict[str, Agent]], through: str
 ) -> None:
-    doc = fanin_world(server, ["a", "b", "c"])  # all on their own hosts: TCP, no verdict
-    met = meet(server, doc, 3, absent=[2], timeout_s=0.5)
+    hosts = ["a", "b", "c"]
+    doc = fanin_world(server, hosts)  # all on their own hosts: TCP, no verdict
+    started = agents(hosts) if through == "agents" else {}
+    names = [started[h].name for h in hosts] if started else []
+    met = meet(server, doc, 3, absent=[2], timeout_s=0.5, agents=names)
     try:
         tcp = met.out[0]
         assert isinstance(tcp, TcpTransport)
