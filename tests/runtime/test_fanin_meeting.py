@@ -30,7 +30,7 @@ from shm_thread_ranks import MemoryExchange, run_on
 from cclctl.errors import CommError, PeerError, RendezvousError
 from cclctl.launch.launcher import launch
 from cclctl.records import CollectiveRecord
-from cclctl.runtime.hostagent import world_doc
+from cclctl.runtime.hostagent import meet_keys, world_doc
 from cclctl.runtime.hostagent.fanin import Claim, Where, join_group, run_blocking
 from cclctl.runtime.hostagent.fanin_stores import BlockingStore, ThreadedStore
 from cclctl.runtime.hostagent.rendezvous import RendezvousService
@@ -508,6 +508,42 @@ def test_ranks_whose_agent_dies_in_the_meeting_meet_through_the_store(
     # its addresses went through it; the segment names and the verdict, through the store
     assert all(s is not None and s.ops["set"] == 2 for s in met.stores[4:])
     assert dying.ops()["compare_set"] == 1 and dying.ops()["add"] == 0
+
+
+@pytest.mark.parametrize("how", ["says so", "dies"])
+def test_ranks_whose_agent_fails_after_counting_them_in_are_counted_once(
+    server: StoreServer, agents: Callable[[Sequence[str]], dict[str, Agent]], how: str
+) -> None:
+    """The agent writes its ranks' marker and adds them, then answers "go to the store" (its
+    store's answer lost) or dies: its ranks find the marker and only read the verdict."""
+    hosts = ["a"] * 4 + ["b"] * 4
+    started = agents(hosts)
+    failing = started["b"]
+    answer = failing.service.meeting._answer
+
+    async def fails_after_its_add(step: str, round_: Any, got: dict[int, str], done: bool) -> Any:
+        if step != "mapped":
+            return await answer(step, round_, got, done)
+        await meet_keys.count_in(failing.service.meeting.store, sorted(got), got, round_.size)
+        if how == "dies":  # its ranks' connections break
+            await failing._stop()
+            me = asyncio.current_task()
+            for task in asyncio.all_tasks():
+                if task is not me and "_connection" in task.get_coro().__qualname__:  # type: ignore[union-attr]
+                    task.cancel()
+        raise ConnectionError("the store's answer was lost")
+
+    failing.service.meeting._answer = fails_after_its_add  # type: ignore[method-assign]
+    met = meet(server, fanin_world(server, hosts), 8, agents=[started[h].name for h in hosts],
+               timeout_s=4.0)  # fmt: skip
+    try:
+        _opens_as_the_rounds(met, hosts)
+    finally:
+        met.close()
+    with StoreClient("127.0.0.1", server.port, connect_timeout_s=5) as client:
+        assert ScopedStore.for_job(client, JOB).get(meet_keys.COUNT_KEY, 5) == b"8"
+    # host b's ranks: one listing each (the markers), no add of their own
+    assert all(s is not None and s.ops["list"] == 1 and s.ops["add"] == 0 for s in met.stores[4:])
 
 
 @pytest.mark.parametrize("alone", [[1], [1, 2, 3]])

@@ -83,6 +83,18 @@ async def count_in(
         await judge(store)
 
 
+async def counted(store: FanInStore, rank: int) -> bool:
+    """Whether ``rank`` is counted in already: a marker names it (an agent that died, or
+    whose store answer was lost, after it wrote its batch's marker; the marker goes before
+    the add, so a rank never adds twice, and at worst waits for the lister, which finds
+    it). One listing of ``mapped/``: only a rank whose agent failed it in this step."""
+    for key, value in (await store.list(MAPPED_PREFIX)).items():
+        name = key.rsplit("/", 1)[1]
+        if name == str(rank) or (name.startswith("g") and rank in parse_ranks(value.decode())):
+            return True
+    return False
+
+
 async def judge(store: FanInStore) -> None:
     """Write the verdict once every rank has arrived: the problems, by rank."""
     problems: dict[str, str] = {}

@@ -21,7 +21,10 @@ timeout) after the first came:
 
 A rank that comes after its round closed gets ``{"store": true}`` and meets on its own.
 Where the agent's store requests fail, its ranks meet on their own (``{"store": true}``),
-or, once the agent counted them in, read the verdict on their own (``{"counted": true}``).
+or, once the agent read no verdict for them, read it on their own (``{"counted": true}``).
+A rank whose agent took its ``mapped`` frame and then failed it (or died) looks for its
+agent's marker before it counts itself in (:func:`.meet_keys.counted`), so no rank is
+counted twice.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ A rank meets on its own (the store path) where it joined alone, where its agent 
 (its connection fails or breaks: it stays on its own for the rest of the meeting), or
 where the agent answers so; the agent answers so to a round of the segment names that
 lacks a rank of the host when its wait is over, so the two paths never wait on each other.
-An agent that holds the connection but never answers fails the rank, naming the agent.
+A rank that sent its agent the mapped step and got no verdict back looks for its agent's
+marker first, and counts itself in only where none names it (never twice). An agent that
+holds the connection but never answers fails the rank, naming the agent.
 """
 
 from __future__ import annotations
@@ -164,6 +166,7 @@ class FanInMeeting:
         self._keys, self._tcp = list(keys), list(tcp_ranks)
         self._timeout_s = timeout_s
         self._agent = agent
+        self._taken = False  # the agent took the last step's frame, then gave no answer
         self._where = Where(_job_of(scoped), scoped.address)
         self._tag = host_tag(self._keys[rank])
         self._local = [r for r, key in enumerate(self._keys) if key == self._keys[rank]]
@@ -217,7 +220,12 @@ class FanInMeeting:
         verdict = answer.get("verdict") if answer is not None else None
         if not isinstance(verdict, dict):
             store, me = BlockingStore(self._scoped), [self._rank]
-            if answer is None or not answer.get("counted"):
+            # the agent took the frame, then failed it or sent the rank off: it may have
+            # counted the rank in (its marker goes before its add)
+            already = answer is not None and answer.get("counted") is True
+            if not already and self._taken:
+                already = run_blocking(meet_keys.counted(store, self._rank))
+            if not already:
                 run_blocking(meet_keys.count_in(store, me, {self._rank: problem}, self._size))
             verdict = run_blocking(
                 meet_keys.verdict(store, me, self._size, self._timeout_s, self._where)
@@ -229,6 +237,7 @@ class FanInMeeting:
     def _ask(self, step: str, value: str) -> dict[str, Any] | None:
         """The agent's answer to this rank's ``step``; None where the rank meets on its own
         (no agent, the agent gone, or the agent's word)."""
+        self._taken = False
         if not self._agent:
             return None
         sock = connect_unix(self._agent, None)
@@ -244,6 +253,7 @@ class FanInMeeting:
         sock.settimeout(within)
         try:
             sock.sendall(frame(body))
+            self._taken = True
             answer = read_object(sock, LENGTH, MAX_ANSWER)
         except TimeoutError:
             raise RendezvousError(
