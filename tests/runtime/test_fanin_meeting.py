@@ -612,5 +612,7 @@ def test_a_launched_job_meets_through_the_world_document_with_its_agents(agent: 
     assert {s["transport"] for s in said} == {"hybrid"}
     if agent == "1":
         assert all(s["fanin_keys"] > 0 and s["exchange_keys"] == 0 for s in said), said
+        # host fake0's agent (local rank 0 starts it) carried its ranks' meeting
+        assert not any(s["own_address"] for s in said if s["rank"] in (0, 2)), said
     else:
         assert all(s["fanin_keys"] == 0 and s["exchange_keys"] > 0 for s in said), said
