@@ -12,29 +12,26 @@ store: its quick requests go through the worker's one pipelined connection
 (:mod:`scale_sim_client`), its blocking reads through a connection of its own (the store
 answers a connection's requests in order, so a blocking read holds it).
 
-Then each simulated rank meets for its transport as
-:class:`cclctl.runtime.job.fanin_meeting.FanInMeeting` does, request for request (the same
-keys): its TCP address set once; its host's segment names (a set, then a blocking get of
-each of its host's other ranks' names); ``mapped/<rank>``
-set, the counter added to (the rank that reaches N lists the problems and writes the
-verdict), the verdict read with a blocking get. Its quick requests go through the worker's
-pipelined connection, its blocking ones through a connection of its own, as a real rank
-has. (The dials' address reads come later, one per peer an algorithm links to.)
+Then each simulated rank meets for its transport through its agent: the three frames a
+rank's :class:`cclctl.runtime.job.fanin_meeting.FanInMeeting` sends (its address, its
+segment name, whether it mapped), handed to the agent's real
+:class:`cclctl.runtime.hostagent.meeting_service.MeetingService` as the socket handler
+hands them. Everything the store sees is the agents' real requests: one document of its
+ranks' addresses, the marker, one add and one blocking read of the verdict per host (the
+host whose add reaches N lists the problems and writes the verdict). (The dials' address
+reads come later, one per peer host an algorithm links to.)
 
 The agents and the ranks connect first; then every simulated rank claims at once. The
 figures: the wall time from then until every rank of every host has its answer (the world
-document), until every rank has added to the counter, and until every rank has its
-transport's verdict. Also: store requests per host
-(the agents' requests, counted by their store adapter, and the transport agreement's, of
-all the host's ranks), the world document's size, the store's CPU and RSS, the simulator's
-workers' CPU. Prints figures; asserts nothing.
+document), until every host has added to the counter, and until every rank has its
+transport's verdict. Also: store requests per host (the agents' requests, counted by their
+store adapter: the rendezvous', then the transport agreement's), the world document's
+size, the store's CPU and RSS, the simulator's workers' CPU. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import multiprocessing as mp
 import os
 import secrets
@@ -45,15 +42,16 @@ import scale_sim_docs as docs
 from scale_sim_client import AsyncStore
 from scale_sim_procs import end_store, end_workers, proc_cpu_s, proc_rss_mib, store_main
 
+from cclctl.ranges import fold_ranks
 from cclctl.runtime.hostagent.fanin import WORLD_KEY, Where
 from cclctl.runtime.hostagent.rendezvous import RendezvousService
-from cclctl.runtime.job import fanin_meeting as meeting
 from cclctl.runtime.job.token import publish_check
 from cclctl.store.client import StoreClient
 from cclctl.store.protocol import Op, Status
 from cclctl.store.scope import ScopedStore, job_prefix
 
 TIMEOUT_S = 300.0
+KEY = "sim-boot-id:42:4026531836"  # every simulated host's ranks share one host key
 
 
 class SimFanInStore:
@@ -64,6 +62,7 @@ class SimFanInStore:
     def __init__(self, quick: AsyncStore, waiting: AsyncStore, prefix: str) -> None:
         self.quick, self.waiting, self.prefix = quick, waiting, prefix
         self.requests = 0
+        self.added = 0.0  # when its last add was answered (the loop's clock)
 
     async def _ask(
         self, via: AsyncStore, op: Op, fields: list[bytes], timeout_s: float | None = None
@@ -79,6 +78,7 @@ class SimFanInStore:
 
     async def add(self, key: str, delta: int) -> int:
         _, out = await self._ask(self.quick, Op.ADD, [(self.prefix + key).encode(), b"%d" % delta])
+        self.added = time.monotonic()
         return int(out[0])
 
     async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
@@ -98,43 +98,20 @@ class SimFanInStore:
         return {out[i].decode()[cut:]: out[i + 1] for i in range(0, len(out), 2)}
 
 
-class SimRank:
-    """One simulated rank's side of the transport agreement: quick requests on the worker's
-    pipelined connection, blocking ones on its own; counts them."""
-
-    def __init__(self, quick: AsyncStore, own: AsyncStore, prefix: str) -> None:
-        self.quick, self.own, self.prefix = quick, own, prefix
-        self.requests = 0
-        self.counted = 0.0  # when its add to the counter was answered (the loop's clock)
-
-    async def ask(
-        self, op: Op, key: str, more: list[bytes], timeout_s: float | None = None
-    ) -> tuple[int, list[bytes]]:
-        self.requests += 1
-        via = self.own if op in (Op.GET, Op.WAIT) else self.quick
-        status, out = await via.request(op, [(self.prefix + key).encode(), *more], timeout_s)
-        if status == Status.ERROR:
-            raise ConnectionError(out[0].decode(errors="replace") if out else "store error")
-        return status, out
-
-    async def meet(self, rank: int, host: str, local: range, n: int) -> bool:
-        """FanInMeeting's requests for ``rank`` of ``host``; whether the verdict came."""
-        await self.ask(Op.SET, f"{meeting.ADDRESS_PREFIX}{rank}", [b"127.0.0.1:%d" % rank])
-        tag = hashlib.sha256(host.encode()).hexdigest()[:16]
-        segments = f"{meeting.SEGMENT_PREFIX}{tag}/"
-        await self.ask(Op.SET, f"{segments}{rank}", [b"cclctl-sim-r%d" % rank])
-        for peer in local:
-            if peer != rank:
-                await self.ask(Op.GET, f"{segments}{peer}", [], TIMEOUT_S)
-        await self.ask(Op.SET, f"{meeting.MAPPED_PREFIX}{rank}", [b""])
-        _, count = await self.ask(Op.ADD, meeting.COUNT_KEY, [b"1"])
-        self.counted = time.monotonic()
-        if int(count[0]) == n:
-            await self.ask(Op.LIST, meeting.PROBLEM_PREFIX, [])
-            verdict = json.dumps({"problems": {}}).encode()
-            await self.ask(Op.COMPARE_SET, meeting.VERDICT_KEY, [verdict])
-        status, _ = await self.ask(Op.GET, meeting.VERDICT_KEY, [], TIMEOUT_S)
-        return status == Status.OK
+async def meet(service: RendezvousService, rank: int, local: range, n: int) -> bool:
+    """One simulated rank's transport meeting through its agent: the frames a rank's
+    :class:`cclctl.runtime.job.fanin_meeting.FanInMeeting` sends, handed to the agent's
+    real :class:`~cclctl.runtime.hostagent.meeting_service.MeetingService` as its socket
+    handler hands them; whether the agent answered every step (no rank sent to the store)."""
+    # the rank's key is its world document's (its host's name: one key per host here)
+    base = {"rank": rank, "key": service.host, "local": fold_ranks(local), "world_size": n,
+            "timeout_s": TIMEOUT_S}  # fmt: skip
+    addr = await service.meeting.handle({**base, "meet": "addr", "value": f"127.0.0.1:{rank}"})
+    names = await service.meeting.handle({**base, "meet": "segments", "value": f"sim-r{rank}"})
+    mapped = await service.meeting.handle({**base, "meet": "mapped", "value": ""})
+    verdict = mapped.get("verdict")
+    return ("ok" in addr and "names" in names and isinstance(verdict, dict)
+            and "error" not in verdict)  # fmt: skip
 
 
 def worker_main(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> None:
@@ -149,9 +126,6 @@ async def _worker(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> No
     hosts = range(spec["first_host"], spec["last_host"])
     waiting = [await AsyncStore().connect("127.0.0.1", port, token) for _ in hosts]
     stores = [SimFanInStore(quick, wait, prefix) for wait in waiting]
-    first, last = hosts.start * per_host, min(n, hosts.stop * per_host)
-    ranks = {r: SimRank(quick, await AsyncStore(max_pending=4).connect("127.0.0.1", port, token),
-                        prefix) for r in range(first, last)}  # fmt: skip
     services = []
     for h, store in zip(hosts, stores, strict=True):
 
@@ -166,33 +140,35 @@ async def _worker(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> No
     await asyncio.to_thread(go.wait)
     began = time.monotonic()
 
-    async def host(h: int, service: RendezvousService) -> tuple[float, float, int]:
+    async def host(
+        h: int, service: RendezvousService, store: SimFanInStore
+    ) -> tuple[float, float, int, int]:
         local = range(h * per_host, min(n, (h + 1) * per_host))
         claims = [service.claim({"rank": r, "pid": 100_000 + r, "world_size": n,
                                  "local_world_size": len(local), "timeout_s": TIMEOUT_S,
-                                 "key": "sim-boot-id:42:4026531836", "tcp": False})
+                                 "key": KEY, "tcp": False})
                   for r in local]  # fmt: skip
         answers = await asyncio.gather(*claims)
         answered = time.monotonic()
         errors = sum(1 for a in answers if "error" in a)
+        rendezvous_requests = store.requests
         if errors:
-            return answered, answered, errors
-        met = await asyncio.gather(*(ranks[r].meet(r, service.host, local, n) for r in local))
-        return answered, time.monotonic(), sum(1 for ok in met if not ok)
+            return answered, answered, errors, 0
+        met = await asyncio.gather(*(meet(service, r, local, n) for r in local))
+        meeting = store.requests - rendezvous_requests
+        return answered, time.monotonic(), sum(1 for ok in met if not ok), meeting
 
-    done = await asyncio.gather(*(host(h, s) for h, s in zip(hosts, services, strict=True)))
-    per_host_meeting = [
-        sum(ranks[r].requests for r in range(h * per_host, min(n, (h + 1) * per_host)))
-        for h in hosts
-    ]
-    results.put({"index": spec["index"], "began": began, "last": max(t for t, _, _ in done),
-                 "first": min(t for t, _, _ in done), "met": max(t for _, t, _ in done),
-                 "errors": sum(e for _, _, e in done), "requests": [s.requests for s in stores],
-                 "meeting": per_host_meeting,
-                 "rank_meeting": [r.requests for r in ranks.values()],
-                 "counted": max(r.counted for r in ranks.values()),
+    done = await asyncio.gather(
+        *(host(h, s, st) for h, s, st in zip(hosts, services, stores, strict=True))
+    )
+    meeting = [m for _, _, _, m in done]
+    results.put({"index": spec["index"], "began": began, "last": max(t for t, _, _, _ in done),
+                 "first": min(t for t, _, _, _ in done), "met": max(t for _, t, _, _ in done),
+                 "errors": sum(e for _, _, e, _ in done),
+                 "requests": [s.requests - m for s, m in zip(stores, meeting, strict=True)],
+                 "meeting": meeting, "counted": max(s.added for s in stores),
                  "groups": sum(s.groups for s in services)})  # fmt: skip
-    for store in (quick, *waiting, *(r.own for r in ranks.values())):
+    for store in (quick, *waiting):
         await store.close()
 
 
@@ -243,7 +219,7 @@ def measure(args: Any) -> dict[str, Any]:
                 transport_all_counted_s=round(max(r["counted"] for r in got) - began, 3),
                 transport_requests_per_host_mean=round(sum(meets) / len(meets), 2),
                 transport_requests_per_host_max=max(meets),
-                transport_requests_per_rank_max=max(c for r in got for c in r["rank_meeting"]),
+                transport_requests_per_rank_max=0,  # a rank's steps go to its agent
                 store_cpu_s=round(proc_cpu_s(store.pid) - cpu0, 3),
                 simulator_cpu_s=round(workers_cpu, 3),
                 store_rss_mib=round(proc_rss_mib(store.pid), 1),

@@ -28,7 +28,7 @@ from cclctl.config import RuntimeConfig, job_dir
 from cclctl.errors import PeerError, ProtocolError
 from cclctl.launch.launcher import launch
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
-from cclctl.runtime.job.fanin_meeting import ADDRESS_PREFIX
+from cclctl.runtime.job.fanin_meeting import published_address
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp import link_auth
@@ -36,6 +36,7 @@ from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
 from cclctl.runtime.transport.tcp.links import Links
 from cclctl.runtime.transport.tcp.transport import TcpTransport
 from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
 from scripts import script
 
 WORKER = script("link_auth_worker.py")
@@ -100,8 +101,8 @@ def test_an_attacker_who_knows_the_address_and_connects_first_is_refused() -> No
                 token = auth.read_token_file(job_dir(job))
                 client = StoreClient.from_address(store_address, connect_timeout_s=10, token=token)
                 # what rank 1 published for its transport (it joined through its host agent)
-                raw = client.get(f"cclctl/{job}/{ADDRESS_PREFIX}1", timeout_s=30)
-                host, _, port = raw.decode().rpartition(":")
+                scoped = ScopedStore.for_job(client, job)
+                host, _, port = published_address(scoped, 1, 2, 30).rpartition(":")
                 outcome["old"] = _old_attack(host, int(port), job)
                 outcome["forged"] = _forged_attack(host, int(port), job)
                 client.set("test/attacked", b"1")

@@ -28,7 +28,7 @@ from launch_helpers import Lines
 from cclctl import auth
 from cclctl.config import job_dir
 from cclctl.launch.launcher import launch
-from cclctl.runtime.job.fanin_meeting import ADDRESS_PREFIX
+from cclctl.runtime.job.fanin_meeting import published_address
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.tcp import link_auth
@@ -37,6 +37,7 @@ from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
 from cclctl.runtime.transport.tcp.links import Links
 from cclctl.runtime.transport.tcp.refusals import RefusalLog
 from cclctl.store.client import StoreClient
+from cclctl.store.scope import ScopedStore
 from scripts import script
 
 WORKER = script("link_auth_worker.py")
@@ -54,7 +55,7 @@ def _rank_ports(client: StoreClient, job: str, n: int) -> list[tuple[str, int]]:
     ports = []
     for rank in range(n):
         # what the rank published for its transport (it joined through its host agent)
-        address = client.get(f"cclctl/{job}/{ADDRESS_PREFIX}{rank}", timeout_s=30).decode()
+        address = published_address(ScopedStore.for_job(client, job), rank, n, 30)
         host, _, port = address.rpartition(":")
         ports.append((host, int(port)))
     return ports

@@ -1,8 +1,10 @@
 """A rank that says how its transport was agreed, then all-reduces once.
 
-Prints ``{"rank", "transport", "fanin_keys", "exchange_keys"}``: how many keys of the
-fan-in meeting (``transport/0/``) and of the exchange rounds (``x/transport/``) the job's
-store holds once this rank is in. ``FAKE_HOSTS=k`` puts rank r on host ``fake<r % k>``.
+Prints ``{"rank", "transport", "fanin_keys", "exchange_keys", "own_address"}``: how many
+keys of the fan-in meeting (``transport/0/``) and of the exchange rounds (``x/transport/``)
+the job's store holds once this rank is in, and whether the rank's address is in a key of
+its own (it met through the store, not through its host agent). ``FAKE_HOSTS=k`` puts
+rank r on host ``fake<r % k>``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def main() -> int:
         scoped = ScopedStore.for_job(client, comm.cfg.job)
         fanin, exchange = scoped.list("transport/0/"), scoped.list("x/transport/")
     say = {"rank": comm.rank, "transport": comm.transport.name, "fanin_keys": len(fanin),
-           "exchange_keys": len(exchange)}  # fmt: skip
+           "exchange_keys": len(exchange),
+           "own_address": f"transport/0/addr/{comm.rank}" in fanin}  # fmt: skip
     print(json.dumps(say), flush=True)
     x = np.full(1000, comm.rank + 1.0, np.float32)
     comm.all_reduce(x)

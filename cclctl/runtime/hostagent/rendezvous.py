@@ -4,7 +4,9 @@ rank's answer out (the job's world document, or the error that ended the rendezv
 A rank connects to the agent's second socket (:func:`.address.rendezvous_name`), sends its
 claim as one frame (:func:`frame`: a length, then JSON: rank, pid, world size, local world
 size, timeout, and for the transport's choice its host key and whether it asked for TCP)
-and reads one answer frame. The service gathers claims into a batch and
+and reads one answer frame. After the rendezvous the same socket serves the rank's
+transport meeting, a frame per step (:class:`~.meeting_service.MeetingService`: a frame
+with ``meet``). The service gathers claims into a batch and
 hands the batch to the fan-in protocol (:func:`cclctl.runtime.hostagent.fanin.join_group`) once
 the host's ranks are all in (the largest local world size the claims carry), or
 :data:`FLUSH_S` after the last claim came (at most :data:`MAX_BATCH_S` after the first: a
@@ -33,6 +35,7 @@ from cclctl import auth
 from cclctl.runtime.hostagent.address import peer_uid, rendezvous_name
 from cclctl.runtime.hostagent.fanin import Claim, FanInStore, Where, join_group
 from cclctl.runtime.hostagent.fanin_stores import ThreadedStore
+from cclctl.runtime.hostagent.meeting_service import MeetingService
 from cclctl.store.backends import open_store
 from cclctl.store.kv import KeyValueStore
 from cclctl.store.scope import ScopedStore
@@ -78,6 +81,7 @@ class RendezvousService:
         self._oldest = 0.0  # when the batch's first claim came (the loop's clock)
         self.groups = 0  # batches written as groups
         self._joining: set[asyncio.Future[None]] = set()  # the batches' tasks, kept
+        self.meeting = MeetingService(store, where)  # then its ranks' transport meeting
 
     async def claim(self, body: dict[str, Any]) -> dict[str, Any]:
         """A rank's claim (``rank``, ``pid``, ``world_size``, ``local_world_size``,
@@ -149,7 +153,8 @@ class RendezvousService:
             if length > MAX_CLAIM:
                 return
             body = json.loads(await reader.readexactly(length))
-            writer.write(frame(await self.claim(body)))
+            meets = isinstance(body, dict) and "meet" in body
+            writer.write(frame(await (self.meeting.handle(body) if meets else self.claim(body))))
             await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, KeyError, TypeError):
             pass  # a rank gone or garbage: that rank's own trouble

@@ -12,8 +12,8 @@ way it went, so a claim the agent had already written counts once. An agent that
 connection but never answers fails the rank, naming the agent.
 
 The claim also carries what the transport's choice needs (the rank's host key and whether
-it asked for TCP), so the world document answers it for every rank
-(:mod:`cclctl.runtime.job.fanin_meeting`).
+it asked for TCP), so the world document answers it for every rank; the agent that carried
+the claim carries the rank's transport meeting too (:mod:`cclctl.runtime.job.fanin_meeting`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ _POLL_S = 0.02
 class Joined:
     """What the rank learnt: every rank's host, pid and host key (equal for ranks that can
     share memory), the ranks that asked for TCP, the agreed token, and whether its host's
-    agent carried its claim."""
+    agent carried its claim (``agent``: then that agent's rendezvous socket, which carries
+    its transport meeting too)."""
 
     hosts: list[str]
     pids: list[int]
@@ -61,6 +62,7 @@ class Joined:
     via_agent: bool
     keys: list[str] = dataclasses.field(default_factory=list)
     tcp: list[int] = dataclasses.field(default_factory=list)
+    agent: str = ""
 
 
 def join_fanin(
@@ -92,7 +94,9 @@ def join_fanin(
     if rank != 0 and token and answer.get("token_ok") is not True:
         token = agree_token(scoped, source or TokenSource(token, GIVEN, ""), rank, cfg.job,
                             cfg.connect_timeout_s)  # fmt: skip
-    return Joined(world.hosts, world.pids, token, via_agent, world.keys, world.tcp)
+    agent = rendezvous_name(socket_name(cfg.job, cfg.hostname, scoped.address, cfg.token))
+    return Joined(world.hosts, world.pids, token, via_agent, world.keys, world.tcp,
+                  agent if via_agent else "")  # fmt: skip
 
 
 def _through_agent(

@@ -147,10 +147,10 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
 
 def _meeting(rdzv: Rendezvous, cfg: RuntimeConfig) -> TransportMeeting | Exchange:
     """How the world's ranks meet to open the transport: through the world document and
-    a few keys each after a fan-in rendezvous, else in the job's exchange rounds."""
+    their host agents after a fan-in rendezvous, else in the job's exchange rounds."""
     if rdzv.host_keys is not None:
         return FanInMeeting(rdzv.job_store, rdzv.rank, rdzv.world_size, rdzv.host_keys,
-                            rdzv.tcp_ranks, cfg.connect_timeout_s)  # fmt: skip
+                            rdzv.tcp_ranks, cfg.connect_timeout_s, rdzv.agent_socket)  # fmt: skip
     return lambda key, value: rdzv.exchange(key, value, cfg.connect_timeout_s)
 
 

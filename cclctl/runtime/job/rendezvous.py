@@ -55,6 +55,9 @@ class Rendezvous:
     #: None after the flat rendezvous (the transport meets in exchange rounds)
     host_keys: list[str] | None = None
     tcp_ranks: list[int] = dataclasses.field(default_factory=list)
+    #: the rendezvous socket of the host agent that carried this rank's claim ("" if none):
+    #: it carries the transport meeting too
+    agent_socket: str = ""
     _rounds: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
 
@@ -153,7 +156,7 @@ def _join_fanin(
     return Rendezvous(rank=rank, world_size=world_size, local_rank=place[0],
                       local_world_size=place[1], store=store, job=cfg.job, hosts=joined.hosts,
                       pids=joined.pids, token=joined.token, host_keys=joined.keys,
-                      tcp_ranks=joined.tcp)  # fmt: skip
+                      tcp_ranks=joined.tcp, agent_socket=joined.agent)  # fmt: skip
 
 
 def _join_etcd(rdzv: RendezvousConfig, cfg: RuntimeConfig) -> Rendezvous:
