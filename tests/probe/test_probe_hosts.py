@@ -49,7 +49,9 @@ def test_a_slowed_host_is_named_as_the_host(hosts: BridgedHosts, tmp_path: Path)
     hosts.slow_host("h3", "40mbit")
     result = hosts.probe(tmp_path, 29723, *ARGS)
     assert result.code == 3, result.stderr
-    [finding] = result.doc["findings"]
+    findings = result.doc["findings"]
+    assert len(findings) == 1, [f["text"] for f in findings]
+    [finding] = findings
     assert (finding["kind"], finding["host"], finding["direction"]) == ("slow_host", "h3", "egress")
     assert result.flagged() == {(3, 0), (3, 1), (3, 2)}
 
