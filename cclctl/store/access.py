@@ -39,15 +39,23 @@ PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|rdzv/world_si
 
 #: What a host agent asks of its job's store (``runtime/hostagent``): its host's document
 #: written, the job's dump requests read, its host's part of the fan-in rendezvous
-#: (``runtime/hostagent/fanin.py``), and the job's revoke record waited on and read. A
+#: (``runtime/hostagent/fanin.py``) and of the transport's meeting after it
+#: (``runtime/hostagent/meet_keys.py``: its host's address document, its ranks' marker and
+#: problems, their count, the verdict), and the job's revoke record waited on and read. A
 #: connection that asks nothing else is no rank's: a lingering store does not wait for it,
 #: nor refuse a rerun's takeover for it.
 AGENT_REQUESTS = {
-    Op.SET: re.compile(rb"cclctl/[^/]+/(host/[^/]+|rdzv/group/[0-9]+\.[0-9]+\.[0-9]+)"),
+    Op.SET: re.compile(
+        rb"cclctl/[^/]+/(host/[^/]+|rdzv/group/[0-9]+\.[0-9]+\.[0-9]+"
+        rb"|transport/0/(mapped|problem)/g?[0-9]+)"
+    ),
     Op.TRY_GET: re.compile(rb"cclctl/[^/]+/(signal/dump/(count|why)|revoke)"),
-    Op.COMPARE_SET: re.compile(rb"cclctl/[^/]+/rdzv/(world_size|world|error|lister)"),
-    Op.ADD: re.compile(rb"cclctl/[^/]+/rdzv/arrived"),
-    Op.GET: re.compile(rb"cclctl/[^/]+/(rdzv/world|auth/check|revoke)"),
+    Op.COMPARE_SET: re.compile(
+        rb"cclctl/[^/]+/(rdzv/(world_size|world|error|lister)"
+        rb"|transport/0/(hostaddr/[^/]+|verdict|lister))"
+    ),
+    Op.ADD: re.compile(rb"cclctl/[^/]+/(rdzv/arrived|transport/0/mapped#)"),
+    Op.GET: re.compile(rb"cclctl/[^/]+/(rdzv/world|auth/check|revoke|transport/0/verdict)"),
 }
 _AGENT_PATTERNS: dict[int, re.Pattern[bytes]] = {int(op): p for op, p in AGENT_REQUESTS.items()}
 
