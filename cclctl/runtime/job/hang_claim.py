@@ -103,9 +103,12 @@ class HangClaim:
             found = handed(self.soon_s)
             if found is None and self.soon_s < self.lease_s and not self.through():
                 found = handed(self.lease_s - self.soon_s)
+            # "through" read before the record: a claimer through by then wrote its record
+            # first, so a waiter never takes "through" with an older read of no record
+            through = found is None and self.through()
             if found is None:
                 found = stored()
-            if found is not None or self.through():
+            if found is not None or through:
                 return found
             won, holder = self.take(holder)  # the claimer died or is late: take it over
         return stored()
