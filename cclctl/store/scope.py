@@ -34,6 +34,11 @@ class ScopedStore:
         return self.client.address
 
     @property
+    def job(self) -> str:
+        """The job whose keys these are (``cclctl/<job>/``), as messages name it."""
+        return self.prefix.removeprefix("cclctl/").rstrip("/")
+
+    @property
     def reconnects(self) -> int:
         """Connections the shared client reopened after losing one."""
         return self.client.reconnects

@@ -73,6 +73,20 @@ class Where:
     job: str
     store: str
 
+    def words(self) -> str:
+        """How a message names them: ``job 'j', store host:port``."""
+        return f"job {self.job!r}, store {self.store}"
+
+
+def never_arrived(
+    what: str, timeout_s: float, missing: Sequence[int], world_size: int, where: Where
+) -> str:
+    """What every rendezvous round (the flat claims and exchanges, the fan-in groups, the
+    transport's meeting) says at its timeout, naming the ranks that never came."""
+    named = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {fold_ranks(missing)}"
+    return (f"{what} timed out after {timeout_s:g}s: {named} of {world_size} never arrived "
+            f"({where.words()})")  # fmt: skip
+
 
 def who(host: str, pid: object) -> str:
     return f"{host} pid {pid}"
@@ -193,9 +207,7 @@ async def settle(
         )
         await store.compare_set(WORLD_KEY, None, doc)
     elif missing_is_final:
-        named = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {fold_ranks(missing)}"
-        message = (f"rendezvous timed out after {timeout_s:g}s: {named} of {world_size} never "
-                   f"arrived (job {where.job!r}, store {where.store})")  # fmt: skip
+        message = never_arrived("rendezvous", timeout_s, missing, world_size, where)
         fields = {"missing": fold_ranks(missing), "elapsed": timeout_s}
         failed = json.dumps({"error": message, "timeout": True, "fields": fields}).encode()
         await store.compare_set(WORLD_KEY, None, failed)

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cclctl.ranges import fold_ranks, parse_ranks
-from cclctl.runtime.hostagent.fanin import FanInStore, Where
+from cclctl.runtime.hostagent.fanin import FanInStore, Where, never_arrived
 
 PREFIX = "transport/0/"  # the world communicator's join: epoch 0
 ADDRESS_PREFIX = PREFIX + "addr/"
@@ -51,16 +51,6 @@ LISTER_GRACE_S = 5.0
 def host_tag(key: str) -> str:
     """The store's name for the ranks of one host key."""
     return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def timed_out(what: str, timeout_s: float, missing: Sequence[int], n: int, where: str) -> str:
-    """The exchange's words (:func:`~cclctl.runtime.job.gather.gather`) for a timeout."""
-    named = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {fold_ranks(missing)}"
-    return f"{what} timed out after {timeout_s:g}s: {named} of {n} never arrived ({where})"
-
-
-def where_words(where: Where) -> str:
-    return f"job {where.job!r}, store {where.store}"
 
 
 def _marker(ranks: Sequence[int]) -> str:
@@ -127,7 +117,7 @@ async def verdict(
             await judge(store)
         else:
             what = "exchange 'shm/mapped'"
-            message = timed_out(what, timeout_s, missing, size, where_words(where))
+            message = never_arrived(what, timeout_s, missing, size, where)
             fields = {"missing": fold_ranks(missing), "elapsed": timeout_s}
             failed = json.dumps({"error": message, "fields": fields}).encode()
             await store.compare_set(VERDICT_KEY, None, failed)
@@ -136,7 +126,7 @@ async def verdict(
         return dict(json.loads(raw))
     return {
         "error": f"exchange 'shm/mapped' timed out after {timeout_s:g}s: no word of the "
-        f"ranks missing ({where_words(where)})",
+        f"ranks missing ({where.words()})",
         "fields": {},
     }
 

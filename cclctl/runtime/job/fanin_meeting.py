@@ -45,7 +45,7 @@ from cclctl.errors import RendezvousError
 from cclctl.ranges import fold_ranks
 from cclctl.runtime.hostagent import meet_keys, world_doc
 from cclctl.runtime.hostagent.address import peer_pid
-from cclctl.runtime.hostagent.fanin import WORLD_KEY, Where, run_blocking
+from cclctl.runtime.hostagent.fanin import WORLD_KEY, Where, never_arrived, run_blocking
 from cclctl.runtime.hostagent.fanin_stores import BlockingStore, get_or_none
 from cclctl.runtime.hostagent.meet_keys import (
     ADDRESS_PREFIX,
@@ -59,7 +59,6 @@ from cclctl.runtime.hostagent.meet_keys import (
     SEGMENT_PREFIX,
     VERDICT_KEY,
     host_tag,
-    timed_out,
 )
 from cclctl.runtime.hostagent.meeting_service import GATHER_S
 from cclctl.runtime.hostagent.rendezvous import LENGTH, MAX_ANSWER, frame
@@ -140,8 +139,9 @@ class PeerAddresses(Sequence[str]):
         return address
 
     def _never(self, peer: int) -> RendezvousError:
-        where = f"job {_job_of(self._scoped)!r}, store {self._scoped.address}"
-        message = timed_out("exchange 'transport'", self._timeout_s, [peer], self._size, where)
+        where = Where(self._scoped.job, self._scoped.address)
+        message = never_arrived("exchange 'transport'", self._timeout_s, [peer], self._size,
+                                where)  # fmt: skip
         return RendezvousError(message, missing=str(peer), elapsed=self._timeout_s)
 
 
@@ -167,7 +167,7 @@ class FanInMeeting:
         self._timeout_s = timeout_s
         self._agent = agent
         self._taken = False  # the agent took the last step's frame, then gave no answer
-        self._where = Where(_job_of(scoped), scoped.address)
+        self._where = Where(scoped.job, scoped.address)
         self._tag = host_tag(self._keys[rank])
         self._local = [r for r, key in enumerate(self._keys) if key == self._keys[rank]]
 
@@ -205,9 +205,8 @@ class FanInMeeting:
             if raw is None:
                 missing = [r for r in local if r not in names
                            and self._scoped.try_get(f"{prefix}{r}") is None]  # fmt: skip
-                where = f"job {_job_of(self._scoped)!r}, store {self._scoped.address}"
                 what = "exchange 'shm/segments'"
-                message = timed_out(what, self._timeout_s, missing, self._size, where)
+                message = never_arrived(what, self._timeout_s, missing, self._size, self._where)
                 raise RendezvousError(
                     message, missing=fold_ranks(missing), elapsed=self._timeout_s
                 ) from None
@@ -280,7 +279,3 @@ def published_address(scoped: ScopedStore, rank: int, world_size: int, timeout_s
         raise RendezvousError(f"no world document within {timeout_s:g}s ({scoped.address})")
     keys = world_doc.read(raw, world_size).keys
     return PeerAddresses(scoped, -1, "", keys, timeout_s)[rank]
-
-
-def _job_of(scoped: ScopedStore) -> str:
-    return scoped.prefix.removeprefix("cclctl/").rstrip("/")

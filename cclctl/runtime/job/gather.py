@@ -11,6 +11,7 @@ import time
 
 from cclctl.errors import RendezvousError, StoreTimeout
 from cclctl.ranges import fold_ranks
+from cclctl.runtime.hostagent.fanin import Where, never_arrived
 from cclctl.store.scope import ScopedStore
 
 #: How often a waiting rank looks for an error another rank reported, so it fails fast.
@@ -35,8 +36,9 @@ def gather(
             present = scoped.list(prefix)
             missing = [r for r, key in enumerate(keys) if key not in present]
             raise RendezvousError(
-                f"{what} timed out after {timeout_s:g}s: {_ranks(missing)} of {world_size} "
-                f"never arrived (job {_job_of(scoped)!r}, store {scoped.address})",
+                never_arrived(
+                    what, timeout_s, missing, world_size, Where(scoped.job, scoped.address)
+                ),
                 missing=fold_ranks(missing),
                 elapsed=timeout_s,
             ) from None
@@ -49,11 +51,3 @@ def _raise_reported(scoped: ScopedStore, what: str) -> None:
     reported = scoped.try_get(ERROR_KEY)
     if reported is not None:
         raise RendezvousError(f"{what} abandoned: {reported.decode(errors='replace')}")
-
-
-def _job_of(scoped: ScopedStore) -> str:
-    return scoped.prefix.removeprefix("cclctl/").rstrip("/")
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {fold_ranks(ranks)}"
