@@ -85,8 +85,6 @@ class TcpStep:
                 flow.recv = Incoming(self, into)
             self.pending.append(into)
         self.done = not self.pending
-        if self.done:
-            self._release()
         self.look_at = 0.0  # when a wait next looks for a stalled link (time.monotonic())
 
     def advance(self) -> bool:
