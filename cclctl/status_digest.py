@@ -8,7 +8,7 @@ it started, the step it reached and whom it waits on. A host agent reduces each 
 it decoded to a *digest*: those numbers, and a *key*: a hash of everything else, after
 the fields that differ by rank (and the slow signals and counters, which no hang
 diagnosis reads) are left out. Ranks of one key are alike: a reader parses one of them
-(the *model*) in full and makes the others from it and their digests (:func:`alike`).
+(the *model*) in full and makes the others from it and their digests (:class:`Alike`).
 
 Only a *plain* status gets a digest: a live status with no revoke record, no stacks, no
 ending, no error or retry counted, whose records have no fault or error and are all
@@ -23,8 +23,8 @@ import dataclasses
 import hashlib
 import json
 import operator
-from collections.abc import Callable, Mapping
-from typing import Any, TypeGuard, TypeVar
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypeGuard
 
 from cclctl import limits
 from cclctl.records import COMPLETED, STARTED, CollectiveRecord, RankSnapshot
@@ -102,9 +102,9 @@ def is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Digest:
-    """One rank's digest, checked (:func:`checked`)."""
+class Digest(NamedTuple):
+    """One rank's digest, checked (:func:`checked`); a tuple, since a reader of a large job
+    makes one per rank."""
 
     pid: int
     time_ns: int
@@ -116,47 +116,62 @@ class Digest:
 
 def checked(row: object) -> Digest | None:
     """A digest as a host document carries it, or None where it does not have the shape
-    (the reader then parses that rank's status in full)."""
-    if not isinstance(row, list) or len(row) != len(FIELDS):
+    (the reader then parses that rank's status in full). Numbers must be plain JSON ints:
+    anything else goes the long way, through the rank's whole status."""
+    if type(row) is not list or len(row) != len(FIELDS):
         return None
     pid, time_ns, key, call, text = row
-    if not (is_count(pid) and is_count(time_ns) and isinstance(key, str) and isinstance(text, str)):
+    if not (type(pid) is int and type(time_ns) is int and pid >= 0 and time_ns >= 0):
+        return None
+    if not (type(key) is str and type(text) is str):
         return None
     if len(key) != KEY_CHARS or len(text) != TEXT_CHARS:
         return None
     if call is None:
         return Digest(pid, time_ns, key, None, text)
-    if not isinstance(call, list) or len(call) != 4:
+    if type(call) is not list or len(call) != 4:
         return None
     start, step, on, waiting_for = call
     start = 0 if start is None else start
     step = 0 if step is None else step
-    if not (is_count(start) and is_count(step) and (on is None or is_count(on))):
+    if not (type(start) is int and type(step) is int and start >= 0 and step >= 0):
+        return None
+    if on is not None and not (type(on) is int and on >= 0):
         return None
     if waiting_for not in _WAITING_FOR:
         return None
     return Digest(pid, time_ns, key, (start, step, on, waiting_for), text)
 
 
-def alike(model: RankSnapshot, rank: int, host: str, own: Digest) -> RankSnapshot:
-    """Rank ``rank``'s status made from ``model``'s (a rank of the same key, parsed in
-    full) and its own digest: its identity and clock, and its call in flight. Its
-    completed calls' records are the model's (their timings are the model's); it carries
-    no slow signals and the model's counters."""
-    snap = _copy(RankSnapshot, _SNAPSHOT_FIELDS, model)
-    snap.rank, snap.host, snap.pid, snap.time_ns = rank, host, own.pid, own.time_ns
-    snap.signals = None
-    model_call = model.inflight
-    if model_call is None or own.call is None:
+class Alike:
+    """Makes the statuses of a key's ranks from its model (a rank of the key, parsed in
+    full) and each rank's digest: its identity and clock, and its call in flight. A made
+    rank's completed calls' records are the model's (their timings are the model's); it
+    carries no slow signals and the model's counters."""
+
+    def __init__(self, model: RankSnapshot) -> None:
+        self.model = model
+        self._fields = _SNAPSHOT_FIELDS(model)
+        call = model.inflight
+        self._call = None if call is None else _RECORD_FIELDS(call)
+        #: where the model's records hold its call in flight (a made rank's goes there)
+        at = [] if call is None else [i for i, r in enumerate(model.records) if _same(r, call)]
+        self._at = at
+
+    def make(self, rank: int, host: str, own: Digest) -> RankSnapshot:
+        """Rank ``rank``'s status on ``host``, from the model and ``own`` digest."""
+        snap = RankSnapshot(*self._fields)
+        snap.rank, snap.host, snap.pid, snap.time_ns = rank, host, own.pid, own.time_ns
+        snap.signals = None
+        if self._call is None or own.call is None:
+            return snap
+        call = CollectiveRecord(*self._call)
+        call.start_ns, call.step, call.waiting_on, call.waiting_for = own.call
+        snap.inflight = call
+        records = snap.records = list(self.model.records)
+        for i in self._at:
+            records[i] = call
         return snap
-    call = _copy(CollectiveRecord, _RECORD_FIELDS, model_call)
-    call.start_ns, call.step, call.waiting_on, call.waiting_for = own.call
-    snap.inflight = call
-    snap.records = [call if _same(r, model_call) else r for r in model.records]
-    return snap
-
-
-T = TypeVar("T")
 
 
 def _fields(cls: type) -> tuple[str, ...]:
@@ -165,12 +180,6 @@ def _fields(cls: type) -> tuple[str, ...]:
 
 _SNAPSHOT_FIELDS = operator.attrgetter(*_fields(RankSnapshot))
 _RECORD_FIELDS = operator.attrgetter(*_fields(CollectiveRecord))
-
-
-def _copy(cls: Callable[..., T], fields: Callable[[Any], tuple[Any, ...]], obj: Any) -> T:
-    """A shallow copy of the dataclass ``obj`` (what ``dataclasses.replace`` makes, a
-    few times faster: it runs once per rank of a large job)."""
-    return cls(*fields(obj))
 
 
 def _same(a: CollectiveRecord, b: CollectiveRecord) -> bool:

@@ -43,9 +43,13 @@ PROC_GONE = "gone"
 PROC_STATES = (PROC_RUNNING, PROC_STOPPED, PROC_ZOMBIE, PROC_GONE)
 
 
+#: The states of a call still in flight (when it has not ended).
+_OPEN = (STARTED, TIMED_OUT)
+
+
 def in_flight(rec: CollectiveRecord) -> bool:
     """Still inside the call: started (or marked timed out by the watchdog) and not ended."""
-    return rec.state in (STARTED, TIMED_OUT) and not rec.end_ns
+    return rec.state in _OPEN and not rec.end_ns
 
 
 @dataclasses.dataclass(slots=True)
@@ -110,7 +114,8 @@ def rank_state(snap: RankSnapshot) -> RankState:
         records = [*records, call]
     inflight: list[CollectiveRecord] = []
     for rec in records:
-        if in_flight(rec) and not any(_same_call(rec, r) for r in inflight):
+        open_call = rec.state in _OPEN and not rec.end_ns  # in_flight(rec)
+        if open_call and not any(_same_call(rec, r) for r in inflight):
             inflight.append(rec)
         if rec.peer is not None:
             continue  # point-to-point seqs count per pair, not per communicator
@@ -124,7 +129,8 @@ def rank_state(snap: RankSnapshot) -> RankState:
         if len(calls) > TAIL:
             keep = sorted(calls)[-TAIL:]
             tail[comm] = {seq: calls[seq] for seq in keep}
-    inflight.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
+    if len(inflight) > 1:
+        inflight.sort(key=lambda r: (r.start_ns, r.comm, r.seq))
     closed = snap.finished or snap.reason == CLOSED
     ended = snap.reason if snap.ending else ""
     return RankState(
@@ -256,11 +262,20 @@ def _comm_view(comm: str, states: dict[int, RankState], opts: Options) -> CommVi
         st = states.get(rank)
         if st is None:
             continue
-        position[rank] = started = st.started(comm)
-        completed[rank] = done = st.completed(comm)
-        for seq, rec in st.tail.get(comm, {}).items():
-            ops.setdefault(seq, rec.op)
-        last = st.last(comm)
+        # st.started(comm), st.completed(comm) and st.last(comm), in one look at its tail
+        info, calls = st.comms.get(comm), st.tail.get(comm)
+        started, done = (info.last_started, info.last_completed) if info else (0, 0)
+        last = None
+        if calls:
+            newest_seq = max(calls)
+            last, started = calls[newest_seq], max(started, newest_seq)
+            for seq, rec in calls.items():
+                if rec.state == COMPLETED and seq > done:
+                    done = seq
+            if not ops.keys() >= calls.keys():  # a seq no lower rank has a record of
+                for seq, rec in calls.items():
+                    ops.setdefault(seq, rec.op)
+        position[rank], completed[rank] = started, done
         if last is not None and last.state != COMPLETED and superseded(last, newest):
             inside.add(rank)  # re-running the seq the others completed in a later epoch
         elif last is not None and last.seq == started and last.state != COMPLETED:

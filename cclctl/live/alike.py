@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from cclctl.errors import BadInput
 from cclctl.host_status import HostDocument
 from cclctl.records import RankSnapshot
-from cclctl.status_digest import Digest, alike, checked, text_hash
+from cclctl.status_digest import Alike, Digest, checked, text_hash
 
 #: From this many statuses in host documents `cclctl diagnose hang --store` (and the rank
 #: that diagnoses a hang its watchdog found) parses ranks that are alike once; below it, a
@@ -51,12 +51,12 @@ def host_statuses(hosts: Iterable[HostDocument], parse_one: ParseOne) -> Iterato
             else:
                 groups.setdefault(own.key, []).append((rank, doc, own))
     for key, members in groups.items():
-        model: RankSnapshot | None = None
+        maker: Alike | None = None
         for rank, doc, own in members:
-            if model is not None:
-                yield rank, doc, alike(model, rank, doc.host, own)
+            if maker is not None:
+                yield rank, doc, maker.make(rank, doc.host, own)
                 continue
             snap, its_key = parse_one(doc.statuses[rank], rank)
             if isinstance(snap, RankSnapshot) and its_key == key:
-                model = snap
+                maker = Alike(snap)
             yield rank, doc, snap

@@ -161,11 +161,12 @@ def _merge_hosts(out: JobStatuses, budget: limits.MemberBudget, alike_from: int 
     """The statuses in the host documents, each where it is newer than the rank's own key's
     (``alike_from``: see :func:`parse`)."""
     hosts = out.hosts.values()
-    for doc in hosts:
-        for number in doc.statuses:
-            limits.rank(number, f"host document of {doc.host!r}")
+    for doc in hosts:  # a document's ranks are digits already: its largest is checked
+        if doc.statuses:
+            limits.rank(max(doc.statuses), f"host document of {doc.host!r}")
     use_alike = alike_from is not None and sum(len(d.statuses) for d in hosts) >= alike_from
     found = alike.host_statuses(hosts, _parse_one) if use_alike else _every_status(hosts)
+    counted: object = None  # the communicators last counted (alike ranks share their model's)
     for rank, doc, read in found:
         if isinstance(read, BadInput):
             if rank not in out.statuses:
@@ -176,7 +177,9 @@ def _merge_hosts(out: JobStatuses, budget: limits.MemberBudget, alike_from: int 
             out.statuses[rank] = read
             out.bad.pop(rank, None)
             out.via_agent.add(rank)
-            budget.add(info.ranks for info in read.comms.values())
+            if read.comms is not counted:
+                budget.add(info.ranks for info in read.comms.values())
+                counted = read.comms
 
 
 def _every_status(hosts: Iterable[host_status.HostDocument]) -> Iterator[alike.Found]:
