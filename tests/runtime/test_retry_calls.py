@@ -260,8 +260,10 @@ def test_a_call_that_is_not_rerun_tells_the_agreement_at_once(server: StoreServe
     """A rank whose send a link fault failed writes its refusal to the next
     epoch's agreement and raises the fault's own error: the ranks in a re-run call a call
     apart find it there and fail at once, naming the call (the plan's rules, below)."""
-    rdzv = SimpleNamespace(store=SimpleNamespace(address=server.address), token="", job=JOB)
-    retry = Retry(rdzv, RuntimeConfig(), server.host, telemetry=None)  # type: ignore[arg-type]
+    retry = Retry(
+        RuntimeConfig(), job=JOB, store=server.address, token="", store_host=server.host,
+        telemetry=None,
+    )  # fmt: skip
     fault = CommError("link between rank 0 and rank 1 broke")
     fault.revocation = Revocation(kind="link", origin=0, reason="peer closed", seen_by=1)
 
@@ -366,8 +368,10 @@ def test_a_retry_stops_waiting_once_the_job_failed_otherwise(server: StoreServer
     """A rank that took a peer's teardown for a link fault waits in the agreement for ranks
     that failed on a hang and will never join: the job's record says so, and it raises
     that failure (naming its origin) at once instead of at the budget."""
-    rdzv = SimpleNamespace(store=SimpleNamespace(address=server.address), token="", job=JOB)
-    retry = Retry(rdzv, RuntimeConfig(), server.host, telemetry=None)  # type: ignore[arg-type]
+    retry = Retry(
+        RuntimeConfig(), job=JOB, store=server.address, token="", store_host=server.host,
+        telemetry=None,
+    )  # fmt: skip
     hang = Revocation(
         kind="hang", origin=2, reason="is stopped (process state T)", comm="0:0-2", seq=7,
         op="all_reduce", seen_by=1, via="watchdog",

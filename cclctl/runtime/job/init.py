@@ -136,13 +136,20 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         on_close=close,
         watchdog=True,
         shrinker=survivors,
-        retrier=Retry(rdzv, cfg, store_host, telemetry),
+        retrier=_retrier(rdzv, cfg, store_host, telemetry),
         identity=_identity(rdzv, cfg, telemetry),
     )
     revoker = _revoker(rdzv, agent, comm, lambda: survivors.revoke_record(comm))
     survivors.revoker = revoker  # a shrunk communicator's failures go through the store too
     agent.watch()
     return comm
+
+
+def _retrier(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str, telemetry: Telemetry) -> Retry:
+    """The world communicator's retrier: the job's store as this rank joined it; it follows
+    the job's revoke record (through the revoker)."""
+    return Retry(cfg, job=rdzv.job, store=rdzv.store.address, token=rdzv.token,
+                 store_host=store_host, telemetry=telemetry)  # fmt: skip
 
 
 def _meeting(rdzv: Rendezvous, cfg: RuntimeConfig) -> TransportMeeting | Exchange:

@@ -11,6 +11,11 @@ Once every rank's entry is there, each clears the job's ``revoke`` key of the re
 retry got past (and its own acknowledgement), so a later failure, an abort or another
 ``cclctl retry`` can be written; each writes ``retry/<comm>/<epoch>/up/<rank>`` once its
 new transport is up (what ``cclctl retry`` waits for).
+
+A sub-communicator (torch's ``new_group``) retries the same way under its own id
+(``<name>:<folded members>``), its ranks being its group ranks; it follows no revoke record
+(the world's revoker does), so its retry clears none, and a rank it maps to a process, or a
+death it reads in the job's record, goes through its members' job ranks.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from cclctl.runtime.comm.recovery.port import Port
 from cclctl.runtime.comm.recovery.retry_plan import decide
 from cclctl.runtime.comm.recovery.retry_rules import RETRIED_KINDS, Ask, Plan
 from cclctl.runtime.job import link_telemetry
-from cclctl.runtime.job.rendezvous import Rendezvous
 from cclctl.runtime.job.revoke_key import read_record
 from cclctl.runtime.job.shrink import ShrinkExchange
 from cclctl.runtime.transport.base import Transport, announcer
@@ -94,16 +98,34 @@ def world_links(rank: int, size: int, cfg: RuntimeConfig, store_host: str, token
 
 
 class Retry:
-    """The job's retrier (:class:`~cclctl.runtime.comm.recovery.retry_rules.Retrier`) of its
-    world communicator: the rendezvous, the configuration and telemetry a new transport needs."""
+    """A communicator's retrier (:class:`~cclctl.runtime.comm.recovery.retry_rules.Retrier`):
+    where the job's store is (``job``, ``store``: its address, ``token``), the host links
+    face (``store_host``), the configuration and telemetry a new transport needs. The job's
+    world communicator has one (:mod:`~cclctl.runtime.job.init`), and so does each
+    sub-communicator (:mod:`~cclctl.runtime.job.subgroup`): its agreement is keyed by its own
+    id, among its own ranks. ``follows_record``: the communicator follows the job's revoke
+    record (the world's, through its revoker), so its retry clears the record it got past
+    and this rank's acknowledgement; a sub-communicator follows none and leaves both to the
+    world."""
 
     def __init__(
-        self, rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str, telemetry: Telemetry
+        self,
+        cfg: RuntimeConfig,
+        *,
+        job: str,
+        store: str,
+        token: str,
+        store_host: str,
+        telemetry: Telemetry | None,
+        follows_record: bool = True,
     ) -> None:
-        self.rdzv = rdzv
         self.cfg = cfg
+        self.job = job
+        self.store = store
+        self.token = token
         self.store_host = store_host
         self.telemetry = telemetry
+        self.follows_record = follows_record
 
     def __call__(self, comm: Port, ask: Ask) -> Plan:
         epoch = comm.failure.epoch + 1
@@ -111,10 +133,11 @@ class Retry:
         comm.transport.close()  # the failure was announced on it; its links are done
         try:
             with self._client(ask.deadline) as client:
-                scoped = ScopedStore.for_job(client, self.rdzv.job)
+                scoped = ScopedStore.for_job(client, self.job)
                 entries = _agree(scoped, prefix, comm, ask)
                 plan = decide(comm.rank, entries)
-                clear_revoke_key(scoped, comm.id, epoch, comm.rank)
+                if self.follows_record:
+                    clear_revoke_key(scoped, comm.id, epoch, comm.members[comm.rank])
                 transport = self._build(comm, epoch, scoped, prefix, ask.deadline)
                 scoped.set(f"{prefix}up/{comm.rank}", b"1")
         except CclError as exc:
@@ -123,7 +146,8 @@ class Retry:
             raise CommError(f"rank {comm.rank}: retry of {comm.id}: {exc}") from exc
         comm.renew(transport)
         comm.failure.bump_epoch(announcer(transport))
-        self.telemetry.count_retry(comm.id, ask.call)  # cclctl_collective_retries_total
+        if self.telemetry is not None:
+            self.telemetry.count_retry(comm.id, ask.call)  # cclctl_collective_retries_total
         return plan
 
     def refuse(self, comm: Port, ask: Ask) -> None:
@@ -132,7 +156,7 @@ class Retry:
         (:func:`~cclctl.runtime.comm.recovery.retry_plan.decide`)."""
         prefix = f"retry/{comm.id}/{comm.failure.epoch + 1}/"
         with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
-            scoped = ScopedStore.for_job(client, self.rdzv.job)
+            scoped = ScopedStore.for_job(client, self.job)
             scoped.set(f"{prefix}in/{comm.rank}", json.dumps(dataclasses.asdict(ask)).encode())
 
     def all_closed(self, comm: Port, ask: Ask, wait_s: float) -> bool:
@@ -141,7 +165,7 @@ class Retry:
         gone counts as closed (it has nothing left to retry)."""
         prefix = f"retry/{comm.id}/closed/"
         with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
-            scoped = ScopedStore.for_job(client, self.rdzv.job)
+            scoped = ScopedStore.for_job(client, self.job)
             scoped.set(f"{prefix}{comm.rank}", json.dumps(dataclasses.asdict(ask)).encode())
             present = scoped.list(prefix)
             missing = [f"{prefix}{r}" for r in range(comm.world_size)
@@ -156,17 +180,17 @@ class Retry:
         """Write ``retry/<comm>/left/<rank>``: this rank closed for good, so a retry that
         waits for it fails at once (:func:`_agree`), naming it."""
         with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
-            scoped = ScopedStore.for_job(client, self.rdzv.job)
+            scoped = ScopedStore.for_job(client, self.job)
             entry = json.dumps(dataclasses.asdict(ask)).encode()
             scoped.set(f"retry/{comm.id}/left/{comm.rank}", entry)
 
     def _client(self, deadline: float) -> KeyValueStore:
         left = max(0.05, deadline - time.monotonic())
         return open_store(
-            self.rdzv.store.address,
+            self.store,
             timeout_s=left,
             connect_timeout_s=left,
-            token=self.rdzv.token or None,
+            token=self.token or None,
             max_retry_delay_s=STORE_RETRY_DELAY_S,
         )
 
@@ -174,7 +198,7 @@ class Retry:
         self, comm: Port, epoch: int, scoped: ScopedStore, prefix: str, deadline: float
     ) -> Transport:
         rank, size, cfg = comm.rank, comm.world_size, self.cfg
-        links = world_links(rank, size, cfg, self.store_host, self.rdzv.token, epoch)
+        links = world_links(rank, size, cfg, self.store_host, self.token, epoch)
         left = max(0.05, deadline - time.monotonic())
         transport = build_transport(  # takes over links: closes them on failure
             rank,
@@ -185,13 +209,15 @@ class Retry:
             choice=cfg.transport,
             host=f"{cfg.hostname}|{host_key()}",
         )
-        link_telemetry.watch(self.telemetry, transport, links)
+        if self.telemetry is not None:
+            link_telemetry.watch(self.telemetry, transport, links, comm.members)
         return transport
 
 
 def clear_revoke_key(scoped: ScopedStore, comm_id: str, epoch: int, rank: int) -> None:
     """Remove the job's record if it is what this retry (into ``epoch``) got past: a link
-    fault of an earlier epoch of ``comm_id``, or an operator's retry; and this rank's ack.
+    fault of an earlier epoch of ``comm_id``, or an operator's retry; and the ack of job rank
+    ``rank`` (this one's).
     Every rank has written its entry by now, so none writes a record of the old life."""
     rev = read_record(scoped)
     if (
@@ -261,12 +287,15 @@ def _agreement(keys: list[str]) -> str:
 
 
 def _gone(comm: Port, rank: int) -> bool:
-    """Rank ``rank``'s process ran on this host and is gone."""
+    """Rank ``rank``'s process (its job rank's: ``comm.members``) ran on this host and is gone."""
     peers, host = comm.failure.peers, comm.failure.host
-    if not 0 <= rank < len(peers) or not host or peers[rank][0] != host or rank == comm.rank:
+    if not 0 <= rank < comm.world_size or rank == comm.rank or not host:
+        return False
+    job_rank = comm.members[rank]
+    if not 0 <= job_rank < len(peers) or peers[job_rank][0] != host:
         return False
     try:
-        os.kill(peers[rank][1], 0)
+        os.kill(peers[job_rank][1], 0)
     except ProcessLookupError:
         return True
     except OSError:
@@ -275,9 +304,13 @@ def _gone(comm: Port, rank: int) -> bool:
 
 
 def _job_failure(scoped: ScopedStore, comm: Port) -> revocation.Revocation | None:
-    """The job's record where it is a failure of ``comm``'s present life (an operator's of
-    any epoch) that a retry does not recover from (the ranks it stopped do not join)."""
+    """The job's record where it is a failure that a retry of ``comm`` does not recover
+    from (the ranks it stopped do not join): one of ``comm``'s present life (an operator's of
+    any epoch), or the death of one of its members, whatever communicator saw it (a dead
+    rank never joins; a sub-communicator's records are the world's)."""
     rev = read_record(scoped)
     if rev is None or rev.kind in RETRIED_KINDS:
         return None
-    return rev if rev.of_life(comm.id, comm.failure.epoch) else None
+    if rev.of_life(comm.id, comm.failure.epoch):
+        return rev
+    return rev if rev.kind == "died" and rev.origin in comm.members else None

@@ -5,9 +5,14 @@ the members meet in the job's store under ``group/<name>/`` (``name``: the same 
 member, e.g. torch's group name), open links and shared memory among themselves alone,
 and run calls as any communicator does. Its id is ``<name>:<folded member ranks>`` (the
 torch integration's convention for groups); telemetry counts its calls and link bytes under
-the job's ranks, and the watchdog expires its hung calls through its own failure state. It
-has no retry or shrink of its own and publishes no revoke record: a failure fails it alone,
-and the error names the peer as every error does.
+the job's ranks, and the watchdog expires its hung calls through its own failure state.
+
+It recovers as the world does from a link fault: its links keep their tails, so a reset
+link is made again inside the step, and where the world retries (``CCLCTL_RETRY_BUDGET``
+on, TCP or hybrid links) it retries too, through its own agreement in the job's store
+under ``retry/<its id>/`` among its members alone (:class:`~cclctl.runtime.job.retry.Retry`),
+with the world's guarantees (exact results). It has no shrink and publishes no revoke
+record: any other failure fails it alone, and the error names the peer as every error does.
 """
 
 from __future__ import annotations
@@ -18,12 +23,12 @@ from cclctl.config import RuntimeConfig
 from cclctl.errors import RendezvousError, UsageError
 from cclctl.ranges import fold_ranks
 from cclctl.records import CollectiveRecord
-from cclctl.runtime.agent import FailureHooks
+from cclctl.runtime.agent import Agent, FailureHooks
 from cclctl.runtime.agent.process import current
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.identity import RankIdentity
 from cclctl.runtime.job import link_telemetry
-from cclctl.runtime.job.retry import world_links
+from cclctl.runtime.job.retry import Retry, world_links
 from cclctl.runtime.job.store_exchange import StoreExchange
 from cclctl.runtime.job.token import resolve_token
 from cclctl.runtime.transport.hybrid import build_transport
@@ -61,6 +66,11 @@ def open_subgroup(
             choice=cfg.transport, host=f"{cfg.hostname}|{host_key()}",
         )  # fmt: skip
     comm_id = f"{name}:{fold_ranks(members)}"
+    agent = current(job_rank)
+    retrier = Retry(
+        cfg, job=cfg.job, store=store, token=token.token, store_host=where[0],
+        telemetry=agent.telemetry if agent is not None else None, follows_record=False,
+    )  # fmt: skip
     comm = Communicator(
         rank=rank,
         world_size=size,
@@ -70,17 +80,16 @@ def open_subgroup(
         tracer=world.tracer,
         watchdog=True,
         members=members,
+        retrier=retrier,
         identity=RankIdentity(cfg.hostname, world.failure.evidence, world.failure.peers),
     )
-    _register(comm, cfg, job_rank, links)
+    if agent is not None:
+        _register(comm, cfg, agent, links)
     return comm
 
 
-def _register(comm: Communicator, cfg: RuntimeConfig, job_rank: int, links: Links) -> None:
+def _register(comm: Communicator, cfg: RuntimeConfig, agent: Agent, links: Links) -> None:
     """Telemetry counts the group's calls and links; the watchdog expires its hung calls."""
-    agent = current(job_rank)
-    if agent is None:
-        return
     agent.telemetry.register_comm(comm.id, comm.members)
     link_telemetry.watch(agent.telemetry, comm.transport, links, comm.members)
 
