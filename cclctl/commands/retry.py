@@ -135,7 +135,7 @@ def _retry(
     while True:
         listing = full.list(job_prefix(job))
         after = parse(job, scoped.address, listing)
-        rejoined = rejoins_in(listing, job, before, inclusive=not written)
+        rejoined = rejoins_in(listing, job, before, inclusive=not written, world_size=world_size)
         aborted = _aborted(after, world_size)
         view = classify(after, world_size=world_size, thresholds=Thresholds(stale_s=stale_s))
         settled = {r for r, j in rejoined.items() if j.up} | set(aborted)

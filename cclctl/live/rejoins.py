@@ -55,16 +55,27 @@ def latest_epochs(listing: Mapping[str, bytes], job: str) -> dict[str, int]:
 
 
 def rejoins_in(
-    listing: Mapping[str, bytes], job: str, after: Mapping[str, int], *, inclusive: bool
+    listing: Mapping[str, bytes],
+    job: str,
+    after: Mapping[str, int],
+    *,
+    inclusive: bool,
+    world_size: int | None = None,
 ) -> dict[int, Rejoin]:
     """Each rank's newest rejoin in ``listing`` past ``after`` (a communicator's epoch
-    before the retry; ``inclusive``: that epoch counts, for a retry already under way)."""
+    before the retry; ``inclusive``: that epoch counts, for a retry already under way).
+    With ``world_size``, only communicators of every rank in job order count (the world,
+    whose retry the operator's record asks for): a sub-communicator's entries are keyed by
+    its own ranks, not the job's, and it follows no record."""
     entries: dict[tuple[str, int, int], dict[str, bytes]] = {}
+    whole = None if world_size is None else ("0" if world_size == 1 else f"0-{world_size - 1}")
     for rel, value in _relative(listing, job).items():
         m = _ENTRY.match(rel)
         if m is None:
             continue
         comm, epoch, rank = m["comm"], int(m["epoch"]), int(m["rank"])
+        if whole is not None and comm.partition(":")[2] != whole:
+            continue
         floor = after.get(comm, -1 if inclusive else 0)
         if epoch > floor or (inclusive and epoch == floor):
             entries.setdefault((comm, epoch, rank), {})[m["what"]] = value

@@ -144,6 +144,24 @@ def test_rejoins_are_read_from_the_newest_epoch_past_the_one_before() -> None:
     assert sorted(rejoins_in(listing, JOB, {COMM: 2}, inclusive=True)) == [0, 1]
 
 
+def test_a_sub_communicators_entries_are_not_the_worlds_rejoins() -> None:
+    """A new_group's retry keys its entries by its own ranks (group rank 0 of ``1:2-3`` is
+    job rank 2) and follows no operator's record: `cclctl retry` counts the world's only."""
+    entry = json.dumps({"call": "all_reduce", "pending": 7}).encode()
+    listing = {
+        f"cclctl/{JOB}/retry/{COMM}/1/in/1": entry,
+        f"cclctl/{JOB}/retry/1:2-3/1/in/0": entry,
+        f"cclctl/{JOB}/retry/1:2-3/1/up/0": b"1",
+    }
+    assert sorted(rejoins_in(listing, JOB, {}, inclusive=False)) == [
+        0,
+        1,
+    ]  # group rank 0 read as job rank 0
+    found = rejoins_in(listing, JOB, {}, inclusive=False, world_size=4)
+    assert sorted(found) == [1]
+    assert (found[1].comm, found[1].seq, found[1].up) == (COMM, 7, False)
+
+
 def test_help_teaches_with_an_example() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "cclctl", "retry", "--help"],
