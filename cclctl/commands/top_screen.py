@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from rich import box
 from rich.console import Console, Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from cclctl.commands.diagnose_sources import no_cycle_collection
+from cclctl.commands.drawn_table import Column, DrawnTable
 from cclctl.diagnose.model import Options
 from cclctl.diagnose.slow_model import SlowReport
 from cclctl.diagnose_io.live import diagnose_live
@@ -99,19 +98,15 @@ def render(screen: Screen, max_rows: int | None, note: str = "", width: int = 0)
     )
     if width > 0:
         model = model.fit(width)
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False)
-    for name in model.columns:
-        numeric = name in rows_of.NUMERIC or name.startswith("busbw")
-        state = name == "state"
-        table.add_column(
+    columns = [
+        Column(
             name,
-            justify="right" if numeric else "left",
-            no_wrap=not state,
-            max_width=rows_of.STATE_MAX if state else None,
-            overflow="fold",
+            right=name in rows_of.NUMERIC or name.startswith("busbw"),
+            wrap=rows_of.STATE_MAX if name == "state" else 0,
         )
-    for row in model.rows:
-        table.add_row(*row.cells, style=_STYLES[row.severity])
+        for name in model.columns
+    ]
+    table = DrawnTable(columns, [(row.cells, _STYLES[row.severity]) for row in model.rows])
     parts: list[RenderableType] = [Text(model.header, style="bold")]
     if note:
         parts.append(Text(note, style="bold red"))
