@@ -1,5 +1,6 @@
 """What reading a large job costs once its data is in: ``diagnose hang --store`` and ``top``
-on N simulated ranks' host documents, with nothing else running.
+(``--json``, and ``--once`` drawing every rank's row in a pipe) on N simulated ranks' host
+documents, with nothing else running.
 
 The documents are ``scale_sim.py``'s (the same status templates, each host's made by a real
 :class:`~cclctl.runtime.hostagent.server.HostAgent`, digests included), written once into
@@ -120,6 +121,7 @@ def main() -> None:
         commands = [("diagnose hang", ["diagnose", "hang", "--json"])]
         if not args.no_top:
             commands.append(("top --json", ["top", "--json"]))
+            commands.append(("top --once", ["top", "--once"]))  # every rank's row, in a pipe
         for name, words in commands:
             for i in range(args.repeat):
                 run = cli([*words, "--store", address, "--job", JOB], 600, args.cli_mem_gib)
