@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import (
@@ -101,3 +101,16 @@ def progress_bar(
     )
     with progress:
         yield TaskBar(progress, total, description)
+
+
+@contextlib.contextmanager
+def working(description: str, *, console: Console | None = None) -> Iterator[Callable[[str], None]]:
+    """A transient spinner on stderr while something slow runs (a large job read from its
+    store), retitled by the callable it yields as the work moves on. Off a terminal nothing
+    is drawn and the callable does nothing, so callers need no second code path."""
+    console = console or stderr_console()
+    if not console.is_terminal:
+        yield lambda words: None
+        return
+    with console.status(description, spinner="dots") as status:
+        yield lambda words: status.update(words)

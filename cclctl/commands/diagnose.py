@@ -132,8 +132,10 @@ def hang(
     if dumps or address is None:  # given dumps use no CCLCTL_* variable
         diag = _from_dumps(dumps or [default_folder(job)], job, world_size, opts)
     else:  # the same verdict as top's
-        with no_cycle_collection():
-            diag = diagnose_live(live_statuses(address, job, ALIKE_FROM), world_size, opts)
+        with no_cycle_collection(), ui.working(f"listing the job's statuses in {address}") as say:
+            statuses = live_statuses(address, job, ALIKE_FROM, say)
+            say(f"diagnosing {len(statuses.statuses):,} ranks")
+            diag = diagnose_live(statuses, world_size, opts)
     if as_json:
         ui.write_result(json.dumps(diag.to_dict(), indent=2) + "\n")
     else:

@@ -130,8 +130,9 @@ def _live(
     address: str, job: str | None, opts: SlowOptions
 ) -> tuple[SlowReport, ProbeEvidence | None]:
     """A live job's verdict, with its last probe as evidence."""
-    with no_cycle_collection():
-        statuses = live_statuses(address, job)
+    with no_cycle_collection(), ui.working(f"listing the job's statuses in {address}") as say:
+        statuses = live_statuses(address, job, say=say)
+        say(f"judging the windows of {len(statuses.statuses):,} ranks")
         return with_probe(slow_live(statuses, opts), statuses)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from cclctl import ui
 from cclctl.commands.store_access import connect
@@ -62,11 +62,16 @@ def no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
-def live_statuses(address: str, job: str | None, alike_from: int | None = None) -> JobStatuses:
-    """A live job's statuses from its store (``alike_from``: see :func:`fetch`)."""
+def live_statuses(
+    address: str,
+    job: str | None,
+    alike_from: int | None = None,
+    say: Callable[[str], None] | None = None,
+) -> JobStatuses:
+    """A live job's statuses from its store (``alike_from``, ``say``: see :func:`fetch`)."""
     client = connect(address)
     try:
-        statuses = fetch(client, job, alike_from=alike_from)
+        statuses = fetch(client, job, alike_from=alike_from, say=say)
     finally:
         client.close()
     if not statuses.statuses and not statuses.bad:

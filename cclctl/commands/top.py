@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
+from cclctl import ui
 from cclctl.commands.checks import store_to_read
 from cclctl.commands.store_access import connect, store_option
 from cclctl.commands.top_screen import Screen, fit_rows, read_screen, render
@@ -96,7 +97,8 @@ def top(
     limits = Thresholds(stale_s=stale, slow_s=slow)
     client = connect(address)
     try:
-        screen = read_screen(client, job, world_size, limits)
+        with ui.working(f"listing the job's statuses in {address}") as say:
+            screen = read_screen(client, job, world_size, limits, say)
     except BaseException:
         client.close()
         raise

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
@@ -50,16 +51,24 @@ class Screen:
 
 
 def read_screen(
-    client: KeyValueStore, job: str | None, world_size: int | None, limits: Thresholds
+    client: KeyValueStore,
+    job: str | None,
+    world_size: int | None,
+    limits: Thresholds,
+    say: Callable[[str], None] | None = None,
 ) -> Screen:
     """Fetch once; classify the ranks and diagnose the same statuses (no second fetch).
 
     The diagnosis is ``diagnose hang --store``'s, with --stale and --slow as its stale and
     stuck thresholds; none while no rank has published. Its UsageError (a --world-size
-    below a rank seen) is the user's to fix, as in diagnose.
+    below a rank seen) is the user's to fix, as in diagnose. ``say``: told what is read,
+    then judged (the first screen's progress line).
     """
     with no_cycle_collection():
-        return screen_of(fetch(client, job), world_size, limits)
+        statuses = fetch(client, job, say=say)
+        if say is not None:
+            say(f"judging {len(statuses.statuses):,} ranks")
+        return screen_of(statuses, world_size, limits)
 
 
 def screen_of(statuses: JobStatuses, world_size: int | None, limits: Thresholds) -> Screen:

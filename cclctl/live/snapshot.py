@@ -16,7 +16,7 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from cclctl import host_status, limits, probe_record
@@ -85,16 +85,23 @@ def jobs_in(keys: Mapping[str, Any]) -> list[str]:
 
 
 def fetch(
-    store: ListingStore, job: str | None = None, *, alike_from: int | None = None
+    store: ListingStore,
+    job: str | None = None,
+    *,
+    alike_from: int | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> JobStatuses:
     """Read one job's statuses. Without ``job``, the store must hold exactly one job.
-    ``alike_from``: see :func:`parse`.
+    ``alike_from``: see :func:`parse`. ``say``: told what is read once the listing is in
+    (a progress line: a large job's parse takes seconds).
 
     Raises UsageError (exit 2) when no job, or more than one, has published status;
     StoreError when the store cannot be reached.
     """
     if job is not None:
-        return parse(job, store.address, store.list(job_prefix(job)), alike_from=alike_from)
+        listing = store.list(job_prefix(job))
+        _reading(listing, say)
+        return parse(job, store.address, listing, alike_from=alike_from)
     listing = store.list(ROOT)
     jobs = jobs_in(listing)
     if not jobs:
@@ -105,7 +112,14 @@ def fetch(
             "choose one with --job",
             jobs=jobs,
         )
+    _reading(listing, say)
     return parse(jobs[0], store.address, listing, alike_from=alike_from)
+
+
+def _reading(listing: Mapping[str, bytes], say: Callable[[str], None] | None) -> None:
+    if say is not None:
+        size = sum(map(len, listing.values()))
+        say(f"reading {len(listing):,} keys of statuses ({size / 2**20:.1f} MiB)")
 
 
 def parse(
