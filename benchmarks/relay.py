@@ -17,15 +17,20 @@ events); otherwise they are numpy arrays staged by ``ThreadCopier`` (a copy thre
 copy engine, so the copies overlap the host collective as a device's would). The machine
 this was written on has no accelerator: only the CPU numbers were measured there.
 
+With ``--two-hosts`` (root) the ranks run on two network-namespace hosts joined by a veth
+pair, half on each (``two_hosts.py``'s), so the wire stage is TCP between hosts: the path
+the relay is for (chips of two hosts exchanging through host memory).
+
     python benchmarks/relay.py [--ranks 2] [--min 1M --max 64M] [--rounds 5]
         [--ops all_reduce,all_gather,reduce_scatter,broadcast] [--chunk 4M] [--depth 4]
-        [--copier thread|host] [--json relay.json]
+        [--copier thread|host] [--two-hosts] [--json relay.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -147,6 +152,43 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _one_host(cmd: list[str], ranks: int) -> list[dict[str, Any]]:
+    """The ranks as one `cclctl launch` job on this host; rank 0's rows."""
+    from cclctl.launch.launcher import launch
+
+    lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    result = launch(
+        cmd,
+        ranks,
+        output=lambda rank, stream, line: lines[stream].append(f"[{rank}] {line}"),
+        timeout_s=3600,
+    )
+    if result.returncode:
+        print("\n".join(lines["stderr"][-20:]), file=sys.stderr)
+        raise SystemExit(f"the ranks failed with exit code {result.returncode}")
+    return [json.loads(ln.split("] ", 1)[1]) for ln in lines["stdout"] if '] {"op"' in ln]
+
+
+def _two_hosts(cmd: list[str], ranks: int, port: int) -> list[dict[str, Any]]:
+    """The ranks on two network-namespace hosts (``two_hosts.py``'s), half on each; rank
+    0's rows. Needs root."""
+    if os.geteuid() != 0:
+        raise SystemExit("relay.py --two-hosts needs root (network namespaces)")
+    if ranks % 2:
+        raise SystemExit(f"relay.py --two-hosts: --ranks {ranks} does not split over two hosts")
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
+    from netns_job import TwoHosts
+    from two_hosts import rank0_output, start_ranks
+
+    hosts = TwoHosts()
+    try:
+        procs = start_ranks(hosts, ranks // 2, port, cmd, {})
+        lines = rank0_output(hosts, procs, "the relay benchmark")
+    finally:
+        hosts.close()
+    return [json.loads(ln) for ln in lines if ln.startswith('{"op"')]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
@@ -161,31 +203,29 @@ def main() -> int:
         "--copier", default="thread", choices=("thread", "host"),
         help="CPU buffers: copies on a copy thread (overlapping) or inline",
     )  # fmt: skip
+    ap.add_argument(
+        "--two-hosts", action="store_true",
+        help="the ranks on two network-namespace hosts, half on each (root): the wire "
+        "stage over TCP between them",
+    )  # fmt: skip
+    ap.add_argument("--port", type=int, default=29900, help="--two-hosts: rank 0's store port")
     ap.add_argument("--json", default="", help="also write the rows here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return _worker(args)
-    from cclctl.launch.launcher import launch
-
     sizes = sizes_between(parse_size(args.min), parse_size(args.max), args.factor)
     cmd = [sys.executable, __file__, "--worker", "--ops", args.ops, "--rounds", str(args.rounds)]
     cmd += ["--chunk", args.chunk, "--depth", str(args.depth), "--sizes", ",".join(map(str, sizes))]
     cmd += ["--copier", args.copier]
-    lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
-    result = launch(
-        cmd,
-        args.ranks,
-        output=lambda rank, stream, line: lines[stream].append(f"[{rank}] {line}"),
-        timeout_s=3600,
-    )
-    if result.returncode:
-        print("\n".join(lines["stderr"][-20:]), file=sys.stderr)
-        raise SystemExit(f"the ranks failed with exit code {result.returncode}")
-    rows = [json.loads(ln.split("] ", 1)[1]) for ln in lines["stdout"] if '] {"op"' in ln]
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    rows = _two_hosts(cmd, args.ranks, args.port) if args.two_hosts else _one_host(cmd, args.ranks)
     device = rows[0]["device"] if rows else "?"
-    print(f"# {args.ranks} ranks, relayed from {device}, chunk {args.chunk} x {args.depth}")
+    where = "on two hosts (TCP between them)" if args.two_hosts else "on one host"
+    print(f"# {args.ranks} ranks {where}, relayed from {device}, chunk {args.chunk} x "
+          f"{args.depth}; load average {load} before, "
+          f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])} after")  # fmt: skip
     print(render(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

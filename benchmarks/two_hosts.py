@@ -45,17 +45,18 @@ RUNTIMES = ("cclctl", "cclctl-noretry", "gloo")
 BUSBW = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
 
 
-def run_job(
-    hosts: TwoHosts, name: str, per_host: int, worker_args: list[str], port: int
-) -> list[dict[str, Any]]:
-    """One job of ``2 * per_host`` ranks (ranks 0.. on h1 first); rank 0's JSON lines."""
+def start_ranks(
+    hosts: TwoHosts, per_host: int, port: int, argv: list[str], env: dict[str, str]
+) -> list[subprocess.Popen[str]]:
+    """``2 * per_host`` ranks running ``argv`` (ranks 0.. on h1 first), each in its host's
+    namespace under ``unshare --uts`` with its host's hostname, environment-launched
+    (``RANK``, ``MASTER_ADDR`` on h1, ...) with ``env`` added."""
     n = 2 * per_host
     base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
-    runtime = "gloo" if name == "gloo" else "cclctl"
     procs = []
     for rank in range(n):
         host = "h1" if rank < per_host else "h2"
-        env = {
+        rank_env = {
             **base,
             "RANK": str(rank),
             "WORLD_SIZE": str(n),
@@ -68,29 +69,44 @@ def run_job(
             "CCLCTL_TOKEN": TOKEN,
             "CCLCTL_STORE_LINGER": "1",
             "GLOO_SOCKET_IFNAME": hosts.devs[0 if host == "h1" else 1],
+            **env,
         }
-        if name == "cclctl-noretry":
-            env["CCLCTL_RETRY_BUDGET"] = "0"
-        os.makedirs(env["TMPDIR"], exist_ok=True)
+        os.makedirs(rank_env["TMPDIR"], exist_ok=True)
         cmd = hosts.exec(host, "unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$0" "$@"')
         procs.append(
             subprocess.Popen(
-                [*cmd, sys.executable, "-W", "ignore", WORKER, "--runtime", runtime, *worker_args],
-                env=streaming_copies.rank_environment(env),
+                [*cmd, *argv],
+                env=streaming_copies.rank_environment(rank_env),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
                 start_new_session=True,
             )
         )
+    return procs
+
+
+def rank0_output(hosts: TwoHosts, procs: list[subprocess.Popen[str]], what: str) -> list[str]:
+    """Wait for the ranks (at most 15 minutes), end whatever is left in the namespaces,
+    and return rank 0's stdout lines; RuntimeError naming ``what`` if a rank failed."""
     try:
         outs = [p.communicate(timeout=900) for p in procs]
     finally:
         hosts.kill_all()  # lingering stores, and any rank left by a failure
     if any(p.returncode for p in procs):
         err = next(e for (_, e), p in zip(outs, procs, strict=True) if p.returncode)
-        raise RuntimeError(f"{name} with {n} ranks failed: {err.strip()[-400:]}")
-    return _parse(outs[0][0].splitlines())
+        raise RuntimeError(f"{what} with {len(procs)} ranks failed: {err.strip()[-400:]}")
+    return outs[0][0].splitlines()
+
+
+def run_job(
+    hosts: TwoHosts, name: str, per_host: int, worker_args: list[str], port: int
+) -> list[dict[str, Any]]:
+    """One job of ``2 * per_host`` ranks (ranks 0.. on h1 first); rank 0's JSON lines."""
+    runtime = "gloo" if name == "gloo" else "cclctl"
+    env = {"CCLCTL_RETRY_BUDGET": "0"} if name == "cclctl-noretry" else {}
+    argv = [sys.executable, "-W", "ignore", WORKER, "--runtime", runtime, *worker_args]
+    return _parse(rank0_output(hosts, start_ranks(hosts, per_host, port, argv, env), name))
 
 
 def one_round(
