@@ -43,13 +43,9 @@ PROC_GONE = "gone"
 PROC_STATES = (PROC_RUNNING, PROC_STOPPED, PROC_ZOMBIE, PROC_GONE)
 
 
-#: The states of a call still in flight (when it has not ended).
-_OPEN = (STARTED, TIMED_OUT)
-
-
 def in_flight(rec: CollectiveRecord) -> bool:
     """Still inside the call: started (or marked timed out by the watchdog) and not ended."""
-    return rec.state in _OPEN and not rec.end_ns
+    return rec.state in (STARTED, TIMED_OUT) and not rec.end_ns
 
 
 @dataclasses.dataclass(slots=True)
@@ -87,13 +83,18 @@ class RankState:
         calls = self.tail.get(comm)
         return max(info.last_started if info else 0, max(calls) if calls else 0)
 
-    def completed(self, comm: str) -> int:
-        info = self.comms.get(comm)
-        best = info.last_completed if info else 0
-        for seq, rec in self.tail.get(comm, {}).items():
-            if rec.state == COMPLETED and seq > best:
-                best = seq
-        return best
+    def progress(self, comm: str) -> tuple[int, int, CollectiveRecord | None]:
+        """The last seq it started and the last it completed on ``comm``, and its newest
+        record there (None without one), in one look at its tail."""
+        info, calls = self.comms.get(comm), self.tail.get(comm)
+        started, done = (info.last_started, info.last_completed) if info else (0, 0)
+        if not calls:
+            return started, done, None
+        newest = max(calls)
+        for seq, rec in calls.items():
+            if rec.state == COMPLETED and seq > done:
+                done = seq
+        return max(started, newest), done, calls[newest]
 
     def age_s(self, rec: CollectiveRecord) -> float:
         """How long ``rec`` had run when this rank's document was written (its own clock)."""
@@ -114,8 +115,7 @@ def rank_state(snap: RankSnapshot) -> RankState:
         records = [*records, call]
     inflight: list[CollectiveRecord] = []
     for rec in records:
-        open_call = rec.state in _OPEN and not rec.end_ns  # in_flight(rec)
-        if open_call and not any(_same_call(rec, r) for r in inflight):
+        if in_flight(rec) and not any(_same_call(rec, r) for r in inflight):
             inflight.append(rec)
         if rec.peer is not None:
             continue  # point-to-point seqs count per pair, not per communicator
@@ -262,20 +262,12 @@ def _comm_view(comm: str, states: dict[int, RankState], opts: Options) -> CommVi
         st = states.get(rank)
         if st is None:
             continue
-        # st.started(comm), st.completed(comm) and st.last(comm), in one look at its tail
-        info, calls = st.comms.get(comm), st.tail.get(comm)
-        started, done = (info.last_started, info.last_completed) if info else (0, 0)
-        last = None
-        if calls:
-            newest_seq = max(calls)
-            last, started = calls[newest_seq], max(started, newest_seq)
-            for seq, rec in calls.items():
-                if rec.state == COMPLETED and seq > done:
-                    done = seq
-            if not ops.keys() >= calls.keys():  # a seq no lower rank has a record of
-                for seq, rec in calls.items():
-                    ops.setdefault(seq, rec.op)
+        started, done, last = st.progress(comm)
         position[rank], completed[rank] = started, done
+        calls = st.tail.get(comm)
+        if calls and not ops.keys() >= calls.keys():  # a seq no lower rank has a record of
+            for seq, rec in calls.items():
+                ops.setdefault(seq, rec.op)
         if last is not None and last.state != COMPLETED and superseded(last, newest):
             inside.add(rank)  # re-running the seq the others completed in a later epoch
         elif last is not None and last.seq == started and last.state != COMPLETED:

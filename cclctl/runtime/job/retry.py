@@ -3,14 +3,15 @@
 Every rank of the communicator writes what it brings (:class:`~cclctl.runtime.comm.
 recovery.retry_rules.Ask`) under ``retry/<comm>/<epoch>/in/<rank>`` in the job's store,
 ``epoch`` being the communicator's next one, and waits for all of them until the budget's
-deadline: nobody re-runs alone. All read the same entries, so all make the same plan. Then
-the old transport is closed, a new one opens through a rendezvous scoped to
-``retry/<comm>/<epoch>/x/`` with links of the new epoch (a socket of the old life is
-refused at its handshake), and the failure state starts the new epoch: its calls run again.
-Once every rank's entry is there, each clears the job's ``revoke`` key of the record this
-retry got past (and its own acknowledgement), so a later failure, an abort or another
-``cclctl retry`` can be written; each writes ``retry/<comm>/<epoch>/up/<rank>`` once its
-new transport is up (what ``cclctl retry`` waits for).
+deadline (:mod:`~cclctl.runtime.job.retry_agreement`): nobody re-runs alone. All read the
+same entries, so all make the same plan. Then the old transport is closed, a new one opens
+through a rendezvous scoped to ``retry/<comm>/<epoch>/x/`` with links of the new epoch (a
+socket of the old life is refused at its handshake), and the failure state starts the new
+epoch: its calls run again. Once every rank's entry is there, each clears the job's
+``revoke`` key of the record this retry got past (and its own acknowledgement), so a later
+failure, an abort or another ``cclctl retry`` can be written; each writes
+``retry/<comm>/<epoch>/up/<rank>`` once its new transport is up (what ``cclctl retry``
+waits for).
 
 A sub-communicator (torch's ``new_group``) retries the same way under its own id
 (``<name>:<folded members>``), its ranks being its group ranks; it follows no revoke record
@@ -22,17 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 
 from cclctl import revocation
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommError, StoreTimeout
-from cclctl.ranges import fold_ranks
 from cclctl.runtime.comm.recovery.port import Port
 from cclctl.runtime.comm.recovery.retry_plan import decide
 from cclctl.runtime.comm.recovery.retry_rules import RETRIED_KINDS, Ask, Plan
 from cclctl.runtime.job import link_telemetry
+from cclctl.runtime.job.retry_agreement import agree, gone
 from cclctl.runtime.job.revoke_key import read_record
 from cclctl.runtime.job.shrink import ShrinkExchange
 from cclctl.runtime.transport.base import Transport, announcer
@@ -59,8 +59,6 @@ STORE_RETRY_DELAY_S = 0.05
 
 #: The longest a rank whose call is not re-run spends telling the agreement so.
 REFUSE_S = 5.0
-#: How often a rank waiting for the others' entries looks at the job's record.
-AGREE_LOOK_S = 0.25
 
 
 def _tenth_of_budget(cfg: RuntimeConfig, most_s: float) -> float:
@@ -134,7 +132,7 @@ class Retry:
         try:
             with self._client(ask.deadline) as client:
                 scoped = ScopedStore.for_job(client, self.job)
-                entries = _agree(scoped, prefix, comm, ask)
+                entries = agree(scoped, prefix, comm, ask)
                 plan = decide(comm.rank, entries)
                 if self.follows_record:
                     clear_revoke_key(scoped, comm.id, epoch, comm.members[comm.rank])
@@ -169,7 +167,7 @@ class Retry:
             scoped.set(f"{prefix}{comm.rank}", json.dumps(dataclasses.asdict(ask)).encode())
             present = scoped.list(prefix)
             missing = [f"{prefix}{r}" for r in range(comm.world_size)
-                       if f"{prefix}{r}" not in present and not _gone(comm, r)]  # fmt: skip
+                       if f"{prefix}{r}" not in present and not gone(comm, r)]  # fmt: skip
             try:
                 scoped.wait(missing, timeout_s=wait_s)
             except StoreTimeout:
@@ -178,7 +176,7 @@ class Retry:
 
     def leave(self, comm: Port, ask: Ask) -> None:
         """Write ``retry/<comm>/left/<rank>``: this rank closed for good, so a retry that
-        waits for it fails at once (:func:`_agree`), naming it."""
+        waits for it fails at once (:func:`~.retry_agreement.agree`), naming it."""
         with self._client(min(ask.deadline, time.monotonic() + REFUSE_S)) as client:
             scoped = ScopedStore.for_job(client, self.job)
             entry = json.dumps(dataclasses.asdict(ask)).encode()
@@ -228,89 +226,3 @@ def clear_revoke_key(scoped: ScopedStore, comm_id: str, epoch: int, rank: int) -
     ):
         scoped.delete(revocation.KEY)
     scoped.delete(revocation.ack_key(rank))
-
-
-def _agree(scoped: ScopedStore, prefix: str, comm: Port, ask: Ask) -> dict[int, Ask]:
-    """Write this rank's entry, wait for every rank's until the deadline, read them all.
-    While it waits, the job's record may show that the job failed otherwise (a hang, a
-    death, an abort): then the others never come, and that failure is raised at once."""
-    rank, size = comm.rank, comm.world_size
-    mine = dataclasses.asdict(ask)
-    scoped.set(f"{prefix}in/{rank}", json.dumps(mine).encode())
-    keys = [f"{prefix}in/{r}" for r in range(size)]
-    while True:
-        left = ask.deadline - time.monotonic()
-        try:
-            scoped.wait(keys, timeout_s=max(0.0, min(left, AGREE_LOOK_S)))
-            break
-        except StoreTimeout:
-            failed = _job_failure(scoped, comm)
-            if failed is not None:
-                where = f"rank {rank}: retry of {ask.call} seq {ask.pending}"
-                raise comm.failure.error(failed, where) from None
-            _left_for_good(scoped, comm, keys, rank, ask)
-            if left > AGREE_LOOK_S:
-                continue
-            present = scoped.list(f"{prefix}in/")
-            missing = [r for r, k in enumerate(keys) if k not in present]
-            raise CommError(
-                f"rank {rank}: retry of seq {ask.pending}: rank(s) {fold_ranks(missing)} did "
-                "not join before the budget ran out",
-                rank=rank,
-            ) from None
-    found = scoped.list(f"{prefix}in/")
-    return {r: Ask(**json.loads(found[k])) for r, k in enumerate(keys)}
-
-
-def _left_for_good(scoped: ScopedStore, comm: Port, keys: list[str], rank: int,
-                   ask: Ask) -> None:  # fmt: skip
-    """Raise at once where a rank the agreement waits for closed for good (it gave up
-    waiting at its close, or a failure ended its waiting): it will never join."""
-    present = scoped.list(f"{_agreement(keys)}")
-    gone = scoped.list(f"retry/{comm.id}/left/")
-    left = sorted(r for r, k in enumerate(keys) if k not in present
-                  and f"retry/{comm.id}/left/{r}" in gone)  # fmt: skip
-    if not left:
-        return
-    after = max(Ask(**json.loads(gone[f"retry/{comm.id}/left/{r}"])).pending - 1 for r in left)
-    raise CommError(
-        f"rank {rank}: cannot retry seq {ask.pending}: rank(s) {fold_ranks(left)} closed "
-        f"after seq {after}, before the fault reached them, and left (they waited for "
-        "every rank to close until the budget ran out, or the job failed otherwise)",
-        rank=rank,
-    )
-
-
-def _agreement(keys: list[str]) -> str:
-    """The prefix of an agreement's entry keys (``.../in/``)."""
-    return keys[0].rpartition("/")[0] + "/"
-
-
-def _gone(comm: Port, rank: int) -> bool:
-    """Rank ``rank``'s process (its job rank's: ``comm.members``) ran on this host and is gone."""
-    peers, host = comm.failure.peers, comm.failure.host
-    if not 0 <= rank < comm.world_size or rank == comm.rank or not host:
-        return False
-    job_rank = comm.members[rank]
-    if not 0 <= job_rank < len(peers) or peers[job_rank][0] != host:
-        return False
-    try:
-        os.kill(peers[job_rank][1], 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-def _job_failure(scoped: ScopedStore, comm: Port) -> revocation.Revocation | None:
-    """The job's record where it is a failure that a retry of ``comm`` does not recover
-    from (the ranks it stopped do not join): one of ``comm``'s present life (an operator's of
-    any epoch), or the death of one of its members, whatever communicator saw it (a dead
-    rank never joins; a sub-communicator's records are the world's)."""
-    rev = read_record(scoped)
-    if rev is None or rev.kind in RETRIED_KINDS:
-        return None
-    if rev.of_life(comm.id, comm.failure.epoch):
-        return rev
-    return rev if rev.kind == "died" and rev.origin in comm.members else None
