@@ -3,8 +3,11 @@
 At one seq every member must call the same op with the same dtype, count and root. Ranks are
 grouped by what they called; the largest group is the reference and everyone else is a
 suspect. When the largest groups are the same size, the group holding the lowest rank is the
-reference (a deterministic rule; the evidence says so). Only the first disagreeing seq gets
-a verdict: once ranks diverge, every later seq tends to disagree too, and those are counted.
+reference (a deterministic rule; the evidence says so), once every member has said what it
+called there; while some have not (a live read a moment after the first ranks failed: the
+others' statuses still predate the call), a tie decides nothing, and every rank of the tied
+groups is a suspect until the others report. Only the first disagreeing seq gets a verdict:
+once ranks diverge, every later seq tends to disagree too, and those are counted.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from cclctl.diagnose.view import CommView, RankState
 from cclctl.ranges import fold_ranks
 
 Signature = tuple[str, str, int, int | None]
+#: How a verdict's evidence ends while a tie leaves its suspects undecided.
+UNDECIDED = "each is a suspect until the others report"
 
 
 def check_mismatch(
@@ -31,11 +36,20 @@ def check_mismatch(
     reference, ref_ranks = ordered[0]
     others = ordered[1:]
     suspects_ranks = sorted(r for _, ranks in others for r in ranks)
+    unreported = [m for m in cv.members if m not in by_seq[seq]]
+    undecided = len(others[0][1]) == len(ref_ranks) and bool(unreported)
+    if undecided:  # a tie among the ranks that reported: each tied group is as odd as the other
+        suspects_ranks = sorted({*suspects_ranks, *ref_ranks})
     ref_text = f"{text.ranks_word(ref_ranks)} called {_describe(reference)}"
     lines = [ref_text] + [
         f"{text.ranks_word(ranks)} called {_describe(sig)}" for sig, ranks in others
     ]
-    if len(others[0][1]) == len(ref_ranks):
+    if undecided:
+        lines.append(
+            f"no call of {text.ranks_word(unreported)} at seq {seq} is known yet, and the "
+            f"groups of the ranks that called it are the same size: {UNDECIDED}"
+        )
+    elif len(others[0][1]) == len(ref_ranks):
         lines.append(
             f"the largest groups are the same size; the one with rank {ref_ranks[0]} is "
             "taken as the reference"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from diagnose_factory import NS, T0, Job, ring_left
 
+from cclctl.diagnose import mismatch
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Options, Verdict
 from cclctl.errors import BadInput, UsageError
@@ -323,6 +324,21 @@ def test_mismatch_tie_takes_the_group_with_the_lowest_rank_as_reference():
         "the largest groups are the same size; the one with rank 0 is taken as the reference"
         in diag.verdicts[0].evidence
     )
+
+
+def test_a_tie_while_members_have_not_reported_the_seq_names_every_tied_rank():
+    """A live read just after ranks 2 and 5 failed: the other six still show seq 10 done,
+    nothing of seq 11. Which of the two called the odd thing is not known yet: both are
+    suspects; once a third rank shows its call, the majority decides."""
+    job = Job(8).enter([2], dtype="float64", age_s=0.5).enter([5], age_s=0.5)
+    diag = diagnose(job.snapshots())
+    assert kinds(diag.verdicts)[0] == ("mismatch", "2,5")
+    assert any(line.endswith(mismatch.UNDECIDED) for line in diag.verdicts[0].evidence)
+    assert "no call of ranks 0-1,3-4,6-7 at seq 11 is known yet" in diag.verdicts[0].evidence[-1]
+    later = Job(8).enter([2], dtype="float64", age_s=0.5).enter([5, 7], age_s=0.5)
+    decided = diagnose(later.snapshots())
+    assert kinds(decided.verdicts)[0] == ("mismatch", "2")
+    assert not any(mismatch.UNDECIDED in line for line in decided.verdicts[0].evidence)
 
 
 def test_mismatch_ignores_fields_a_foreign_trace_leaves_empty():

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from fault_job import FaultJob
 
+from cclctl.diagnose import mismatch
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # real fault-injection jobs
 
 
@@ -37,12 +39,16 @@ def _diagnose(*args: str) -> tuple[int, dict[str, Any], str]:
 
 
 def _live(job: FaultJob, settle_s: float, want_kind: str) -> dict[str, Any]:
-    """Ask the live job until the expected kind shows up first (the watchdog needs a moment)."""
+    """Ask the live job until the expected kind shows up first (the watchdog needs a moment),
+    decided: a mismatch read while the ranks that failed first are tied and the others have
+    not reported the call yet names every tied rank, and says so (mismatch.UNDECIDED)."""
     deadline = time.monotonic() + settle_s
     doc: dict[str, Any] = {}
     while time.monotonic() < deadline:
         code, doc, _ = _diagnose("--store", job.store, "--job", job.job)
-        if code == 3 and doc["verdicts"][0]["kind"] == want_kind:
+        first = doc["verdicts"][0] if code == 3 else {}
+        undecided = any(line.endswith(mismatch.UNDECIDED) for line in first.get("evidence", []))
+        if first.get("kind") == want_kind and not undecided:
             return doc
         time.sleep(0.5)
     raise AssertionError(f"live diagnosis never said {want_kind}: {json.dumps(doc)[:2000]}")
