@@ -40,20 +40,7 @@ def check_mismatch(
     undecided = len(others[0][1]) == len(ref_ranks) and bool(unreported)
     if undecided:  # a tie among the ranks that reported: each tied group is as odd as the other
         suspects_ranks = sorted({*suspects_ranks, *ref_ranks})
-    ref_text = f"{text.ranks_word(ref_ranks)} called {_describe(reference)}"
-    lines = [ref_text] + [
-        f"{text.ranks_word(ranks)} called {_describe(sig)}" for sig, ranks in others
-    ]
-    if undecided:
-        lines.append(
-            f"no call of {text.ranks_word(unreported)} at seq {seq} is known yet, and the "
-            f"groups of the ranks that called it are the same size: {UNDECIDED}"
-        )
-    elif len(others[0][1]) == len(ref_ranks):
-        lines.append(
-            f"the largest groups are the same size; the one with rank {ref_ranks[0]} is "
-            "taken as the reference"
-        )
+    lines = _grouped(ordered, seq, unreported if undecided else None)
     if seq in inferred:
         lines.append(
             f"{text.ranks_word(inferred[seq])} completed seq {seq}, so they called what the "
@@ -90,6 +77,27 @@ def check_mismatch(
     for rank in fresh:
         explained[rank] = verdict
     return [verdict]
+
+
+def _grouped(
+    ordered: list[tuple[Signature, list[int]]], seq: int, unreported: list[int] | None
+) -> list[str]:
+    """What each group called, the reference's first; and, when the largest groups tie,
+    how the reference was taken, or (``unreported``: the members whose call is not known
+    yet) that none could be."""
+    ref_ranks, others = ordered[0][1], ordered[1:]
+    lines = [f"{text.ranks_word(ranks)} called {_describe(sig)}" for sig, ranks in ordered]
+    if unreported is not None:
+        lines.append(
+            f"no call of {text.ranks_word(unreported)} at seq {seq} is known yet, and the "
+            f"groups of the ranks that called it are the same size: {UNDECIDED}"
+        )
+    elif len(others[0][1]) == len(ref_ranks):
+        lines.append(
+            f"the largest groups are the same size; the one with rank {ref_ranks[0]} is "
+            "taken as the reference"
+        )
+    return lines
 
 
 def _calls(
