@@ -25,6 +25,7 @@ from cclctl.commands.diagnose_sources import (
     live_statuses,
     no_cycle_collection,
     read_dumps,
+    reading,
 )
 from cclctl.diagnose import report
 from cclctl.diagnose.engine import diagnose
@@ -132,7 +133,7 @@ def hang(
     if dumps or address is None:  # given dumps use no CCLCTL_* variable
         diag = _from_dumps(dumps or [default_folder(job)], job, world_size, opts)
     else:  # the same verdict as top's
-        with no_cycle_collection(), ui.working(f"listing the job's statuses in {address}") as say:
+        with no_cycle_collection(), reading(address) as say:
             statuses = live_statuses(address, job, ALIKE_FROM, say)
             say(f"diagnosing {len(statuses.statuses):,} ranks")
             diag = diagnose_live(statuses, world_size, opts)

@@ -23,6 +23,7 @@ from cclctl.commands.diagnose_sources import (
     live_statuses,
     no_cycle_collection,
     read_dumps,
+    reading,
 )
 from cclctl.commands.drawn_table import Column, DrawnTable
 from cclctl.diagnose import slow_report
@@ -130,7 +131,7 @@ def _live(
     address: str, job: str | None, opts: SlowOptions
 ) -> tuple[SlowReport, ProbeEvidence | None]:
     """A live job's verdict, with its last probe as evidence."""
-    with no_cycle_collection(), ui.working(f"listing the job's statuses in {address}") as say:
+    with no_cycle_collection(), reading(address) as say:
         statuses = live_statuses(address, job, say=say)
         say(f"judging the windows of {len(statuses.statuses):,} ranks")
         return with_probe(slow_live(statuses, opts), statuses)

@@ -62,6 +62,12 @@ def no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
+def reading(address: str) -> contextlib.AbstractContextManager[Callable[[str], None]]:
+    """The spinner a live read shows on a terminal while it lists and judges a job (the
+    callable retitles it): :func:`ui.working`, opened on the listing."""
+    return ui.working(f"listing the job's statuses in {address}")
+
+
 def live_statuses(
     address: str,
     job: str | None,

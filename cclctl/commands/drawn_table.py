@@ -44,13 +44,9 @@ class DrawnTable:
     columns: Sequence[Column]
     rows: Sequence[tuple[Sequence[str], str]]
 
-    def lines(self) -> Iterator[tuple[str, str]]:
-        """Each printed line and its style: the titles, the rule, then the rows'."""
-        for cells, style in self._cells():
-            yield (cells if isinstance(cells, str) else GAP.join(cells)), style
-
     def _cells(self) -> Iterator[tuple[str | tuple[str, ...], str]]:
-        """Each line's cells justified to their widths (the rule: one text), and its style."""
+        """Each printed line's cells justified to their widths (the rule under the titles:
+        one text), and its style: the titles, the rule, then the rows'."""
         widths = self._widths()
         columns = self.columns
         yield _justified(tuple(c.title for c in columns), columns, widths), HEADER

@@ -23,8 +23,8 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from cclctl import ui
 from cclctl.commands.checks import store_to_read
+from cclctl.commands.diagnose_sources import reading
 from cclctl.commands.store_access import connect, store_option
 from cclctl.commands.top_screen import Screen, fit_rows, read_screen, render
 from cclctl.errors import ConfigError, StoreError, UsageError
@@ -97,7 +97,7 @@ def top(
     limits = Thresholds(stale_s=stale, slow_s=slow)
     client = connect(address)
     try:
-        with ui.working(f"listing the job's statuses in {address}") as say:
+        with reading(address) as say:
             screen = read_screen(client, job, world_size, limits, say)
     except BaseException:
         client.close()
