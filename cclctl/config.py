@@ -32,6 +32,8 @@ DEFAULT_STORE_MAX_FRAME = 64 << 20
 DEFAULT_STORE_LINGER_S = 120.0
 #: CCLCTL_STAGE: which tensors the relay stages through host memory (auto: non-CPU ones)
 STAGE_POLICIES = ("auto", "always", "never")
+#: When a host's ranks move plain buffers through each other's memory (CCLCTL_SHM_CMA)
+CROSS_MEMORY_POLICIES = ("auto", "always", "never")
 DEFAULT_STAGE_CHUNK = 4 << 20  # CCLCTL_STAGE_CHUNK: bytes per staging buffer
 DEFAULT_STAGE_DEPTH = 4  # CCLCTL_STAGE_DEPTH: staging buffers in the relay's ring
 
@@ -110,6 +112,10 @@ class RuntimeConfig:
     #: statuses go through the host's agent (runtime/hostagent); CCLCTL_HOST_AGENT, on by
     #: default for a job's ranks; a config built in code (thread ranks in one process) has none
     host_agent: bool = False
+    #: ranks of one host move plain buffers through each other's memory where the kernel
+    #: lets them (runtime/transport/shm/cross_memory.py; CCLCTL_SHM_CMA): "auto" where they
+    #: do not outnumber the cores, "always", or "never"
+    shm_cma: str = "auto"
 
     def replace(self, **changes: object) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -156,6 +162,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None, **flags: object) -> R
             env, "CCLCTL_STAGE_DEPTH", DEFAULT_STAGE_DEPTH, values.stage_depth
         ),
         host_agent=values.parse(env, "CCLCTL_HOST_AGENT", True, values.flag),
+        shm_cma=values.parse(env, "CCLCTL_SHM_CMA", "auto", values.choice(CROSS_MEMORY_POLICIES)),
     )
     given = {k: v for k, v in flags.items() if v is not None}
     return base.replace(**given) if given else base

@@ -47,6 +47,8 @@ VARIABLES: dict[str, str] = {
     "CCLCTL_HOST_METRICS_PORT": "port of the host agent's one Prometheus endpoint for its ranks",
     "CCLCTL_STATUS_INTERVAL": "seconds between live status updates",
     "CCLCTL_HOST_AGENT": "1 (default): statuses go to the store through one agent per host",
+    "CCLCTL_SHM_CMA": "auto, always or never: whether a host's ranks copy plain buffers "
+    "through each other's memory (auto: where they do not outnumber the cores)",
     "CCLCTL_SLOW_WINDOW": "seconds per window of the slowness signals (5)",
     "CCLCTL_ON_HANG": "raise, abort or wait",
     "CCLCTL_ON_FAILURE": "raise or shrink (drop a dead rank, re-run the call)",

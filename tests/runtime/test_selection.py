@@ -72,7 +72,8 @@ def _algos(
     """Run ``calls`` on ``n`` ranks (on ``hosts``, default one) configured by ``env``; check
     every result; return rank 0's record algos."""
     cfg = runtime_from_env({"CCLCTL_JOB": "selection", **env})
-    transports = make_transports(n, hosts, choice=cfg.transport)
+    cma = cfg.shm_cma != "never"  # thread ranks: "auto" as "always", whatever the cores
+    transports = make_transports(n, hosts, choice=cfg.transport, cross_memory=cma)
     if cfg.transport == "tcp":
         assert all(isinstance(t, TcpTransport) for t in transports)
     tracer = RecordingTracer()
@@ -131,9 +132,15 @@ def test_a_size_threshold_moves_where_ring_starts_over_tcp() -> None:
     assert _algos({"CCLCTL_ALGO": "all_reduce>=1M=ring", **TCP}, SPLIT) == ["rd", "ring"]
 
 
-def test_a_size_threshold_moves_where_the_engines_bandwidth_algorithm_starts() -> None:
-    algos = _algos({"CCLCTL_ALGO": "all_reduce>=1M=ring"}, SPLIT)
-    assert algos == ["shm_direct", "shm_rsag"]
+#: single-copy through the kernel (which lets thread ranks reach their own process), and
+#: the slots alone (``CCLCTL_SHM_CMA=never``)
+CMA = pytest.mark.parametrize("cma", [True, False], ids=["cma", "slots"])
+
+
+@CMA
+def test_a_size_threshold_moves_where_the_engines_bandwidth_algorithm_starts(cma: bool) -> None:
+    env = {"CCLCTL_ALGO": "all_reduce>=1M=ring", "CCLCTL_SHM_CMA": "always" if cma else "never"}
+    assert _algos(env, SPLIT) == ["shm_direct", "shm_cma" if cma else "shm_rsag"]
 
 
 DEFAULT_CALLS = [
@@ -150,24 +157,48 @@ DEFAULT_CALLS = [
 ]
 
 
-def test_default_on_one_host_over_shared_memory() -> None:
-    assert _algos({}, DEFAULT_CALLS) == [
+@CMA
+def test_default_on_one_host_over_shared_memory(cma: bool) -> None:
+    assert _algos({"CCLCTL_SHM_CMA": "always" if cma else "never"}, DEFAULT_CALLS) == [
         "shm_direct",
-        "shm_rsag",
+        "shm_rsag",  # 768 KiB: single-copy from 1 MiB
         zero_copy.ALGO,
         "shm_direct",
         "shm_direct",
         "tree",
         "shm_direct",
         "ring",
-        "shm_direct",
+        "shm_cma" if cma else "shm_direct",  # all_gather by its output, 2.25 MiB
         zero_copy.ALGO,
     ]
 
 
-def test_default_on_two_ranks_reduces_direct_at_every_size() -> None:
-    calls = [("all_reduce", 3 * KiB, False), ("all_reduce", 768 * KiB, False)]
-    assert _algos({}, calls, n=2) == ["shm_direct", "shm_direct"]
+@CMA
+def test_default_on_two_ranks_reduces_direct_below_1m(cma: bool) -> None:
+    calls = [("all_reduce", 3 * KiB, False), ("all_reduce", 768 * KiB, False), *SPLIT[1:]]
+    env = {"CCLCTL_SHM_CMA": "always" if cma else "never"}
+    large = "shm_cma" if cma else "shm_rsag"
+    assert _algos(env, calls, n=2) == ["shm_direct", "shm_direct", large]
+
+
+@CMA
+def test_single_copy_starts_at_its_sizes(cma: bool) -> None:
+    calls = [
+        ("all_gather", 192 * KiB, False),  # by its output: 576 KiB
+        ("all_gather", 768 * KiB, False),  # 2.25 MiB
+        ("reduce_scatter", 768 * KiB - 24, False),
+        ("reduce_scatter", 3 * MiB, False),
+        ("broadcast", 3 * MiB, False),  # keeps its slots
+    ]
+    got = _algos({"CCLCTL_SHM_CMA": "always" if cma else "never"}, calls)
+    large = "shm_cma" if cma else "shm_direct"
+    assert got == ["shm_direct", large, "shm_direct", large, "shm_direct"]
+
+
+def test_a_forced_algorithm_never_runs_single_copy() -> None:
+    env = {"CCLCTL_ALGO": "ring", "CCLCTL_SHM_CMA": "always"}
+    calls = [("all_reduce", 3 * MiB, False), ("all_gather", 3 * MiB, False)]
+    assert _algos(env, calls) == ["ring", "ring"]
 
 
 def test_default_on_one_host_over_tcp() -> None:

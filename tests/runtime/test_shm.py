@@ -118,7 +118,7 @@ def test_records_name_the_shared_memory_algorithm() -> None:
         comm.all_reduce(np.ones(4, np.float32))
         comm.all_reduce(np.ones(3 << 20, np.float32))  # 12 MiB: several rounds
 
-    run_ranks(3, body)
+    run_ranks(3, body, cross_memory=False)
     seen = [r for r in tracer.finished if r.peer is None]
     assert [r.algo for r in seen] == ["shm_direct", "shm_rsag"]
     assert seen[1].step > 0  # it ran several rounds
@@ -296,11 +296,14 @@ def test_one_copy_collectives_count_link_bytes_both_ways() -> None:
 
 @pytest.mark.parametrize("op", ["sum", "max", "min", "prod"])
 @pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize(("cross_memory", "algo"), [(False, "shm_rsag"), (True, "shm_cma")])
 def test_two_ranks_reduce_half_each_and_every_rank_gets_the_rank_order_bits(
-    op: str, in_place: bool
+    op: str, in_place: bool, cross_memory: bool, algo: str
 ) -> None:
     """From 1 MiB, 2 ranks run ``shm_rsag``: each reduces its half from its own buffer and
-    the peer's slot, and copies the other half. Every rank's result has the bits of
+    the peer's slot, and copies the other half; or ``shm_cma``: each reads the peer's half
+    through the kernel, reduces it and writes it into the peer's output. Every rank's
+    result has the bits of
     ``op(rank 0's input, rank 1's input)``, signed zeros and NaNs included (which an
     order-dependent ``min``/``max`` would change), and ``src`` of an out-of-place call
     stays intact."""
@@ -323,8 +326,8 @@ def test_two_ranks_reduce_half_each_and_every_rank_gets_the_rank_order_bits(
         got = comm.all_reduce(src, out=np.empty_like(src), op=op)
         return got.tobytes(), src.tobytes() == inputs[comm.rank].tobytes()
 
-    results = run_ranks(2, body)
-    assert [r.algo for r in tracer.finished if r.peer is None] == ["shm_rsag"]
+    results = run_ranks(2, body, cross_memory=cross_memory)
+    assert [r.algo for r in tracer.finished if r.peer is None] == [algo]
     for got, src_intact in results:
         assert got == want.tobytes()
         assert src_intact

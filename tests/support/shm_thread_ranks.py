@@ -51,9 +51,12 @@ def make_transports(
     layout: Callable[[int], Layout] | None = None,
     one_copy: bool = True,
     choice: str = "auto",
+    cross_memory: bool = True,
 ) -> list[Transport]:
     """Shared-memory transports for ``n`` thread ranks (hybrid where ``hosts`` differ);
-    ``choice`` is each rank's ``CCLCTL_TRANSPORT``."""
+    ``choice`` is each rank's ``CCLCTL_TRANSPORT``; ``cross_memory``: single-copy collectives
+    where the kernel allows them (thread ranks share one process, which it always does),
+    however many ranks share the cores."""
     from cclctl.runtime.transport.hybrid import build_transport
 
     hosts = list(hosts) if hosts is not None else ["h"] * n
@@ -76,6 +79,7 @@ def make_transports(
                 layout=layout(len(local)) if layout else None,
                 spin_s=0.0,
                 one_copy=one_copy,
+                cross_memory="always" if cross_memory else "never",
             )
         except BaseException as exc:
             errors.append(exc)
@@ -112,5 +116,7 @@ def run_ranks(
     cfg: RuntimeConfig | None = None,
     hosts: Sequence[str] | None = None,
     one_copy: bool = True,
+    cross_memory: bool = True,
 ) -> list[Any]:
-    return run_on(make_transports(n, hosts, one_copy=one_copy), fn, cfg)
+    transports = make_transports(n, hosts, one_copy=one_copy, cross_memory=cross_memory)
+    return run_on(transports, fn, cfg)

@@ -20,6 +20,7 @@ RING_INCOMING = 2  # ring reduce-scatter: the chunk arriving from the left
 TREE_INCOMING = 3  # tree reduce: a child's partial result
 COPY = 4  # the communicator's copy of an input: reduce's accumulator, in-place all_to_all
 SHARE = 5  # reduce by reduce-scatter: this rank's reduced chunk, before it goes to the root
+PEER_PIECES = 6  # single-copy: peers' pieces of this rank's share, read through the kernel
 
 _REDUCERS: dict[str, Callable[..., object]] = {
     "sum": np.add,

@@ -11,10 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import NoReturn
 
-from cclctl.runtime.algorithms import hierarchical, latency, pairwise, pipeline, ring, shared
+from cclctl.runtime.algorithms import (
+    hierarchical,
+    latency,
+    pairwise,
+    pipeline,
+    ring,
+    shared,
+    single_copy,
+)
 from cclctl.runtime.algorithms.context import COPY, SHARE, Array, Step, chunk_bounds
 from cclctl.runtime.transport.capabilities import Capabilities
-from cclctl.runtime.transport.engines import HostHierarchy, OneCopy
+from cclctl.runtime.transport.engines import CrossMemory, HostHierarchy, OneCopy
 
 Bounds = list[tuple[int, int]]
 
@@ -37,6 +45,12 @@ def one_copy(step: Step, caps: Capabilities) -> OneCopy:
     group = caps.one_copy
     assert group is not None
     return group
+
+
+def cross_memory(caps: Capabilities) -> CrossMemory:
+    """The cross-memory engine in ``caps`` (selection picks single-copy only where it is)."""
+    assert caps.cross_memory is not None
+    return caps.cross_memory
 
 
 def _hierarchy(caps: Capabilities) -> HostHierarchy:
@@ -65,6 +79,13 @@ def _one_copy_all_reduce(rsag: bool) -> AllReduce:
     return run
 
 
+def _single_copy_all_reduce(
+    step: Step, caps: Capabilities, src: Array, dst: Array, redop: str
+) -> None:
+    group = one_copy(step, caps)
+    single_copy.all_reduce(step, group, cross_memory(caps), src, dst, redop)
+
+
 def _hierarchical_all_reduce(large: bool) -> AllReduce:
     def run(step: Step, caps: Capabilities, src: Array, dst: Array, redop: str) -> None:
         hierarchical.all_reduce(step, _hierarchy(caps), src, dst, redop, large)
@@ -77,6 +98,7 @@ _ALL_REDUCE: dict[str, AllReduce] = {
     "ring": _all_reduce_ring,
     "shm_direct": _one_copy_all_reduce(rsag=False),
     "shm_rsag": _one_copy_all_reduce(rsag=True),
+    single_copy.ALGO: _single_copy_all_reduce,
     "hier_rd": _hierarchical_all_reduce(large=False),
     "hier_ring": _hierarchical_all_reduce(large=True),
 }
@@ -169,6 +191,9 @@ _ALL_GATHER: dict[str, AllGather] = {
     "shm_direct": lambda step, caps, dst, bounds: shared.all_gather(
         step, one_copy(step, caps), dst, bounds
     ),
+    single_copy.ALGO: lambda step, caps, dst, bounds: single_copy.all_gather(
+        step, one_copy(step, caps), cross_memory(caps), dst, bounds
+    ),
 }
 
 
@@ -185,6 +210,9 @@ _REDUCE_SCATTER: dict[str, ReduceScatter] = {
     ),
     "shm_direct": lambda step, caps, src, dst, bounds, redop: shared.reduce_scatter(
         step, one_copy(step, caps), src, dst, bounds, redop
+    ),
+    single_copy.ALGO: lambda step, caps, src, dst, bounds, redop: single_copy.reduce_scatter(
+        step, one_copy(step, caps), cross_memory(caps), src, dst, bounds, redop
     ),
 }
 

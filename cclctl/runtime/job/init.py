@@ -100,6 +100,7 @@ def _connect(rdzv: Rendezvous, cfg: RuntimeConfig, store_host: str) -> Communica
         links,
         choice=cfg.transport,
         host=f"{cfg.hostname}|{host_key()}",
+        cross_memory=cfg.shm_cma,
     )
     comm_id = world_comm_id(rdzv.world_size)
     agent = _open_agent(rdzv, cfg, comm_id)

@@ -206,6 +206,7 @@ class Retry:
             links,
             choice=cfg.transport,
             host=f"{cfg.hostname}|{host_key()}",
+            cross_memory=cfg.shm_cma,
         )
         if self.telemetry is not None:
             link_telemetry.watch(self.telemetry, transport, links, comm.members)

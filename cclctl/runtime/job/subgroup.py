@@ -63,7 +63,7 @@ def open_subgroup(
         links = world_links(rank, size, cfg, where[0], token.token, epoch=0)
         transport = build_transport(  # takes over links: closes them on failure
             rank, size, cfg.job, exchange, links,
-            choice=cfg.transport, host=f"{cfg.hostname}|{host_key()}",
+            choice=cfg.transport, host=f"{cfg.hostname}|{host_key()}", cross_memory=cfg.shm_cma,
         )  # fmt: skip
     comm_id = f"{name}:{fold_ranks(members)}"
     agent = current(job_rank)

@@ -109,6 +109,7 @@ class Survivors:
             links,
             choice=cfg.transport,
             host=f"{cfg.hostname}|{host_key()}",
+            cross_memory=cfg.shm_cma,
         )
         comm_id = f"{n}:{fold_ranks(members)}"
         self.telemetry.register_comm(comm_id, members)

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from cclctl.runtime.transport.engines import HostHierarchy, OneCopy
+from cclctl.runtime.transport.engines import CrossMemory, HostHierarchy, OneCopy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Capabilities:
     """``one_copy``: every rank of the communicator shares this host's segments (one-copy and
-    zero-copy collectives); ``hierarchy``: the ranks span hosts, grouped by host."""
+    zero-copy collectives); ``cross_memory``: beside it, this rank may read and write its
+    peers' private memory (single-copy collectives on plain buffers); ``hierarchy``: the
+    ranks span hosts, grouped by host."""
 
     one_copy: OneCopy | None = None
+    cross_memory: CrossMemory | None = None
     hierarchy: HostHierarchy | None = None
 
 

@@ -113,6 +113,21 @@ class OneCopyEngine(Protocol[R, V]):
 OneCopy = OneCopyEngine[Any, Any]
 
 
+class CrossMemory(Protocol):
+    """This rank moves bytes straight between its own memory and a host peer's (the
+    kernel's cross-memory attach): single-copy collectives on plain buffers. Addresses are
+    the peer's, as it published them in a round of the one-copy engine; a peer that is gone
+    or whose memory is not there fails the call, naming it."""
+
+    def read(self, peer: int, remote: int, into: np.ndarray, call: Call) -> None:
+        """``into`` = ``into.nbytes`` bytes at ``remote`` in rank ``peer``'s memory."""
+        ...
+
+    def write(self, peer: int, remote: int, data: np.ndarray, call: Call) -> None:
+        """``data``'s bytes to ``remote`` in rank ``peer``'s memory."""
+        ...
+
+
 class HostHierarchy(Protocol):
     """Which ranks share a host, for collectives that work within hosts, then across."""
 

@@ -61,11 +61,14 @@ def build_transport(
     layout: Layout | None = None,
     spin_s: float | None = None,
     one_copy: bool = True,
+    cross_memory: str = "auto",
 ) -> Transport:
     """Agree with every rank on a transport and open it (``links`` is handed over).
 
     ``meeting``: how this rank learns the others' facts; an exchange meets in its rounds
-    (:class:`~cclctl.runtime.transport.meeting.ExchangeMeeting`)."""
+    (:class:`~cclctl.runtime.transport.meeting.ExchangeMeeting`). ``cross_memory``: whether a
+    host's ranks move plain buffers through each other's memory (``CCLCTL_SHM_CMA``:
+    ``auto``, ``always``, ``never``)."""
     meet = as_meeting(meeting)
     tcp = TcpTransport(links)
     try:
@@ -75,7 +78,9 @@ def build_transport(
         if roster.tcp_asked or len(set(keys)) == world_size:
             return tcp
         local = [r for r in range(world_size) if keys[r] == keys[rank]]
-        group, every_host_ok = open_group(rank, local, job, meet, layout=layout, spin_s=spin_s)
+        group, every_host_ok = open_group(
+            rank, local, job, meet, layout=layout, spin_s=spin_s, cross_memory=cross_memory
+        )
     except BaseException:
         tcp.close()
         raise

@@ -17,6 +17,7 @@ import numpy as np
 
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
+from cclctl.runtime.transport.shm.cross_memory import CrossMemory
 from cclctl.runtime.transport.shm.futex import Futex
 from cclctl.runtime.transport.shm.host_peers import HostPeers
 from cclctl.runtime.transport.shm.layout import (
@@ -79,6 +80,9 @@ class ShmGroup:
         self.last_res_round = -1  # the latest round that used the result slots
         self._arrays: dict[tuple[int, int, int, np.dtype], np.ndarray] = {}
         self.peer_buffers = PeerBuffers()  # peers' shared buffers (zero-copy collectives)
+        #: peers' private memory through the kernel, where every rank of the host may
+        #: reach every other's (set by open_group; single-copy collectives)
+        self.cross_memory: CrossMemory | None = None
         # Bytes moved to and from each rank (by global rank), set by the owning transport.
         self.sent: list[int] = [0] * (max(self.ranks) + 1)
         self.received: list[int] = [0] * (max(self.ranks) + 1)

@@ -8,7 +8,8 @@ viewed as any dtype without copies.
 
 Layout (L local ranks, K collective slots of C bytes, KP point-to-point slots of CP bytes)::
 
-    control     magic, pid, state | wake | sleeping | collective counters | per peer: sent, received
+    control     magic, pid, state, cross-memory probe | wake | sleeping | collective counters
+                | per peer: sent, received
                 | revoke: length, then the record of this rank's first failure
     coll[K]     header + C bytes: this rank's published chunk of a collective (read by all)
     res[K]      header + C bytes: this rank's reduced sub-chunk (reduce-scatter + all-gather)
@@ -32,6 +33,9 @@ MASK32 = 0xFFFFFFFF
 
 # u32 words
 W_MAGIC, W_PID, W_STATE = 0, 1, 2
+W_CROSS = 8  # whether this rank read every peer's probe token through the kernel
+# u64 words of the first line: the cross-memory probe (shm/cross_memory.py)
+Q_PROBE_ADDR, Q_PROBE_TOKEN = 2, 3
 W_WAKE = LINE // 4
 W_SLEEPING = 2 * LINE // 4
 # u64 counters

@@ -27,6 +27,7 @@ from cclctl.runtime.transport.base import Transfer, Wait
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
 from cclctl.runtime.transport.drive import DrivenAlone
 from cclctl.runtime.transport.meeting import SegmentMeeting
+from cclctl.runtime.transport.shm import cross_memory as cross
 from cclctl.runtime.transport.shm import segment as shm_segment
 from cclctl.runtime.transport.shm.futex import Futex
 from cclctl.runtime.transport.shm.group import ShmGroup
@@ -52,11 +53,15 @@ def open_group(
     *,
     layout: Layout | None = None,
     spin_s: float | None = None,
+    cross_memory: str = "auto",
 ) -> tuple[ShmGroup | None, bool]:
     """Map the segments of ``local_ranks`` (with ``rank``); every rank of the job calls this
     together. Returns this rank's group (None when it is alone on its host) and whether every
     host succeeded: when any rank could not map a peer's segment, every rank learns it, so
-    the whole job can fall back to TCP in agreement.
+    the whole job can fall back to TCP in agreement. ``cross_memory``: whether the group
+    reads and writes its peers' memory where the kernel lets every rank of the host do so
+    (``cross_memory.py``): ``auto`` where the ranks do not outnumber the cores (more
+    ranks than cores made it slower than the slots), ``always`` or ``never``.
     """
     ranks = sorted(local_ranks)
     alone = len(ranks) < 2 or not shm_segment.available()
@@ -70,14 +75,17 @@ def open_group(
         if not alone:
             shm_segment.sweep()
             own = shm_segment.Segment.create(shm_segment.segment_name(job, rank), layout.size)
-            View(own, layout, rank).init_owner()
+            mine = View(own, layout, rank)
+            mine.init_owner()
+            cross.offer(mine)
         names = meeting.segments(ranks, own.name.encode() if own else b"")
         problem = "" if own is not None or len(ranks) < 2 else "no writable /dev/shm"
         if own is not None:
-            try:
-                views = [_map(own, names[r].decode(), layout, r, rank) for r in ranks]
-            except CclError as exc:
-                problem = str(exc) or "cannot map"
+            problem = _map_all(own, [names[r].decode() for r in ranks], layout, ranks, rank, views)
+        if not problem and own is not None:
+            me = views[ranks.index(rank)]
+            wanted = cross_memory == "always" or (cross_memory == "auto" and not oversubscribed)
+            cross.probe(me, [v for v in views if v is not me], wanted)
         every_host_ok = meeting.mapped(problem)
         if own is not None:
             own.unlink()  # every local rank has mapped it, or given up
@@ -97,7 +105,25 @@ def open_group(
     if spin_s is None:
         spin_s = 0.0 if oversubscribed else DEFAULT_SPIN_S
     group = ShmGroup(rank, ranks, views, layout, spin_s=spin_s, yield_s=YIELD_S, futex=Futex())
+    group.cross_memory = cross.agreed(rank, views)  # every rank has probed: all have met
     return group, True
+
+
+def _map_all(
+    own: shm_segment.Segment,
+    names: Sequence[str],
+    layout: Layout,
+    ranks: Sequence[int],
+    me: int,
+    views: list[View],
+) -> str:
+    """Map every rank's segment into ``views``, in ``ranks``' order; what went wrong, or ""."""
+    try:
+        for name, r in zip(names, ranks, strict=True):
+            views.append(_map(own, name, layout, r, me))
+    except CclError as exc:
+        return str(exc) or "cannot map"
+    return ""
 
 
 def _map(own: shm_segment.Segment, name: str, layout: Layout, rank: int, me: int) -> View:
@@ -129,7 +155,11 @@ class ShmTransport(DrivenAlone):
         spans = one_copy and group.size == world_size
         #: the one-copy engine, when every rank of the communicator is on this host and no
         #: link was dropped (then every step goes through :meth:`start`, which reports it)
-        self.capabilities = Capabilities(one_copy=group) if spans else POINT_TO_POINT
+        self.capabilities = (
+            Capabilities(one_copy=group, cross_memory=group.cross_memory)
+            if spans
+            else POINT_TO_POINT
+        )
         self._local = {r: i for i, r in enumerate(group.ranks)}
         self._rings = Rings(group)
         self._sent = group.sent = [0] * world_size

@@ -1,0 +1,159 @@
+"""Single-copy collectives on plain buffers: ranks of one host move bytes straight between
+each other's private arrays through the kernel (the transport's
+:class:`~cclctl.runtime.transport.engines.CrossMemory`).
+
+The one-copy collectives (``shared.py``) stage every byte through a slot of its sender's
+segment, and the reader copies it out again; here a rank publishes only where its arrays
+lie (one small round of the one-copy engine: the call's wire header and two addresses),
+then:
+
+- ``all_reduce``: reduces its share of the buffer, a cache-sized piece at a time, from its
+  own input and every peer's (read into scratch that stays in this core's cache), in rank
+  order, and writes each reduced piece into every peer's output while it is still in
+  cache. Only this rank reads or writes its share of any buffer, so this is safe in place,
+  and every rank gets the same bits (one rank reduces each element). A byte crosses
+  between processes in one copy each way, where the slots copy it in and out again.
+- ``all_gather``: copies every peer's block out of that peer's output (its own block is
+  in place there) straight into this rank's output.
+- ``reduce_scatter``: reduces its block from every peer's input, piece by piece.
+
+(A broadcast keeps its slots: see ``SINGLE_COPY_FROM`` in ``runtime/comm/selection.py``.)
+
+Every call ends when every peer has finished with this rank's arrays, because the caller
+may reuse them once the call returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from cclctl.runtime.algorithms.context import (
+    PEER_PIECES,
+    Array,
+    Step,
+    chunk_bounds,
+    pieces,
+    reducer,
+)
+from cclctl.runtime.transport.engines import CrossMemory, OneCopy, PeerSlots, Round
+
+#: the record's ``algo`` of a single-copy call (selection's name for it)
+ALGO = "shm_cma"
+#: Bytes of a piece reduced at a time: the peers' pieces and the result stay in a core's L2
+#: cache between the kernel's copy and the reduction (smaller pieces pay more system calls).
+PIECE_BYTES = 256 << 10
+
+
+def _publish(ctx: Step, g: OneCopy, *arrays: Array) -> Round:
+    """Put this call's header and where ``arrays`` lie in this rank's next slot."""
+    payload = b"".join(a.ctypes.data.to_bytes(8, "little") for a in arrays)
+    rnd = g.claim_round(ctx.call, ctx.wait, 0, len(payload))
+    g.publish_bytes(rnd, payload)
+    return rnd
+
+
+def _where(g: OneCopy, view: PeerSlots, rnd: Round) -> list[int]:
+    """Where ``view``'s arrays lie in its memory, once it published ``rnd`` (checked)."""
+    mv = g.input_bytes(view, rnd)
+    return [int.from_bytes(mv[at : at + 8], "little") for at in range(0, rnd.nbytes, 8)]
+
+
+def _release(g: OneCopy, rnd: Round, readers: Sequence[PeerSlots]) -> None:
+    """Say this rank is done with its peers' arrays, then wait until ``readers`` are done
+    with this rank's."""
+    g.inputs_read(rnd)
+    for view in readers:
+        g.await_read(view, rnd)
+
+
+def _reduce(fn: Callable[..., object], ins: list[Array], me: int, out: Array, spare: Array) -> None:
+    """``out`` = ``ins`` reduced in rank order (so a ``min`` of signed zeros or NaNs gives
+    the bits the other algorithms give). ``ins[me]``, this rank's own, may alias ``out``
+    (in place): where it is not among the first two, the first partial result would land
+    on it before it is read, so it is copied aside into ``spare`` first."""
+    if me >= 2:
+        spare[...] = ins[me]
+        ins = [*ins[:me], spare, *ins[me + 1 :]]
+    fn(ins[0], ins[1], out=out)
+    for arr in ins[2:]:
+        fn(out, arr, out=out)
+
+
+def _pieces_of(
+    ctx: Step, cm: CrossMemory, peers: list[tuple[int, int]], src: Array, me: int, lo: int,
+    hi: int, scratch: Array, width: int,
+) -> list[Array]:  # fmt: skip
+    """Every rank's input ``[lo, hi)`` in rank order: this rank's ``src``, the peers'
+    (at the addresses in ``peers``) read into ``scratch``, ``width`` elements apart."""
+    isz, n = src.itemsize, hi - lo
+    ins: list[Array] = []
+    for i, (peer, where) in enumerate(peers):
+        part = scratch[i * width : i * width + n]
+        cm.read(peer, where + lo * isz, part, ctx.call)
+        ins.append(part)
+    ins.insert(me, src[lo:hi])
+    return ins
+
+
+def all_reduce(ctx: Step, g: OneCopy, cm: CrossMemory, src: Array, dst: Array, redop: str) -> None:
+    """``dst`` = the reduction of every rank's ``src`` (``src`` may be ``dst``)."""
+    fn = reducer(redop)
+    rnd = _publish(ctx, g, src, dst)
+    where = [(view.rank, *_where(g, view, rnd)) for view in g.others]
+    sources = [(peer, peer_src) for peer, peer_src, _ in where]
+    a, b = chunk_bounds(src.size, g.size)[g.local]
+    isz, call, me = src.itemsize, ctx.call, g.local
+    width = max(1, PIECE_BYTES // isz)
+    scratch = ctx.scratch.get(PEER_PIECES, width * g.size, src.dtype)
+    spare = scratch[width * (g.size - 1) :]
+    for lo, hi in pieces(b - a, isz, PIECE_BYTES):
+        lo, hi = a + lo, a + hi
+        piece = dst[lo:hi]
+        ins = _pieces_of(ctx, cm, sources, src, me, lo, hi, scratch, width)
+        _reduce(fn, ins, me, piece, spare[: hi - lo])
+        for peer, _, peer_dst in where:  # while the piece is still in this core's cache
+            cm.write(peer, peer_dst + lo * isz, piece, call)
+    g.publish_result(rnd)
+    for view in g.others:  # each has written its share into this rank's output
+        g.await_result(view, rnd)
+    _release(g, rnd, g.others)
+    g.account(2 * src.nbytes // g.size)
+
+
+def all_gather(
+    ctx: Step, g: OneCopy, cm: CrossMemory, out: Array, bounds: list[tuple[int, int]]
+) -> None:
+    """Fill every rank's block of ``out`` from that rank's (this rank's is in place)."""
+    rnd = _publish(ctx, g, out)
+    isz = out.itemsize
+    for view in g.others:
+        (theirs,) = _where(g, view, rnd)
+        lo, hi = bounds[view.rank]
+        cm.read(view.rank, theirs + lo * isz, out[lo:hi], ctx.call)
+    _release(g, rnd, g.others)
+    lo, hi = bounds[g.rank]
+    g.account((hi - lo) * isz)
+
+
+def reduce_scatter(
+    ctx: Step,
+    g: OneCopy,
+    cm: CrossMemory,
+    src: Array,
+    dst: Array,
+    bounds: list[tuple[int, int]],
+    redop: str,
+) -> None:
+    """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (equal blocks)."""
+    fn = reducer(redop)
+    rnd = _publish(ctx, g, src)
+    sources = [(view.rank, _where(g, view, rnd)[0]) for view in g.others]
+    a, _ = bounds[g.rank]
+    width = max(1, PIECE_BYTES // src.itemsize)
+    scratch = ctx.scratch.get(PEER_PIECES, width * g.size, src.dtype)
+    spare = scratch[width * (g.size - 1) :]
+    for lo, hi in pieces(dst.size, src.itemsize, PIECE_BYTES):
+        ins = _pieces_of(ctx, cm, sources, src, g.local, a + lo, a + hi, scratch, width)
+        _reduce(fn, ins, g.local, dst[lo:hi], spare[: hi - lo])
+    _release(g, rnd, g.others)
+    g.account(dst.nbytes)
