@@ -21,6 +21,7 @@ import ctypes
 import errno
 import os
 import secrets
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -89,24 +90,31 @@ class _Mover:
         return 0
 
 
+class _Movers(threading.local):
+    """Each thread's pair of movers (their iovecs are rewritten on every copy)."""
+
+    def __init__(self) -> None:
+        assert _CALLS is not None
+        self.read, self.write = _Mover(_CALLS[0]), _Mover(_CALLS[1])
+
+
 class CrossMemory:
     """This rank's reads from and writes to its host peers' memory, by global rank."""
 
     def __init__(self, rank: int, pids: dict[int, int]) -> None:
-        assert _CALLS is not None
         self.rank = rank
         self._pids = pids
-        self._read, self._write = _Mover(_CALLS[0]), _Mover(_CALLS[1])
+        self._movers = _Movers()
 
     def read(self, peer: int, remote: int, into: np.ndarray, call: wire.Call) -> None:
         """``into`` = ``into.nbytes`` bytes at ``remote`` in ``peer``'s memory."""
-        err = self._read.move(self._pids[peer], into.ctypes.data, remote, into.nbytes)
+        err = self._movers.read.move(self._pids[peer], into.ctypes.data, remote, into.nbytes)
         if err:
             self._failed(peer, err, "read from", call)
 
     def write(self, peer: int, remote: int, data: np.ndarray, call: wire.Call) -> None:
         """``data``'s bytes to ``remote`` in ``peer``'s memory."""
-        err = self._write.move(self._pids[peer], data.ctypes.data, remote, data.nbytes)
+        err = self._movers.write.move(self._pids[peer], data.ctypes.data, remote, data.nbytes)
         if err:
             self._failed(peer, err, "write to", call)
 
