@@ -11,11 +11,13 @@ Every runtime is driven by ``peers_worker.py`` (best of ``--reps`` blocks of abo
 It prints the median busbw over rounds, each runtime's fraction of the link (busbw over
 the best stream measurement of the same round: both ways at once, or one way for a
 broadcast), and the ratios to gloo and of retry on to off with 95% bootstrap intervals
-over rounds. Everything (processes, namespaces, the veth) is removed at exit, also on an
-error or Ctrl-C. Needs root, ``ip`` and ``unshare``.
+over rounds. ``--variant NAME:KEY=VALUE,...`` adds cclctl run with those variables as one
+more side of every round (``--variant slots:CCLCTL_SHM_CMA=never``), and a table of its
+busbw and of cclctl's defaults against it. Everything (processes, namespaces, the veth)
+is removed at exit, also on an error or Ctrl-C. Needs root, ``ip`` and ``unshare``.
 
     python benchmarks/two_hosts.py [--per-host 1,2] [--min 1M --max 256M] [--rounds 3]
-        [--ops all_reduce,all_gather,broadcast] [--json two-hosts.json]
+        [--ops all_reduce,all_gather,broadcast] [--variant NAME:KEY=VALUE] [--json two-hosts.json]
 """
 
 from __future__ import annotations
@@ -100,19 +102,29 @@ def rank0_output(hosts: TwoHosts, procs: list[subprocess.Popen[str]], what: str)
 
 
 def run_job(
-    hosts: TwoHosts, name: str, per_host: int, worker_args: list[str], port: int
+    hosts: TwoHosts,
+    name: str,
+    per_host: int,
+    worker_args: list[str],
+    port: int,
+    variants: dict[str, dict[str, str]],
 ) -> list[dict[str, Any]]:
     """One job of ``2 * per_host`` ranks (ranks 0.. on h1 first); rank 0's JSON lines."""
     runtime = "gloo" if name == "gloo" else "cclctl"
-    env = {"CCLCTL_RETRY_BUDGET": "0"} if name == "cclctl-noretry" else {}
+    env = {"CCLCTL_RETRY_BUDGET": "0"} if name == "cclctl-noretry" else variants.get(name, {})
     argv = [sys.executable, "-W", "ignore", WORKER, "--runtime", runtime, *worker_args]
     return _parse(rank0_output(hosts, start_ranks(hosts, per_host, port, argv, env), name))
 
 
 def one_round(
-    hosts: TwoHosts, round_no: int, per_host: int, worker_args: list[str], port: int
+    hosts: TwoHosts,
+    round_no: int,
+    per_host: int,
+    worker_args: list[str],
+    port: int,
+    variants: dict[str, dict[str, str]],
 ) -> dict[str, Any]:
-    sides = [*RUNTIMES, "link"]
+    sides = [*RUNTIMES, *variants, "link"]
     shift = round_no % len(sides)
     got: dict[str, Any] = {}
     for i, side in enumerate(sides[shift:] + sides[:shift]):
@@ -120,7 +132,7 @@ def one_round(
         if side == "link":
             got["link"] = link_limits(hosts.exec, ADDRS, port + 100)
         else:
-            rows = run_job(hosts, side, per_host, worker_args, port + 7 * i)
+            rows = run_job(hosts, side, per_host, worker_args, port + 7 * i, variants)
             got[side] = {(r["op"], r["size"]): r["seconds"] for r in rows if "seconds" in r}
     return got
 
@@ -130,10 +142,16 @@ def busbw(op: str, size: int, n: int, seconds: float) -> float:
     return size / seconds * factor / 1e9
 
 
-def summarize(rounds: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+def summarize(
+    rounds: list[dict[str, Any]], n: int, variants: dict[str, dict[str, str]]
+) -> list[dict[str, Any]]:
     rows = []
     for op, size in sorted(set.intersection(*(set(r[s]) for r in rounds for s in RUNTIMES))):
         row: dict[str, Any] = {"ranks": n, "op": op, "size": size}
+        for v in variants:
+            row[v] = statistics.median(busbw(op, size, n, r[v][(op, size)]) for r in rounds)
+            ratios = [r[v][(op, size)] / r["cclctl"][(op, size)] for r in rounds]
+            row[f"cclctl/{v}"] = (statistics.median(ratios), *bootstrap_median(ratios))
         for s in RUNTIMES:
             row[s] = statistics.median(busbw(op, size, n, r[s][(op, size)]) for r in rounds)
         limits = [link_of(r["link"], op) for r in rounds]
@@ -159,7 +177,12 @@ def link_of(link: dict[str, float | None], op: str) -> float:
     return max(link[k] or 0.0 for k in keys)
 
 
-def render(rows: list[dict[str, Any]], rounds: list[dict[str, Any]], n: int) -> str:
+def render(
+    rows: list[dict[str, Any]],
+    rounds: list[dict[str, Any]],
+    n: int,
+    variants: dict[str, dict[str, str]],
+) -> str:
     out = [
         f"## two hosts, {n} ranks ({n // 2} per host): busbw GB/s (median of {len(rounds)} rounds)"
     ]
@@ -183,7 +206,30 @@ def render(rows: list[dict[str, Any]], rounds: list[dict[str, Any]], n: int) -> 
             f" {ci(r['cclctl/gloo']):>22} {ci(r['cclctl-noretry/gloo']):>22}"
             f" {ci(r['cclctl/cclctl-noretry']):>22}"
         )
+    for v in variants:
+        out.append(f"# cclctl's defaults against {v} ({variants[v]}), busbw GB/s")
+        out.append(f"{'op':>11} {'size':>6} {'cclctl':>9} {v:>9} {'cclctl/' + v + ' [95% CI]':>26}")
+        for r in rows:
+            lo_hi = r[f"cclctl/{v}"]
+            cell = f"{lo_hi[0]:.2f} [{lo_hi[1]:.2f}, {lo_hi[2]:.2f}]"
+            out.append(
+                f"{r['op']:>11} {r['size'] >> 20:>5}M {r['cclctl']:>9.2f} {r[v]:>9.2f} {cell:>26}"
+            )
     return "\n".join(out)
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME:KEY=VALUE,...`` as (NAME, its variables); raises ValueError."""
+    name, _, spec = text.partition(":")
+    pairs = [item.partition("=") for item in spec.split(",") if item]
+    if (
+        not name
+        or name in (*RUNTIMES, "link")
+        or not pairs
+        or any(not k or not eq for k, eq, _ in pairs)
+    ):
+        raise ValueError(f"{text!r}: expected NAME:KEY=VALUE[,KEY=VALUE] with a new name")
+    return name, {k: v for k, _, v in pairs}
 
 
 def main() -> int:
@@ -197,7 +243,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--port", type=int, default=29700)
     ap.add_argument("--json", default="two-hosts.json")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:KEY=VALUE[,KEY=VALUE]: cclctl with these variables, one more side",
+    )
     args = ap.parse_args()
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+    except ValueError as exc:
+        print(f"two_hosts.py: --variant: {exc}", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("two_hosts.py: needs root (network namespaces)", file=sys.stderr)
         return 2
@@ -224,10 +281,11 @@ def main() -> int:
                         per_host,
                         worker_args,
                         args.port + 1000 * round_no + 200 * per_host,
+                        variants,
                     )
                 )
-            rows = summarize(rounds, n)
-            print(render(rows, rounds, n), flush=True)
+            rows = summarize(rounds, n, variants)
+            print(render(rows, rounds, n, variants), flush=True)
             doc["results"][str(n)] = {"rows": rows, "links": [r["link"] for r in rounds]}
     finally:
         hosts.close()

@@ -132,3 +132,4 @@ def test_all_reduce_is_hierarchical_across_hosts(hosts: dict[str, str]) -> None:
     assert [r["value"] for r in reports] == [4.0] * 4
     assert {r["transport"] for r in reports} == {"hybrid"}
     assert [r["tcp_peers"] for r in reports] == [[2], [], [0], []]
+    assert [r["algos"] for r in reports] == [["hier_cma"]] * 4  # its host phases single-copy

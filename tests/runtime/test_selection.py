@@ -216,7 +216,18 @@ def test_default_on_one_host_over_tcp() -> None:
     ]
 
 
-def test_default_across_hosts_is_hierarchical() -> None:
+@CMA
+def test_default_across_hosts_is_hierarchical(cma: bool) -> None:
     calls = [("all_reduce", 3 * KiB, False), ("all_reduce", 768 * KiB, False), *EVERY_OP[1:]]
-    algos = _algos({}, calls, n=4, hosts=["a", "a", "b", "b"])
-    assert algos == ["hier_rd", "hier_ring", "ring", "ring", "tree", "tree"]
+    env = {"CCLCTL_SHM_CMA": "always" if cma else "never"}
+    algos = _algos(env, calls, n=4, hosts=["a", "a", "b", "b"])
+    large = "hier_cma" if cma else "hier_ring"  # the hosts' phases single-copy, or slots
+    assert algos == ["hier_rd", large, "ring", "ring", "tree", "tree"]
+
+
+def test_a_host_without_single_copy_runs_its_phases_through_the_slots() -> None:
+    """Rank 2 is alone on its host (no engine there): the others' hosts run single-copy,
+    and every rank's result is exact (their phases across are the same ring)."""
+    calls = [("all_reduce", 768 * KiB, False), ("all_reduce", 3 * MiB, True)]
+    algos = _algos({"CCLCTL_SHM_CMA": "always"}, calls, n=3, hosts=["a", "a", "b"])
+    assert algos == ["hier_cma", "hier_cma"]

@@ -16,8 +16,11 @@ then:
 - ``all_gather``: copies every peer's block out of that peer's output (its own block is
   in place there) straight into this rank's output.
 - ``reduce_scatter``: reduces its block from every peer's input, piece by piece.
+- ``reduce`` and ``broadcast`` (the host's phases of the hierarchical all-reduce): the root
+  reduces every peer's input into its output; every reader copies the root's buffer.
 
-(A broadcast keeps its slots: see ``SINGLE_COPY_FROM`` in ``runtime/comm/selection.py``.)
+(A one-host broadcast keeps its slots: see ``SINGLE_COPY_FROM`` in
+``runtime/comm/selection.py``.)
 
 Every call ends when every peer has finished with this rank's arrays, because the caller
 may reuse them once the call returns.
@@ -157,3 +160,43 @@ def reduce_scatter(
         _reduce(fn, ins, g.local, dst[lo:hi], spare[: hi - lo])
     _release(g, rnd, g.others)
     g.account(dst.nbytes)
+
+
+def reduce(
+    ctx: Step, g: OneCopy, cm: CrossMemory, src: Array, out: Array, redop: str, root: int
+) -> None:
+    """The root's ``out`` = the reduction of every rank's ``src``, in rank order, read
+    piece by piece out of each peer's; the others' ``out`` is not written."""
+    rnd = _publish(ctx, g, src)
+    if g.rank != root:
+        _release(g, rnd, [g.views[g.ranks.index(root)]])  # until the root has read it
+        g.sent[root] += src.nbytes
+        return
+    fn = reducer(redop)
+    sources = [(view.rank, _where(g, view, rnd)[0]) for view in g.others]
+    width = max(1, PIECE_BYTES // src.itemsize)
+    scratch = ctx.scratch.get(PEER_PIECES, width * g.size, src.dtype)
+    spare = scratch[width * (g.size - 1) :]
+    for lo, hi in pieces(src.size, src.itemsize, PIECE_BYTES):
+        ins = _pieces_of(ctx, cm, sources, src, g.local, lo, hi, scratch, width)
+        _reduce(fn, ins, g.local, out[lo:hi], spare[: hi - lo])
+    _release(g, rnd, [])
+    for view in g.others:
+        g.received[view.rank] += src.nbytes
+
+
+def broadcast(ctx: Step, g: OneCopy, cm: CrossMemory, buf: Array, root: int) -> None:
+    """Every rank's ``buf`` = the root's, each reader copying it straight out of the
+    root's buffer."""
+    if g.rank == root:
+        rnd = _publish(ctx, g, buf)
+        _release(g, rnd, g.others)  # the readers: wait until they have their copy
+        for view in g.others:
+            g.sent[view.rank] += buf.nbytes
+        return
+    source = g.views[g.ranks.index(root)]
+    rnd = g.next_round(ctx.call, ctx.wait, 0, 8)
+    (theirs,) = _where(g, source, rnd)
+    cm.read(root, theirs, buf, ctx.call)
+    _release(g, rnd, [])
+    g.received[root] += buf.nbytes

@@ -86,9 +86,10 @@ def _single_copy_all_reduce(
     single_copy.all_reduce(step, group, cross_memory(caps), src, dst, redop)
 
 
-def _hierarchical_all_reduce(large: bool) -> AllReduce:
+def _hierarchical_all_reduce(large: bool, single_copy_within: bool = False) -> AllReduce:
     def run(step: Step, caps: Capabilities, src: Array, dst: Array, redop: str) -> None:
-        hierarchical.all_reduce(step, _hierarchy(caps), src, dst, redop, large)
+        h = _hierarchy(caps)
+        hierarchical.all_reduce(step, h, src, dst, redop, large, single_copy_within)
 
     return run
 
@@ -101,6 +102,7 @@ _ALL_REDUCE: dict[str, AllReduce] = {
     single_copy.ALGO: _single_copy_all_reduce,
     "hier_rd": _hierarchical_all_reduce(large=False),
     "hier_ring": _hierarchical_all_reduce(large=True),
+    "hier_cma": _hierarchical_all_reduce(large=True, single_copy_within=True),
 }
 
 

@@ -8,7 +8,8 @@ from 1 MiB with 2 ranks), single-copy through the kernel where it lets the host'
 reach each other's memory (``shm_cma``, :data:`SINGLE_COPY_FROM`), zero-copy on shared
 buffers from
 :data:`ZERO_COPY_MIN_BYTES` (``shm_zero_copy``, :data:`ZERO_COPY_FROM`), or within
-hosts then across (``hier_rd``, ``hier_ring``).
+hosts then across (``hier_rd``, ``hier_ring``; ``hier_cma`` where a host's ranks reach each
+other's memory: its phases single-copy).
 
 ``CCLCTL_ALGO`` is a comma list: ``ring`` runs ring wherever an op has it and
 ``all_reduce=rd,broadcast=chain`` per op, as named, over point-to-point steps on any
@@ -155,7 +156,9 @@ def _on_engine(op: str, algo: str, caps: Capabilities, n: int) -> str:
         if op in ("broadcast", "all_gather", "reduce_scatter") or (op, algo) == ("reduce", "ring"):
             return "shm_direct"
     if caps.hierarchy is not None and op == "all_reduce":
-        return "hier_ring" if algo == "ring" else "hier_rd"
+        if algo != "ring":
+            return "hier_rd"
+        return "hier_ring" if caps.hierarchy.cross_memory is None else "hier_cma"
     return algo
 
 

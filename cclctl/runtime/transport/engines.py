@@ -145,3 +145,8 @@ class HostHierarchy(Protocol):
     def leader(self) -> int:
         """This rank's host's leader."""
         ...
+
+    @property
+    def cross_memory(self) -> CrossMemory | None:
+        """This host's cross-memory engine, where its ranks may reach each other's memory."""
+        ...

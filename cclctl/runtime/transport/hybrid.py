@@ -32,6 +32,7 @@ from cclctl.runtime.transport.base import (
 from cclctl.runtime.transport.capabilities import POINT_TO_POINT, Capabilities
 from cclctl.runtime.transport.drive import drive, exchanged
 from cclctl.runtime.transport.meeting import Exchange, TransportMeeting, as_meeting
+from cclctl.runtime.transport.shm.cross_memory import CrossMemory
 from cclctl.runtime.transport.shm.group import ShmGroup
 from cclctl.runtime.transport.shm.layout import Layout
 from cclctl.runtime.transport.shm.segment import host_key
@@ -47,6 +48,7 @@ class Hierarchy:
     group: ShmGroup | None  # this rank's host (None: alone on it)
     leaders: list[int]  # the lowest rank of every host, ascending
     leader: int  # this rank's host's leader
+    cross_memory: CrossMemory | None = None  # the host's ranks reach each other's memory
 
 
 def build_transport(
@@ -90,7 +92,8 @@ def build_transport(
         tcp.close()
         return ShmTransport(group, world_size, one_copy=one_copy)
     first = {key: min(r for r in range(world_size) if keys[r] == key) for key in keys}
-    hierarchy = Hierarchy(group, sorted(set(first.values())), first[keys[rank]])
+    cross = group.cross_memory if group is not None else None
+    hierarchy = Hierarchy(group, sorted(set(first.values())), first[keys[rank]], cross)
     shm = ShmTransport(group, world_size, one_copy=False) if group is not None else None
     near = group.ranks if group is not None else []
     return HybridTransport(shm, tcp, near, hierarchy if one_copy else None)
