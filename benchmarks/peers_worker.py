@@ -44,6 +44,7 @@ class Cclctl:
             "all_gather": lambda: c.all_gather(part, big),
             "reduce_scatter": lambda: c.reduce_scatter(big, part),
             "broadcast": lambda: c.broadcast(x, root=0),
+            "all_to_all": lambda: c.all_to_all(x, big),
         }
 
     def slowest(self, seconds: float) -> float:
@@ -71,6 +72,7 @@ class Gloo:
             "all_gather": lambda: d.all_gather_into_tensor(tbig, tpart),
             "reduce_scatter": lambda: d.reduce_scatter_tensor(tpart, tbig),
             "broadcast": lambda: d.broadcast(tx, src=0),
+            "all_to_all": lambda: d.all_to_all_single(tbig, tx),
         }
 
     def slowest(self, seconds: float) -> float:
@@ -97,6 +99,7 @@ class Mpi:
             "all_gather": lambda: c.Allgather(part, big),
             "reduce_scatter": lambda: c.Reduce_scatter_block(big, part),
             "broadcast": lambda: c.Bcast(x, root=0),
+            "all_to_all": lambda: c.Alltoall(x, big),
         }
 
     def slowest(self, seconds: float) -> float:

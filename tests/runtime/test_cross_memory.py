@@ -93,6 +93,8 @@ def expected(n: int, rank: int) -> dict[str, str]:
         "reduce_scatter": in_rank_order(np.add, block),
         "reduce_scatter_in_place": in_rank_order(np.add, block),
         "all_reduce_prod_int64": in_rank_order(np.multiply, ints),
+        "all_to_all": np.concatenate([inputs(i + 100 * rank, COUNT) for i in range(n)]),
+        "all_to_all_in_place": np.concatenate([inputs(i + 100 * rank, COUNT) for i in range(n)]),
     }
     return {name: hashlib.sha256(arr.tobytes()).hexdigest() for name, arr in want.items()}
 

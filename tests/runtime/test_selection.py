@@ -45,6 +45,8 @@ def _run_call(comm: Communicator, op: str, nbytes: int, shared: bool) -> np.ndar
     if op == "all_gather":
         out = comm.empty(count * n, np.int64) if shared else np.empty(count * n, np.int64)
         return comm.all_gather(x, out).copy()
+    if op == "all_to_all":
+        return comm.all_to_all(x, np.empty_like(x)).copy()
     assert op == "reduce_scatter"
     out = comm.empty(count // n, np.int64) if shared else np.empty(count // n, np.int64)
     return comm.reduce_scatter(x, out).copy()
@@ -63,6 +65,8 @@ def _want(op: str, nbytes: int, n: int, rank: int) -> np.ndarray:
     if op == "all_gather":
         return np.concatenate([base + r for r in range(n)])
     k = count // n
+    if op == "all_to_all":  # block ``rank`` of every rank's input, in rank order
+        return np.concatenate([base[rank * k : (rank + 1) * k] + r for r in range(n)])
     return total[rank * k : (rank + 1) * k]
 
 
@@ -189,10 +193,13 @@ def test_single_copy_starts_at_its_sizes(cma: bool) -> None:
         ("reduce_scatter", 768 * KiB - 24, False),
         ("reduce_scatter", 3 * MiB, False),
         ("broadcast", 3 * MiB, False),  # keeps its slots
+        ("all_to_all", 768 * KiB, False),
+        ("all_to_all", 3 * MiB, False),
     ]
     got = _algos({"CCLCTL_SHM_CMA": "always" if cma else "never"}, calls)
     large = "shm_cma" if cma else "shm_direct"
-    assert got == ["shm_direct", large, "shm_direct", large, "shm_direct"]
+    a2a = "shm_cma" if cma else "pairwise"
+    assert got == ["shm_direct", large, "shm_direct", large, "shm_direct", "pairwise", a2a]
 
 
 def test_a_forced_algorithm_never_runs_single_copy() -> None:

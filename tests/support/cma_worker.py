@@ -76,6 +76,11 @@ def run(comm: cclctl.Communicator, count: int) -> tuple[dict[str, str], bool]:
     in_place = tiled.copy()
     comm.reduce_scatter(in_place, in_place[r * count : (r + 1) * count])
     got["reduce_scatter_in_place"] = digest(in_place[r * count : (r + 1) * count])
+    mixed = np.concatenate([inputs(r + 100 * j, count) for j in range(n)])  # block j: to rank j
+    got["all_to_all"] = digest(comm.all_to_all(mixed, np.empty_like(mixed)))
+    in_place = mixed.copy()
+    comm.all_to_all(in_place, in_place)
+    got["all_to_all_in_place"] = digest(in_place)
     ints = (np.arange(count, dtype=np.int64) % 5) + r + 1
     comm.all_reduce(ints, op="prod")
     got["all_reduce_prod_int64"] = digest(ints)

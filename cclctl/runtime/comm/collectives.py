@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cclctl.config import RuntimeConfig
-from cclctl.runtime.algorithms import pairwise, zero_copy
+from cclctl.runtime.algorithms import zero_copy
 from cclctl.runtime.algorithms.context import COPY, Scratch, Step, as_bytes, finish_avg
 from cclctl.runtime.comm import buffers, dispatch, prepared, selection
 from cclctl.runtime.comm.calls import Calls
@@ -258,14 +258,14 @@ class Collectives:
                 op="all_to_all",
             )
         dst = buffers.matching_out(out, src, src.size, "all_to_all")
-        algo = self._choose.all_to_all.pick(src.nbytes, src.size)  # pairwise, the one there is
+        algo = self._choose.all_to_all.pick(src.nbytes, src.size)
         with self._call("all_to_all", src, algo) as step:
             if buffers.overlaps(src, dst):
                 copy = self._scratch.get(COPY, src.size, src.dtype)
                 copy[...] = src
                 src = copy
             if src.size:
-                pairwise.all_to_all(step, src, dst, src.size // n)
+                dispatch.all_to_all(step, algo, self._caps, src, dst, src.size // n)
         return out
 
     def send(self, buf: Array, dst: int) -> None:

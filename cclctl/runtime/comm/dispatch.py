@@ -225,3 +225,21 @@ def reduce_scatter(
     """``dst`` = the reduction of block ``rank`` of every rank's ``src`` (equal blocks)."""
     run = _REDUCE_SCATTER.get(algo) or _unknown(_REDUCE_SCATTER, "reduce_scatter", algo)
     run(step, caps, src, dst, bounds, redop)
+
+
+# ------------------------------------------------------------------ all_to_all
+AllToAll = Callable[[Step, Capabilities, Array, Array, int], object]
+_ALL_TO_ALL: dict[str, AllToAll] = {
+    "pairwise": lambda step, caps, src, dst, block: pairwise.all_to_all(step, src, dst, block),
+    single_copy.ALGO: lambda step, caps, src, dst, block: single_copy.all_to_all(
+        step, one_copy(step, caps), cross_memory(caps), src, dst, block
+    ),
+}
+
+
+def all_to_all(
+    step: Step, algo: str, caps: Capabilities, src: Array, dst: Array, block: int
+) -> None:
+    """Block ``i`` of ``dst`` = block ``rank`` of rank ``i``'s ``src`` (apart from ``dst``)."""
+    run = _ALL_TO_ALL.get(algo) or _unknown(_ALL_TO_ALL, "all_to_all", algo)
+    run(step, caps, src, dst, block)

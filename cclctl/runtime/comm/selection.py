@@ -54,7 +54,7 @@ ZERO_COPY_FROM = dict.fromkeys(
 SINGLE_COPY = "shm_cma"
 SINGLE_COPY_MIN_BYTES = 1 << 20
 SINGLE_COPY_FROM = dict.fromkeys(
-    ("all_reduce", "all_gather", "reduce_scatter"), SINGLE_COPY_MIN_BYTES
+    ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"), SINGLE_COPY_MIN_BYTES
 )
 #: Where 2 ranks on one host switch from reducing everything (``shm_direct``: one
 #: synchronisation per round) to reducing half each (``shm_rsag``: two, half the adds).
