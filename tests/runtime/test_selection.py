@@ -198,8 +198,8 @@ def test_single_copy_starts_at_its_sizes(cma: bool) -> None:
     ]
     got = _algos({"CCLCTL_SHM_CMA": "always" if cma else "never"}, calls)
     large = "shm_cma" if cma else "shm_direct"
-    a2a = "shm_cma" if cma else "pairwise"
-    assert got == ["shm_direct", large, "shm_direct", large, "shm_direct", "pairwise", a2a]
+    a2a = "shm_cma" if cma else "pairwise"  # all_to_all: at every size
+    assert got == ["shm_direct", large, "shm_direct", large, "shm_direct", a2a, a2a]
 
 
 def test_a_forced_algorithm_never_runs_single_copy() -> None:

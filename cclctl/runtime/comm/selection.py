@@ -48,14 +48,17 @@ ZERO_COPY_FROM = dict.fromkeys(
 #: write each other's arrays through the kernel) where the transport's cross-memory engine
 #: is there, from this many bytes (an all_gather's output): below, a system call per peer
 #: and piece and a second synchronisation cost about what the pass through the slots they
-#: save does (2 ranks: 0.98-1.03x at 256-512 KiB, 1.4-1.6x at 1 MiB). A broadcast keeps its
-#: slots: there the root's copy into them overlaps the readers' copies out, which one read
-#: through the kernel (slower than a plain copy: it pins the pages) did not beat.
+#: save does (2 ranks: 0.98-1.03x at 256-512 KiB, 1.4-1.6x at 1 MiB). An all_to_all runs it
+#: at every size: its alternative, pairwise steps over the point-to-point rings, was 2.5-3.6x
+#: slower from 1 KiB to 8 KiB and more above. A broadcast keeps its slots: there the root's
+#: copy into them overlaps the readers' copies out, which one read through the kernel
+#: (slower than a plain copy: it pins the pages) did not beat.
 SINGLE_COPY = "shm_cma"
 SINGLE_COPY_MIN_BYTES = 1 << 20
-SINGLE_COPY_FROM = dict.fromkeys(
-    ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"), SINGLE_COPY_MIN_BYTES
-)
+SINGLE_COPY_FROM = {
+    **dict.fromkeys(("all_reduce", "all_gather", "reduce_scatter"), SINGLE_COPY_MIN_BYTES),
+    "all_to_all": 0,
+}
 #: Where 2 ranks on one host switch from reducing everything (``shm_direct``: one
 #: synchronisation per round) to reducing half each (``shm_rsag``: two, half the adds).
 TWO_RANK_RSAG_FROM = 1 << 20
