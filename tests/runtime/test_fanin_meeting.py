@@ -473,7 +473,7 @@ def test_ranks_whose_agent_was_killed_before_the_meeting_meet_through_the_store(
     started = agents(hosts)
     doc = fanin_world(server, hosts)
     started["b"].kill()  # between the rendezvous and the meeting
-    met = meet(server, doc, 8, agents=[started[h].name for h in hosts], timeout_s=4.0)
+    met = meet(server, doc, 8, agents=[started[h].name for h in hosts], timeout_s=30.0)
     try:
         _opens_as_the_rounds(met, hosts)
     finally:
@@ -500,7 +500,7 @@ def test_ranks_whose_agent_dies_in_the_meeting_meet_through_the_store(
 
     dying.service.meeting.handle = dies_at_the_segments  # type: ignore[method-assign]
     met = meet(server, fanin_world(server, hosts), 8, agents=[started[h].name for h in hosts],
-               timeout_s=4.0)  # fmt: skip
+               timeout_s=30.0)  # fmt: skip
     try:
         _opens_as_the_rounds(met, hosts)
     finally:
@@ -535,7 +535,7 @@ def test_ranks_whose_agent_fails_after_counting_them_in_are_counted_once(
 
     failing.service.meeting._answer = fails_after_its_add  # type: ignore[method-assign]
     met = meet(server, fanin_world(server, hosts), 8, agents=[started[h].name for h in hosts],
-               timeout_s=4.0)  # fmt: skip
+               timeout_s=30.0)  # fmt: skip
     try:
         _opens_as_the_rounds(met, hosts)
     finally:

@@ -90,23 +90,26 @@ def open_group(
         if own is not None:
             own.unlink()  # every local rank has mapped it, or given up
         if own is None or not every_host_ok:
-            for view in views:
-                view.release()
-            if own is not None:
-                own.close()
+            _release(own, views)
             return None, every_host_ok
     except BaseException:
-        for view in views:
-            with contextlib.suppress(Exception):
-                view.release()
-        if own is not None:
-            own.close()
+        _release(own, views)
         raise
     if spin_s is None:
         spin_s = 0.0 if oversubscribed else DEFAULT_SPIN_S
     group = ShmGroup(rank, ranks, views, layout, spin_s=spin_s, yield_s=YIELD_S, futex=Futex())
     group.cross_memory = cross.agreed(rank, views)  # every rank has probed: all have met
     return group, True
+
+
+def _release(own: shm_segment.Segment | None, views: Sequence[View]) -> None:
+    """Unmap what this rank mapped, its own segment last (its name is unlinked already or
+    was never shared)."""
+    for view in views:
+        with contextlib.suppress(Exception):
+            view.release()
+    if own is not None:
+        own.close()
 
 
 def _map_all(
