@@ -71,10 +71,14 @@ class Rank(threading.Thread):
 
 
 def _exchange(t: TcpTransport, peer: int, call: wire.Call, step: int, send: np.ndarray | None,
-              recv: np.ndarray | None) -> Callable[[], None]:  # fmt: skip
+              recv: np.ndarray | None, settled: bool = False) -> Callable[[], None]:  # fmt: skip
+    """``settled``: the call says its send buffer stays as sent (``Wait.settled``)."""
     sends = [] if send is None else [(peer, send.data.cast("B"))]
     recvs = [] if recv is None else [(peer, recv.data.cast("B"))]
-    return lambda: t.exchange(call, step, sends, recvs, Wait(rank=t.rank))
+    span = None
+    if settled and send is not None:
+        span = (send.ctypes.data, send.ctypes.data + send.nbytes)
+    return lambda: t.exchange(call, step, sends, recvs, Wait(rank=t.rank, settled=span))
 
 
 def _link(ts: list[TcpTransport]) -> None:
@@ -143,7 +147,9 @@ def test_a_connection_ended_mid_message_is_made_again_and_the_message_sent_again
         _close(ts)
 
 
-def _tail_left_in_the_queue(links: list[Links], ts: list[TcpTransport]) -> tuple[np.ndarray, int]:
+def _tail_left_in_the_queue(
+    links: list[Links], ts: list[TcpTransport], settled: bool = False
+) -> tuple[np.ndarray, int]:
     """Link the pair, then have rank 0 send a message larger than rank 1's receive buffer
     but within the two buffers, while rank 1 reads nothing: rank 0's step ends with the
     message's tail in its send queue. Returns the message and its size."""
@@ -155,7 +161,7 @@ def _tail_left_in_the_queue(links: list[Links], ts: list[TcpTransport]) -> tuple
         pytest.skip(f"socket buffers of {rcvbuf} and {sndbuf} bytes: no message both fits "
                     "them and keeps a tail")  # fmt: skip
     message = _payload(0, n)
-    only = Rank(_exchange(ts[0], 1, _call(2, n), 0, message, None))
+    only = Rank(_exchange(ts[0], 1, _call(2, n), 0, message, None, settled))
     only.start()
     only.join(20)
     assert only.error is None and links[0].started[1] == 2, only.error
@@ -167,14 +173,33 @@ needs_ss = pytest.mark.skipif(
 )
 
 
-@needs_ss
-def test_a_tail_still_in_the_senders_queue_is_sent_again_from_the_byte_reached() -> None:
-    """Rank 0's step ended with its message's tail unacknowledged; ``ss -K`` then destroys
-    rank 0's socket and its queue. The tail rank 0 kept goes again from the byte rank 1
-    reached, and both ranks go on with the next call on the new link."""
+@pytest.mark.parametrize("settled", [False, True], ids=["copied", "settled"])
+def test_a_tail_is_a_view_of_settled_memory_and_a_copy_of_any_other(settled: bool) -> None:
+    """The unacknowledged end of the message, kept as the step ends: where the call says
+    its send buffer stays as sent until the peers hold it (an all_gather's or broadcast's
+    output, confirmed), a view of that buffer; else a copy. The same bytes either way."""
     links, ts = _pair()
     try:
-        message, n = _tail_left_in_the_queue(links, ts)
+        message, n = _tail_left_in_the_queue(links, ts, settled)
+        _, _, tail = links[0].tails[1]
+        assert 0 < len(tail) < n and bytes(tail) == message[n - len(tail) :].tobytes()
+        assert np.shares_memory(np.frombuffer(tail, np.uint8), message) == settled
+    finally:
+        _close(ts)
+
+
+@needs_ss
+@pytest.mark.parametrize("settled", [False, True], ids=["copied", "settled"])
+def test_a_tail_still_in_the_senders_queue_is_sent_again_from_the_byte_reached(
+    settled: bool,
+) -> None:
+    """Rank 0's step ended with its message's tail unacknowledged; ``ss -K`` then destroys
+    rank 0's socket and its queue. The tail rank 0 kept (a copy, or a view of a settled
+    buffer) goes again from the byte rank 1 reached, and both ranks go on with the next
+    call on the new link."""
+    links, ts = _pair()
+    try:
+        message, n = _tail_left_in_the_queue(links, ts, settled)
         assert 1 in links[0].tails  # the tail was kept: the peer had not acknowledged it
         _reset(links[0].socks[1])
         got, back, sent_back = np.zeros(n, np.uint8), np.zeros(8, np.uint8), _payload(1, 8)

@@ -12,15 +12,16 @@ which the :class:`~cclctl.runtime.comm.communicator.Communicator` runs each call
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from cclctl.config import RuntimeConfig
 from cclctl.runtime.algorithms import zero_copy
-from cclctl.runtime.algorithms.context import COPY, Scratch, Step, as_bytes, finish_avg
+from cclctl.runtime.algorithms.context import COPY, Scratch, as_bytes, finish_avg
 from cclctl.runtime.comm import buffers, dispatch, prepared, selection
 from cclctl.runtime.comm.calls import Calls
+from cclctl.runtime.comm.ending import Ending, settle
 from cclctl.runtime.comm.prepared import Gather, PreparedCalls, Scatter
 from cclctl.runtime.comm.tracing import Tracer
 from cclctl.runtime.failure import FailureState
@@ -29,8 +30,6 @@ from cclctl.runtime.transport.base import Transport
 from cclctl.runtime.transport.shm import shared_buffers
 
 Array = np.ndarray
-#: Run in a call's step once its result is whole (a retry's confirm: ``rerun.Ending``).
-Ending = Callable[[Step], None]
 
 
 class Collectives:
@@ -160,6 +159,7 @@ class Collectives:
                     lo, hi = bounds[self.rank]
                     dst[lo:hi] = src
                 with self._call("all_gather", src, algo, nbytes=dst.nbytes) as step:
+                    settle(step, dst, ending)
                     if src.size:
                         dispatch.all_gather(step, algo, self._caps, dst, bounds)
                     if ending is not None:
@@ -233,6 +233,7 @@ class Collectives:
             return dst if out is None else out
         algo = self._choose.broadcast.pick(src.nbytes, src.size)
         with self._call("broadcast", src, algo, root=root) as step:
+            settle(step, dst, ending)
             dispatch.broadcast(step, algo, self._caps, dst, root)
             if ending is not None:
                 ending(step)

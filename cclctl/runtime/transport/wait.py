@@ -20,6 +20,8 @@ from cclctl.runtime.transport.wire import Call
 
 #: One transfer of a step: the peer rank and the bytes to send or to receive into.
 Transfer = tuple[int, memoryview]
+#: A range of addresses, ``[start, end)``.
+Span = tuple[int, int]
 
 
 @dataclasses.dataclass(slots=True)
@@ -47,6 +49,11 @@ class Wait:
     #: watch only the peers the step moves bytes with for a failure, not every peer: a
     #: probe's pair outlives a third rank's death (a collective fails with any peer)
     partners_only: bool = False
+    #: the call's memory that holds nothing but its final bytes from when they are first
+    #: sent until every rank holds its result whole (an all_gather's or a broadcast's output
+    #: where the call ends with a confirm); a link keeps a view of a sent message's
+    #: unacknowledged end there for a resume, not a copy (None: copy every tail)
+    settled: Span | None = None
 
     def blocked_on(self, peer: int, what: str) -> None:
         rec = self.record

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from cclctl.runtime.comm.collectives import Collectives, Ending
+    from cclctl.runtime.comm.collectives import Collectives
+    from cclctl.runtime.comm.ending import Ending
 
 Array = np.ndarray
 

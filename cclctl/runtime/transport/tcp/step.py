@@ -133,7 +133,7 @@ class TcpStep:
         self.done = not pending
         if self.done:
             if self.sends and links.resume_s:
-                step_resume.keep_tails(links, self.sends)
+                step_resume.keep_tails(links, self.sends, self.wait.settled)
             self._release()
         return progressed
 

@@ -6,7 +6,8 @@ into the link's receive, agrees with the peer on what was lost, and moves both w
 link on to the new connection: its own transfers and another thread's step's
 (:mod:`~cclctl.runtime.transport.tcp.flow`; the caller holds the link's lock). As a step
 ends it keeps the unacknowledged end of each large message it sent on a plain link, the
-only bytes of it a later reset can lose once the buffer is the caller's again.
+only bytes of it a later reset can lose once the buffer is the caller's again: a copy, or
+a view where the call's memory stays as sent until every peer holds it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import errno
 import socket
 from typing import Protocol
+
+import numpy as np
 
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.base import Wait
@@ -23,6 +26,7 @@ from cclctl.runtime.transport.tcp.links import Links
 from cclctl.runtime.transport.tcp.mac import LinkMac
 from cclctl.runtime.transport.tcp.messages import MacRecv, MacSend, Recv, Send, outgoing
 from cclctl.runtime.transport.tcp.resume import Cursor, stream_from, unacked
+from cclctl.runtime.transport.wait import Span
 
 #: Messages from this size on keep their unacknowledged tail as their step ends (a copy of
 #: at most a socket buffer, small beside the message); a smaller one whose tail a reset
@@ -65,7 +69,7 @@ def resume_link(step: TcpStep, peer: int) -> None:
     if out is not None:
         _send_again(step, out, sock, mine, theirs, owed)
     elif owed:
-        step.pending.append(Send(sock, peer, owed, memoryview(b"")))
+        step.pending.append(Send(sock, peer, b"", owed))
     if recv is not None and not recv.finished:
         if isinstance(recv, MacRecv):
             recv.again_whole(sock, _session(links, peer))
@@ -92,14 +96,19 @@ def _drain(step: TcpStep, recv: Recv) -> None:
 
 
 def _send_again(
-    step: TcpStep, out: Outgoing, sock: socket.socket, mine: Cursor, theirs: Cursor, owed: bytes
+    step: TcpStep,
+    out: Outgoing,
+    sock: socket.socket,
+    mine: Cursor,
+    theirs: Cursor,
+    owed: memoryview,
 ) -> None:
     """Move the message ``out`` on to the new link: what the peer lacks of it again (after
     what it lacks of the last message's kept tail), or nothing where the peer has it whole."""
     item, peer = out.item, out.item.peer
     if not resume.resend(mine, theirs):
         if owed:
-            step.pending.append(Send(sock, peer, owed, memoryview(b"")))
+            step.pending.append(Send(sock, peer, b"", owed))
         if not item.finished:
             item.finished = True  # the step it is in drops it (this one: now)
             if item in step.pending:
@@ -118,13 +127,18 @@ def _send_again(
         return  # whole, under the new link's session
     at = theirs.partial if theirs.received == out.index else 0
     whole = [memoryview(out.header), out.view] if len(out.view) else [memoryview(out.header)]
-    item.again(sock, ([memoryview(owed)] if owed else []) + stream_from(whole, at))
+    item.again(sock, ([owed] if owed else []) + stream_from(whole, at))
 
 
-def keep_tails(links: Links, sends: dict[int, tuple[int, bytes, memoryview]]) -> None:
-    """As a step ends: keep a copy of the bytes of each message it sent (``sends``) that
-    the peer's kernel has not yet acknowledged (plain links only: a MAC link's message goes
-    again whole)."""
+def keep_tails(
+    links: Links, sends: dict[int, tuple[int, bytes, memoryview]], settled: Span | None = None
+) -> None:
+    """As a step ends: keep the bytes of each message it sent (``sends``) that the peer's
+    kernel has not yet acknowledged (plain links only: a MAC link's message goes again
+    whole). A copy of them, unless they lie in ``settled``: the call's memory that holds
+    only its final bytes until every peer holds them whole (``Wait.settled``); a view of
+    them there serves a resume within the call, and after it the peer lacks none of them.
+    """
     for peer, (index, header, view) in sends.items():
         if len(view) < TAIL_MIN_BYTES:
             links.tails.pop(peer, None)
@@ -137,8 +151,19 @@ def keep_tails(links: Links, sends: dict[int, tuple[int, bytes, memoryview]]) ->
             continue
         total = len(header) + len(view)
         start = total - min(pending, total)
-        tail = b"".join(stream_from([memoryview(header), view], start))
+        if start >= len(header) and _within(view, settled):
+            tail = view[start - len(header) :]  # settled: lent, not copied
+        else:
+            tail = memoryview(b"".join(stream_from([memoryview(header), view], start)))
         links.tails[peer] = (index, start, tail)
+
+
+def _within(view: memoryview, span: Span | None) -> bool:
+    """``view``'s bytes lie in ``span``."""
+    if span is None:
+        return False
+    at = np.frombuffer(view, np.uint8).ctypes.data if view.nbytes else 0
+    return span[0] <= at and at + view.nbytes <= span[1]
 
 
 def _session(links: Links, peer: int) -> LinkMac:
