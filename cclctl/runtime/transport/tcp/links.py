@@ -91,10 +91,10 @@ class Links:
         self.started = [0] * world_size
         self.received = [0] * world_size
         self.resumed = [0] * world_size
-        #: peer -> (message index, first byte, bytes): the unacknowledged end of the last
-        #: large message sent whole to it on a plain link, for a resume (a copy, or a view
-        #: of a call's settled memory: ``step_resume.keep_tails``)
-        self.tails: dict[int, tuple[int, int, memoryview]] = {}
+        #: peer -> (message index, first byte, its bytes from there): the unacknowledged
+        #: end of the last large message sent whole to it on a plain link, for a resume (a
+        #: copy, or a view of a call's settled memory: ``step_resume.keep_tails``)
+        self.tails: dict[int, tuple[int, int, list[memoryview]]] = {}
         #: new links from linked peers (their side of the link broke), for a resume to take
         self._fresh: dict[int, tuple[socket.socket, LinkMac | None]] = {}
         self._flows: dict[int, Flow] = {}  # peer -> what moves on its link (made on first use)

@@ -46,7 +46,6 @@ RESUMED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 _FRAME = struct.Struct("<4sQqQQqQ")
 _MAGIC = b"CCLr"
 _SLICE_S = 0.05  # how often a resume that waits looks at the failure state
-_NONE = memoryview(b"")  # nothing owed of a kept tail
 
 
 def resumable(exc: OSError) -> bool:
@@ -204,7 +203,7 @@ def unacked(sock: socket.socket) -> int:
 
 def resume(
     links: Links, peer: int, call: Call, wait: Wait, held: int, partial: int = 0
-) -> tuple[Cursor, Cursor, memoryview]:
+) -> tuple[Cursor, Cursor, list[memoryview]]:
     """Make the link to ``peer`` again within the links' ``resume_s`` and exchange cursors
     (``held``: the index of this side's message of the step to ``peer``, -1: none;
     ``partial``: the bytes in hand of the message it is receiving); (this side's cursor,
@@ -221,7 +220,7 @@ def resume(
     if why:
         raise OSError(errno.EPROTO, why)
     tail_first = tail is not None and from_tail(mine, theirs)
-    owed = tail[2][theirs.partial - tail[1] :] if tail is not None and tail_first else _NONE
+    owed = stream_from(tail[2], theirs.partial - tail[1]) if tail is not None and tail_first else []
     links.resumed[peer] += 1
     lacks = [
         what

@@ -69,7 +69,7 @@ def resume_link(step: TcpStep, peer: int) -> None:
     if out is not None:
         _send_again(step, out, sock, mine, theirs, owed)
     elif owed:
-        step.pending.append(Send(sock, peer, b"", owed))
+        step.pending.append(_sending(sock, peer, owed))
     if recv is not None and not recv.finished:
         if isinstance(recv, MacRecv):
             recv.again_whole(sock, _session(links, peer))
@@ -101,14 +101,14 @@ def _send_again(
     sock: socket.socket,
     mine: Cursor,
     theirs: Cursor,
-    owed: memoryview,
+    owed: list[memoryview],
 ) -> None:
     """Move the message ``out`` on to the new link: what the peer lacks of it again (after
     what it lacks of the last message's kept tail), or nothing where the peer has it whole."""
     item, peer = out.item, out.item.peer
     if not resume.resend(mine, theirs):
         if owed:
-            step.pending.append(Send(sock, peer, b"", owed))
+            step.pending.append(_sending(sock, peer, owed))
         if not item.finished:
             item.finished = True  # the step it is in drops it (this one: now)
             if item in step.pending:
@@ -127,7 +127,7 @@ def _send_again(
         return  # whole, under the new link's session
     at = theirs.partial if theirs.received == out.index else 0
     whole = [memoryview(out.header), out.view] if len(out.view) else [memoryview(out.header)]
-    item.again(sock, ([owed] if owed else []) + stream_from(whole, at))
+    item.again(sock, owed + stream_from(whole, at))
 
 
 def keep_tails(
@@ -151,11 +151,17 @@ def keep_tails(
             continue
         total = len(header) + len(view)
         start = total - min(pending, total)
-        if start >= len(header) and _within(view, settled):
-            tail = view[start - len(header) :]  # settled: lent, not copied
-        else:
-            tail = memoryview(b"".join(stream_from([memoryview(header), view], start)))
+        tail = stream_from([memoryview(header), view], start)  # the header is immutable
+        if not _within(view, settled):
+            tail = [memoryview(b"".join(tail))]
         links.tails[peer] = (index, start, tail)
+
+
+def _sending(sock: socket.socket, peer: int, owed: list[memoryview]) -> Send:
+    """A send of ``owed`` (what the peer lacks of a kept tail) on the new link ``sock``."""
+    send = Send(sock, peer, b"", memoryview(b""))
+    send.again(sock, owed)
+    return send
 
 
 def _within(view: memoryview, span: Span | None) -> bool:
