@@ -11,6 +11,7 @@ to keep a tail was sent from inside the settled span, and nothing else is named 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -148,3 +149,30 @@ def test_calls_that_rewrite_what_they_sent_or_keep_a_copy_settle_nothing(seen: S
 
     _run(body)
     assert seen and all(span is None for _, span, _ in seen)
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["copied", "settled"])
+def test_a_message_wholly_unacknowledged_keeps_its_header_and_lends_its_payload(
+    monkeypatch: pytest.MonkeyPatch, settled: bool
+) -> None:
+    """Where the peer's kernel acknowledged none of the message, its tail is the whole
+    message from its header on: the header's own bytes and the payload, lent where it lies
+    in the settled span, copied with the header otherwise."""
+    links = Links(0, 2, "settled", "127.0.0.1", 5.0, token="settled-tails", resume_s=5.0)
+    ours, theirs = socket.socketpair()
+    try:
+        links.socks[1] = ours
+        monkeypatch.setattr(step_resume, "unacked", lambda sock: 1 << 40)
+        payload = np.random.default_rng(1).integers(0, 256, TAIL_MIN_BYTES, dtype=np.uint8)
+        span = _span(payload) if settled else None
+        step_resume.keep_tails(links, {1: (3, b"HEADER-8", payload.data.cast("B"))}, span)
+        index, start, parts = links.tails[1]
+        assert (index, start) == (3, 0)
+        assert b"".join(parts) == b"HEADER-8" + payload.tobytes()
+        lent = [np.shares_memory(np.frombuffer(p, np.uint8), payload) for p in parts]
+        assert any(lent) == settled
+    finally:
+        links.socks.pop(1, None)
+        links.close()
+        ours.close()
+        theirs.close()
