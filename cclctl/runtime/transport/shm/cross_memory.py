@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cclctl.errors import PeerError
 from cclctl.runtime.peer_process import GONE
 from cclctl.runtime.transport import wire
 from cclctl.runtime.transport.shm.futex import address_of
+from cclctl.runtime.transport.shm.host_peers import link_broke
 from cclctl.runtime.transport.shm.layout import (
     Q_PROBE_ADDR,
     Q_PROBE_TOKEN,
@@ -124,16 +124,7 @@ class CrossMemory:
         gone = err == errno.ESRCH
         why = GONE if gone else os.strerror(err)
         text = f"rank {peer}'s process exited" if gone else f"cannot {what} its memory: {why}"
-        raise PeerError(
-            f"rank {self.rank}: shared-memory link to rank {peer} broke in "
-            f"{call.describe()}: {text}",
-            rank=self.rank,
-            peer=peer,
-            seq=call.seq,
-            op=call.op,
-            why=why,
-            fault="peer_failed",
-        )
+        raise link_broke(self.rank, peer, call, text, why)
 
 
 def offer(me: View) -> None:

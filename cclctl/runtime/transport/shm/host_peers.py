@@ -214,16 +214,7 @@ class HostPeers:
         self._peer_error(call, view.rank, f"rank {view.rank} {why}", why)
 
     def _peer_error(self, call: wire.Call, peer: int, text: str, why: str) -> None:
-        raise PeerError(
-            f"rank {self.rank}: shared-memory link to rank {peer} broke in "
-            f"{call.describe()}: {text}",
-            rank=self.rank,
-            peer=peer,
-            seq=call.seq,
-            op=call.op,
-            why=why,
-            fault="peer_failed",
-        )
+        raise link_broke(self.rank, peer, call, text, why)
 
     def announce(self, status: str, record: Revocation | None = None) -> None:
         """Set this rank's state word to ``status`` (``broken`` or ``closed``), once, after
@@ -236,3 +227,17 @@ class HostPeers:
                 self.futex.fence()
             me.i[W_STATE] = STATE_CLOSED if status == "closed" else STATE_BROKEN
             self.notify()
+
+
+def link_broke(rank: int, peer: int, call: wire.Call, text: str, why: str) -> PeerError:
+    """The error of ``rank``'s call when its shared-memory link to ``peer`` broke: ``text``
+    says how, ``why`` is the short reason a revocation carries."""
+    return PeerError(
+        f"rank {rank}: shared-memory link to rank {peer} broke in {call.describe()}: {text}",
+        rank=rank,
+        peer=peer,
+        seq=call.seq,
+        op=call.op,
+        why=why,
+        fault="peer_failed",
+    )
