@@ -29,7 +29,7 @@ may reuse them once the call returns.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from cclctl.runtime.algorithms.context import (
     PEER_PIECES,
@@ -39,6 +39,7 @@ from cclctl.runtime.algorithms.context import (
     pieces,
     reducer,
 )
+from cclctl.runtime.algorithms.peer_rounds import release, shares_written
 from cclctl.runtime.transport.engines import CrossMemory, OneCopy, PeerSlots, Round
 
 #: the record's ``algo`` of a single-copy call (selection's name for it)
@@ -60,14 +61,6 @@ def _where(g: OneCopy, view: PeerSlots, rnd: Round) -> list[int]:
     """Where ``view``'s arrays lie in its memory, once it published ``rnd`` (checked)."""
     mv = g.input_bytes(view, rnd)
     return [int.from_bytes(mv[at : at + 8], "little") for at in range(0, rnd.nbytes, 8)]
-
-
-def _release(g: OneCopy, rnd: Round, readers: Sequence[PeerSlots]) -> None:
-    """Say this rank is done with its peers' arrays, then wait until ``readers`` are done
-    with this rank's."""
-    g.inputs_read(rnd)
-    for view in readers:
-        g.await_read(view, rnd)
 
 
 def _reduce(fn: Callable[..., object], ins: list[Array], me: int, out: Array, spare: Array) -> None:
@@ -117,11 +110,7 @@ def all_reduce(ctx: Step, g: OneCopy, cm: CrossMemory, src: Array, dst: Array, r
         _reduce(fn, ins, me, piece, spare[: hi - lo])
         for peer, _, peer_dst in where:  # while the piece is still in this core's cache
             cm.write(peer, peer_dst + lo * isz, piece, call)
-    g.publish_result(rnd)
-    for view in g.others:  # each has written its share into this rank's output
-        g.await_result(view, rnd)
-    _release(g, rnd, g.others)
-    g.account(2 * src.nbytes // g.size)
+    shares_written(g, rnd, src.nbytes)
 
 
 def all_gather(
@@ -134,7 +123,7 @@ def all_gather(
         (theirs,) = _where(g, view, rnd)
         lo, hi = bounds[view.rank]
         cm.read(view.rank, theirs + lo * isz, out[lo:hi], ctx.call)
-    _release(g, rnd, g.others)
+    release(g, rnd, g.others)
     lo, hi = bounds[g.rank]
     g.account((hi - lo) * isz)
 
@@ -159,7 +148,7 @@ def reduce_scatter(
     for lo, hi in pieces(dst.size, src.itemsize, PIECE_BYTES):
         ins = _pieces_of(ctx, cm, sources, src, g.local, a + lo, a + hi, scratch, width)
         _reduce(fn, ins, g.local, dst[lo:hi], spare[: hi - lo])
-    _release(g, rnd, g.others)
+    release(g, rnd, g.others)
     g.account(dst.nbytes)
 
 
@@ -170,7 +159,7 @@ def reduce(
     piece by piece out of each peer's; the others' ``out`` is not written."""
     rnd = _publish(ctx, g, src)
     if g.rank != root:
-        _release(g, rnd, [g.views[g.ranks.index(root)]])  # until the root has read it
+        release(g, rnd, [g.views[g.ranks.index(root)]])  # until the root has read it
         g.sent[root] += src.nbytes
         return
     fn = reducer(redop)
@@ -181,7 +170,7 @@ def reduce(
     for lo, hi in pieces(src.size, src.itemsize, PIECE_BYTES):
         ins = _pieces_of(ctx, cm, sources, src, g.local, lo, hi, scratch, width)
         _reduce(fn, ins, g.local, out[lo:hi], spare[: hi - lo])
-    _release(g, rnd, [])
+    release(g, rnd, [])
     for view in g.others:
         g.received[view.rank] += src.nbytes
 
@@ -191,7 +180,7 @@ def broadcast(ctx: Step, g: OneCopy, cm: CrossMemory, buf: Array, root: int) -> 
     root's buffer."""
     if g.rank == root:
         rnd = _publish(ctx, g, buf)
-        _release(g, rnd, g.others)  # the readers: wait until they have their copy
+        release(g, rnd, g.others)  # the readers: wait until they have their copy
         for view in g.others:
             g.sent[view.rank] += buf.nbytes
         return
@@ -199,7 +188,7 @@ def broadcast(ctx: Step, g: OneCopy, cm: CrossMemory, buf: Array, root: int) -> 
     rnd = g.next_round(ctx.call, ctx.wait, 0, 8)
     (theirs,) = _where(g, source, rnd)
     cm.read(root, theirs, buf, ctx.call)
-    _release(g, rnd, [])
+    release(g, rnd, [])
     g.received[root] += buf.nbytes
 
 
@@ -214,7 +203,7 @@ def all_to_all(ctx: Step, g: OneCopy, cm: CrossMemory, src: Array, out: Array, b
         (theirs,) = _where(g, view, rnd)
         lo = view.rank * block
         cm.read(view.rank, theirs + me * block * isz, out[lo : lo + block], ctx.call)
-    _release(g, rnd, g.others)
+    release(g, rnd, g.others)
     for view in g.others:
         g.sent[view.rank] += block * isz
         g.received[view.rank] += block * isz

@@ -28,11 +28,12 @@ calls on shared buffers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
 from cclctl.runtime.algorithms.context import Array, Step, chunk_bounds, pieces, reducer
+from cclctl.runtime.algorithms.peer_rounds import release, shares_written
 from cclctl.runtime.transport.engines import BufferPlan, OneCopy, PeerSlots, Round
 
 #: the record's ``algo`` of a zero-copy call (selection says which calls: ZERO_COPY_FROM
@@ -88,14 +89,6 @@ def _reduce_piece(
         fn(out, arr[a:b], out=out)
 
 
-def _release(g: OneCopy, rnd: Round, readers: Sequence[PeerSlots]) -> None:
-    """Say this rank is done reading ``rnd``'s buffers, then wait until ``readers`` are
-    done with this rank's (the caller may reuse them once the call returns)."""
-    g.inputs_read(rnd)
-    for view in readers:
-        g.await_read(view, rnd)
-
-
 def all_reduce(
     ctx: Step, g: OneCopy, src: Array, dst: Array, redop: str, where: BufferPlan
 ) -> None:
@@ -120,11 +113,7 @@ def all_reduce(
         _reduce_piece(fn, ins, g.local, lo, hi, piece)
         for out in peers_out:  # while the piece is still in this core's cache
             out[lo:hi] = piece
-    g.publish_result(rnd)
-    for view in g.others:  # each has written its share into this rank's output
-        g.await_result(view, rnd)
-    _release(g, rnd, g.others)
-    g.account(2 * src.nbytes // g.size)
+    shares_written(g, rnd, src.nbytes)
 
 
 def all_gather(
@@ -146,7 +135,7 @@ def all_gather(
         (theirs,) = _peer_arrays(g, view, rnd, out.dtype)
         plo, phi = bounds[view.rank]
         out[plo:phi] = theirs
-    _release(g, rnd, g.others)
+    release(g, rnd, g.others)
     g.account((hi - lo) * out.dtype.itemsize)
 
 
@@ -165,7 +154,7 @@ def reduce_scatter(
     lo, hi = bounds[g.rank]
     ins = [src if view is g.me else _peer_arrays(g, view, rnd, src.dtype)[0] for view in g.views]
     _reduce(fn, ins, g.local, lo, hi, dst)
-    _release(g, rnd, g.others)
+    release(g, rnd, g.others)
     g.account((hi - lo) * src.dtype.itemsize)
 
 
@@ -174,12 +163,12 @@ def broadcast(ctx: Step, g: OneCopy, buf: Array, root: int, where: BufferPlan) -
     source = g.views[g.ranks.index(root)]
     if g.rank == root:
         rnd = _publish(ctx, g, where)
-        _release(g, rnd, g.others)  # the readers: wait until they have their copy
+        release(g, rnd, g.others)  # the readers: wait until they have their copy
         for view in g.others:
             g.sent[view.rank] += buf.nbytes
         return
     rnd = g.next_round(ctx.call, ctx.wait, 0, g.peer_buffers.descriptor_size)
     (theirs,) = _peer_arrays(g, source, rnd, buf.dtype)
     buf[...] = theirs
-    _release(g, rnd, [])
+    release(g, rnd, [])
     g.received[root] += buf.nbytes
