@@ -10,7 +10,6 @@ survivors fast.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from bare_ranks import run_bare
 from cma_worker import inputs
 
 from cclctl.errors import PeerError
@@ -26,7 +26,6 @@ from cclctl.runtime.transport.shm import cross_memory
 from cclctl.runtime.transport.shm import segment as shm_segment
 from cclctl.runtime.transport.shm.layout import W_CROSS, W_PID, Layout, View
 from cclctl.runtime.transport.shm.transport import usable_cpus
-from cclctl.store.client import StoreServer
 from scripts import script
 
 WORKER = script("cma_worker.py")
@@ -37,39 +36,9 @@ pytestmark = pytest.mark.skipif(not shm_segment.available(), reason="no writable
 
 
 def run_job(n: int, job: str, stuck: int | None = None, **env: str) -> list[dict[str, Any]]:
-    """``n`` bare rank processes of ``cma_worker.py`` around a store of our own; rank
-    ``stuck`` (stopped by a fault) is killed once the others have ended."""
-    with StoreServer("127.0.0.1", 0, token=TOKEN).start() as server:
-        base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
-        procs = [
-            subprocess.Popen(
-                [sys.executable, WORKER],
-                env={
-                    **base,
-                    "RANK": str(r),
-                    "WORLD_SIZE": str(n),
-                    "CCLCTL_STORE": server.address,
-                    "CCLCTL_JOB": job,
-                    "CCLCTL_TOKEN": TOKEN,
-                    "COUNT": str(COUNT),
-                    **env,
-                },
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            for r in range(n)
-        ]
-        lines: list[dict[str, Any]] = []
-        try:
-            for p in procs[:stuck] + procs[stuck + 1 :] if stuck is not None else procs:
-                out, _ = p.communicate(timeout=90)
-                lines += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(5)
+    """``n`` bare rank processes of ``cma_worker.py``, by rank; rank ``stuck`` (stopped by
+    a fault) is killed once the others have ended."""
+    lines = run_bare(WORKER, n, job, TOKEN, stuck=stuck, COUNT=str(COUNT), **env)
     return sorted(lines, key=lambda line: line["rank"])
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,9 +9,9 @@ import zlib
 from typing import Any
 
 import pytest
+from bare_ranks import run_bare
 
 from cclctl.runtime.transport.shm import segment as shm_segment
-from cclctl.store.client import StoreServer
 from scripts import script
 
 WORKER = script("shm_worker.py")
@@ -28,37 +27,7 @@ def job_files(job: str) -> list[str]:
 
 def run_job(n: int, job: str, **env: str) -> list[dict[str, Any]]:
     """Bare rank processes around a store of our own: when one dies, nobody stops the rest."""
-    with StoreServer("127.0.0.1", 0, token=TOKEN).start() as server:
-        base = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
-        procs = [
-            subprocess.Popen(
-                [sys.executable, WORKER],
-                env={
-                    **base,
-                    "RANK": str(r),
-                    "WORLD_SIZE": str(n),
-                    "CCLCTL_STORE": server.address,
-                    "CCLCTL_JOB": job,
-                    "CCLCTL_TOKEN": TOKEN,
-                    **env,
-                },
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            for r in range(n)
-        ]
-        lines: list[dict[str, Any]] = []
-        try:
-            for p in procs:
-                out, _ = p.communicate(timeout=60)
-                lines += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(5)
-    return lines
+    return run_bare(WORKER, n, job, TOKEN, timeout_s=60, **env)
 
 
 @pytest.mark.timeout(90)
