@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from thread_ranks import run_comms
 
 from cclctl.config import RuntimeConfig
 from cclctl.runtime.comm.communicator import Communicator, world_comm_id
@@ -26,7 +27,6 @@ from cclctl.runtime.transport.tcp import step_resume
 from cclctl.runtime.transport.tcp.links import Links
 from cclctl.runtime.transport.tcp.step_resume import TAIL_MIN_BYTES
 from cclctl.runtime.transport.tcp.transport import TcpTransport
-from tests.support.thread_ranks import run_comms
 
 pytestmark = pytest.mark.timeout(120)
 
