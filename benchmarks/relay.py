@@ -23,7 +23,10 @@ the relay is for (chips of two hosts exchanging through host memory).
 
     python benchmarks/relay.py [--ranks 2] [--min 1M --max 64M] [--rounds 5]
         [--ops all_reduce,all_gather,reduce_scatter,broadcast] [--chunk 4M] [--depth 4]
-        [--copier thread|host] [--two-hosts] [--json relay.json]
+        [--copier thread|host] [--two-hosts] [--rev REV] [--json relay.json]
+
+``--rev`` runs the ranks on cclctl as committed at a revision (a change's parent), for a
+before-and-after in turns.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 
 from peers import parse_size, sizes_between
+from peers_paired import export_tree
 
 from cclctl.bandwidth import bus_factor
 
@@ -152,7 +157,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _one_host(cmd: list[str], ranks: int) -> list[dict[str, Any]]:
+def _one_host(cmd: list[str], ranks: int, env: dict[str, str]) -> list[dict[str, Any]]:
     """The ranks as one `cclctl launch` job on this host; rank 0's rows."""
     from cclctl.launch.launcher import launch
 
@@ -160,6 +165,7 @@ def _one_host(cmd: list[str], ranks: int) -> list[dict[str, Any]]:
     result = launch(
         cmd,
         ranks,
+        env=env,
         output=lambda rank, stream, line: lines[stream].append(f"[{rank}] {line}"),
         timeout_s=3600,
     )
@@ -169,23 +175,13 @@ def _one_host(cmd: list[str], ranks: int) -> list[dict[str, Any]]:
     return [json.loads(ln.split("] ", 1)[1]) for ln in lines["stdout"] if '] {"op"' in ln]
 
 
-def _two_hosts(cmd: list[str], ranks: int, port: int) -> list[dict[str, Any]]:
+def _two_hosts(cmd: list[str], ranks: int, port: int, env: dict[str, str]) -> list[dict[str, Any]]:
     """The ranks on two network-namespace hosts (``two_hosts.py``'s), half on each; rank
     0's rows. Needs root."""
-    if os.geteuid() != 0:
-        raise SystemExit("relay.py --two-hosts needs root (network namespaces)")
-    if ranks % 2:
-        raise SystemExit(f"relay.py --two-hosts: --ranks {ranks} does not split over two hosts")
     sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
-    from netns_job import TwoHosts
-    from two_hosts import rank0_output, start_ranks
+    from two_hosts import rank0_lines
 
-    hosts = TwoHosts()
-    try:
-        procs = start_ranks(hosts, ranks // 2, port, cmd, {})
-        lines = rank0_output(hosts, procs, "the relay benchmark")
-    finally:
-        hosts.close()
+    lines = rank0_lines(cmd, ranks, port, env, "the relay benchmark")
     return [json.loads(ln) for ln in lines if ln.startswith('{"op"')]
 
 
@@ -209,6 +205,7 @@ def main() -> int:
         "stage over TCP between them",
     )  # fmt: skip
     ap.add_argument("--port", type=int, default=29900, help="--two-hosts: rank 0's store port")
+    ap.add_argument("--rev", default="", help="run cclctl as committed at this git revision")
     ap.add_argument("--json", default="", help="also write the rows here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
@@ -220,10 +217,19 @@ def main() -> int:
     cmd += ["--chunk", args.chunk, "--depth", str(args.depth), "--sizes", ",".join(map(str, sizes))]
     cmd += ["--copier", args.copier]
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    rows = _two_hosts(cmd, args.ranks, args.port) if args.two_hosts else _one_host(cmd, args.ranks)
+    with tempfile.TemporaryDirectory(prefix="cclctl-rev-") as tree:
+        env = {}
+        if args.rev:
+            paths = [export_tree(args.rev, tree), os.environ.get("PYTHONPATH", "")]
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+        if args.two_hosts:
+            rows = _two_hosts(cmd, args.ranks, args.port, env)
+        else:
+            rows = _one_host(cmd, args.ranks, env)
     device = rows[0]["device"] if rows else "?"
     where = "on two hosts (TCP between them)" if args.two_hosts else "on one host"
-    print(f"# {args.ranks} ranks {where}, relayed from {device}, chunk {args.chunk} x "
+    rev = f", cclctl at {args.rev}" if args.rev else ""
+    print(f"# {args.ranks} ranks {where}{rev}, relayed from {device}, chunk {args.chunk} x "
           f"{args.depth}; load average {load} before, "
           f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])} after")  # fmt: skip
     print(render(rows))

@@ -101,6 +101,23 @@ def rank0_output(hosts: TwoHosts, procs: list[subprocess.Popen[str]], what: str)
     return outs[0][0].splitlines()
 
 
+def rank0_lines(
+    argv: list[str], ranks: int, port: int, env: dict[str, str], what: str
+) -> list[str]:
+    """``argv`` as ``ranks`` ranks on two fresh network-namespace hosts, half on each
+    (ranks 0.. on h1), with ``env`` added; rank 0's stdout lines. Everything is removed at
+    the end. SystemExit naming ``what`` without root or with an odd number of ranks."""
+    if os.geteuid() != 0:
+        raise SystemExit(f"{what} on two hosts needs root (network namespaces)")
+    if ranks < 2 or ranks % 2:
+        raise SystemExit(f"{what} on two hosts: {ranks} ranks do not split over two hosts")
+    hosts = TwoHosts()
+    try:
+        return rank0_output(hosts, start_ranks(hosts, ranks // 2, port, argv, env), what)
+    finally:
+        hosts.close()
+
+
 def run_job(
     hosts: TwoHosts,
     name: str,
