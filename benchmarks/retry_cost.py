@@ -1,5 +1,5 @@
 """What retry costs a healthy call: cclctl's collectives with retry on against retry off,
-block by block in the same ranks, on one host over TCP.
+block by block in the same ranks, on one host over TCP or on two hosts.
 
 One job (``cclctl launch``, ``CCLCTL_TRANSPORT=tcp``, retry on: the default budget) runs
 every collective at every size in rounds; each round times three blocks of calls in an
@@ -14,10 +14,17 @@ sides' fastest blocks (``best``: what a load spike that slowed a block leaves ou
 Buffers are plain numpy float32, as ``peers_worker.py``'s: an in-place all_reduce and
 broadcast (from rank 0), an all_gather and a reduce_scatter out of place.
 
+With ``--two-hosts`` (root) the ranks run on two network-namespace hosts joined by a veth
+pair, half on each (``two_hosts.py``'s), with the transport cclctl picks there: TCP with
+one rank per host, the hybrid (shared memory within a host, TCP between) with more. The
+parts of the cost are printed beside the table: a barrier's time (a confirm is one, in
+the same shape) and a copy of each size (what keeping an input or a result costs).
+
     python benchmarks/retry_cost.py [--ranks 2] [--min 1M --max 256M] [--rounds 21]
         [--ops all_reduce,all_gather,broadcast,reduce_scatter] [--json retry-cost.json]
         [--rev REV]   (the ranks run cclctl as committed at REV: a change's parent)
         [--off-tails] [--confirm-from SIZE]   (what each part costs, apart)
+        [--two-hosts [--port 29950]]   (root: half the ranks on each of two hosts)
 
 What retry off changes beside the call is not toggled here: the links' keepalive probes
 (set up with the links) are on in every block. It asserts nothing; the load on the machine
@@ -59,7 +66,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     comm = cclctl.init()
     n, rank = comm.world_size, comm.rank
-    links = getattr(comm.transport, "_links", None)
+    links = _links(comm.transport)
     resume_s = getattr(links, "resume_s", 0.0)
     if args.confirm_from:
         from cclctl.runtime.comm import rerun
@@ -76,8 +83,10 @@ def _worker(args: argparse.Namespace) -> int:
     def slowest(seconds: float) -> float:
         return float(comm.attempt(Call.all_reduce(np.array([seconds]), "max"))[0])
 
+    parts = {"transport": comm.transport.name, "barrier_us": _barrier_us(comm), "copy_ms": {}}
     for size in (int(s) for s in args.sizes.split(",")):
         count = max(size // 4 // n * n, n)
+        parts["copy_ms"][str(count * 4)] = _copy_ms(count)
         x = np.zeros(count, np.float32)
         big = np.zeros(count, np.float32)
         part = np.zeros(count // n, np.float32)
@@ -107,8 +116,42 @@ def _worker(args: argparse.Namespace) -> int:
                 print(json.dumps({"op": op, "size": count * 4, "rounds": rounds}), flush=True)
     if links is not None:
         links.resume_s = resume_s
+    if rank == 0:
+        print(json.dumps({"parts": parts}), flush=True)
     comm.close()
     return 0
+
+
+def _links(transport: Any) -> Any:
+    """The TCP links whose tails a resume keeps: the transport's, or its TCP part's (the
+    hybrid's); None over shared memory alone."""
+    part = getattr(transport, "tcp", None)
+    return getattr(transport, "_links", None) or getattr(part, "_links", None)
+
+
+def _barrier_us(comm: Any) -> float:
+    """The slowest rank's median barrier, in microseconds: what a confirm costs (it is a
+    one-byte barrier over the same transport)."""
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        comm.barrier()
+        times.append(time.perf_counter() - t0)
+    from cclctl.runtime.comm.recovery.call import Call
+
+    mine = np.array([statistics.median(times[20:]) * 1e6])
+    return float(comm.attempt(Call.all_reduce(mine, "max"))[0])
+
+
+def _copy_ms(count: int) -> float:
+    """The median time of one copy of ``count`` float32 into a buffer used before."""
+    src, dst = np.ones(count, np.float32), np.zeros(count, np.float32)
+    times = []
+    for _ in range(9):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
 
 
 Pair = tuple[Callable[[], object], Callable[[], object]]
@@ -182,51 +225,88 @@ def main() -> int:
         "--confirm-from", default="",
         help="calls end with a confirm from this size (rerun.CONFIRM_FROM)",
     )  # fmt: skip
+    ap.add_argument(
+        "--two-hosts", action="store_true",
+        help="half the ranks on each of two network-namespace hosts (root)",
+    )  # fmt: skip
+    ap.add_argument("--port", type=int, default=29950, help="--two-hosts: rank 0's store port")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return _worker(args)
-    from cclctl.launch.launcher import launch
-
     sizes = sizes_between(parse_size(args.min), parse_size(args.max), args.factor)
     load: dict[str, Any] = {"cores_before": effective_cores(), "loadavg_before": _loadavg()}
-    lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
     cmd = [sys.executable, __file__, "--worker", "--ops", args.ops, "--rounds", str(args.rounds)]
     cmd += ["--confirm-from", args.confirm_from] if args.confirm_from else []
     cmd += ["--off-tails"] if args.off_tails else []
-    env = {"CCLCTL_TRANSPORT": "tcp"}
+    cmd += ["--sizes", ",".join(map(str, sizes))]
     with tempfile.TemporaryDirectory(prefix="cclctl-rev-") as tree:
-        if args.rev:
-            env["PYTHONPATH"] = os.pathsep.join(
-                filter(None, [export_tree(args.rev, tree), os.environ.get("PYTHONPATH")])
-            )
-        result = launch(
-            [*cmd, "--sizes", ",".join(map(str, sizes))],
-            args.ranks,
-            env=env,
-            output=lambda rank, stream, line: lines[stream].append(f"[{rank}] {line}"),
-            timeout_s=3600,
-        )
-    if result.returncode:
-        print("\n".join(lines["stderr"][-20:]), file=sys.stderr)
-        raise SystemExit(f"the ranks failed with exit code {result.returncode}")
+        env = {"PYTHONPATH": _pythonpath(export_tree(args.rev, tree))} if args.rev else {}
+        out = _two_hosts(cmd, args, env) if args.two_hosts else _one_host(cmd, args, env)
     load |= {"cores_after": effective_cores(), "loadavg_after": _loadavg()}
-    raw = [json.loads(ln.split("] ", 1)[1]) for ln in lines["stdout"] if '] {"op"' in ln]
+    raw = [doc for doc in out if "op" in doc]
+    parts = next((doc["parts"] for doc in out if "parts" in doc), {})
     rows = summarize(raw)
     ended = time.strftime("%H:%M:%S UTC", time.gmtime())
     rev = f", cclctl at {args.rev}" if args.rev else ""
-    print(f"# {args.ranks} ranks over TCP, {args.rounds} rounds{rev}; load {load}; ended {ended}")
+    where = "on two hosts" if args.two_hosts else "on one host"
+    print(f"# {args.ranks} ranks {where} over {parts.get('transport', '?')}, {args.rounds} "
+          f"rounds{rev}; load {load}; ended {ended}")  # fmt: skip
     print(render(rows))
+    print(render_parts(parts))
     doc = {
         "schema": "cclctl.retry_cost/1",
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "load": load,
         "rows": rows,
+        "parts": parts,
         "raw": raw,
     }
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 0
+
+
+def render_parts(parts: dict[str, Any]) -> str:
+    """The parts of retry's cost, each as what it adds to a call."""
+    if not parts:
+        return ""
+    copies = ", ".join(f"{int(size) >> 20}M {ms:.2f} ms" for size, ms in parts["copy_ms"].items())
+    return (
+        f"# a barrier (a confirm's shape): {parts['barrier_us']:.0f} us, the slowest rank's "
+        f"median\n# a copy of the buffer (a kept input or result): {copies}"
+    )
+
+
+def _one_host(cmd: list[str], args: argparse.Namespace, env: dict[str, str]) -> list[Any]:
+    """The ranks as one ``cclctl launch`` job over TCP on this host; rank 0's documents."""
+    from cclctl.launch.launcher import launch
+
+    lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    result = launch(
+        cmd,
+        args.ranks,
+        env={"CCLCTL_TRANSPORT": "tcp", **env},
+        output=lambda rank, stream, line: lines[stream].append(f"[{rank}] {line}"),
+        timeout_s=3600,
+    )
+    if result.returncode:
+        print("\n".join(lines["stderr"][-20:]), file=sys.stderr)
+        raise SystemExit(f"the ranks failed with exit code {result.returncode}")
+    return [json.loads(ln.split("] ", 1)[1]) for ln in lines["stdout"] if ln.startswith("[0] {")]
+
+
+def _two_hosts(cmd: list[str], args: argparse.Namespace, env: dict[str, str]) -> list[Any]:
+    """The ranks half on each of two network-namespace hosts; rank 0's documents."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
+    from two_hosts import rank0_lines
+
+    lines = rank0_lines(cmd, args.ranks, args.port, env, "the retry cost benchmark")
+    return [json.loads(ln) for ln in lines if ln.startswith("{")]
+
+
+def _pythonpath(tree: str) -> str:
+    return os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))
 
 
 def _loadavg() -> list[float]:
