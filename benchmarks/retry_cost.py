@@ -17,13 +17,14 @@ broadcast (from rank 0), an all_gather and a reduce_scatter out of place.
 With ``--two-hosts`` (root) the ranks run on two network-namespace hosts joined by a veth
 pair, half on each (``two_hosts.py``'s), with the transport cclctl picks there: TCP with
 one rank per host, the hybrid (shared memory within a host, TCP between) with more. The
-parts of the cost are printed beside the table: a barrier's time (a confirm is one, in
-the same shape) and a copy of each size (what keeping an input or a result costs).
+parts of the cost are printed beside the table: what a confirm adds to a call (a
+one-element all_reduce with one and without) and a copy of each size (what keeping an
+input or a result costs).
 
     python benchmarks/retry_cost.py [--ranks 2] [--min 1M --max 256M] [--rounds 21]
         [--ops all_reduce,all_gather,broadcast,reduce_scatter] [--json retry-cost.json]
         [--rev REV]   (the ranks run cclctl as committed at REV: a change's parent)
-        [--off-tails] [--confirm-from SIZE]   (what each part costs, apart)
+        [--off-tails] [--off-confirm] [--confirm-from SIZE]   (what each part costs, apart)
         [--two-hosts [--port 29950]]   (root: half the ranks on each of two hosts)
 
 What retry off changes beside the call is not toggled here: the links' keepalive probes
@@ -83,7 +84,7 @@ def _worker(args: argparse.Namespace) -> int:
     def slowest(seconds: float) -> float:
         return float(comm.attempt(Call.all_reduce(np.array([seconds]), "max"))[0])
 
-    parts = {"transport": comm.transport.name, "barrier_us": _barrier_us(comm), "copy_ms": {}}
+    parts = {"transport": comm.transport.name, "confirm_us": _confirm_us(comm), "copy_ms": {}}
     for size in (int(s) for s in args.sizes.split(",")):
         count = max(size // 4 // n * n, n)
         parts["copy_ms"][str(count * 4)] = _copy_ms(count)
@@ -92,7 +93,7 @@ def _worker(args: argparse.Namespace) -> int:
         part = np.zeros(count // n, np.float32)
         for arr in (x, big, part):
             arr.fill(0)  # every page written (peers_worker.zeros says why)
-        calls = _calls(comm, x, big, part)
+        calls = _calls(comm, x, big, part, args.off_confirm)
         per_block = max(1, BLOCK_BYTES // size)
         for op in args.ops.split(","):
             on, off = calls[op]
@@ -129,18 +130,24 @@ def _links(transport: Any) -> Any:
     return getattr(transport, "_links", None) or getattr(part, "_links", None)
 
 
-def _barrier_us(comm: Any) -> float:
-    """The slowest rank's median barrier, in microseconds: what a confirm costs (it is a
-    one-byte barrier over the same transport)."""
-    times = []
-    for _ in range(200):
-        t0 = time.perf_counter()
-        comm.barrier()
-        times.append(time.perf_counter() - t0)
+def _confirm_us(comm: Any) -> float:
+    """What a confirm adds to a call, in microseconds: the slowest rank's median one-element
+    all_reduce that ends with one, less its median without."""
     from cclctl.runtime.comm.recovery.call import Call
+    from cclctl.runtime.comm.rerun import Ending
 
-    mine = np.array([statistics.median(times[20:]) * 1e6])
-    return float(comm.attempt(Call.all_reduce(mine, "max"))[0])
+    token = np.zeros(1, np.uint8)
+
+    def median_us(ending: Any) -> float:
+        times = []
+        for _ in range(220):
+            t0 = time.perf_counter()
+            comm.attempt(Call.all_reduce(token, "max"), ending)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[20:]) * 1e6
+
+    added = np.array([median_us(Ending(True)) - median_us(None)])
+    return float(comm.attempt(Call.all_reduce(added, "max"))[0])
 
 
 def _copy_ms(count: int) -> float:
@@ -157,20 +164,27 @@ def _copy_ms(count: int) -> float:
 Pair = tuple[Callable[[], object], Callable[[], object]]
 
 
-def _calls(comm: Any, x: np.ndarray, big: np.ndarray, part: np.ndarray) -> dict[str, Pair]:
-    """Each op's (public call, one attempt) on these buffers."""
+def _calls(
+    comm: Any, x: np.ndarray, big: np.ndarray, part: np.ndarray, confirm: bool
+) -> dict[str, Pair]:
+    """Each op's (public call, one attempt) on these buffers; ``confirm``: each attempt
+    ends with a confirm, as the public call's does from its size on."""
     from cclctl.runtime.comm.recovery.call import Call
+    from cclctl.runtime.comm.rerun import Ending
+
+    def once(call: Any) -> Callable[[], object]:
+        sized = call.out if call.op == "all_gather" else call.buf  # as the public call's
+        if confirm:
+            return lambda: comm.attempt(call, Ending.of(call.op, sized.nbytes, sized.dtype))
+        return lambda: comm.attempt(call)
 
     return {
-        "all_reduce": (lambda: comm.all_reduce(x), lambda: comm.attempt(Call.all_reduce(x))),
-        "all_gather": (
-            lambda: comm.all_gather(part, big),
-            lambda: comm.attempt(Call.all_gather(part, big)),
-        ),
-        "broadcast": (lambda: comm.broadcast(x, 0), lambda: comm.attempt(Call.broadcast(x, 0))),
+        "all_reduce": (lambda: comm.all_reduce(x), once(Call.all_reduce(x))),
+        "all_gather": (lambda: comm.all_gather(part, big), once(Call.all_gather(part, big))),
+        "broadcast": (lambda: comm.broadcast(x, 0), once(Call.broadcast(x, 0))),
         "reduce_scatter": (
             lambda: comm.reduce_scatter(big, part),
-            lambda: comm.attempt(Call.reduce_scatter(big, part)),
+            once(Call.reduce_scatter(big, part)),
         ),
     }
 
@@ -222,6 +236,10 @@ def main() -> int:
         help="the off blocks' links keep their tails too (what they cost, apart)",
     )  # fmt: skip
     ap.add_argument(
+        "--off-confirm", action="store_true",
+        help="the off blocks' calls end with a confirm too (what the rest costs, apart)",
+    )  # fmt: skip
+    ap.add_argument(
         "--confirm-from", default="",
         help="calls end with a confirm from this size (rerun.CONFIRM_FROM)",
     )  # fmt: skip
@@ -240,6 +258,7 @@ def main() -> int:
     cmd = [sys.executable, __file__, "--worker", "--ops", args.ops, "--rounds", str(args.rounds)]
     cmd += ["--confirm-from", args.confirm_from] if args.confirm_from else []
     cmd += ["--off-tails"] if args.off_tails else []
+    cmd += ["--off-confirm"] if args.off_confirm else []
     cmd += ["--sizes", ",".join(map(str, sizes))]
     with tempfile.TemporaryDirectory(prefix="cclctl-rev-") as tree:
         env = {"PYTHONPATH": _pythonpath(export_tree(args.rev, tree))} if args.rev else {}
@@ -273,8 +292,8 @@ def render_parts(parts: dict[str, Any]) -> str:
         return ""
     copies = ", ".join(f"{int(size) >> 20}M {ms:.2f} ms" for size, ms in parts["copy_ms"].items())
     return (
-        f"# a barrier (a confirm's shape): {parts['barrier_us']:.0f} us, the slowest rank's "
-        f"median\n# a copy of the buffer (a kept input or result): {copies}"
+        f"# a confirm adds {parts['confirm_us']:.0f} us to a call (the slowest rank's median)"
+        f"\n# a copy of the buffer (a kept input or result): {copies}"
     )
 
 
