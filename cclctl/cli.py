@@ -19,9 +19,11 @@ app = typer.Typer(
     name="cclctl",
     help=(
         "Observability and fault diagnosis for collective communication.\n\n"
-        "Measure bandwidth (bench), launch local ranks (launch), watch a live job (top) and "
-        "find the rank that hangs a job (diagnose hang) or slows it (diagnose slow), abort a "
-        "live job (abort), re-run a stuck job's interrupted call (retry)."
+        "Measure bandwidth (bench), launch local ranks (launch) or a PyTorch job (run), "
+        "check every link of a job or a set of hosts (probe), watch a live job (top), find "
+        "the rank that hangs a job (diagnose hang) or the rank or link that slows it "
+        "(diagnose slow), abort a live job (abort), re-run a stuck job's interrupted call "
+        "(retry)."
     ),
     no_args_is_help=True,
     add_completion=True,

@@ -102,8 +102,9 @@ def render(screen: Screen, max_rows: int | None, note: str = "", width: int = 0)
     """Header, verdicts, who waits on them, the table of the rows that fit (in ``width``
     characters; 0: every column) and the line counting the rest.
     """
+    slow = len(screen.slow.findings) if screen.slow is not None else 0
     model = add_slow_columns(
-        rows_of.build_table(screen.view, screen.culprits, max_rows), screen.slow
+        rows_of.build_table(screen.view, screen.culprits, max_rows, slow), screen.slow
     )
     if width > 0:
         model = model.fit(width)

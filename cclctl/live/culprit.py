@@ -60,17 +60,21 @@ class Culprits:
         "all look fine" above a verdict (a dead rank's last status may look fine)."""
         return rank.wrong or rank.rank in self.reasons
 
-    def standing(self, ranks: list[RankView]) -> str:
+    def standing(self, ranks: list[RankView], slow: int = 0) -> str:
         """The job in a few words for the header: ``2 look wrong``, ``1 finding`` (a verdict
-        that blames no rank, as an operator's abort), or ``all look fine`` (no verdict
-        and no rank that looks wrong)."""
+        that blames no rank, as an operator's abort), each followed by ``1 slow`` where
+        ``diagnose slow`` has ``slow`` findings, or ``all look fine`` (no verdict, no rank
+        that looks wrong, nothing slow)."""
+        words = []
         wrong = sum(1 for rank in ranks if self.looks_wrong(rank))
-        if wrong:
-            return f"{wrong} look wrong"
         findings = len(self.faults)
-        if findings:
-            return f"{findings} finding{'s' if findings != 1 else ''}"
-        return "all look fine"
+        if wrong:
+            words.append(f"{wrong} look wrong")
+        elif findings:
+            words.append(f"{findings} finding{'s' if findings != 1 else ''}")
+        if slow:
+            words.append(f"{slow} slow")
+        return " · ".join(words) or "all look fine"
 
 
 def read_culprits(diagnosis: Diagnosis | None, view: JobView) -> Culprits:

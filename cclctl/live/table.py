@@ -171,8 +171,11 @@ def _priority(name: str, order: tuple[str, ...] = PRIORITY) -> int:
     return order.index(base) if base in order else len(order)
 
 
-def build_table(view: JobView, culprits: Culprits, max_rows: int | None = None) -> Table:
-    """Rows for the first ``max_rows`` ranks in display order (all when None)."""
+def build_table(
+    view: JobView, culprits: Culprits, max_rows: int | None = None, slow: int = 0
+) -> Table:
+    """Rows for the first ``max_rows`` ranks in display order (all when None); ``slow``:
+    how many findings ``diagnose slow`` has for the same statuses (the header says so)."""
     order = display_order(view, culprits)
     shown = order if max_rows is None else order[: max(0, max_rows)]
     busbw_op = _common_op(view.ranks)
@@ -184,7 +187,7 @@ def build_table(view: JobView, culprits: Culprits, max_rows: int | None = None) 
     footer = _footer(order[len(shown) :], culprits)
     verdicts = verdict_lines(culprits)
     return Table(
-        header(view, culprits), columns, rows, footer, verdicts, list(culprits.waiting_lines)
+        header(view, culprits, slow), columns, rows, footer, verdicts, list(culprits.waiting_lines)
     )
 
 
@@ -201,16 +204,17 @@ def verdict_lines(culprits: Culprits) -> list[tuple[str, str]]:
     return lines
 
 
-def header(view: JobView, culprits: Culprits) -> str:
-    """The job, its ranks and where it stands: by the verdict and rows below it
-    (:meth:`Culprits.standing`), never by a count of its own."""
+def header(view: JobView, culprits: Culprits, slow: int = 0) -> str:
+    """The job, its ranks and where it stands: by the verdicts and rows below it (the
+    hang diagnosis', and ``slow`` findings of the slow one: :meth:`Culprits.standing`),
+    never by a count of its own."""
     when = datetime.datetime.fromtimestamp(view.fetched_ns / 1e9).strftime("%H:%M:%S")
     size_note = {"flag": " (from --world-size)", "ranks": " (highest rank seen + 1)"}.get(
         view.world_size_source, ""
     )
     return (
         f"job {view.job} · {view.seen}/{view.world_size} ranks{size_note} · "
-        f"{culprits.standing(view.ranks)} · "
+        f"{culprits.standing(view.ranks, slow)} · "
         f"store {view.address} · {when}"
     )
 

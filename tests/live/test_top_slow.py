@@ -45,6 +45,8 @@ def test_a_straggler_is_named_in_words_and_its_row_comes_first(store: StoreClien
     lines = top(store, "--once").splitlines()
     verdict = [line for line in lines if line.startswith("slow: ")]
     assert verdict and verdict[0].startswith("slow: rank 2 is a straggler: it enters its")
+    # the header stands by that verdict (it said "all look fine" right above it)
+    assert " · 4/4 ranks · 1 slow · store " in lines[0], lines[0]
     head = next(i for i, line in enumerate(lines) if "entry lag" in line)
     assert "wait share" in lines[head]
     rows = [line for line in lines[head + 2 :] if line.strip()[:1].isdigit()]
@@ -73,6 +75,7 @@ def test_a_healthy_job_says_so_quietly(store: StoreClient) -> None:
     publish(store, ending_now())
     lines = top(store, "--once").splitlines()
     assert any(line.startswith("slow: not slow: 4 windows of 5s") for line in lines)
+    assert " · 4/4 ranks · all look fine · store " in lines[0], lines[0]
 
 
 @pytest.mark.timeout(60)
