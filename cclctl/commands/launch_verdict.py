@@ -6,6 +6,8 @@ order: a death by a signal the launcher saw (it is the parent: it knows the sign
 job's revoke record a rank wrote, the diagnosis of the statuses taken when the job first
 failed (processes still as they were) or of the dumps after it ended, and only then the
 first rank that exited. Then it says what became of the others and where the dumps are.
+An interrupted launch (Ctrl-C, SIGTERM) names the fault the statuses showed as it was
+interrupted, if any: an operator who gives up on a hung job learns which rank hung it.
 """
 
 from __future__ import annotations
@@ -96,9 +98,13 @@ def verdict_line(
     env: Mapping[str, str] | None = None,
     waiting: str = "",
 ) -> str:
-    """The one line a failed launch ends with (see the module's docstring); ``waiting``:
-    what the launcher last said of the ranks it waited on, for an interrupted wait."""
+    """The one line a failed launch ends with (see the module's docstring). An interrupted
+    one says what it interrupted: ``waiting``, what the launcher last said of the ranks it
+    waited on, else the fault the statuses showed then (a hang an operator gave up on)."""
     if result.interrupted:
+        verdict = None if waiting else _best_verdict(live, None)
+        if verdict is not None:
+            waiting = f"while {_from_verdict(verdict, result).words()}"
         return PREFIX + "interrupted" + (f" {waiting}" if waiting else "") + "; all ranks stopped"
     folder = dumps_folder(result, env)
     dumped = _dump_diagnosis(folder, result.job)

@@ -174,7 +174,8 @@ class RankJob:
 
     def _witness(self, first: RankExit | None) -> None:
         """Record the first failure in the store (unless a rank already did), then hand
-        it to ``on_failure`` with what the store holds, before the others are stopped."""
+        it to ``on_failure`` with what the store holds, before the others are stopped
+        (``first`` None: the job timed out or the launcher was interrupted)."""
         if self.witness is None:
             return
         if first is not None:
@@ -227,6 +228,7 @@ class RankJob:
         if len(received) > 1 or self.stopping:
             self.pending = [(now, signal.SIGKILL)]
         else:
+            self._witness(None)  # what the job was doing when the operator gave up on it
             self._begin_stopping()
             forwarded = signal.Signals(received[0])
             self.pending = [

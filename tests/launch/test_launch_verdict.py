@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from launch_helpers import PY, RANK_PROGRAM, Lines, assert_all_gone
@@ -164,3 +167,90 @@ def test_after_a_launched_job_failed_every_way_of_asking_names_the_origin(
         assert told.returncode == 3, told.stderr
         first = json.loads(told.stdout)["verdicts"][0]
         assert (first["kind"], first["suspects"]) == verdict, (ask, first)
+
+
+def _interrupted_launch(tmp: Path, fault: str, hung: str | None) -> list[str]:
+    """4 ranks of fault_worker.py under the CLI with ``fault`` (ranks that never time out),
+    interrupted (SIGINT) once the job's statuses show what they should: the diagnosis of
+    the store names ``hung``'s words (a regex), or, with None, every rank has completed a
+    call. Returns the launcher's lines on stderr (its verdict last)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
+    env.update(
+        CCLCTL_TIMEOUT="120",
+        CCLCTL_TRACE_DIR=str(tmp),
+        CCLCTL_STATUS_INTERVAL="0.2",
+        ITERS="100000",
+        PAUSE="0.05",
+        **({"CCLCTL_FAULT": fault} if fault else {}),
+    )
+    cmd = [PY, "-m", "cclctl", "launch", "-n", "4", "--grace", "2", "--", PY, WORKER]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # "cclctl: job J store HOST:PORT; watch it ..."
+        lines.append(first)
+        found = re.search(r"job (\S+) store (\S+);", first)
+        assert found, first
+        job, store = found.groups()
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        look = [PY, "-m", "cclctl", "diagnose", "hang", "--store", store, "--job", job, "--json"]
+        while True:  # until the store shows it: the launcher reads the same statuses
+            said = subprocess.run(look, capture_output=True, text=True, timeout=60).stdout
+            if not said:  # no rank has published a status yet
+                continue
+            doc = json.loads(said)
+            verdicts = [v["summary"] for v in doc["verdicts"]]
+            if hung is None and not doc["fault"] and _everyone_completed_a_call(doc):
+                break
+            if hung is not None and any(re.search(hung, s) for s in verdicts):
+                break
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130
+    return [line.rstrip("\n") for line in lines]
+
+
+def _everyone_completed_a_call(doc: dict[str, Any]) -> bool:
+    """Every rank of the job has published a status, and each completed a call."""
+    comms = doc["comms"]
+    return doc["ranks_seen"] == 4 and bool(comms) and comms[0]["last_completed"]["min"] >= 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("fault", "hung", "words"),
+    [
+        (  # the words of the cases above: the launcher's diagnosis, as at a failure
+            "skip:rank=2:seq=4",
+            r"rank 2 never entered",
+            r"rank 2 \(pid \d+\) (never|has not) entered all_reduce seq 4",
+        ),
+        (
+            "stop:rank=0:seq=6",
+            r"rank 0 (is|was) stopped",
+            r"rank 0 \(pid \d+\) (was|is) stopped \((SIGSTOP|process state T)\) (at|in) "
+            r"all_reduce seq 6",
+        ),
+    ],
+    ids=["never-entered", "stopped"],
+)
+def test_an_interrupted_hung_launch_names_what_hung_it(
+    tmp_path: Path, fault: str, hung: str, words: str
+) -> None:
+    """An operator who gives up on a hung job (Ctrl-C) learns which rank hung it."""
+    said = _interrupted_launch(tmp_path, fault, hung)
+    expected = rf"cclctl launch: interrupted while {words}; all ranks stopped"
+    assert re.fullmatch(expected, said[-1]), "\n".join(said[-12:])
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupted_healthy_launch_blames_nobody(tmp_path: Path) -> None:
+    said = _interrupted_launch(tmp_path, "", None)
+    assert said[-1] == "cclctl launch: interrupted; all ranks stopped", "\n".join(said[-12:])
