@@ -3,7 +3,8 @@
 Per rank, the entry lag (how long after the median it enters its collectives) and the
 wait share (the share of the window it spends inside them): a straggler stands out with
 the largest lag and the smallest share, the ranks waiting for it with the largest shares.
-Above the rows, what is slow in words, and the suspects' rows first when no hang names
+Above the rows, what is slow in words (that nothing is, or why it cannot be judged, only
+where no hang is found either), and the suspects' rows first when no hang names
 anyone, and the two columns kept right after the culprit's own when something is slow
 (narrow terminals drop the others first). The figures are the newest judged window's of
 :func:`cclctl.diagnose.slow.analyse`.
@@ -39,7 +40,7 @@ def add_slow_columns(model: Table, report: SlowReport | None) -> Table:
     waiting = list(model.waiting)
     if report.findings:
         verdicts += [(LABEL, f.summary) for f in report.findings]
-    else:
+    elif not verdicts:  # beside a hang's verdict, "not slow" or "not judged" says nothing
         waiting.append(f"{LABEL}: {slow_report.verdict(report)}")
     promoted = (*model.promoted, LAG, WAIT) if report.findings else model.promoted
     return dataclasses.replace(

@@ -3,6 +3,7 @@ table, the suspects' rows first, and each rank's entry lag and wait share."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,7 +15,9 @@ from rich.console import Console
 from slow_factory import Job, documents, ending_now
 
 from cclctl.commands.top_screen import render, screen_of
+from cclctl.live import table
 from cclctl.live.rank_view import Thresholds
+from cclctl.live.slow_cells import add_slow_columns
 from cclctl.live.snapshot import fetch
 from cclctl.store.client import StoreClient, StoreServer
 
@@ -88,3 +91,19 @@ def test_at_80_columns_a_slow_jobs_columns_stay(store: StoreClient) -> None:
     head = next(line for line in console.export_text().splitlines() if line.startswith("rank"))
     assert "entry lag" in head and "wait share" in head, head
     assert "host" not in head and "pid" not in head
+
+
+@pytest.mark.timeout(60)
+def test_beside_a_hangs_verdict_not_slow_is_left_unsaid(store: StoreClient) -> None:
+    """A hung job is neither slow nor judged slow: its screen keeps the lines for the
+    hang (the "not slow" or "not judged" line only ever says something beside no verdict)."""
+    publish(store, ending_now())
+    screen = screen_of(fetch(store, "j"), None, Thresholds())
+    assert screen.slow is not None and not screen.slow.findings
+    model = table.build_table(screen.view, screen.culprits)
+    said = add_slow_columns(model, screen.slow).waiting
+    assert said and said[-1].startswith("slow: not slow: "), said
+    hung = dataclasses.replace(model, verdicts=[("NOT ENTERED", "rank 2 never entered ...")])
+    shown = add_slow_columns(hung, screen.slow)
+    assert not any(line.startswith("slow: ") for line in shown.waiting), shown.waiting
+    assert shown.verdicts == hung.verdicts and "entry lag" in shown.columns
