@@ -211,7 +211,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     head = f"{'op':>14} {'size':>6} " + " ".join(f"{s:>6}" for s in SIDES)
     lines = [head + "".join(f" {p + ' [95% CI] best':>32}" for p in pairs) + "   (GB/s: algbw)"]
     for row in rows:
-        cells = [f"{row['op']:>14} {row['size'] >> 20:>5}M"]
+        cells = [f"{row['op']:>14} {_size(row['size']):>6}"]
         cells += [f"{row['gbs_' + s]:>6.2f}" for s in SIDES]
         for p in pairs:
             r = row[p]
@@ -286,11 +286,19 @@ def main() -> int:
     return 0
 
 
+def _size(nbytes: int) -> str:
+    """``1048576`` -> ``1M``, ``1024`` -> ``1K``: the sizes as ``--min`` and ``--max`` take them."""
+    for shift, unit in ((30, "G"), (20, "M"), (10, "K")):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return str(nbytes)
+
+
 def render_parts(parts: dict[str, Any]) -> str:
     """The parts of retry's cost, each as what it adds to a call."""
     if not parts:
         return ""
-    copies = ", ".join(f"{int(size) >> 20}M {ms:.2f} ms" for size, ms in parts["copy_ms"].items())
+    copies = ", ".join(f"{_size(int(size))} {ms:.2f} ms" for size, ms in parts["copy_ms"].items())
     return (
         f"# a confirm adds {parts['confirm_us']:.0f} us to a call (the slowest rank's median)"
         f"\n# a copy of the buffer (a kept input or result): {copies}"
