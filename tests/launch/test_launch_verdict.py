@@ -27,21 +27,31 @@ pytestmark = pytest.mark.slow
 WORKER = str(Path(__file__).parents[1] / "support" / "fault_worker.py")
 
 
-def launch_faulty(
-    tmp: Path, fault: str, transport: str, timeout_s: float = 5.0
-) -> subprocess.CompletedProcess[str]:
+def worker_env(tmp: Path, fault: str, timeout_s: float, **more: str) -> dict[str, str]:
+    """fault_worker.py's environment: ``fault`` (none where empty), the ranks' call timeout,
+    their dumps in ``tmp``, statuses every 0.2 s, and ``more``; no other CCLCTL_ variable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
     env.update(
-        CCLCTL_FAULT=fault,
         CCLCTL_TIMEOUT=str(timeout_s),
         CCLCTL_TRACE_DIR=str(tmp),
         CCLCTL_STATUS_INTERVAL="0.2",
+        **({"CCLCTL_FAULT": fault} if fault else {}),
+        **more,
+    )
+    return env
+
+
+def launch_faulty(
+    tmp: Path, fault: str, transport: str, timeout_s: float = 5.0
+) -> subprocess.CompletedProcess[str]:
+    env = worker_env(
+        tmp, fault, timeout_s,
         CCLCTL_TRANSPORT=transport,
         CCLCTL_RETRY_BUDGET="0",  # the raise path: a cut link is not retried
         ITERS="8",
         PAUSE="0.1",
         HOLD_ON_ERROR="0",
-    )
+    )  # fmt: skip
     cmd = [PY, "-m", "cclctl", "launch", "-n", "4", "--grace", "2", "--", PY, WORKER]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
 
@@ -174,15 +184,7 @@ def _interrupted_launch(tmp: Path, fault: str, hung: str | None) -> list[str]:
     interrupted (SIGINT) once the job's statuses show what they should: the diagnosis of
     the store names ``hung``'s words (a regex), or, with None, every rank has completed a
     call. Returns the launcher's lines on stderr (its verdict last)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLCTL_")}
-    env.update(
-        CCLCTL_TIMEOUT="120",
-        CCLCTL_TRACE_DIR=str(tmp),
-        CCLCTL_STATUS_INTERVAL="0.2",
-        ITERS="100000",
-        PAUSE="0.05",
-        **({"CCLCTL_FAULT": fault} if fault else {}),
-    )
+    env = worker_env(tmp, fault, 120, ITERS="100000", PAUSE="0.05")
     cmd = [PY, "-m", "cclctl", "launch", "-n", "4", "--grace", "2", "--", PY, WORKER]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
