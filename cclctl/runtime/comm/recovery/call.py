@@ -89,8 +89,11 @@ class Call:
         return Call(self.op, self.buf, self.out, self.redop, self.root, self.peer, (src, dst))
 
     def with_root(self, root: int) -> Call:
-        """The same call from another root (the root's rank after a shrink renumbered)."""
-        return dataclasses.replace(self, root=root)
+        """The same call from another root (the root's rank after a shrink renumbered, or
+        its index checked); itself where that is its root (every broadcast's first try)."""
+        if root == self.root:
+            return self
+        return Call(self.op, self.buf, self.out, self.redop, root, self.peer, self.views)
 
     def attempt(self, run: Collectives, ending: Ending | None = None) -> Any:
         """Run the call once on ``run``; ``ending`` is called in its step once its result is
