@@ -65,12 +65,18 @@ def export_tree(rev: str, into: str) -> str:
     return into
 
 
+def importing_first(tree: str) -> str:
+    """A ``PYTHONPATH`` under which the ranks import cclctl from ``tree`` (an
+    :func:`export_tree`), ahead of this process' own ``PYTHONPATH``."""
+    return os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))
+
+
 def run_cclctl_tree(n: int, worker_args: list[str], tree: str | None) -> list[dict[str, Any]]:
     """cclctl over shared memory on plain buffers, from ``tree`` (None: this checkout)."""
     lines: list[str] = []
     env = {"CCLCTL_TRANSPORT": "auto"}
     if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = importing_first(tree)
     result = launch(
         [sys.executable, WORKER, "--runtime", "cclctl", *worker_args],
         n,

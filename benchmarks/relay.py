@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -46,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 
 from peers import parse_size, sizes_between
-from peers_paired import export_tree
+from peers_paired import export_tree, importing_first
 
 from cclctl.bandwidth import bus_factor
 
@@ -218,10 +217,7 @@ def main() -> int:
     cmd += ["--copier", args.copier]
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     with tempfile.TemporaryDirectory(prefix="cclctl-rev-") as tree:
-        env = {}
-        if args.rev:
-            paths = [export_tree(args.rev, tree), os.environ.get("PYTHONPATH", "")]
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+        env = {"PYTHONPATH": importing_first(export_tree(args.rev, tree))} if args.rev else {}
         if args.two_hosts:
             rows = _two_hosts(cmd, args.ranks, args.port, env)
         else:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -51,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from paired import bootstrap_median
 from peers import OPS, effective_cores, parse_size, sizes_between
-from peers_paired import export_tree
+from peers_paired import export_tree, importing_first
 
 SIDES = ("on", "off", "off2")
 #: (numerator, denominator) of every ratio printed: time of the first over the second's.
@@ -261,7 +260,7 @@ def main() -> int:
     cmd += ["--off-confirm"] if args.off_confirm else []
     cmd += ["--sizes", ",".join(map(str, sizes))]
     with tempfile.TemporaryDirectory(prefix="cclctl-rev-") as tree:
-        env = {"PYTHONPATH": _pythonpath(export_tree(args.rev, tree))} if args.rev else {}
+        env = {"PYTHONPATH": importing_first(export_tree(args.rev, tree))} if args.rev else {}
         out = _two_hosts(cmd, args, env) if args.two_hosts else _one_host(cmd, args, env)
     load |= {"cores_after": effective_cores(), "loadavg_after": _loadavg()}
     raw = [doc for doc in out if "op" in doc]
@@ -330,10 +329,6 @@ def _two_hosts(cmd: list[str], args: argparse.Namespace, env: dict[str, str]) ->
 
     lines = rank0_lines(cmd, args.ranks, args.port, env, "the retry cost benchmark")
     return [json.loads(ln) for ln in lines if ln.startswith("{")]
-
-
-def _pythonpath(tree: str) -> str:
-    return os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))
 
 
 def _loadavg() -> list[float]:
