@@ -5,7 +5,10 @@ and writes them, once per status interval, under ``cclctl/<job>/host/<hostname>`
 write per host instead of one per rank. Beside the statuses the document carries a summary
 a diagnosis can start from without reading them (per communicator, the lowest and highest
 seq its ranks started and completed, and the ranks at the lowest completed one), and the
-ranks whose connection to the agent ended (``left``: how, and when).
+ranks whose connection to the agent ended (``left``: how, and when), and the ranks whose
+process the agent saw stopped or gone (``procs``: the agent is on their host and looks at
+each rank's process by the pid of its connection, so a reader anywhere tells a stopped or
+dead rank from one merely slow to publish, as it does for the ranks of its own host).
 
 The statuses stay the ranks' own documents, kept as the text each rank sent (a JSON
 string in the host's document): a reader parses the host's document without parsing its
@@ -29,13 +32,21 @@ VERSION = 1
 KEY = "host/"
 #: ranks named as behind, per communicator, at most (a host has a handful of ranks)
 MAX_BEHIND = 16
+#: A rank's process as a look at it on its host finds it: what ``procs`` names (a running
+#: process is left out) and the words of the diagnosis' process states.
+PROC_RUNNING = "running"
+PROC_STOPPED = "stopped"  # SIGSTOP, Ctrl-Z or a debugger (state T)
+PROC_ZOMBIE = "zombie"
+PROC_GONE = "gone"
 
 
 @dataclasses.dataclass
 class HostDocument:
     """One host's document: its agent (``pid``), when it wrote it (``time_ns``, wall
     clock), its ranks' statuses as the text they sent (by rank), the ranks whose
-    connection ended (rank -> why, in words) and the summary."""
+    connection ended (rank -> why, in words), the summary, and the ranks whose process is
+    not running (rank -> (pid, :data:`PROC_STOPPED`, :data:`PROC_ZOMBIE` or
+    :data:`PROC_GONE`)) when the agent looked, at ``time_ns``."""
 
     host: str
     pid: int
@@ -44,8 +55,10 @@ class HostDocument:
     statuses: dict[int, str]
     left: dict[int, str] = dataclasses.field(default_factory=dict)
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    procs: dict[int, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
+        procs = {str(r): {"pid": pid, "state": state} for r, (pid, state) in self.procs.items()}
         return json.dumps(
             {
                 "schema": SCHEMA,
@@ -56,6 +69,7 @@ class HostDocument:
                 "interval_s": self.interval_s,
                 "summary": self.summary,
                 "left": {str(rank): why for rank, why in sorted(self.left.items())},
+                **({"procs": procs} if procs else {}),
                 "statuses": {str(rank): doc for rank, doc in sorted(self.statuses.items())},
             },
             separators=(",", ":"),
@@ -132,6 +146,9 @@ def parse(value: bytes, where: str) -> HostDocument:
     if not isinstance(interval, int | float) or isinstance(interval, bool) or interval <= 0:
         raise BadInput(f"{where}: 'interval_s' must be a positive number", where=where)
     summary = data.get("summary", {})
+    procs = data.get("procs", {})
+    if not isinstance(procs, dict):
+        raise BadInput(f"{where}: 'procs' must be a map by rank", where=where)
     return HostDocument(
         host=host,
         pid=pid,
@@ -140,7 +157,18 @@ def parse(value: bytes, where: str) -> HostDocument:
         statuses={_rank(text, where): _text(doc) for text, doc in statuses.items()},
         left={_rank(text, where): str(why) for text, why in left.items()},
         summary=summary if isinstance(summary, dict) else {},
+        procs={_rank(text, where): _proc(seen, where) for text, seen in procs.items()},
     )
+
+
+def _proc(seen: object, where: str) -> tuple[int, str]:
+    """A ``procs`` entry: the pid the agent looked at and what it found."""
+    pid = seen.get("pid") if isinstance(seen, dict) else None
+    state = seen.get("state") if isinstance(seen, dict) else None
+    if not is_count(pid) or state not in (PROC_STOPPED, PROC_ZOMBIE, PROC_GONE):
+        words = f"{PROC_STOPPED!r}, {PROC_ZOMBIE!r} or {PROC_GONE!r}"
+        raise BadInput(f"{where}: a 'procs' entry is a pid and a state ({words})", where=where)
+    return pid, str(state)
 
 
 def _text(doc: object) -> str:

@@ -12,6 +12,7 @@ import dataclasses
 
 from cclctl.diagnose.model import Options, Suspect
 from cclctl.endings import ENDING_TERMINATED, ENDING_UNCAUGHT, ENDING_WORDS
+from cclctl.host_status import PROC_GONE, PROC_RUNNING, PROC_STOPPED, PROC_ZOMBIE
 from cclctl.records import (
     ABORTED,
     COMPLETED,
@@ -35,11 +36,8 @@ CLOSED = "closed"
 TERMINATED, UNCAUGHT = ENDING_WORDS[ENDING_TERMINATED], ENDING_WORDS[ENDING_UNCAUGHT]
 _NS = 1e9
 
-#: A rank's process as the command saw it on this host (None: elsewhere, or not looked at).
-PROC_RUNNING = "running"
-PROC_STOPPED = "stopped"  # SIGSTOP, Ctrl-Z or a debugger (state T)
-PROC_ZOMBIE = "zombie"
-PROC_GONE = "gone"
+#: A rank's process as the command saw it on this host, or the rank's host agent on its own
+#: (None: not looked at). The words are the host documents' (:mod:`cclctl.host_status`).
 PROC_STATES = (PROC_RUNNING, PROC_STOPPED, PROC_ZOMBIE, PROC_GONE)
 
 

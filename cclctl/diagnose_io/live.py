@@ -2,8 +2,8 @@
 
 ``cclctl diagnose hang --store`` prints it and ``cclctl top`` draws its verdict over the
 table, so both name the same suspects for the same statuses: the statuses, the reader's
-clock at the fetch and the states of the ranks' processes on this host go to the engine
-the same way.
+clock at the fetch and the states of the ranks' processes (looked at on this host, else as
+their host agents saw them) go to the engine the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
 from cclctl.diagnose_io.inputs import from_live
-from cclctl.diagnose_io.procs import process_states
+from cclctl.diagnose_io.procs import agents_saw, process_states
 from cclctl.live.snapshot import JobStatuses
 
 
@@ -24,11 +24,12 @@ def diagnose_live(
     smaller than a rank seen.
     """
     inputs = from_live(statuses, world_size)
+    seen = agents_saw(statuses.hosts.values(), statuses.statuses)
     return diagnose(
         inputs.snapshots,
         world_size=world_size if world_size is not None else inputs.world_size,
         now_ns=inputs.now_ns,
-        proc=process_states(inputs.snapshots),
+        proc={**seen, **process_states(inputs.snapshots)},
         unreadable=inputs.unreadable,
         notes=inputs.notes,
         remarks=inputs.remarks,

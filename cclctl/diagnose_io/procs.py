@@ -1,18 +1,21 @@
-"""Look at the processes behind rank documents, where they run on this host.
+"""Look at the processes behind rank documents, where they run on this host, and take what
+the host agents saw of theirs.
 
 A heartbeat alone cannot tell a SIGSTOPped rank from a dead one; the process table can. Only
 processes on this host can be seen, and a pid only counts if the process already existed
-when the rank wrote its document (otherwise the pid was reused by something else).
+when the rank wrote its document (otherwise the pid was reused by something else). A rank
+elsewhere is known by what its host's agent saw (:func:`agents_saw`), where it has one.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import psutil
 
 from cclctl.diagnose.liveness import PROC_GONE, PROC_RUNNING, PROC_STOPPED, PROC_ZOMBIE
+from cclctl.host_status import HostDocument
 from cclctl.records import RankSnapshot
 
 #: Process start times and document times come from one clock here, but rounding differs.
@@ -33,6 +36,21 @@ def process_states(snapshots: Iterable[RankSnapshot], host: str | None = None) -
         for snap in snapshots
         if snap.host == here and snap.pid > 0
     }
+
+
+def agents_saw(
+    hosts: Iterable[HostDocument], snapshots: Mapping[int, RankSnapshot]
+) -> dict[int, str]:
+    """rank -> "stopped", "zombie" or "gone", as the ranks' host agents saw them in their
+    last documents: only where the rank's status is of that host and that pid (a rank
+    restarted since, or placed elsewhere, is not the process the agent looked at)."""
+    seen: dict[int, str] = {}
+    for doc in hosts:
+        for rank, (pid, state) in doc.procs.items():
+            snap = snapshots.get(rank)
+            if snap is not None and snap.pid == pid and snap.host == doc.host:
+                seen[rank] = state
+    return seen
 
 
 def process_state(pid: int, written_ns: int) -> str:

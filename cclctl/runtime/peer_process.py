@@ -13,6 +13,8 @@ import signal
 import time
 from collections.abc import Sequence
 
+from cclctl.host_status import PROC_GONE, PROC_STOPPED, PROC_ZOMBIE
+
 GONE = "process exited"
 
 #: A dying process closes its sockets before it turns zombie: how long a rank whose link
@@ -70,6 +72,21 @@ def process_state(pid: int) -> str:
         return ""
     fields = stat[stat.rfind(b")") + 2 :].split()
     return fields[0].decode() if fields else ""
+
+
+def looked_at(pid: int) -> str | None:
+    """What a host agent says of its rank's process ``pid``: ``stopped`` (state T or t),
+    ``zombie``, ``gone``, or None while it runs (or cannot be read)."""
+    if pid <= 0:
+        return None
+    state = process_state(pid)
+    if state in ("T", "t"):
+        return PROC_STOPPED
+    if state == "Z":
+        return PROC_ZOMBIE
+    if state == "X" or (not state and not os.path.exists(f"/proc/{pid}")):
+        return PROC_GONE
+    return None
 
 
 def describe_status(status: int) -> str:

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -25,6 +26,7 @@ import pytest
 from live_job import live_job
 
 from cclctl import host_status
+from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import BadInput
 from cclctl.live import snapshot
 from cclctl.live.agent_line import agent_lines
@@ -107,6 +109,14 @@ class _AgentThread:
                 seen = len(self.writes)
                 assert self.wrote.wait(10), "no such document was written"
 
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the agent's loop, between its steps."""
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.stop.set)
         self.thread.join(10)
@@ -163,6 +173,67 @@ def test_a_frame_beyond_the_limits_ends_its_connection_and_keeps_nothing(agent) 
             assert sock.recv(1) == b""  # the agent closed it
         sock.close()
     assert running.agent.statuses == {}
+
+
+_RANK_PROCESS = """
+import sys
+from cclctl.runtime.hostagent.route import AgentRoute
+
+class Nowhere:
+    def set(self, key, value): raise AssertionError("the agent took no status")
+    def delete(self, key): return True
+
+route = AgentRoute(Nowhere(), "\\0" + sys.argv[1], 1, "status/1")
+route.set("status/1", sys.argv[2].encode())
+print("sent", flush=True)
+sys.stdin.read()
+"""
+
+
+def _state_letter(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rfind(b")") + 2 :].split()[0].decode()
+
+
+def test_the_agent_says_which_of_its_ranks_processes_are_stopped_or_gone(agent) -> None:
+    """A rank's process, as the agent finds it by its connection's pid: left out while it
+    runs, stopped while it is (SIGSTOP), gone once it is killed."""
+    running, name = agent
+    status = _status(1, 1, 1, time_ns=5).decode()
+    rank = subprocess.Popen([sys.executable, "-c", _RANK_PROCESS, name[1:], status],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == "sent\n"
+        assert running.call(lambda: running.agent.pids) == {1: rank.pid}
+        assert running.call(running.agent.processes) == {}
+        os.kill(rank.pid, signal.SIGSTOP)
+        _until("the rank to stop", lambda: _state_letter(rank.pid) == "T")
+        assert running.call(running.agent.processes) == {1: (rank.pid, "stopped")}
+        doc = host_status.parse(running.call(lambda: running.agent.document().to_bytes()), "t")
+        assert doc.procs == {1: (rank.pid, "stopped")}
+        os.kill(rank.pid, signal.SIGCONT)
+        _until("the rank to run again", lambda: _state_letter(rank.pid) != "T")
+        assert running.call(running.agent.processes) == {}
+    finally:
+        rank.kill()
+        rank.wait(10)
+    assert running.call(running.agent.processes) == {1: (rank.pid, "gone")}
+
+
+def test_a_rank_seen_gone_stays_gone_until_it_speaks_again() -> None:
+    """A pid reused after its rank died is not that rank running again; a new status is."""
+    looks = iter(["gone", None, None])
+
+    async def nowhere(doc: bytes) -> None:
+        pass
+
+    agent = HostAgent("h", nowhere, 1.0, look=lambda pid: next(looks))
+    agent.pids[2] = 55
+    assert agent.processes() == {2: (55, "gone")}
+    assert agent.processes() == {2: (55, "gone")}  # the pid runs again: another process
+    agent.receive(2, _status(2, 1, 1, time_ns=5))
+    assert agent.processes() == {}
 
 
 def test_each_run_of_a_job_name_has_its_own_agent() -> None:
@@ -311,8 +382,27 @@ def test_top_says_which_hosts_agent_went_silent_and_that_its_ranks_went_on() -> 
     ]
 
 
+def test_a_stopped_rank_on_another_host_is_named_by_what_its_agent_saw() -> None:
+    """The reader cannot look at a process on another host; its agent did. A status of
+    another process (a restarted rank: another pid) is not the one the agent saw."""
+    now = time.time_ns()
+    statuses = {r: _status(r, 2, 1, time_ns=now).decode() for r in range(4)}
+    for pid, named in ((103, True), (999, False)):
+        doc = host_status.HostDocument("h", 77, now, 1.0, statuses, procs={3: (pid, "stopped")})
+        got = snapshot.parse("j", "addr", {"cclctl/j/host/h": doc.to_bytes()})
+        assert got.hosts["h"].procs == {3: (pid, "stopped")}
+        faults = [(v.kind, [s.rank for s in v.suspects]) for v in diagnose_live(got).faults]
+        assert (("stopped", [3]) in faults) is named, faults
+
+
 def test_a_host_document_that_is_not_one_is_refused_in_words() -> None:
-    for value, words in ((b"[]", "not a cclctl.host"), (b'{"schema": "cclctl.host"}', "maps")):
+    procs = b'{"schema": "cclctl.host", "host": "h", "pid": 1, "time_ns": 1, "interval_s": 1,'
+    procs += b' "statuses": {}, "procs": {"3": {"pid": 4, "state": "asleep"}}}'
+    for value, words in (
+        (b"[]", "not a cclctl.host"),
+        (b'{"schema": "cclctl.host"}', "maps"),
+        (procs, "a 'procs' entry is a pid and a state"),
+    ):
         with pytest.raises(BadInput, match=words):
             host_status.parse(value, "host document 'h'")
 

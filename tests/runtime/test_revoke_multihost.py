@@ -115,15 +115,17 @@ CASES = {
         live=r"rank 3 is dead",
         post=r"DEAD\s+rank 3 is dead: SIGKILL",
     ),
-    # The first watchdog to expire names rank 3: rank 2's (its host) sees the process
-    # stopped, rank 0's or 1's (the other host) cannot, and says it has not entered seq 3.
+    # The first watchdog to expire names rank 3: rank 2's sees the process stopped (its
+    # host), rank 0's or 1's read it in h2's agent's document, or, before the agent wrote
+    # one since the stop, say that rank 3 has not entered seq 3. The live diagnosis on h1
+    # reads the stop in the agent's document too.
     "stop-rank3": Case(
         "stop:rank=3:seq=3",
         (0, 1, 2),
         culprit=3,
         origin=r"seq 3 (revoked|timed out after [\d.]+s waiting to recv from rank \d): "
         r"rank 3 \(pid {pid} on h2\) (is stopped|has not entered all_reduce seq 3)",
-        live=r"rank 3 never entered all_reduce seq 3",
+        live=r"STOPPED\s+rank 3 is stopped \(SIGSTOP\)",
         post=r"rank 3 (left no dump|has not entered all_reduce seq 3"
         r"|is stopped \(process state T\))",  # the last: rank 2's watchdog was first
     ),

@@ -10,6 +10,10 @@ Writes happen once per status interval, and sooner (coalesced, at most one per
 :data:`SOON_S`) when a rank is new, when its connection ends or when its status newly
 carries an end or a failure (``finished``, ``ending``, ``revoke``): what a reader must see
 at once.
+
+Each document also says which of its ranks' processes are stopped or gone, as the agent
+finds them by the pid at the other end of each rank's connection (``look``): the agent is
+on their host, where a reader elsewhere sees only statuses that age.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cclctl import limits
-from cclctl.host_status import HostDocument, summarize
-from cclctl.runtime.hostagent.address import peer_uid
+from cclctl.host_status import PROC_GONE, HostDocument, summarize
+from cclctl.runtime.hostagent.address import peer_pid, peer_uid
 from cclctl.runtime.hostagent.wire import HEADER, MAX_STATUS, news_frame
+from cclctl.runtime.peer_process import looked_at
 
 log = logging.getLogger("cclctl.hostagent")
 
@@ -48,6 +53,7 @@ class HostAgent:
         *,
         pid: int | None = None,
         clock: Callable[[], int] = time.time_ns,
+        look: Callable[[int], str | None] = looked_at,
     ) -> None:
         self.host = host
         self.interval_s = interval_s
@@ -55,6 +61,10 @@ class HostAgent:
         self.statuses: dict[int, str] = {}  # as the ranks sent them
         self._parsed: dict[int, Any] = {}  # the same, decoded: for the summary
         self.left: dict[int, str] = {}
+        #: each rank's process, as its connection's peer: what ``look`` is asked of
+        self.pids: dict[int, int] = {}
+        #: ranks whose process was seen gone: so it stays, should the pid be reused
+        self._gone: dict[int, int] = {}
         #: what every status is answered with: the job's requests for the host's ranks
         #: (:meth:`set_news`; the process reads them from the store once per interval)
         self.news: dict[str, Any] = {}
@@ -71,6 +81,7 @@ class HostAgent:
         self.last_error = ""
         self._write = write
         self._clock = clock
+        self._look = look
         self._soon = asyncio.Event()
         self._changed = asyncio.Event()  # a connection opened or closed
 
@@ -88,6 +99,7 @@ class HostAgent:
         self.statuses[rank] = text
         self._parsed[rank] = doc
         self.left.pop(rank, None)
+        self._gone.pop(rank, None)  # a rank that speaks is no dead process's
         was = before if isinstance(before, dict) else {}
         news = isinstance(doc, dict) and any(doc.get(k) and not was.get(k) for k in _URGENT)
         if news or not known:
@@ -107,6 +119,7 @@ class HostAgent:
         self.ever_connected += 1
         self._changed.set()
         ranks: set[int] = set()
+        pid = peer_pid(sock)
         why = "its connection to the host agent closed"
         try:
             while True:
@@ -119,6 +132,7 @@ class HostAgent:
                     break
                 self.receive(rank, await reader.readexactly(length))
                 ranks.add(rank)
+                self.pids[rank] = pid
                 writer.write(news_frame(self.answer(rank)))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -151,6 +165,18 @@ class HostAgent:
         self.held += delta
         self._changed.set()
 
+    def processes(self) -> dict[int, tuple[int, str]]:
+        """The ranks whose process is not running now (rank -> (pid, state)): each looked
+        at by its connection's pid; one seen gone stays gone until its rank speaks again."""
+        found: dict[int, tuple[int, str]] = {}
+        for rank, pid in self.pids.items():
+            state = PROC_GONE if self._gone.get(rank) == pid else self._look(pid)
+            if state == PROC_GONE:
+                self._gone[rank] = pid
+            if state is not None:
+                found[rank] = (pid, state)
+        return found
+
     # ------------------------------------------------------------------ documents out
     def document(self) -> HostDocument:
         return HostDocument(
@@ -161,6 +187,7 @@ class HostAgent:
             statuses=dict(self.statuses),
             left=dict(self.left),
             summary=summarize(self._parsed, self.statuses),
+            procs=self.processes(),
         )
 
     async def flush(self) -> bool:
