@@ -61,16 +61,29 @@ class Culprits:
         return rank.wrong or rank.rank in self.reasons
 
     def standing(self, ranks: list[RankView], slow: int = 0) -> str:
-        """The job in a few words for the header: ``2 look wrong``, ``1 finding`` (a verdict
-        that blames no rank, as an operator's abort), each followed by ``1 slow`` where
-        ``diagnose slow`` has ``slow`` findings, or ``all look fine`` (no verdict, no rank
-        that looks wrong, nothing slow)."""
+        """The job in a few words for the header, as the rows below it stand: ``1 suspect
+        · 3 waiting on it · 1 looks wrong`` (the verdicts' suspects, the ranks inside the
+        calls they block, other ranks whose own status shows trouble), ``1 finding`` (a
+        verdict that blames no rank, as an operator's abort), each followed by ``1 slow``
+        where ``diagnose slow`` has ``slow`` findings, or ``all look fine`` (no verdict, no
+        rank that looks wrong, nothing slow)."""
+        suspects = waiting = other = 0
+        for rank in ranks:
+            if rank.rank in self.reasons:
+                suspects += 1
+            elif rank.rank in self.waits_on:
+                waiting += 1
+            elif rank.wrong:
+                other += 1
         words = []
-        wrong = sum(1 for rank in ranks if self.looks_wrong(rank))
+        if suspects:
+            words.append(f"{suspects} suspect{'s' if suspects != 1 else ''}")
+        if waiting:
+            words.append(f"{waiting} waiting on {'it' if suspects == 1 else 'them'}")
+        if other:
+            words.append(f"{other} {'looks' if other == 1 else 'look'} wrong")
         findings = len(self.faults)
-        if wrong:
-            words.append(f"{wrong} look wrong")
-        elif findings:
+        if not words and findings:
             words.append(f"{findings} finding{'s' if findings != 1 else ''}")
         if slow:
             words.append(f"{slow} slow")

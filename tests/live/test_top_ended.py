@@ -70,7 +70,7 @@ def test_ranks_that_ended_badly_are_errors_and_the_header_agrees(dead_pid: int, 
     plain, _, rows = draw(shown, 200)  # the long errors wrap in the state column
     assert "DEAD: rank 2 is dead" in plain
     header = plain.splitlines()[0]
-    assert "all look fine" not in header and "4 look wrong" in header, header
+    assert "all look fine" not in header and "1 suspect · 3 look wrong" in header, header
     word = ended if ended != "closed" else "closed after all_reduce seq 6 failed"
     assert f"error: {word}"[:30] in line_of(rows, 0)
     assert shown.culprits.diagnosis is not None
@@ -97,7 +97,7 @@ def test_the_header_never_says_fine_above_a_verdict(dead_pid: int) -> None:
     plain, _, _ = check_layout(shown, 120)
     lines = plain.splitlines()
     assert lines[1].startswith("DEAD: rank 2 is dead"), plain
-    assert "· 1 look wrong ·" in lines[0], lines[0]
+    assert "· 1 suspect ·" in lines[0], lines[0]
     assert to_document(shown.view, shown.culprits)["wrong"] == 1
 
 
