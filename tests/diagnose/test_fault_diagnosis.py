@@ -20,6 +20,7 @@ import pytest
 from fault_job import FaultJob
 
 from cclctl.diagnose import mismatch
+from cclctl.telemetry.dump_files import dump_filename
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # real fault-injection jobs
 
@@ -54,10 +55,14 @@ def _live(job: FaultJob, settle_s: float, want_kind: str) -> dict[str, Any]:
     raise AssertionError(f"live diagnosis never said {want_kind}: {json.dumps(doc)[:2000]}")
 
 
-def _watchdog_fired(job: FaultJob, timeout_s: float = 20) -> None:
-    """A post-mortem is taken after the hang is established: wait for the watchdog's dumps."""
+def _watchdog_fired(job: FaultJob, culprit: int, timeout_s: float = 30) -> None:
+    """A post-mortem is taken after the hang is established: wait for the dumps of every
+    rank but the culprit (the watchdog's dump request reaches them once the job's record
+    of the hang is agreed). A rank terminated before it learned of the hang would take the
+    culprit's death at the SIGTERM for the job's failure."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not any(job.dump_dir.iterdir()):
+    others = {dump_filename(job.job, r) for r in range(job.n) if r != culprit}
+    while time.monotonic() < deadline and not others <= {p.name for p in job.dump_dir.iterdir()}:
         time.sleep(0.2)
 
 
@@ -103,7 +108,7 @@ def test_fault_is_named_live_and_post_mortem(
         assert (live["suspects"], live["seq"]) == (suspects, seq), live
         assert [s["pid"] for s in live["suspect_ranks"]] == [job.pid(int(suspects))]
         if live_kind != "mismatch":  # a mismatch fails at once; nobody times out
-            _watchdog_fired(job)
+            _watchdog_fired(job, int(suspects))
     finally:
         job.finish()
     code, doc, err = _diagnose(str(job.dump_dir))
@@ -118,7 +123,7 @@ def test_a_cut_link_is_named_as_the_link(tmp_path: Path) -> None:
     try:
         live = _first(_live(job, 30, "link"))
         assert (live["link"], live["seq"]) == ([0, 1], 3), live
-        _watchdog_fired(job)
+        _watchdog_fired(job, -1)
     finally:
         job.finish()
     code, doc, _ = _diagnose(str(job.dump_dir))
