@@ -51,13 +51,16 @@ def diagnose(
     notes: Mapping[int, str] | None = None,
     remarks: Sequence[str] = (),
     options: Options | None = None,
+    aged: Mapping[int, float] | None = None,
 ) -> Diagnosis:
     """Find why a job hangs (or say that it does not).
 
     ``snapshots``: dumps (post-mortem) or live statuses, any order, at most one job.
     ``now_ns``: the reader's wall clock when it fetched live statuses (None post-mortem);
     heartbeats are judged against it. ``proc``: rank -> local process state ("running",
-    "stopped", "zombie", "gone") for the ranks the caller could look at. ``unreadable``:
+    "stopped", "zombie", "gone") for the ranks the caller could look at, or their host
+    agents did. ``aged``: rank -> how old its status was when its host's agent last wrote,
+    on that host's clock (live, ranks elsewhere). ``unreadable``:
     rank -> why its document could not be used (counted as missing). ``notes``: rank -> a
     remark on how its document was chosen, added to the evidence of verdicts naming it.
     ``remarks``: notes on the input as a whole (which kinds of dump were read).
@@ -88,6 +91,7 @@ def diagnose(
         proc=proc,
         unreadable=unreadable,
         opts=opts,
+        aged=aged,
     )
     views, replaced = _check_comms(verdicts, states, opts, rank_notes)
     all_notes = [*remarks, *general] + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]

@@ -5,8 +5,9 @@ own host; for those the heartbeat is compared with ``stale_after_s`` exactly. On
 process table says "stopped" (state T) or "dead": a stale status alone is "status stale",
 never "stopped", since a rank cut off from the store runs on while its status ages. A rank
 on another host is judged on its heartbeat alone, with ``skew_margin_s`` added because that
-host's clock may disagree with the reader's. Post-mortem (no ``now_ns``) there is no
-heartbeat to judge, so only the process states and the missing documents speak. A rank
+host's clock may disagree with the reader's, unless its host's agent wrote since: how old
+the rank's status was then is read on one clock, that host's. Post-mortem (no ``now_ns``)
+there is no heartbeat to judge, so only the process states and the missing documents speak. A rank
 whose last status says it closed cleanly is never dead or stale: it finished.
 """
 
@@ -39,8 +40,13 @@ def check_liveness(
     proc: Mapping[int, str],
     unreadable: Mapping[int, str],
     opts: Options,
+    aged: Mapping[int, float] | None = None,
 ) -> list[Verdict]:
-    """Verdicts for missing, dead, SIGSTOPped and silent ranks (one per kind of trouble)."""
+    """Verdicts for missing, dead, SIGSTOPped and silent ranks (one per kind of trouble).
+    ``aged``: rank -> how old its status was when its host's agent last wrote, both times
+    on that host's clock: a rank elsewhere is stale by it with no skew margin."""
+    aged = aged or {}
+    on_host: set[int] = set()  # stale by its host's clock, not the reader's
     verdicts: list[Verdict] = []
     missing = [r for r in range(world_size) if r not in states]
     if missing:
@@ -62,6 +68,9 @@ def check_liveness(
             limit = opts.stale_after_s + (0.0 if ps is not None else opts.skew_margin_s)
             if age > limit:
                 (running if ps == PROC_RUNNING else unknown)[rank] = age
+            elif ps is None and aged.get(rank, 0.0) > opts.stale_after_s:
+                unknown[rank] = aged[rank]
+                on_host.add(rank)
     if dead:
         verdicts.append(_dead(dead, proc, now_ns))
     if stopped:
@@ -69,7 +78,7 @@ def check_liveness(
     if running:
         verdicts.append(_stale_running(states, running, opts))
     if unknown:
-        verdicts.append(_unknown(states, unknown, opts))
+        verdicts.append(_unknown(states, unknown, opts, on_host))
     return verdicts
 
 
@@ -180,17 +189,24 @@ def _stale_running(states: dict[int, RankState], ages: dict[int, float], opts: O
     return Verdict(STALE, summary, suspects, evidence=evidence, next_step=step)
 
 
-def _unknown(states: dict[int, RankState], ages: dict[int, float], opts: Options) -> Verdict:
+def _unknown(
+    states: dict[int, RankState], ages: dict[int, float], opts: Options, on_host: set[int]
+) -> Verdict:
     suspects = [states[r].suspect for r in sorted(ages)]
     ranks = sorted(ages)
     limit = opts.stale_after_s + opts.skew_margin_s
     summary = f"status stale for {text.ranks_word(ranks)}: no status for too long"
-    evidence = [
-        f"{text.who(s)}: last status {text.seconds(ages[s.rank])} ago (stale after "
-        f"{text.seconds(limit)}, clock skew margin included); its process cannot be "
-        "checked from this host"
-        for s in suspects
-    ]
+
+    def line(s: Suspect) -> str:
+        age, unseen = text.seconds(ages[s.rank]), "its process cannot be checked from this host"
+        if s.rank in on_host:
+            stale = text.seconds(opts.stale_after_s)
+            return (f"{text.who(s)}: its status was {age} old when its host's agent last "
+                    f"wrote (stale after {stale}, on that host's own clock); {unseen}")  # fmt: skip
+        return (f"{text.who(s)}: last status {age} ago (stale after {text.seconds(limit)}, "
+                f"clock skew margin included); {unseen}")  # fmt: skip
+
+    evidence = [line(s) for s in suspects]
     first = suspects[0]
     step = (
         f"on {first.host or 'its host'}: ps -o stat= -p {first.pid} (T: stopped, "

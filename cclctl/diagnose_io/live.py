@@ -2,8 +2,9 @@
 
 ``cclctl diagnose hang --store`` prints it and ``cclctl top`` draws its verdict over the
 table, so both name the same suspects for the same statuses: the statuses, the reader's
-clock at the fetch and the states of the ranks' processes (looked at on this host, else as
-their host agents saw them) go to the engine the same way.
+clock at the fetch, the states of the ranks' processes (looked at on this host, else as
+their host agents saw them) and how old each status was when its host's agent last wrote
+go to the engine the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from cclctl.diagnose.engine import diagnose
 from cclctl.diagnose.model import Diagnosis, Options
 from cclctl.diagnose_io.inputs import from_live
-from cclctl.diagnose_io.procs import agents_saw, process_states
+from cclctl.diagnose_io.procs import aged_on_host, agents_saw, process_states
 from cclctl.live.snapshot import JobStatuses
 
 
@@ -34,4 +35,5 @@ def diagnose_live(
         notes=inputs.notes,
         remarks=inputs.remarks,
         options=options,
+        aged=aged_on_host(statuses.hosts.values(), statuses.statuses),
     )

@@ -53,6 +53,21 @@ def agents_saw(
     return seen
 
 
+def aged_on_host(
+    hosts: Iterable[HostDocument], snapshots: Mapping[int, RankSnapshot]
+) -> dict[int, float]:
+    """rank -> how old (s) its status was when its host's agent last wrote: the agent's
+    time and the rank's heartbeat come from one clock, that host's, so no skew margin is
+    owed. A status newer than the document (from the rank's own key) has no such age."""
+    aged: dict[int, float] = {}
+    for doc in hosts:
+        for rank in doc.statuses:
+            snap = snapshots.get(rank)
+            if snap is not None and snap.host == doc.host and snap.time_ns < doc.time_ns:
+                aged[rank] = (doc.time_ns - snap.time_ns) / 1e9
+    return aged
+
+
 def process_state(pid: int, written_ns: int) -> str:
     """The state of ``pid``, if it is the process that wrote a document at ``written_ns``."""
     try:

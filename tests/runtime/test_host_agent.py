@@ -395,6 +395,24 @@ def test_a_stopped_rank_on_another_host_is_named_by_what_its_agent_saw() -> None
         assert (("stopped", [3]) in faults) is named, faults
 
 
+def test_a_rank_on_another_host_is_stale_by_its_hosts_clock_with_no_skew_margin() -> None:
+    """Rank 3's status was 12 s old when its host's agent wrote (past the 10 s the reader
+    allows), though only 12 s old by the reader's clock too (within the 15 s it allows
+    with the skew margin): the agent's clock is the rank's own, so it owes no margin."""
+    now = time.time_ns()
+    sec = 1_000_000_000
+    for written_s, stale in ((12, True), (1, False)):  # the agent wrote 12 s / 1 s after it
+        statuses = {r: _status(r, 2, 2, time_ns=now).decode() for r in range(3)}
+        statuses[3] = _status(3, 2, 2, time_ns=now - 12 * sec).decode()
+        doc = host_status.HostDocument("h", 77, now - (12 - written_s) * sec, 1.0, statuses)
+        got = snapshot.parse("j", "addr", {"cclctl/j/host/h": doc.to_bytes()})
+        got.fetched_ns = now
+        found = [v for v in diagnose_live(got).faults if v.kind == "stale"]
+        assert [[s.rank for s in v.suspects] for v in found] == ([[3]] if stale else []), found
+        if stale:
+            assert "on that host's own clock" in found[0].evidence[0], found[0].evidence
+
+
 def test_a_host_document_that_is_not_one_is_refused_in_words() -> None:
     procs = b'{"schema": "cclctl.host", "host": "h", "pid": 1, "time_ns": 1, "interval_s": 1,'
     procs += b' "statuses": {}, "procs": {"3": {"pid": 4, "state": "asleep"}}}'
