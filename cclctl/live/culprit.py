@@ -62,8 +62,8 @@ class Culprits:
 
     def standing(self, ranks: list[RankView], slow: int = 0) -> str:
         """The job in a few words for the header, as the rows below it stand: ``1 suspect
-        · 3 waiting on it · 1 looks wrong`` (the verdicts' suspects, the ranks inside the
-        calls they block, other ranks whose own status shows trouble), ``1 finding`` (a
+        · 3 waiting · 1 looks wrong`` (the verdicts' suspects, the ranks inside the calls
+        they block, other ranks whose own status shows trouble), ``1 finding`` (a
         verdict that blames no rank, as an operator's abort), each followed by ``1 slow``
         where ``diagnose slow`` has ``slow`` findings, or ``all look fine`` (no verdict, no
         rank that looks wrong, nothing slow)."""
@@ -79,7 +79,7 @@ class Culprits:
         if suspects:
             words.append(f"{suspects} suspect{'s' if suspects != 1 else ''}")
         if waiting:
-            words.append(f"{waiting} waiting on {'it' if suspects == 1 else 'them'}")
+            words.append(f"{waiting} waiting")
         if other:
             words.append(f"{other} {'looks' if other == 1 else 'look'} wrong")
         findings = len(self.faults)

@@ -221,7 +221,7 @@ def test_table_puts_stale_and_missing_ranks_first(server: StoreServer, client: S
     out = top(server.address, "--once", *SLACK)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    standing = "2 suspects · 1 waiting on them"  # rank 0 is idle: it looks fine
+    standing = "2 suspects · 1 waiting"  # rank 0 is idle: it looks fine
     assert lines[0].startswith(f"job {JOB} · 3/4 ranks · {standing} · store {server.address}")
     rows = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]
     assert [row[0] for row in rows] == ["2", "3", "1", "0"]  # rank 1 waits on the suspect
