@@ -60,13 +60,9 @@ class Culprits:
         "all look fine" above a verdict (a dead rank's last status may look fine)."""
         return rank.wrong or rank.rank in self.reasons
 
-    def standing(self, ranks: list[RankView], slow: int = 0) -> str:
-        """The job in a few words for the header, as the rows below it stand: ``1 suspect
-        · 3 waiting · 1 looks wrong`` (the verdicts' suspects, the ranks inside the calls
-        they block, other ranks whose own status shows trouble), ``1 finding`` (a
-        verdict that blames no rank, as an operator's abort), each followed by ``1 slow``
-        where ``diagnose slow`` has ``slow`` findings, or ``all look fine`` (no verdict, no
-        rank that looks wrong, nothing slow)."""
+    def counted(self, ranks: list[RankView]) -> list[str]:
+        """``ranks`` as the rows show them, in words: ``["1 suspect", "3 waiting", "1 looks
+        wrong"]``, leaving out a kind with none (empty: all look fine)."""
         suspects = waiting = other = 0
         for rank in ranks:
             if rank.rank in self.reasons:
@@ -82,6 +78,16 @@ class Culprits:
             words.append(f"{waiting} waiting")
         if other:
             words.append(f"{other} {'looks' if other == 1 else 'look'} wrong")
+        return words
+
+    def standing(self, ranks: list[RankView], slow: int = 0) -> str:
+        """The job in a few words for the header, as the rows below it stand: ``1 suspect
+        · 3 waiting · 1 looks wrong`` (the verdicts' suspects, the ranks inside the calls
+        they block, other ranks whose own status shows trouble), ``1 finding`` (a
+        verdict that blames no rank, as an operator's abort), each followed by ``1 slow``
+        where ``diagnose slow`` has ``slow`` findings, or ``all look fine`` (no verdict, no
+        rank that looks wrong, nothing slow)."""
+        words = self.counted(ranks)
         findings = len(self.faults)
         if not words and findings:
             words.append(f"{findings} finding{'s' if findings != 1 else ''}")

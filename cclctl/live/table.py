@@ -222,9 +222,9 @@ def header(view: JobView, culprits: Culprits, slow: int = 0) -> str:
 def _footer(rest: list[RankView], culprits: Culprits) -> str:
     if not rest:
         return ""
-    wrong = sum(1 for r in rest if culprits.looks_wrong(r))
+    words = culprits.counted(rest)
     more = f"... and {len(rest)} more rank{'s' if len(rest) != 1 else ''}"
-    return f"{more} ok" if not wrong else f"{more} ({wrong} look wrong)"
+    return f"{more} ({', '.join(words)})" if words else f"{more} ok"
 
 
 def _common_op(ranks: list[RankView]) -> str:

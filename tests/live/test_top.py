@@ -384,6 +384,21 @@ def test_only_the_rows_that_fit_are_built() -> None:
     assert model.footer == "... and 990 more ranks (990 look wrong)"
 
 
+def test_the_footer_counts_the_ranks_it_leaves_out_as_the_header_does() -> None:
+    """Rank 40 never entered seq 42; the 63 others wait on it: the rows left out of a
+    10-row table are waiting, not "wrong" by their slow flag."""
+    world = 64
+    statuses = {r: status(r, world=world, started=42, completed=41,
+                          inflight=in_flight(42, 20.0, waiting_on=40, world=world))
+                for r in range(world) if r != 40}  # fmt: skip
+    statuses[40] = status(40, world=world, started=41, completed=41)
+    screen = screen_of(_parsed(statuses), None, Thresholds(slow_s=5.0))
+    model = table.build_table(screen.view, screen.culprits, max_rows=10)
+    assert model.rows[0].rank == 40 and model.rows[0].severity == "suspect"
+    assert model.footer == "... and 54 more ranks (54 waiting)"
+    assert screen.culprits.standing(screen.view.ranks) == "1 suspect · 63 waiting"
+
+
 def test_human_units() -> None:
     assert [cells.human_bytes(n) for n in (0, 1023, 1536, 4 << 20, (1 << 30) + 1)] == [
         "0 B",
