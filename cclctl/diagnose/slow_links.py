@@ -89,7 +89,7 @@ class SlowEdge:
     host: str
     direction: str
     links: tuple[SlowLink, ...]
-    untimed: int = 0  # its other links, whose messages all arrived (mostly) whole
+    untimed: int = 0  # its other links, whose messages all arrived whole
 
     @property
     def cost(self) -> float:
@@ -184,9 +184,8 @@ def slow_edges(
     found: Sequence[Link], hosts: Mapping[int, str], opts: SlowOptions
 ) -> list[SlowEdge]:
     """Hosts whose every link out (or in), two or more slow, is slow against other hosts'
-    links or untimed: all its messages arrived whole (or most of each before its first
-    read, which times nothing), which a link sharing a slow host's bottleneck does when its
-    receiver was reading another of the host's links meanwhile."""
+    links or untimed: all its messages arrived whole, which a link sharing a slow host's
+    bottleneck does when its receiver was reading another of the host's links meanwhile."""
     remote = [x for x in found if x.kind == TCP_REMOTE]
     logs = sorted(math.log2(x.throughput) for x in remote)
     least = math.log2(opts.link_ratio)

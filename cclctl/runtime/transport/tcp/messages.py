@@ -55,12 +55,6 @@ class Send:
         return -1 if not self.bufs else 1
 
 
-#: :attr:`Recv.began` of a message whose first read got over half its payload: most of it
-#: had come before anyone read, so its reads time the link for a sliver of it at best (a
-#: receiver late to a slow link would see it as fast); it counts as arrived whole.
-UNTIMED = -1
-
-
 class Recv:
     __slots__ = (
         "began",
@@ -99,8 +93,7 @@ class Recv:
         #: it arrived whole (and was counted on the link), whichever step read its end
         self.finished = False
         #: perf_counter_ns() when its first bytes came, set by a step that times its
-        #: messages' transfers (0: not timed, or it has not begun; :data:`UNTIMED`: its
-        #: first read got over half of it, so when its first byte came is not known)
+        #: messages' transfers (0: not timed, or it has not begun)
         self.began = 0
 
     def advance(self) -> int:

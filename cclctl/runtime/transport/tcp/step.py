@@ -27,7 +27,7 @@ from cclctl.runtime.transport.tcp import resume, stall, step_resume
 from cclctl.runtime.transport.tcp.flow import Incoming, Outgoing
 from cclctl.runtime.transport.tcp.link_auth import HandshakeRefused
 from cclctl.runtime.transport.tcp.links import Links
-from cclctl.runtime.transport.tcp.messages import UNTIMED, Recv, Send, incoming, outgoing
+from cclctl.runtime.transport.tcp.messages import Recv, Send, incoming, outgoing
 from cclctl.runtime.transport.tcp.resume import why_not
 
 log = logging.getLogger("cclctl.links")
@@ -92,8 +92,8 @@ class TcpStep:
 
         With the signals on (``wait.waits``), a message received over several calls is
         timed from the call that got its first bytes to the one that got its last (the
-        link's time to deliver it; see ``drive.transferred``); one that arrives whole, or
-        whose first read gets over half of it (:data:`.messages.UNTIMED`), is not."""
+        link's time to deliver it; see ``drive.transferred``); one that arrives whole
+        costs no clock read."""
         pending = self.pending
         progressed = False
         timed = self.wait.waits is not None
@@ -129,8 +129,7 @@ class TcpStep:
                         links.received[item.peer] += 1
                     self.ended(item)
                 elif timed and isinstance(item, Recv) and not item.began:
-                    late = item.got - wire.HEADER_SIZE > item.nbytes // 2
-                    item.began = UNTIMED if late else perf_counter_ns()
+                    item.began = perf_counter_ns()
         self.done = not pending
         if self.done:
             if self.sends and links.resume_s:
@@ -143,7 +142,7 @@ class TcpStep:
         self.pending.remove(item)
         if isinstance(item, Recv):
             self.recvd.add(item.peer)
-            if item.began > 0:
+            if item.began:
                 transferred(self.wait, item.peer, perf_counter_ns() - item.began)
 
     def _release(self) -> None:
