@@ -34,10 +34,12 @@ def marked_ended(store: str) -> bool:
 
 
 def store_report(store: str) -> dict[str, object]:
-    """What the job's store process says about itself (read with the job's token)."""
+    """What the job's store process says about itself (read with the job's token, by LIST
+    alone: a connection with the token that gets a key counts as a rank's, and its close,
+    before the job's rank 0 connected, would be the job's end to the store)."""
     with StoreClient.from_address(store, timeout_s=5, connect_timeout_s=10, token=TOKEN) as c:
         deadline = time.monotonic() + 10
-        while (raw := c.try_get(REPORT_KEY)) is None:
+        while (raw := c.list(REPORT_KEY).get(REPORT_KEY)) is None:
             assert time.monotonic() < deadline, "the store never published its report"
             time.sleep(0.05)
         return dict(json.loads(raw))
