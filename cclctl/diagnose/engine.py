@@ -60,8 +60,8 @@ def diagnose(
     heartbeats are judged against it. ``proc``: rank -> local process state ("running",
     "stopped", "zombie", "gone") for the ranks the caller could look at, or their host
     agents did. ``aged``: rank -> how old its status was when its host's agent last wrote,
-    on that host's clock (live, ranks elsewhere). ``unreadable``:
-    rank -> why its document could not be used (counted as missing). ``notes``: rank -> a
+    on that host's clock (live, ranks elsewhere). ``unreadable``: rank -> why its document
+    could not be used (counted as missing). ``notes``: rank -> a
     remark on how its document was chosen, added to the evidence of verdicts naming it.
     ``remarks``: notes on the input as a whole (which kinds of dump were read).
 
@@ -83,16 +83,8 @@ def diagnose(
     states = {rank: rank_state(newest[rank]) for rank in sorted(newest)}
     for rank, st in states.items():
         st.live, st.proc = source == "live", proc.get(rank)
-    verdicts = check_liveness(
-        states,
-        size,
-        source=source,
-        now_ns=now_ns,
-        proc=proc,
-        unreadable=unreadable,
-        opts=opts,
-        aged=aged,
-    )
+    verdicts = check_liveness(states, size, source=source, now_ns=now_ns, proc=proc,
+                              unreadable=unreadable, opts=opts, aged=aged)  # fmt: skip
     views, replaced = _check_comms(verdicts, states, opts, rank_notes)
     all_notes = [*remarks, *general] + [f"rank {r}: {rank_notes[r]}" for r in sorted(rank_notes)]
     return Diagnosis(
