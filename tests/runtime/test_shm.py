@@ -149,6 +149,9 @@ def test_different_op_fails_fast_and_breaks_the_communicator(one_copy: bool) -> 
 
 
 def test_a_rank_that_never_comes_times_out_naming_it() -> None:
+    """The first waiting rank to expire times out naming rank 2; the other times out too,
+    or, where the first's failure reached it before its own deadline, raises that failure,
+    whose origin is rank 2."""
     transports = make_transports(3)
     tracer = RecordingTracer()
     records = tracer.started
@@ -157,13 +160,20 @@ def test_a_rank_that_never_comes_times_out_naming_it() -> None:
         if comm.rank == 2:
             return "skipped"
         comm.tracer = tracer
-        with pytest.raises(CollectiveTimeout) as info:
+        with pytest.raises((CollectiveTimeout, CommRevoked)) as info:
             comm.all_reduce(np.ones(4, np.float32))
-        return str(info.value)
+        if isinstance(info.value, CommRevoked):
+            rev = info.value.revocation
+            assert rev is not None and rev.origin == 2, info.value
+            return f"revoked: {info.value}"
+        return f"timed out: {info.value}"
 
     cfg = CFG.replace(timeout_s=0.5)
-    msgs = run_on(transports, body, cfg)
-    assert "waiting to recv from rank 2" in msgs[0] and "waiting to recv from rank 2" in msgs[1]
+    msgs = run_on(transports, body, cfg)[:2]
+    assert any(m.startswith("timed out: ") for m in msgs), msgs
+    for msg in msgs:
+        timed_out = msg.startswith("timed out: ") and "waiting to recv from rank 2" in msg
+        assert timed_out or "rank 2 did not answer" in msg, msgs
     assert {(r.waiting_on, r.waiting_for) for r in records} == {(2, "recv")}
 
 
