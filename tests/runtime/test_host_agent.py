@@ -35,6 +35,7 @@ from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.route import AgentRoute, AgentSignals
 from cclctl.runtime.hostagent.server import GIVE_UP_WRITES, HostAgent
 from cclctl.runtime.hostagent.wire import HEADER, MAX_STATUS
+from cclctl.runtime.peer_process import process_state
 from cclctl.store.client import StoreClient
 
 WORKER = str(Path(__file__).parents[1] / "support" / "host_agent_worker.py")
@@ -190,12 +191,6 @@ sys.stdin.read()
 """
 
 
-def _state_letter(pid: int) -> str:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    return stat[stat.rfind(b")") + 2 :].split()[0].decode()
-
-
 def test_the_agent_says_which_of_its_ranks_processes_are_stopped_or_gone(agent) -> None:
     """A rank's process, as the agent finds it by its connection's pid: left out while it
     runs, stopped while it is (SIGSTOP), gone once it is killed."""
@@ -208,12 +203,12 @@ def test_the_agent_says_which_of_its_ranks_processes_are_stopped_or_gone(agent) 
         assert running.call(lambda: running.agent.pids) == {1: rank.pid}
         assert running.call(running.agent.processes) == {}
         os.kill(rank.pid, signal.SIGSTOP)
-        _until("the rank to stop", lambda: _state_letter(rank.pid) == "T")
+        _until("the rank to stop", lambda: process_state(rank.pid) == "T")
         assert running.call(running.agent.processes) == {1: (rank.pid, "stopped")}
         doc = host_status.parse(running.call(lambda: running.agent.document().to_bytes()), "t")
         assert doc.procs == {1: (rank.pid, "stopped")}
         os.kill(rank.pid, signal.SIGCONT)
-        _until("the rank to run again", lambda: _state_letter(rank.pid) != "T")
+        _until("the rank to run again", lambda: process_state(rank.pid) != "T")
         assert running.call(running.agent.processes) == {}
     finally:
         rank.kill()
