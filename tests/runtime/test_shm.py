@@ -12,9 +12,11 @@ from recording_tracer import RecordingTracer
 from shm_thread_ranks import CFG, make_transports, run_on, run_ranks
 
 from cclctl.errors import CollectiveTimeout, CommAborted, CommRevoked, PeerError, ProtocolError
+from cclctl.runtime.algorithms.context import Step
 from cclctl.runtime.comm.communicator import Communicator
 from cclctl.runtime.transport.base import Wait
 from cclctl.runtime.transport.hybrid import HybridTransport
+from cclctl.runtime.transport.shm.host_peers import HostPeers
 from cclctl.runtime.transport.shm.layout import Layout
 from cclctl.runtime.transport.shm.transport import ShmTransport
 
@@ -225,6 +227,42 @@ def test_a_peer_that_answered_then_closed_does_not_fail_the_waiting_rank(
         return [float(x) for x in buf]
 
     assert run_on(transports, body, FAST_FAIL) == [[3.0] * 4, [3.0] * 4]
+
+
+def test_a_rank_that_completed_and_closed_does_not_fail_a_rank_still_finishing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 3-rank all_to_all through the point-to-point rings: rank 0 completes it and closes
+    while rank 1 still waits for rank 2's block (rank 2 is held before its last step until
+    rank 1 has looked at its peers with rank 0 closed). Rank 0 owes rank 1 nothing more, so
+    rank 1 goes on waiting, and every rank's result is exact."""
+    transports = make_transports(3, one_copy=False)
+    closed, looked = threading.Event(), threading.Event()
+    check, xfer = HostPeers.check_peers, Step.xfer
+
+    def checked(self: HostPeers, *args: Any) -> None:
+        check(self, *args)
+        if self.rank == 1 and closed.is_set():
+            looked.set()
+
+    def held(self: Step, step: int, *args: Any, **kwargs: Any) -> None:
+        if self.rank == 2 and step == 2:
+            looked.wait(10)  # rank 1 fails there on the code before: go on either way
+        xfer(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(HostPeers, "check_peers", checked)
+    monkeypatch.setattr(Step, "xfer", held)
+
+    def body(comm: Communicator) -> list[int]:
+        r = comm.rank
+        got = comm.all_to_all(np.arange(3, dtype=np.int64) + 10 * r, np.empty(3, np.int64))
+        if r == 0:
+            comm.close()
+            closed.set()
+        return [int(x) for x in got]
+
+    assert run_on(transports, body, FAST_FAIL) == [[j * 10 + r for j in range(3)] for r in range(3)]
+    assert looked.is_set()
 
 
 def test_an_abort_ends_a_blocked_wait() -> None:

@@ -127,9 +127,11 @@ class HostPeers:
         wait: Wait,
         limit_s: float = math.inf,
         watched: Collection[int] | None = None,
+        partners: Collection[int] = (),
     ) -> None:
         """Sleep until ``ready()``, or at most ``limit_s``; ``peer`` is whom the trace says
-        this rank waits on; ``watched``: the peers whose failure ends the wait (None: all)."""
+        this rank waits on; ``watched``: the peers whose failure ends the wait (None: all);
+        ``partners``: see :meth:`check_peers`."""
         wait.blocked_on(peer, what)
         me = self.me.i
         until = time.monotonic() + limit_s
@@ -142,7 +144,7 @@ class HostPeers:
                 if ready():
                     return
                 wait.check(call, peer, what)
-                self.check_peers(call, peer, ready, watched)
+                self.check_peers(call, peer, ready, watched, partners)
                 left = until - time.monotonic()
                 if left <= 0:
                     return
@@ -164,21 +166,33 @@ class HostPeers:
         peer: int,
         ready: Callable[[], bool],
         watched: Collection[int] | None = None,
+        partners: Collection[int] = (),
     ) -> None:
         """Raise if the awaited peer, or any peer (of ``watched``, where given), failed,
         closed or died: with the record of the job's failure where the peer left one, so
         the error names its origin. Not once ``ready()`` holds: a peer that wrote what this
         rank waits for and then left (it closed after its last call, or died) left that
-        behind, readable."""
+        behind, readable.
+
+        A peer that closed its communicator cleanly (and may have exited since) ends the
+        wait only where it is ``peer`` or one of ``partners``, those this rank still
+        exchanges with in the step: one that closed after completing the call owes this
+        rank nothing more (the others still finishing theirs must not fail), and one that
+        closed without entering it fails the ranks that wait on it, whose failure reaches
+        this rank."""
         try:
-            self._check_peers(call, watched)
+            self._check_peers(call, watched, {peer, *partners})
         except CclError:
             self.futex.fence()  # the peer wrote before it left: its writes are seen now
             if not ready():
                 raise
 
-    def _check_peers(self, call: wire.Call, watched: Collection[int] | None = None) -> None:
+    def _check_peers(
+        self, call: wire.Call, watched: Collection[int] | None, partners: Collection[int]
+    ) -> None:
         others = self.others if watched is None else [v for v in self.others if v.rank in watched]
+        # a peer that closed cleanly matters only as a partner (see check_peers)
+        others = [v for v in others if v.rank in partners or v.i[W_STATE] != STATE_CLOSED]
         for view in others:
             state = view.i[W_STATE]
             if state != STATE_OK:

@@ -62,14 +62,16 @@ class ShmStep:
     def check(self) -> None:
         items = self.items
         ready = lambda: any(i.ready() for i in items)  # noqa: E731
-        self.group.peers.check_peers(self.call, items[0].peer, ready, self.watched)
+        partners = [i.peer for i in items]
+        self.group.peers.check_peers(self.call, items[0].peer, ready, self.watched, partners)
 
     def block(self, wait: Wait, peer: int, what: str, slice_s: float | None) -> None:
         """Sleep until a chunk of the share can move (at most ``slice_s`` when given)."""
         items = self.items
         limit = float("inf") if slice_s is None else slice_s
         ready = lambda: any(i.ready() for i in items)  # noqa: E731
-        self.group.peers.block(ready, peer, what, self.call, wait, limit, self.watched)
+        partners = [i.peer for i in items]
+        self.group.peers.block(ready, peer, what, self.call, wait, limit, self.watched, partners)
 
 
 class Outgoing:
