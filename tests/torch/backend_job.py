@@ -97,11 +97,30 @@ def all_to_all(g, dtype):
 
 
 def uneven(g, dtype):
-    """all_to_all_single with blocks of 1-3 rows, different for each pair of ranks."""
+    """all_to_all_single with blocks of 1-3 rows, different for each pair of ranks, and the
+    list form of the same blocks (gloo's list form takes equal blocks only: its single form
+    is the reference)."""
     ins = [(rank + j) % 3 + 1 for j in range(world)]
     outs = [(i + rank) % 3 + 1 for i in range(world)]
     out = torch.empty(sum(outs), 3, dtype=dtype)
     dist.all_to_all_single(out, inputs(dtype, sum(ins)), outs, ins, group=g)
+    src = list(inputs(dtype, sum(ins)).split(ins))
+    if g is gloo:
+        whole = torch.empty(sum(outs), 3, dtype=dtype)
+        dist.all_to_all_single(whole, torch.cat(src), outs, ins, group=g)
+        blocks = list(whole.split(outs))
+    else:
+        blocks = [torch.empty(k, 3, dtype=dtype) for k in outs]
+        dist.all_to_all(blocks, src, group=g)
+    return [out, *blocks]
+
+
+def mixed(g, dtype):
+    """Splits equal on rank 0 (a row to and from each rank) and unequal on the others (two
+    rows among themselves): the ranks still run one collective together."""
+    splits = [1 if rank == 0 or j == 0 else 2 for j in range(world)]
+    out = torch.empty(sum(splits), 3, dtype=dtype)
+    dist.all_to_all_single(out, inputs(dtype, sum(splits)), splits, splits, group=g)
     return [out]
 
 
@@ -138,7 +157,7 @@ def gather_scatter(g, dtype):
 
 
 for fn in (all_reduce, strided, broadcast, reduce, all_gather, reduce_scatter, all_to_all,
-           uneven, send_recv, coalesced, gather_scatter):  # fmt: skip
+           uneven, mixed, send_recv, coalesced, gather_scatter):  # fmt: skip
     each(fn)
     dist.barrier()
 each(all_reduce, (torch.bfloat16, torch.float16))  # bfloat16 through ml_dtypes

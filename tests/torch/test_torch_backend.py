@@ -23,12 +23,14 @@ from torch_jobs import HERE, TORCHRUN, child_env, free_port, run_job
 
 from cclctl.diagnose_io.dumpfile import read_dump
 from cclctl.errors import InvalidArgument
+from cclctl.integrations.torch.backend.process_group import _splits
 from cclctl.integrations.torch.backend.progress import Progress
 from cclctl.integrations.torch.backend.views import host_views, redop
 from cclctl.integrations.torch.backend.work import CclctlWork
 
 COLLECTIVES = ("all_reduce", "strided", "broadcast", "reduce", "all_gather", "reduce_scatter",
-               "all_to_all", "uneven", "send_recv", "coalesced", "gather_scatter")  # fmt: skip
+               "all_to_all", "uneven", "mixed", "send_recv", "coalesced",
+               "gather_scatter")  # fmt: skip
 #: what the runtime records for them (a barrier separates each)
 RECORDED = {"all_gather", "all_reduce", "all_to_all", "barrier", "broadcast", "recv", "reduce",
             "reduce_scatter", "send"}  # fmt: skip
@@ -168,6 +170,17 @@ def test_torchs_reductions_by_cclctls_names() -> None:
     assert redop(opts.reduceOp, "all_reduce") == "max"
     with pytest.raises(InvalidArgument, match="BAND"):
         redop(dist.ReduceOp.BAND, "all_reduce")
+
+
+def test_all_to_all_splits_are_checked_in_words() -> None:
+    t = torch.empty(6, 2)
+    assert _splits([], t, 3, "input") == [2, 2, 2]  # none: equal blocks
+    assert _splits([0, 5, 1], t, 3, "input") == [0, 5, 1]
+    for bad in ([1, 2], [3, 4, -1], [1, 1, 1]):
+        with pytest.raises(InvalidArgument, match=r"input splits .* must be 3 non-negative"):
+            _splits(bad, t, 3, "input")
+    with pytest.raises(InvalidArgument, match="6 rows are not a multiple of the world size 4"):
+        _splits([], t, 4, "output")
 
 
 def test_calls_run_in_issue_order_and_an_error_reaches_wait_and_the_future() -> None:

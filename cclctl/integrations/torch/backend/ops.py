@@ -16,6 +16,7 @@ communicator on host views, or the group's
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -169,51 +170,66 @@ def all_to_all(comm: Collectives, out: View, src: View) -> Job:
 def all_to_all_uneven(
     comm: Communicator, out: HostView, src: HostView, out_counts: list[int], in_counts: list[int]
 ) -> Job:
-    """Blocks of different sizes (``*_counts``: elements per rank): padded to the largest
-    block of any rank (agreed in one all_reduce ``max``), exchanged in one call, unpadded."""
-    n = comm.world_size
+    """``all_to_all_single`` with splits (``*_counts``: elements per rank), in
+    :func:`exchange_blocks`."""
 
     def run() -> list[torch.Tensor]:
-        most = np.array([max([*out_counts, *in_counts], default=0)], dtype=np.int64)
-        comm.all_reduce(most, "max")
-        block = int(most[0])
-        sent = np.zeros(n * block, dtype=src.array.dtype)
-        for j, (at, count) in enumerate(_blocks(in_counts)):
-            sent[j * block : j * block + count] = src.array[at : at + count]
-        got = np.empty_like(sent)
-        comm.all_to_all(sent, got)
-        for i, (at, count) in enumerate(_blocks(out_counts)):
-            out.array[at : at + count] = got[i * block : i * block + count]
+        exchange_blocks(comm, _cut(out.array, out_counts), _cut(src.array, in_counts))
         return _done([out])
 
     return run
 
 
-def _blocks(counts: list[int]) -> list[tuple[int, int]]:
-    """(offset, count) of each block laid end to end."""
-    offsets = np.cumsum([0, *counts[:-1]]).tolist()
-    return list(zip(offsets, counts, strict=True))
-
-
 def all_to_all_list(comm: Communicator, outs: list[HostView], srcs: list[HostView]) -> Job:
-    """torch's list form, of equal blocks: joined, exchanged in one call, split again."""
-    sizes = {view.array.size for view in [*outs, *srcs]}
-    if len(sizes) > 1:
+    """torch's list form, blocks of any sizes (as NCCL's, where gloo's takes equal blocks
+    only), in :func:`exchange_blocks`."""
+    n = comm.world_size
+    if len(outs) != n or len(srcs) != n:
         raise InvalidArgument(
-            "all_to_all: cclctl's runtime exchanges equal blocks only; these tensors have "
-            f"{sorted(sizes)} elements",
+            f"all_to_all: {len(outs)} output and {len(srcs)} input tensors; the world has "
+            f"{n} ranks, one tensor each",
             op="all_to_all",
         )
-    whole = np.concatenate([src.array for src in srcs])
+    dtypes = {view.array.dtype for view in [*outs, *srcs]}
+    if len(dtypes) > 1:
+        raise InvalidArgument(
+            f"all_to_all: the tensors must have one dtype; these have {sorted(map(str, dtypes))}",
+            op="all_to_all",
+        )
 
     def run() -> list[torch.Tensor]:
-        result = np.empty_like(whole)
-        comm.all_to_all(whole, result)
-        for out, block in zip(outs, np.split(result, len(outs)), strict=True):
-            out.array[...] = block
+        exchange_blocks(comm, [v.array.reshape(-1) for v in outs],
+                        [v.array.reshape(-1) for v in srcs])  # fmt: skip
         return _done(outs)
 
     return run
+
+
+def exchange_blocks(comm: Communicator, outs: Sequence[Any], srcs: Sequence[Any]) -> None:
+    """Block ``j`` of ``srcs`` goes to rank ``j``, block ``i`` of ``outs`` comes from rank
+    ``i``, blocks of any sizes: padded to the largest block of any rank (agreed in one
+    all_reduce ``max``), exchanged in one all_to_all, unpadded.
+
+    Every rank makes the same two calls whatever its own blocks, so ranks whose blocks
+    happen to be equal and ranks whose blocks are not run one collective together.
+    """
+    n = comm.world_size
+    most = np.array([max(b.size for b in [*outs, *srcs])], dtype=np.int64)
+    comm.all_reduce(most, "max")
+    block = int(most[0])
+    dtype = srcs[0].dtype
+    sent = np.zeros(n * block, dtype=dtype)
+    for j, part in enumerate(srcs):
+        sent[j * block : j * block + part.size] = part
+    got = np.empty_like(sent)
+    comm.all_to_all(sent, got)
+    for i, part in enumerate(outs):
+        part[...] = got[i * block : i * block + part.size]
+
+
+def _cut(flat: Any, counts: list[int]) -> list[Any]:
+    """``flat`` cut into consecutive blocks of ``counts`` elements."""
+    return [flat[a:b] for a, b in itertools.pairwise(np.cumsum([0, *counts]).tolist())]
 
 
 def barrier(comm: Communicator) -> Job:

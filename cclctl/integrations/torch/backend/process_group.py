@@ -43,15 +43,24 @@ def _root(opts: Any) -> int:
     return int(getattr(opts, "rootRank", 0) if opts is not None else 0)
 
 
-def _even(splits: list[int], tensor: torch.Tensor, n: int) -> bool:
-    """Whether ``splits`` (rows per rank; empty: equal) cut ``tensor`` into equal blocks."""
+def _splits(splits: list[int], tensor: torch.Tensor, n: int, name: str) -> list[int]:
+    """Rows per rank of ``tensor``: ``splits``, checked, or (empty) equal blocks."""
     rows = tensor.shape[0] if tensor.dim() else 1
-    return not splits or (len(splits) == n and all(s * n == rows for s in splits))
-
-
-def _equal(tensor: torch.Tensor, n: int) -> list[int]:
-    """Rows per rank of ``tensor`` split evenly (torch's meaning of no splits)."""
-    return [tensor.shape[0] // n] * n
+    if not splits:
+        if rows % n:
+            raise InvalidArgument(
+                f"all_to_all: no {name} splits, and the {name}'s {rows} rows are not a "
+                f"multiple of the world size {n}",
+                op="all_to_all",
+            )
+        return [rows // n] * n
+    if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise InvalidArgument(
+            f"all_to_all: {name} splits {splits} must be {n} non-negative row counts summing "
+            f"to the {name}'s {rows} rows",
+            op="all_to_all",
+        )
+    return list(splits)
 
 
 #: torch's ProcessGroup, whose stubs type its overloads, not the trampoline's Python methods
@@ -192,13 +201,15 @@ class CclctlProcessGroup(_ProcessGroup):
         opts: Any = None,
     ) -> CclctlWork:
         n = self.comm.world_size
-        if _even(output_splits, output, n) and _even(input_splits, input, n):
+        if not output_splits and not input_splits:  # equal blocks, on every rank
             comm, (out, src) = self._placed([output, input], "all_to_all")
             return self._issue("all_to_all", ops.all_to_all(comm, out, src), opts)
+        # Splits: the blocks may differ on other ranks even where they are equal here, so
+        # every rank given splits agrees the block size (as gloo's alltoallv, taken then).
         out, src = self._views([output, input], "all_to_all")
         row = math.prod(input.shape[1:])  # elements per row of dim 0 (both tensors')
-        out_counts = [s * row for s in output_splits or _equal(output, n)]
-        in_counts = [s * row for s in input_splits or _equal(input, n)]
+        out_counts = [s * row for s in _splits(output_splits, output, n, "output")]
+        in_counts = [s * row for s in _splits(input_splits, input, n, "input")]
         job = ops.all_to_all_uneven(self.comm, out, src, out_counts, in_counts)
         return self._issue("all_to_all", job, opts)
 

@@ -8,7 +8,7 @@ numpy views of CPU tensors (:mod:`.views`). A staged call runs one of two ways:
 
 - **Through the relay**: ``all_reduce`` (and its coalesced form), ``broadcast``,
   ``reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor`` (and their coalesced
-  forms) and ``all_to_all_single`` of equal splits. The group's
+  forms) and ``all_to_all_single`` without splits. The group's
   :class:`~cclctl.integrations.torch.relay_copier.TensorRelay` (one per process group, made
   on its first staged call, on the group's communicator) takes the communicator's place in
   :mod:`.ops`: the tensor is cut into chunks staged through a fixed ring of page-locked
@@ -17,7 +17,7 @@ numpy views of CPU tensors (:mod:`.views`). A staged call runs one of two ways:
   in issue order; the device tensor is read and written there (a non-contiguous one through
   a contiguous copy on its device, written back once the call ends).
 - **Staged whole**: the list forms of ``all_gather``, ``reduce_scatter`` and
-  ``all_to_all``, ``gather``, ``scatter``, ``all_to_all_single`` of uneven splits,
+  ``all_to_all``, ``gather``, ``scatter``, ``all_to_all_single`` with splits,
   ``send`` and ``recv``. Each tensor is copied into a host buffer of its own size when the
   call is issued and the output copied back to its device when the call ends; the runtime
   runs the host path's call on the copies (its records are the host path's, with no
