@@ -16,7 +16,6 @@ communicator on host views, or the group's
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 
 from cclctl.errors import InvalidArgument
+from cclctl.integrations.torch.backend.blocks import BlockExchange, cut
 from cclctl.integrations.torch.backend.views import HostView
 from cclctl.runtime.comm.communicator import Communicator
 
@@ -168,22 +168,26 @@ def all_to_all(comm: Collectives, out: View, src: View) -> Job:
 
 
 def all_to_all_uneven(
-    comm: Communicator, out: HostView, src: HostView, out_counts: list[int], in_counts: list[int]
+    blocks: BlockExchange,
+    out: HostView,
+    src: HostView,
+    out_counts: list[int],
+    in_counts: list[int],
 ) -> Job:
-    """``all_to_all_single`` with splits (``*_counts``: elements per rank), in
-    :func:`exchange_blocks`."""
+    """``all_to_all_single`` with splits (``*_counts``: elements per rank)."""
 
     def run() -> list[torch.Tensor]:
-        exchange_blocks(comm, _cut(out.array, out_counts), _cut(src.array, in_counts))
+        whole = (out.array.reshape(-1), src.array.reshape(-1))
+        blocks.exchange(cut(whole[0], out_counts), cut(whole[1], in_counts), whole)
         return _done([out])
 
     return run
 
 
-def all_to_all_list(comm: Communicator, outs: list[HostView], srcs: list[HostView]) -> Job:
+def all_to_all_list(blocks: BlockExchange, outs: list[HostView], srcs: list[HostView]) -> Job:
     """torch's list form, blocks of any sizes (as NCCL's, where gloo's takes equal blocks
-    only), in :func:`exchange_blocks`."""
-    n = comm.world_size
+    only)."""
+    n = blocks.comm.world_size
     if len(outs) != n or len(srcs) != n:
         raise InvalidArgument(
             f"all_to_all: {len(outs)} output and {len(srcs)} input tensors; the world has "
@@ -198,38 +202,10 @@ def all_to_all_list(comm: Communicator, outs: list[HostView], srcs: list[HostVie
         )
 
     def run() -> list[torch.Tensor]:
-        exchange_blocks(comm, [v.array.reshape(-1) for v in outs],
-                        [v.array.reshape(-1) for v in srcs])  # fmt: skip
+        blocks.exchange([v.array.reshape(-1) for v in outs], [v.array.reshape(-1) for v in srcs])
         return _done(outs)
 
     return run
-
-
-def exchange_blocks(comm: Communicator, outs: Sequence[Any], srcs: Sequence[Any]) -> None:
-    """Block ``j`` of ``srcs`` goes to rank ``j``, block ``i`` of ``outs`` comes from rank
-    ``i``, blocks of any sizes: padded to the largest block of any rank (agreed in one
-    all_reduce ``max``), exchanged in one all_to_all, unpadded.
-
-    Every rank makes the same two calls whatever its own blocks, so ranks whose blocks
-    happen to be equal and ranks whose blocks are not run one collective together.
-    """
-    n = comm.world_size
-    most = np.array([max(b.size for b in [*outs, *srcs])], dtype=np.int64)
-    comm.all_reduce(most, "max")
-    block = int(most[0])
-    dtype = srcs[0].dtype
-    sent = np.zeros(n * block, dtype=dtype)
-    for j, part in enumerate(srcs):
-        sent[j * block : j * block + part.size] = part
-    got = np.empty_like(sent)
-    comm.all_to_all(sent, got)
-    for i, part in enumerate(outs):
-        part[...] = got[i * block : i * block + part.size]
-
-
-def _cut(flat: Any, counts: list[int]) -> list[Any]:
-    """``flat`` cut into consecutive blocks of ``counts`` elements."""
-    return [flat[a:b] for a, b in itertools.pairwise(np.cumsum([0, *counts]).tolist())]
 
 
 def barrier(comm: Communicator) -> Job:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from cclctl.errors import InvalidArgument
 from cclctl.integrations.torch.backend import ops
+from cclctl.integrations.torch.backend.blocks import BlockExchange
 from cclctl.integrations.torch.backend.ops import Collectives, View
 from cclctl.integrations.torch.backend.progress import COLLECTIVE, Progress
 from cclctl.integrations.torch.backend.relayed import Placement
@@ -73,6 +74,7 @@ class CclctlProcessGroup(_ProcessGroup):
     def __init__(self, comm: Communicator) -> None:
         super().__init__(comm.rank, comm.world_size)
         self.comm = comm
+        self._blocks = BlockExchange(comm)  # all_to_all of blocks of any sizes
         self._progress = Progress(f"cclctl-pg {comm.id}")
         self._placement = Placement(comm)
         self._names: dict[str, str] = {}
@@ -204,13 +206,13 @@ class CclctlProcessGroup(_ProcessGroup):
         if not output_splits and not input_splits:  # equal blocks, on every rank
             comm, (out, src) = self._placed([output, input], "all_to_all")
             return self._issue("all_to_all", ops.all_to_all(comm, out, src), opts)
-        # Splits: the blocks may differ on other ranks even where they are equal here, so
-        # every rank given splits agrees the block size (as gloo's alltoallv, taken then).
+        # splits: the blocks may differ on other ranks even where they are equal here, so
+        # every rank given splits agrees on them first (blocks.py; gloo takes its alltoallv)
         out, src = self._views([output, input], "all_to_all")
         row = math.prod(input.shape[1:])  # elements per row of dim 0 (both tensors')
         out_counts = [s * row for s in _splits(output_splits, output, n, "output")]
         in_counts = [s * row for s in _splits(input_splits, input, n, "input")]
-        job = ops.all_to_all_uneven(self.comm, out, src, out_counts, in_counts)
+        job = ops.all_to_all_uneven(self._blocks, out, src, out_counts, in_counts)
         return self._issue("all_to_all", job, opts)
 
     alltoall_base = all_to_all_single
@@ -218,7 +220,7 @@ class CclctlProcessGroup(_ProcessGroup):
     def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> CclctlWork:
         outs = self._views(outputs, "all_to_all")
         srcs = self._views(inputs, "all_to_all")
-        return self._issue("all_to_all", ops.all_to_all_list(self.comm, outs, srcs), opts)
+        return self._issue("all_to_all", ops.all_to_all_list(self._blocks, outs, srcs), opts)
 
     def gather(self, outputs: list[Tensors], inputs: Tensors, opts: Any = None) -> CclctlWork:
         root = _root(opts)
