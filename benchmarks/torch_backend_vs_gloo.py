@@ -13,6 +13,10 @@ machine and load:
   API (``comm.all_reduce``) on the same communicator, alternated so that load drifts hit
   both; the median of the block means, and the backend's added time (backend - numpy),
   in wall time and in this process's CPU time (rank 0's). gloo's is printed beside them.
+- **all_to_all_single** (``--a2a-sizes``): busbw (bytes sent x (n-1)/n / time) of three
+  forms at each size: no splits; splits that are equal (every rank passes ``[size/n] *
+  n``); uneven splits (rank ``r`` sends ``1 + (r + j) % 2 / 2`` blocks' worth to rank
+  ``j``), the same on both backends; the median of ``--rounds`` runs, ratio cclctl / gloo.
 - **DDP**: a small MLP (several gradient buckets) trained a few steps on each backend;
   the median step time, ratio cclctl / gloo.
 
@@ -20,7 +24,7 @@ Short by design (the machine may be small and busy): few sizes, few iterations. 
 rank (``--nproc-per-node 1``) only the small call is timed: its cost with no peer to wait for.
 
     torchrun --nproc-per-node 2 benchmarks/torch_backend_vs_gloo.py [--sizes 64K,1M,16M,256M]
-        [--iters 5] [--rounds 3] [--blocks 10] [--calls 200] [--steps 10]
+        [--iters 5] [--rounds 3] [--blocks 10] [--calls 200] [--steps 10] [--a2a-sizes 1M,16M]
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=10, help="8-byte call blocks per side")
     p.add_argument("--calls", type=int, default=200, help="calls per 8-byte block")
     p.add_argument("--steps", type=int, default=10, help="timed DDP steps per backend")
+    p.add_argument("--a2a-sizes", default="", help="all_to_all_single sizes (bytes per rank)")
     return p.parse_args()
 
 
@@ -94,6 +99,35 @@ def busbw(sizes: list[int], iters: int, rounds: int, gloo: Any) -> list[tuple[in
                 per_call = _timed(call, calls, group, gloo)
                 speeds[group].append(size * 2 * (n - 1) / n / per_call / 1e9)
         rows.append((size, statistics.median(speeds[None]), statistics.median(speeds[gloo])))
+    return rows
+
+
+def all_to_all(
+    sizes: list[int], iters: int, rounds: int, gloo: Any
+) -> list[tuple[int, str, float, float]]:
+    """(bytes, form, cclctl busbw, gloo busbw) in GB/s per size and form of splits."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    rows = []
+    for size in sizes:
+        count = size // 4 // n * n
+        base = count // (2 * n)
+        uneven = [base + (r + j) % 2 * base // 2 for j in range(n)]
+        forms = {"no splits": None, "equal splits": [count // n] * n, "uneven splits": uneven}
+        for form, splits in forms.items():
+            rows_in = count if splits is None else sum(splits)
+            x, y = torch.zeros(rows_in), torch.empty(rows_in)
+            speeds: dict[Any, list[float]] = {None: [], gloo: []}
+            for group in speeds:
+                dist.all_to_all_single(y, x, splits, splits, group=group)  # warm-up
+            for _ in range(rounds):
+                for group in speeds:
+                    call = lambda g=group, s=splits, i=x, o=y: dist.all_to_all_single(  # noqa: E731
+                        o, i, s, s, group=g
+                    )
+                    per_call = _timed(call, _calls(size, iters), group, gloo)
+                    speeds[group].append(rows_in * 4 * (n - 1) / n / per_call / 1e9)
+            rows.append((size, form, statistics.median(speeds[None]),
+                         statistics.median(speeds[gloo])))  # fmt: skip
     return rows
 
 
@@ -156,6 +190,8 @@ def main() -> None:
     alone = n == 1  # one rank: the call's own cost, no peer to wait for (no busbw, no DDP)
     rows = [] if alone else busbw(sizes, args.iters, args.rounds, gloo)
     small = small_call(args.blocks, args.calls, gloo)
+    a2a_sizes = [parse_size(x) for x in args.a2a_sizes.split(",") if x]
+    a2a = [] if alone else all_to_all(a2a_sizes, args.iters, args.rounds, gloo)
     ddp = {} if alone else ddp_step(args.steps, gloo)
     if rank == 0 and rows:
         print(f"world {n}: all_reduce busbw (GB/s), cclctl backend vs gloo")
@@ -168,6 +204,11 @@ def main() -> None:
             print(f"world {n}: 8-byte all_reduce, {what} us/call (median of block means): "
                   f"backend {mine:.1f}  numpy API {numpy_api:.1f}  "
                   f"added {mine - numpy_api:+.1f}  gloo {small['gloo'][i]:.1f}")  # fmt: skip
+    if rank == 0 and a2a:
+        print(f"world {n}: all_to_all_single busbw (GB/s), cclctl backend vs gloo")
+        for size, form, mine, theirs in a2a:
+            print(f"  {format_bytes(size):>8} {form:<14} cclctl {mine:7.3f} gloo {theirs:7.3f} "
+                  f"x{mine / theirs:.2f}")  # fmt: skip
     if rank == 0 and ddp:
         mine, theirs = ddp["cclctl"] * 1e3, ddp["gloo"] * 1e3
         print(f"world {n}: DDP step (ms): cclctl {mine:.2f}  gloo {theirs:.2f}  "
