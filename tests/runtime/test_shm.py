@@ -197,6 +197,29 @@ def test_a_peer_that_closes_fails_the_waiting_rank_at_once() -> None:
     assert "link between rank 0 and rank 1 broke" in msg and "closed its communicator" in msg
 
 
+@pytest.mark.parametrize("one_copy", [True, False])
+def test_a_peer_that_closes_without_entering_fails_every_waiting_rank_at_once(
+    one_copy: bool,
+) -> None:
+    """4 ranks: rank 0 closes; the others' all_reduce fails at once, naming rank 0, on the
+    ranks that wait on it and, through their failure, on those that wait on them."""
+    transports = make_transports(4, one_copy=one_copy)
+    closed = threading.Event()
+
+    def body(comm: Communicator) -> str:
+        if comm.rank == 0:
+            comm.close()
+            closed.set()
+            return ""
+        assert closed.wait(10)
+        with pytest.raises((PeerError, CommRevoked)) as info:  # not a CollectiveTimeout
+            comm.all_reduce(np.ones(1 << 16, np.float32))
+        return str(info.value)
+
+    for msg in run_on(transports, body, FAST_FAIL)[1:]:
+        assert "link between rank 0 and rank" in msg and "closed its communicator" in msg, msg
+
+
 def test_a_peer_that_answered_then_closed_does_not_fail_the_waiting_rank(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
