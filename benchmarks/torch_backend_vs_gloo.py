@@ -82,30 +82,39 @@ def _calls(size: int, iters: int) -> int:
     return max(iters, min(200, (64 << 20) // size))
 
 
+def _alternated(
+    call: Callable[[Any], object], nbytes: float, calls: int, rounds: int, gloo: Any
+) -> tuple[float, float]:
+    """(cclctl, gloo) GB/s of ``call(group)`` moving ``nbytes`` (bus bytes) per call: one
+    warm-up call on each group (links, buffers, plans), then the median over ``rounds`` runs
+    of ``calls`` calls, the two backends alternated within each round."""
+    speeds: dict[Any, list[float]] = {None: [], gloo: []}
+    for group in speeds:
+        call(group)
+    for _ in range(rounds):
+        for group in speeds:
+            per_call = _timed(lambda g=group: call(g), calls, group, gloo)
+            speeds[group].append(nbytes / per_call / 1e9)
+    return statistics.median(speeds[None]), statistics.median(speeds[gloo])
+
+
 def busbw(sizes: list[int], iters: int, rounds: int, gloo: Any) -> list[tuple[int, float, float]]:
-    """(bytes, cclctl busbw, gloo busbw) in GB/s per size: the median over ``rounds``, the
-    two backends alternated within each round."""
+    """(bytes, cclctl busbw, gloo busbw) in GB/s per size (:func:`_alternated`)."""
     n = dist.get_world_size()
     rows = []
     for size in sizes:
         t = torch.zeros(size // 4)  # sums stay finite however many calls
-        calls = _calls(size, iters)
-        speeds: dict[Any, list[float]] = {None: [], gloo: []}
-        for group in speeds:
-            dist.all_reduce(t, group=group)  # warm-up: links, buffers, plans
-        for _ in range(rounds):
-            for group in speeds:
-                call = lambda g=group, x=t: dist.all_reduce(x, group=g)  # noqa: E731
-                per_call = _timed(call, calls, group, gloo)
-                speeds[group].append(size * 2 * (n - 1) / n / per_call / 1e9)
-        rows.append((size, statistics.median(speeds[None]), statistics.median(speeds[gloo])))
+        call = lambda g, x=t: dist.all_reduce(x, group=g)  # noqa: E731
+        bus = size * 2 * (n - 1) / n
+        rows.append((size, *_alternated(call, bus, _calls(size, iters), rounds, gloo)))
     return rows
 
 
 def all_to_all(
     sizes: list[int], iters: int, rounds: int, gloo: Any
 ) -> list[tuple[int, str, float, float]]:
-    """(bytes, form, cclctl busbw, gloo busbw) in GB/s per size and form of splits."""
+    """(bytes, form, cclctl busbw, gloo busbw) in GB/s per size and form of splits
+    (:func:`_alternated`)."""
     n, r = dist.get_world_size(), dist.get_rank()
     rows = []
     for size in sizes:
@@ -116,18 +125,9 @@ def all_to_all(
         for form, splits in forms.items():
             rows_in = count if splits is None else sum(splits)
             x, y = torch.zeros(rows_in), torch.empty(rows_in)
-            speeds: dict[Any, list[float]] = {None: [], gloo: []}
-            for group in speeds:
-                dist.all_to_all_single(y, x, splits, splits, group=group)  # warm-up
-            for _ in range(rounds):
-                for group in speeds:
-                    call = lambda g=group, s=splits, i=x, o=y: dist.all_to_all_single(  # noqa: E731
-                        o, i, s, s, group=g
-                    )
-                    per_call = _timed(call, _calls(size, iters), group, gloo)
-                    speeds[group].append(rows_in * 4 * (n - 1) / n / per_call / 1e9)
-            rows.append((size, form, statistics.median(speeds[None]),
-                         statistics.median(speeds[gloo])))  # fmt: skip
+            call = lambda g, s=splits, i=x, o=y: dist.all_to_all_single(o, i, s, s, group=g)  # noqa: E731
+            bus = rows_in * 4 * (n - 1) / n
+            rows.append((size, form, *_alternated(call, bus, _calls(size, iters), rounds, gloo)))
     return rows
 
 
