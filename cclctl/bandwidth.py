@@ -7,7 +7,9 @@ numbers from different world sizes and collectives be compared with the hardware
 
 from __future__ import annotations
 
-#: Collectives, as torch.distributed names them.
+#: Collectives, as torch.distributed names them, and all_to_allv (all_to_all of blocks of any
+#: sizes, MPI's Alltoallv: torch's all_to_all_single with splits). Their index is their code
+#: on the wire, so a new one comes last.
 COLLECTIVES = (
     "all_reduce",
     "all_gather",
@@ -18,7 +20,12 @@ COLLECTIVES = (
     "send",
     "recv",
     "barrier",
+    "all_to_allv",
 )
+
+#: The collectives whose count differs by rank: their calls agree on everything else, and
+#: each message's size is checked against what its receiver expects.
+VARYING = ("all_to_allv",)
 
 
 def bus_factor(op: str, world_size: int) -> float:
@@ -26,7 +33,7 @@ def bus_factor(op: str, world_size: int) -> float:
     n = max(world_size, 1)  # one rank: the formulas give 0 where nothing crosses a link
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "all_to_allv"):
         return (n - 1) / n
     if op == "barrier":
         return 0.0

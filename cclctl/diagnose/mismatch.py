@@ -1,6 +1,7 @@
 """Third check, per communicator: ranks that made different calls under the same seq.
 
-At one seq every member must call the same op with the same dtype, count and root. Ranks are
+At one seq every member must call the same op with the same dtype, count and root (an
+all_to_allv's count differs by rank and is not compared). Ranks are
 grouped by what they called; the largest group is the reference and everyone else is a
 suspect. When the largest groups are the same size, the group holding the lowest rank is the
 reference (a deterministic rule; the evidence says so), once every member has said what it
@@ -12,6 +13,7 @@ once ranks diverge, every later seq tends to disagree too, and those are counted
 
 from __future__ import annotations
 
+from cclctl.bandwidth import VARYING
 from cclctl.diagnose import call_facts, text
 from cclctl.diagnose.model import MISMATCH, Verdict
 from cclctl.diagnose.view import CommView, RankState
@@ -113,7 +115,8 @@ def _calls(
     claims: dict[int, dict[int, Signature]] = {}
     for rank in sorted(cv.position):
         for seq, rec in states[rank].tail.get(cv.comm, {}).items():
-            by_seq.setdefault(seq, {})[rank] = (rec.op, rec.dtype, rec.count, rec.root)
+            count = 0 if rec.op in VARYING else rec.count  # differs by rank: not compared
+            by_seq.setdefault(seq, {})[rank] = (rec.op, rec.dtype, count, rec.root)
             claim = call_facts.mismatch_claim(rec, seq)
             if claim is not None:
                 claims.setdefault(seq, {})[claim[0]] = _parse(claim[1])

@@ -82,6 +82,7 @@ SHORT_OPS = {
     "all_gather": "ag",
     "reduce_scatter": "rs",
     "all_to_all": "a2a",
+    "all_to_allv": "a2av",
     "alltoall": "a2a",
     "broadcast": "bcast",
 }

@@ -347,6 +347,15 @@ def test_mismatch_ignores_fields_a_foreign_trace_leaves_empty():
     assert "mismatch" not in [v.kind for v in diag.verdicts]
 
 
+def test_all_to_allv_counts_differ_by_rank_and_are_not_a_mismatch():
+    job = Job(4).enter([0, 2], op="all_to_allv", count=1024)
+    job.enter([1, 3], op="all_to_allv", count=2048)
+    assert "mismatch" not in [v.kind for v in diagnose(job.snapshots()).verdicts]
+    odd = Job(4).enter([0, 1, 3], op="all_to_allv", count=1024)
+    odd.enter([2], op="all_to_all", count=1024)
+    assert kinds(diagnose(odd.snapshots()).verdicts)[0] == ("mismatch", "2")
+
+
 # -- waits -------------------------------------------------------------------------------------
 
 

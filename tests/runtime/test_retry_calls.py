@@ -4,11 +4,11 @@ Three real ranks over TCP (``cclctl launch``), ``CCLCTL_RETRY_BUDGET`` on, links
 an all_gather (out of place, then in place), a broadcast in place and a barrier start
 (``CCLCTL_FAULT=link:...``, each striking its seq's first attempt only): every result is
 the exact one, every rank counts four retries and its records hold each faulted seq's
-attempts. So do a reduce_scatter, a reduce and an all_to_all, whose results differ by
-rank, and a reduce that left a rank a call ahead runs again with it. A link cut in a
-send, which a retry does not re-run, fails the pair with the link's error and tells the
-next epoch's agreement so: a rank that made no point-to-point call then fails its
-all_reduce's retry at once, naming the pair. And the plan the ranks make from their
+attempts. So do a reduce_scatter, a reduce, an all_to_all and an all_to_allv, whose
+results differ by rank, and a reduce that left a rank a call ahead runs again with it. A
+link cut in a send, which a retry does not re-run, fails the pair with the link's error
+and tells the next epoch's agreement so: a rank that made no point-to-point call then fails
+its all_reduce's retry at once, naming the pair. And the plan the ranks make from their
 entries, and a retry the job's other failure ends. Needs no root.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from retry_mix_worker import CALLS, OPS
+from retry_mix_worker import CALLS, OPS, v_counts
 from retry_worker import rank_input
 from thread_ranks import run_ranks
 
@@ -125,8 +125,8 @@ def test_every_rerun_call_rides_through_a_cut_link_exactly(tmp_path: Path) -> No
 
 #: The calls whose result differs by rank, each after an all_reduce (a rank a call ahead
 #: of the others then takes it from them): seqs 1, 3 and 5, cut as each starts.
-BY_RANK = ("scatter", "sum", "reduce", "sum", "alltoall", "sum")
-BY_RANK_CUTS = {1: (0, 1), 3: (1, 2), 5: (2, 0)}
+BY_RANK = ("scatter", "sum", "reduce", "sum", "alltoall", "sum", "alltoallv", "sum")
+BY_RANK_CUTS = {1: (0, 1), 3: (1, 2), 5: (2, 0), 7: (1, 0)}
 
 
 def _by_rank_results(rank: int) -> list[list[str]]:
@@ -135,7 +135,11 @@ def _by_rank_results(rank: int) -> list[list[str]]:
     total = _digest(np.sum([x.astype(np.float64) for x in xs], axis=0))
     k = COUNT // WORLD
     mine = _digest(np.concatenate([x[rank * k : (rank + 1) * k] for x in xs]))
-    want = {"scatter": total, "sum": total, "reduce": total, "alltoall": mine}
+    c = v_counts(WORLD, COUNT)
+    starts = [sum(c[i][:rank]) for i in range(WORLD)]
+    blocks = [xs[i][starts[i] : starts[i] + c[i][rank]] for i in range(WORLD)]
+    want = {"scatter": total, "sum": total, "reduce": total, "alltoall": mine,
+            "alltoallv": _digest(np.concatenate(blocks))}  # fmt: skip
     shown = [c for c in BY_RANK if c != "reduce" or rank == 0]  # the root's result only
     return [["0", call, want[call]] for call in shown]
 
@@ -143,8 +147,8 @@ def _by_rank_results(rank: int) -> list[list[str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_the_calls_whose_result_differs_by_rank_ride_through_a_cut_link(tmp_path: Path) -> None:
-    """A reduce_scatter, a reduce and an all_to_all, each cut as it starts: every result is
-    exact, and every rank's records hold each cut seq's attempts."""
+    """A reduce_scatter, a reduce, an all_to_all and an all_to_allv, each cut as it starts:
+    every result is exact, and every rank's records hold each cut seq's attempts."""
     fault = ";".join(f"link:rank={r}:seq={s}:peer={p}" for s, (r, p) in BY_RANK_CUTS.items())
     env = _env(tmp_path, fault, calls=",".join(BY_RANK)) | {"ITERS": "1"}
     out = subprocess.run(_cmd(), env=env, capture_output=True, text=True, timeout=80)
@@ -309,7 +313,7 @@ def test_ranks_at_one_seq_rerun_it_whatever_the_call() -> None:
 def test_ranks_ahead_of_a_call_whose_result_differs_by_rank_run_it_again() -> None:
     """The ranks behind are in a reduce (its result differs by rank): the ranks ahead, which
     kept its input, run it again with them, then re-run their own call."""
-    for call in ("reduce_scatter", "reduce", "all_to_all"):
+    for call in ("reduce_scatter", "reduce", "all_to_all", "all_to_allv"):
         ahead = _ask("all_reduce", 5, 4, ops=f"all_reduce,{call}")
         entries = {0: _ask(call, 4, 3), 1: ahead, 2: _ask(call, 4, 3)}
         assert decide(2, entries) == Plan(4, (REPLAY,))

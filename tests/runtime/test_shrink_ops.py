@@ -1,9 +1,10 @@
 """Shrinking away a dead rank in the calls beside all_reduce: broadcast and reduce re-run
-among the survivors, their root renumbered; all_gather, whose buffers are sized for the
-old world, raises on every survivor, saying so.
+among the survivors, their root renumbered; all_gather and all_to_allv, whose buffers are
+sized for the old world, raise on every survivor, saying so.
 
 Real jobs of four ranks (``shrink_ops_worker.py``) with ``CCLCTL_ON_FAILURE=shrink``:
-rank 2 SIGKILLs itself before entering seq 5, iteration 2's broadcast, reduce or all_gather
+rank 2 SIGKILLs itself before entering seq 5, iteration 2's broadcast, reduce, all_gather
+or all_to_allv
 (each iteration is that call, then an all_reduce that gives every rank its result). The
 root is the job's rank 3, rank 2 of the survivors (and rank 0 for a broadcast too). Every
 rank's contribution names it, so a result says exactly which ranks it summed.
@@ -72,18 +73,19 @@ def test_a_reduce_a_death_interrupted_re_runs_among_the_survivors_to_the_root(
         assert doc["results"] == [sums[i] * (i + 1) for i in range(ITERS)], doc
 
 
-def test_an_all_gather_a_death_interrupted_raises_on_every_survivor_saying_why(
-    tmp_path: Path,
+@pytest.mark.parametrize("op", ["all_gather", "all_to_allv"])
+def test_a_call_sized_by_the_world_a_death_interrupted_raises_on_every_survivor_saying_why(
+    tmp_path: Path, op: str
 ) -> None:
-    """Its output is sized for four ranks: every survivor raises once the communicator
+    """Its buffers are sized for four ranks: every survivor raises once the communicator
     has shrunk, naming the old and new world sizes, instead of returning a partial result."""
-    job = _job(tmp_path, "all_gather", "tcp")
+    job = _job(tmp_path, op, "tcp")
     try:
         for rank in SURVIVORS:
             out, _ = job.procs[rank].communicate(timeout=60)
             assert job.procs[rank].returncode == 3, out.decode()
             line = next(x for x in out.decode().splitlines() if "failed:" in x)
             assert "shrank to 3 ranks without rank(s) 2" in line, line
-            assert "all_gather cannot re-run itself: its buffers are sized for the 4" in line
+            assert f"{op} cannot re-run itself: its buffers are sized for the 4" in line
     finally:
         job.finish()

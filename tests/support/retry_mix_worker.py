@@ -32,13 +32,21 @@ COUNT = int(os.environ.get("COUNT", "65536"))
 CALLS = ("gather", "gather_in_place", "bcast_in_place", "bcast", "barrier", "sum")
 #: the collective each call makes (``scatter``: a reduce_scatter of this rank's input in
 #: every chunk; ``reduce``: an in-place sum to rank 0; ``alltoall``: of the input's first
-#: ``COUNT // n * n`` elements; ``pair``: rank 0's send to rank 1, which its recv takes while
+#: ``COUNT // n * n`` elements; ``alltoallv``: of its first elements in blocks of the sizes
+#: :func:`v_counts` gives; ``pair``: rank 0's send to rank 1, which its recv takes while
 #: the other ranks make no call, and which a retry does not re-run)
 OPS = {
     "gather": "all_gather", "gather_in_place": "all_gather", "bcast_in_place": "broadcast",
     "bcast": "broadcast", "barrier": "barrier", "sum": "all_reduce", "scatter": "reduce_scatter",
-    "reduce": "reduce", "alltoall": "all_to_all", "pair": "send", "leave": "all_reduce",
+    "reduce": "reduce", "alltoall": "all_to_all", "alltoallv": "all_to_allv", "pair": "send",
+    "leave": "all_reduce",
 }  # fmt: skip
+
+
+def v_counts(n: int, count: int) -> list[list[int]]:
+    """``c[i][j]``: the elements rank ``i``'s ``alltoallv`` sends rank ``j`` (whole blocks
+    and half ones, in turns)."""
+    return [[count // n // (1 + (i + j) % 2) for j in range(n)] for i in range(n)]
 
 
 def _hold() -> None:
@@ -88,6 +96,12 @@ def main() -> int:
         src = x0[: COUNT // n * n].copy()
         return comm.all_to_all(src, np.empty_like(src))
 
+    def alltoallv() -> np.ndarray:
+        c = v_counts(n, COUNT)
+        got = [c[i][rank] for i in range(n)]
+        out = np.empty(sum(got), dtype=np.float32)
+        return comm.all_to_allv(x0[: sum(c[rank])].copy(), out, c[rank], got)
+
     def pair() -> None:
         if rank == 0:
             comm.send(x0, 1)
@@ -107,7 +121,7 @@ def main() -> int:
     runs: dict[str, Callable[[], np.ndarray | None]] = {
         "gather": gather, "gather_in_place": gather_in_place, "bcast_in_place": bcast_in_place,
         "bcast": bcast, "barrier": barrier, "sum": total, "scatter": scatter, "reduce": reduce,
-        "alltoall": alltoall, "pair": pair, "leave": leave,
+        "alltoall": alltoall, "alltoallv": alltoallv, "pair": pair, "leave": leave,
     }  # fmt: skip
     calls = os.environ.get("CALLS", ",".join(CALLS)).split(",")
     for i in range(ITERS):

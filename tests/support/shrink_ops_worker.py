@@ -1,5 +1,6 @@
 """A rank of a shrink test of the calls beside all_reduce: ``ITERS`` iterations of ``OP``
-(broadcast or reduce, from or to the job's rank ``ROOT``; or all_gather), each followed by
+(broadcast or reduce, from or to the job's rank ``ROOT``; or all_gather, or all_to_allv of
+blocks of 1 to n elements), each followed by
 an all_reduce that gives every rank the iteration's result, with ``CCLCTL_ON_FAILURE=shrink``.
 
 Rank ``g`` (its global rank) puts ``(g + 1) * (i + 1)`` into iteration ``i`` (int64, exact):
@@ -40,6 +41,11 @@ def iteration(comm: Any, me: int, i: int) -> int:
         comm.reduce(buf, root=root)
         if me != ROOT:
             buf[:] = 0
+    elif OP == "all_to_allv":
+        n = comm.world_size
+        sizes = [1 + (comm.rank + j) % n for j in range(n)]
+        got = [1 + (i + comm.rank) % n for i in range(n)]
+        comm.all_to_allv(buf[: sum(sizes)].copy(), np.empty(sum(got), np.int64), sizes, got)
     else:
         comm.all_gather(buf[:4], np.empty(4 * comm.world_size, np.int64))
     comm.all_reduce(buf)

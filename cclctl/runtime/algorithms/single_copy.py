@@ -16,7 +16,9 @@ then:
 - ``all_gather``: copies every peer's block out of that peer's output (its own block is
   in place there) straight into this rank's output.
 - ``reduce_scatter``: reduces its block from every peer's input, piece by piece.
-- ``all_to_all``: reads its block of every peer's input straight into its output.
+- ``all_to_all``: reads its block of every peer's input straight into its output;
+  ``all_to_allv`` too, each peer's block where that peer's published table of blocks
+  says it lies (and as long as this rank expects, or the call fails naming both).
 - ``reduce`` and ``broadcast`` (the host's phases of the hierarchical all-reduce): the root
   reduces every peer's input into its output; every reader copies the root's buffer.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from cclctl.errors import ProtocolError
 from cclctl.runtime.algorithms.context import (
     PEER_PIECES,
     Array,
@@ -207,3 +210,46 @@ def all_to_all(ctx: Step, g: OneCopy, cm: CrossMemory, src: Array, out: Array, b
     for view in g.others:
         g.sent[view.rank] += block * isz
         g.received[view.rank] += block * isz
+
+
+def all_to_allv(
+    ctx: Step,
+    g: OneCopy,
+    cm: CrossMemory,
+    src: Array,
+    out: Array,
+    sends: list[tuple[int, int]],
+    recvs: list[tuple[int, int]],
+) -> None:
+    """``out[recvs[i]]`` = rank ``i``'s block for this rank, read straight out of its
+    ``src`` (``sends``/``recvs``: ``(start, stop)`` in elements, per rank). Each rank
+    publishes its ``src``'s address and its table of blocks, so a reader finds its block
+    where the peer cut it, and a peer's block of another size than this rank expects
+    fails the call naming both, before anything is read."""
+    table = [src.ctypes.data, *(x for a, b in sends for x in (a, b - a))]
+    payload = b"".join(v.to_bytes(8, "little") for v in table)
+    rnd = g.claim_round(ctx.call, ctx.wait, 0, len(payload))
+    g.publish_bytes(rnd, payload)
+    me, isz = g.rank, src.itemsize
+    (a, b), (c, d) = sends[me], recvs[me]
+    out[c:d] = src[a:b]  # the caller checked these sizes agree
+    for view in g.others:
+        theirs = _where(g, view, rnd)
+        start, count = theirs[1 + 2 * me], theirs[2 + 2 * me]
+        c, d = recvs[view.rank]
+        if count != d - c:
+            what = ctx.call.what()
+            raise ProtocolError(
+                f"collective mismatch: rank {me} expects {d - c} elements from rank "
+                f"{view.rank} in {ctx.call.describe()}, but rank {view.rank} sends {count}",
+                rank=me, peer=view.rank, seq=ctx.call.seq, op=ctx.call.op,
+                mine=f"{what} expecting {d - c} elements from it",
+                theirs=f"{what} sending {count} elements to rank {me}",
+                fault="step_mismatch",
+            )  # fmt: skip
+        if count:
+            cm.read(view.rank, theirs[0] + start * isz, out[c:d], ctx.call)
+    release(g, rnd, g.others)
+    for view in g.others:
+        g.sent[view.rank] += (sends[view.rank][1] - sends[view.rank][0]) * isz
+        g.received[view.rank] += (recvs[view.rank][1] - recvs[view.rank][0]) * isz

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from cclctl.errors import InvalidArgument
@@ -148,3 +150,65 @@ def scatter_args(buf: object, out: object, n: int, rank: int) -> tuple[np.ndarra
             op="reduce_scatter",
         )
     return src, dst
+
+
+def all_to_all_args(buf: object, out: object, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """all_to_all's views: ``buf`` splits into ``n`` equal blocks, ``out`` matches it."""
+    src = flat(buf, "buf", "all_to_all")
+    if src.size % n:
+        raise InvalidArgument(
+            f"all_to_all: buf has {src.size} elements, not a multiple of the world size {n}",
+            op="all_to_all",
+        )
+    return src, matching_out(out, src, src.size, "all_to_all")
+
+
+def all_to_allv_args(
+    buf: object, out: object, send_counts: object, recv_counts: object, n: int, rank: int
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]], list[tuple[int, int]]]:
+    """all_to_allv's views and each rank's block of them (:func:`block_bounds`), this
+    rank's own as large in both."""
+    op = "all_to_allv"
+    src = flat(buf, "buf", op)
+    dst = flat(out, "out", op, writable=True)
+    if dst.dtype != src.dtype:
+        raise InvalidArgument(
+            f"{op}: out has dtype {dst.dtype.name} but the input is {src.dtype.name}", op=op
+        )
+    sends = block_bounds(send_counts, n, src.size, "send_counts", op)
+    recvs = block_bounds(recv_counts, n, dst.size, "recv_counts", op)
+    (a, b), (c, d) = sends[rank], recvs[rank]
+    if b - a != d - c:
+        raise InvalidArgument(
+            f"{op}: rank {rank} sends itself {b - a} elements but expects {d - c}", op=op
+        )
+    return src, dst, sends, recvs
+
+
+def block_bounds(counts: object, n: int, total: int, what: str, op: str) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each rank's block: ``counts`` (``n`` non-negative element counts,
+    one per rank, in rank order) laid end to end over a buffer of ``total`` elements."""
+    try:
+        values = [operator.index(c) for c in counts]  # type: ignore[attr-defined]
+    except TypeError:
+        raise InvalidArgument(
+            f"{op}: {what} must be a sequence of {n} integers, one per rank, got {counts!r:.60}",
+            op=op,
+        ) from None
+    if len(values) != n:
+        raise InvalidArgument(
+            f"{op}: {what} has {len(values)} counts; the world has {n} ranks", op=op
+        )
+    if any(v < 0 for v in values):
+        raise InvalidArgument(f"{op}: {what} {values} has a negative count", op=op)
+    if sum(values) != total:
+        raise InvalidArgument(
+            f"{op}: {what} sum to {sum(values)} elements, but the buffer has {total}",
+            op=op,
+            count=total,
+        )
+    bounds, start = [], 0
+    for v in values:
+        bounds.append((start, start + v))
+        start += v
+    return bounds

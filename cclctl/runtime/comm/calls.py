@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from cclctl.bandwidth import VARYING
 from cclctl.config import RuntimeConfig
 from cclctl.errors import CclError, CommRevoked
 from cclctl.records import CollectiveRecord
@@ -147,7 +148,8 @@ class Calls:
             algo=algo,
             start_ns=time.time_ns(),
         )
-        call = Call(self._tag, epoch, seq, op, dtype, redop, root, count, shared)
+        wire_count = 0 if op in VARYING else count  # it differs by rank: each message is checked
+        call = Call(self._tag, epoch, seq, op, dtype, redop, root, wire_count, shared)
         self._call = call
         now = time.monotonic()
         waits = self._waits

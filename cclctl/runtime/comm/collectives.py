@@ -251,23 +251,31 @@ class Collectives:
         return dst if out is None else out
 
     def all_to_all(self, buf: Array, out: Array) -> Array:
-        n = self.world_size
-        src = buffers.flat(buf, "buf", "all_to_all")
-        if src.size % n:
-            raise buffers.InvalidArgument(
-                f"all_to_all: buf has {src.size} elements, not a multiple of the world size {n}",
-                op="all_to_all",
-            )
-        dst = buffers.matching_out(out, src, src.size, "all_to_all")
+        src, dst = buffers.all_to_all_args(buf, out, self.world_size)
         algo = self._choose.all_to_all.pick(src.nbytes, src.size)
         with self._call("all_to_all", src, algo) as step:
-            if buffers.overlaps(src, dst):
-                copy = self._scratch.get(COPY, src.size, src.dtype)
-                copy[...] = src
-                src = copy
             if src.size:
-                dispatch.all_to_all(step, algo, self._caps, src, dst, src.size // n)
+                src = self._apart(src, dst)
+                dispatch.all_to_all(step, algo, self._caps, src, dst, src.size // self.world_size)
         return out
+
+    def all_to_allv(self, buf: Array, out: Array, send_counts: Sequence[int],
+                    recv_counts: Sequence[int]) -> Array:  # fmt: skip
+        src, dst, sends, recvs = buffers.all_to_allv_args(
+            buf, out, send_counts, recv_counts, self.world_size, self.rank
+        )
+        algo = self._choose.all_to_allv.alike()  # the same on every rank, whatever its sizes
+        with self._call("all_to_allv", src, algo) as step:
+            dispatch.all_to_allv(step, algo, self._caps, self._apart(src, dst), dst, sends, recvs)
+        return out
+
+    def _apart(self, src: Array, dst: Array) -> Array:
+        """``src``, or a copy of it where it overlaps ``dst`` (an in-place all_to_all)."""
+        if not buffers.overlaps(src, dst):
+            return src
+        copy = self._scratch.get(COPY, src.size, src.dtype)
+        copy[...] = src
+        return copy
 
     def send(self, buf: Array, dst: int) -> None:
         src = buffers.flat(buf, "buf", "send")

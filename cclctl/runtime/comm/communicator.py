@@ -105,6 +105,16 @@ class Communicator:
     def all_to_all(self, buf: Array, out: Array) -> Array:
         return self._recovery.run(Call.all_to_all(buf, out))
 
+    def all_to_allv(
+        self, buf: Array, out: Array, send_counts: Sequence[int], recv_counts: Sequence[int]
+    ) -> Array:
+        """all_to_all of blocks of any sizes: ``send_counts[i]`` elements of ``buf`` (its
+        blocks end to end, in rank order) go to rank ``i``, and ``recv_counts[i]`` elements
+        from rank ``i`` land in ``out`` in the same way. Rank ``i``'s ``send_counts[j]``
+        must equal rank ``j``'s ``recv_counts[i]``: where they differ the call fails
+        naming the pair."""
+        return self._recovery.run(Call.all_to_allv(buf, out, send_counts, recv_counts))
+
     def barrier(self) -> None:
         self._recovery.run(Call.barrier())
 

@@ -243,3 +243,23 @@ def all_to_all(
     """Block ``i`` of ``dst`` = block ``rank`` of rank ``i``'s ``src`` (apart from ``dst``)."""
     run = _ALL_TO_ALL.get(algo) or _unknown(_ALL_TO_ALL, "all_to_all", algo)
     run(step, caps, src, dst, block)
+
+
+# ------------------------------------------------------------------ all_to_allv
+AllToAllV = Callable[[Step, Capabilities, Array, Array, Bounds, Bounds], object]
+_ALL_TO_ALLV: dict[str, AllToAllV] = {
+    "pairwise": lambda step, caps, src, dst, sends, recvs: pairwise.all_to_allv(
+        step, src, dst, sends, recvs
+    ),
+    single_copy.ALGO: lambda step, caps, src, dst, sends, recvs: single_copy.all_to_allv(
+        step, one_copy(step, caps), cross_memory(caps), src, dst, sends, recvs
+    ),
+}
+
+
+def all_to_allv(
+    step: Step, algo: str, caps: Capabilities, src: Array, dst: Array, sends: Bounds, recvs: Bounds
+) -> None:
+    """``dst[recvs[i]]`` = rank ``i``'s ``src[sends[rank]]`` (``src`` apart from ``dst``)."""
+    run = _ALL_TO_ALLV.get(algo) or _unknown(_ALL_TO_ALLV, "all_to_allv", algo)
+    run(step, caps, src, dst, sends, recvs)

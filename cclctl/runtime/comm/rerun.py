@@ -5,7 +5,8 @@ behind.
 A re-run starts from the input, so a partly reduced buffer is never reduced twice. A fault
 can leave the ranks calls apart: where every rank's result is alike (all_reduce,
 all_gather, broadcast, barrier) the ranks behind take the kept result of each call the
-others completed; where it differs by rank (reduce_scatter, reduce, all_to_all) the ranks
+others completed; where it differs by rank (reduce_scatter, reduce, all_to_all, all_to_allv:
+whose every pair exchanges a message, an empty one included) the ranks
 ahead run that call once more from a copy of its input, with the ranks behind, and drop
 what it gives them (they returned its result already).
 
@@ -50,7 +51,7 @@ KEEP_MAX_BYTES = 128 << 20
 KEEP_MAX_CALLS = 1024
 #: The calls whose completion here tells that every rank entered them (every rank's part
 #: reached this rank's result), so that no rank needs an earlier call again.
-SYNCING = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
+SYNCING = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_allv", "barrier")
 #: Buffers of dropped calls and of saved inputs held for the next ones, the most recently
 #: freed first (a loop's calls reuse them: a fresh buffer's first touch of its pages costs
 #: more than the copy), at most this many ...

@@ -32,7 +32,11 @@ ALGORITHMS: dict[str, tuple[str, str, int]] = {
     "all_gather": ("ring", "ring", 0),
     "reduce_scatter": ("ring", "ring", 0),
     "all_to_all": ("pairwise", "pairwise", 0),
+    "all_to_allv": ("pairwise", "pairwise", 0),
 }
+#: Ops whose size differs by rank: every rank must choose alike, so they choose by their
+#: engines alone (:meth:`Choice.alike`) and take no size threshold.
+BY_ENGINE_ONLY = ("all_to_allv",)
 #: Ops whose ring needs at least one element per rank (smaller calls run the small one).
 _RING_NEEDS_ELEMENTS = ("all_reduce", "reduce")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -58,6 +62,7 @@ SINGLE_COPY_MIN_BYTES = 1 << 20
 SINGLE_COPY_FROM = {
     **dict.fromkeys(("all_reduce", "all_gather", "reduce_scatter"), SINGLE_COPY_MIN_BYTES),
     "all_to_all": 0,
+    "all_to_allv": 0,
 }
 #: Where 2 ranks on one host switch from reducing everything (``shm_direct``: one
 #: synchronisation per round) to reducing half each (``shm_rsag``: two, half the adds).
@@ -103,6 +108,11 @@ class Choice:
             return self.small
         return self.uneven if count % self.parts else self.large
 
+    def alike(self) -> str:
+        """The choice of an op whose size differs by rank (:data:`BY_ENGINE_ONLY`): single-copy
+        where the engine is there, else the large algorithm."""
+        return SINGLE_COPY if self.single_copy_from < NEVER else self.large
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Choices:
@@ -114,6 +124,7 @@ class Choices:
     all_gather: Choice
     reduce_scatter: Choice
     all_to_all: Choice
+    all_to_allv: Choice
     barrier: Choice
 
 
@@ -202,6 +213,8 @@ def _parse_item(raw: str, forced: dict[str, str], thresholds: dict[str, int]) ->
         raise ValueError(f"{op} has no algorithm {algo!r} (has {small}, {large})")
     if not size:
         forced[op] = algo
+    elif op in BY_ENGINE_ONLY:
+        raise ValueError(f"{op} takes no size threshold: its size differs by rank")
     elif algo != large:
         raise ValueError(f"a size threshold selects {large!r} for {op}")
     else:

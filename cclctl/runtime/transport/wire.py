@@ -12,7 +12,7 @@ import dataclasses
 import struct
 import zlib
 
-from cclctl.bandwidth import COLLECTIVES
+from cclctl.bandwidth import COLLECTIVES, VARYING
 from cclctl.errors import ProtocolError
 
 MAGIC = b"CL"
@@ -69,7 +69,7 @@ class Call:
     dtype: str = ""
     redop: str = ""
     root: int = -1
-    count: int = 0
+    count: int = 0  # 0 for the ops of bandwidth.VARYING: each message's size is checked
     shared: bool = False  # on buffers from cclctl.runtime.transport.shm.shared_buffers (zero-copy)
 
     def describe(self) -> str:
@@ -80,7 +80,7 @@ class Call:
         parts = [p for p in (self.dtype, self.redop) if p]
         if self.root >= 0:
             parts.append(f"root {self.root}")
-        parts.append(f"count {self.count}")
+        parts.append(f"count {self.count}" if self.op not in VARYING else "counts by rank")
         if self.shared:
             parts.append("shared buffers")
         return f"{self.op}({', '.join(parts)})"
@@ -142,6 +142,10 @@ def unpack(data: bytes | bytearray | memoryview, peer: int) -> Header:
     return Header(call, step, nbytes)
 
 
+def _at_step(call: Call, step: int, nbytes: int) -> str:
+    return f"{call.what()} step {step} ({nbytes} bytes)"
+
+
 def check(got: Header, expected: Call, step: int, nbytes: int, rank: int, peer: int) -> None:
     """Refuse a message that belongs to another call, naming what each side called."""
     # A recv's header names the matching send (see _OP_CODES); report the recv as called.
@@ -164,8 +168,8 @@ def check(got: Header, expected: Call, step: int, nbytes: int, rank: int, peer: 
         op=expected.op,
         peer_op=got.call.op,
         peer_seq=got.call.seq,
-        mine=expected.what(),
-        theirs=got.call.what() if got.call != wanted else f"step {got.step} ({got.nbytes} bytes)",
+        mine=expected.what() if got.call != wanted else _at_step(expected, step, nbytes),
+        theirs=got.call.what() if got.call != wanted else _at_step(got.call, got.step, got.nbytes),
         hint=hint,
         fault="mismatch" if got.call != wanted else "step_mismatch",
     )

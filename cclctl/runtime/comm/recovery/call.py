@@ -9,7 +9,7 @@ are one line each and no policy knows each op's signature.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +41,7 @@ class Call:
     root: int = 0
     peer: int = 0
     views: tuple[Array, Array] | None = None
+    counts: tuple[Sequence[int], Sequence[int]] | None = None  # all_to_allv's, sent and received
 
     @classmethod
     def all_reduce(cls, buf: Array, op: str = "sum", out: Array | None = None) -> Call:
@@ -65,6 +66,12 @@ class Call:
     @classmethod
     def all_to_all(cls, buf: Array, out: Array) -> Call:
         return cls("all_to_all", buf, out)
+
+    @classmethod
+    def all_to_allv(
+        cls, buf: Array, out: Array, send_counts: Sequence[int], recv_counts: Sequence[int]
+    ) -> Call:
+        return cls("all_to_allv", buf, out, counts=(send_counts, recv_counts))
 
     @classmethod
     def barrier(cls) -> Call:
@@ -93,7 +100,9 @@ class Call:
         its index checked); itself where that is its root (every broadcast's first try)."""
         if root == self.root:
             return self
-        return Call(self.op, self.buf, self.out, self.redop, root, self.peer, self.views)
+        return Call(
+            self.op, self.buf, self.out, self.redop, root, self.peer, self.views, self.counts
+        )
 
     def attempt(self, run: Collectives, ending: Ending | None = None) -> Any:
         """Run the call once on ``run``; ``ending`` is called in its step once its result is
@@ -103,6 +112,12 @@ class Call:
         if once is None:
             raise ValueError(f"unknown collective {self.op!r}")
         return once(run, self, ending)
+
+    @property
+    def sent_received(self) -> tuple[Sequence[int], Sequence[int]]:
+        """``counts``, for the op that must have them."""
+        assert self.counts is not None, self.op
+        return self.counts
 
     @property
     def into(self) -> Array:
@@ -119,6 +134,7 @@ _ATTEMPTS: dict[str, Callable[[Collectives, Call, Ending | None], Any]] = {
     "broadcast": lambda run, c, e: run.broadcast(c.buf, c.root, c.out, e),
     "reduce": lambda run, c, e: run.reduce(c.buf, c.redop, c.root, c.out),
     "all_to_all": lambda run, c, e: run.all_to_all(c.buf, c.into),
+    "all_to_allv": lambda run, c, e: run.all_to_allv(c.buf, c.into, *c.sent_received),
     "barrier": lambda run, c, e: run.barrier(),
     "send": lambda run, c, e: run.send(c.buf, c.peer),
     "recv": lambda run, c, e: run.recv(c.buf, c.peer),

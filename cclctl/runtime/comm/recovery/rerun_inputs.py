@@ -73,7 +73,7 @@ def _differing(port: Port, call: Call) -> Rerun:
         return Rerun(call, inputs, out, replay, ending)
     if op == "reduce":  # kept while the call may write it: its algorithm may stage there
         return Rerun(call, Inputs.of(*_flat(call)), buf if out is None else out, replay)
-    if op == "all_to_all":
+    if op in ("all_to_all", "all_to_allv"):
         return Rerun(call, Inputs.of(*_flat(call)), out, replay)
     raise ValueError(f"a retry does not re-run {op}")
 

@@ -22,7 +22,7 @@ RETRIED_TRANSPORTS = ("tcp", "hybrid")
 SHARED = ("all_reduce", "all_gather", "broadcast", "barrier")
 #: The calls a retry runs again: those, and the ones whose result differs by rank, which
 #: the ranks ahead of a rank one call behind run again with it.
-RERUNS = (*SHARED, "reduce_scatter", "reduce", "all_to_all")
+RERUNS = (*SHARED, "reduce_scatter", "reduce", "all_to_all", "all_to_allv")
 #: Revocation kinds a retry recovers from: a link broke or stalled between live ranks, or
 #: an operator asked for a retry (``cclctl retry``).
 RETRIED_KINDS = ("link", "retry")

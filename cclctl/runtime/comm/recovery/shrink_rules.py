@@ -5,8 +5,8 @@ store :mod:`cclctl.runtime.job.shrink`).
 A call whose buffers do not depend on the world re-runs among the survivors from its input
 (:data:`RERUNS`): all_reduce, barrier, and broadcast and reduce, whose root keeps its
 place where it survived (renumbered; a dead root makes them raise). all_gather,
-reduce_scatter and all_to_all cannot: their buffers are sized for the old world's ranks,
-so the result the caller holds has no meaning among fewer; they raise
+reduce_scatter, all_to_all and all_to_allv cannot: their buffers are sized for the old
+world's ranks, so the result the caller holds has no meaning among fewer; they raise
 :class:`~cclctl.errors.CommShrunk` once the communicator has shrunk, saying so
 (:data:`SIZED_BY_WORLD`), for the caller to redo them with buffers for the new world.
 
@@ -26,7 +26,7 @@ from cclctl.errors import CommError
 #: The calls that re-run among the survivors where all stopped at the same seq.
 RERUNS = ("all_reduce", "barrier", "broadcast", "reduce")
 #: The calls whose buffers are sized for the world: after a shrink they cannot re-run.
-SIZED_BY_WORLD = ("all_gather", "reduce_scatter", "all_to_all")
+SIZED_BY_WORLD = ("all_gather", "reduce_scatter", "all_to_all", "all_to_allv")
 #: The calls a survivor one call behind catches up on with the survivors ahead.
 CAUGHT_UP = ("all_reduce", "barrier", "broadcast", "reduce")
 #: ... the ones whose result every rank holds alike: kept, for a survivor behind to take.
