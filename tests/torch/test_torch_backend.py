@@ -32,8 +32,8 @@ COLLECTIVES = ("all_reduce", "strided", "broadcast", "reduce", "all_gather", "re
                "all_to_all", "uneven", "mixed", "send_recv", "coalesced",
                "gather_scatter")  # fmt: skip
 #: what the runtime records for them (a barrier separates each)
-RECORDED = {"all_gather", "all_reduce", "all_to_all", "barrier", "broadcast", "recv", "reduce",
-            "reduce_scatter", "send"}  # fmt: skip
+RECORDED = {"all_gather", "all_reduce", "all_to_all", "all_to_allv", "barrier", "broadcast",
+            "recv", "reduce", "reduce_scatter", "send"}  # fmt: skip
 
 
 def _docs(out: Path, world: int) -> dict[int, dict[str, Any]]:

@@ -1,7 +1,7 @@
 """The torch backend's all_to_all of blocks of any sizes (``backend/blocks.py``) on thread
-ranks over shared memory: exact blocks whatever their sizes, the same calls on every rank
-whether its own blocks are equal or not, the caller's buffers exchanged as they are where
-every rank's blocks are equal, and the padded buffers reused."""
+ranks over shared memory: exact blocks whatever their sizes, one all_to_allv on every rank
+whether its own blocks are equal or not, the caller's buffers exchanged as they are, and
+the list form's joined buffers reused."""
 
 from __future__ import annotations
 
@@ -55,27 +55,28 @@ def test_every_rank_gets_each_block_whole_and_makes_the_same_calls(
 
     for i, (got, ops) in enumerate(run_ranks(len(sizes), body)):
         assert got == _want(sizes, i)
-        assert ops == ["all_reduce", "all_to_all"], ops  # whatever this rank's own blocks
+        assert ops == ["all_to_allv"], ops  # whatever this rank's own blocks
 
 
-def test_where_every_ranks_blocks_are_equal_the_callers_buffers_are_exchanged() -> None:
+@pytest.mark.parametrize("sizes", [[[3, 3], [3, 3]], [[1, 4], [0, 2]]])
+def test_the_callers_buffers_are_exchanged_as_they_are(sizes: list[list[int]]) -> None:
     def body(comm: Communicator) -> tuple[list[list[int]], bool]:
         blocks = BlockExchange(comm)
-        got = _call(blocks, [[3, 3], [3, 3]], whole=True)
-        return got, blocks._padded is None  # no padded buffers were made
+        got = _call(blocks, sizes, whole=True)
+        return got, blocks._joined is None  # no buffers of its own were made
 
-    assert run_ranks(2, body) == [(_want([[3, 3], [3, 3]], i), True) for i in range(2)]
+    assert run_ranks(2, body) == [(_want(sizes, i), True) for i in range(2)]
 
 
-def test_the_padded_buffers_are_kept_for_calls_as_large_or_smaller() -> None:
+def test_the_joined_buffers_are_kept_for_calls_as_large_or_smaller() -> None:
     def body(comm: Communicator) -> list[bool]:
         blocks = BlockExchange(comm)
         kept = []
         for size in (5, 3, 5, 8):
             sizes = [[size, 1], [1, size]]
-            before = blocks._padded
+            before = blocks._joined
             assert _call(blocks, sizes) == _want(sizes, comm.rank)
-            kept.append(before is not None and blocks._padded is before)
+            kept.append(before is not None and blocks._joined is before)
         return kept
 
     # the first call makes them, the smaller and the equal reuse them, the larger makes new

@@ -1,13 +1,13 @@
 """all_to_all of blocks of any sizes, as torch asks for it: ``all_to_all_single`` with
-splits and the list form. The runtime exchanges equal blocks only.
+splits and the list form, each one ``all_to_allv`` of the runtime.
 
-Each rank knows only its own blocks, and whether they are equal on every rank decides
-which calls run, so the ranks agree on it first, in one all_reduce ``max`` of two
-integers (the largest block and minus the smallest), and then make the same calls
-whatever their own blocks (a rank whose splits happen to be equal makes the others'
-calls): equal everywhere, one all_to_all on the caller's buffers; else the blocks are
-padded to the largest, exchanged in one all_to_all through two buffers kept for the next
-call (as large as the largest call's), and unpadded.
+A rank knows only its own blocks, and the runtime's ``all_to_allv`` needs no more: each
+pair's message carries its size, checked against what the receiver expects. So every rank
+given splits makes the same one call whatever its blocks (equal here and uneven elsewhere
+included), on the caller's buffers where the blocks are consecutive parts of one
+(``all_to_all_single``). The list form's blocks are joined into one buffer and the
+received ones cut out of another, two buffers kept for the next call (as large as the
+largest call's).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class BlockExchange:
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
-        self._padded: tuple[np.ndarray, np.ndarray] | None = None
+        self._joined: tuple[np.ndarray, np.ndarray] | None = None
 
     def exchange(
         self,
@@ -37,31 +37,28 @@ class BlockExchange:
     ) -> None:
         """Block ``j`` of ``srcs`` goes to rank ``j``; block ``i`` of ``outs`` comes from
         rank ``i``. ``whole``: ``(out, src)``, the flat buffers the blocks are consecutive
-        parts of, if they are (``all_to_all_single``), exchanged as they are where every
-        rank's blocks are equal."""
-        sizes = [b.size for b in (*outs, *srcs)]
-        bounds = np.array([max(sizes), -min(sizes)], dtype=np.int64)
-        self.comm.all_reduce(bounds, "max")
-        block, least = int(bounds[0]), -int(bounds[1])
-        if block == least and whole is not None:
+        parts of, if they are (``all_to_all_single``): exchanged as they are."""
+        sent = [b.size for b in srcs]
+        got = [b.size for b in outs]
+        if whole is not None:
             out, src = whole
-            self.comm.all_to_all(src, out)
+            self.comm.all_to_allv(src, out, sent, got)
             return
-        sent, got = self._buffers(self.comm.world_size * block, srcs[0].dtype)
-        for j, part in enumerate(srcs):
-            sent[j * block : j * block + part.size] = part
-        self.comm.all_to_all(sent, got)
-        for i, part in enumerate(outs):
-            part[...] = got[i * block : i * block + part.size]
+        joined, into = self._buffers(sum(sent), sum(got), srcs[0].dtype)
+        np.concatenate(srcs, out=joined)
+        self.comm.all_to_allv(joined, into, sent, got)
+        for part, block in zip(outs, cut(into, got), strict=True):
+            part[...] = block
 
-    def _buffers(self, count: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """Two buffers of ``count`` elements: views of the last call's where they are large
-        enough (their pages touched already; they grow to the largest call's), else new.
-        The padding between blocks is never read."""
-        kept = self._padded
-        if kept is None or kept[0].dtype != dtype or kept[0].size < count:
-            kept = self._padded = (np.empty(count, dtype), np.empty(count, dtype))
-        return kept[0][:count], kept[1][:count]
+    def _buffers(self, sent: int, got: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Buffers of ``sent`` and ``got`` elements: views of the last call's where they are
+        large enough (their pages touched already; they grow to the largest call's), else
+        new."""
+        kept = self._joined
+        if kept is None or kept[0].dtype != dtype or kept[0].size < sent or kept[1].size < got:
+            size = max(sent, got, 0 if kept is None else kept[0].size)
+            kept = self._joined = (np.empty(size, dtype), np.empty(size, dtype))
+        return kept[0][:sent], kept[1][:got]
 
 
 def cut(flat: Any, counts: Sequence[int]) -> list[Any]:

@@ -207,7 +207,7 @@ class CclctlProcessGroup(_ProcessGroup):
             comm, (out, src) = self._placed([output, input], "all_to_all")
             return self._issue("all_to_all", ops.all_to_all(comm, out, src), opts)
         # splits: the blocks may differ on other ranks even where they are equal here, so
-        # every rank given splits agrees on them first (blocks.py; gloo takes its alltoallv)
+        # every rank given splits makes one all_to_allv (blocks.py), as gloo its alltoallv
         out, src = self._views([output, input], "all_to_all")
         row = math.prod(input.shape[1:])  # elements per row of dim 0 (both tensors')
         out_counts = [s * row for s in _splits(output_splits, output, n, "output")]
