@@ -183,6 +183,18 @@ def test_all_to_all_splits_are_checked_in_words() -> None:
         _splits([], t, 4, "output")
 
 
+def test_splits_on_some_ranks_and_none_on_others_fail_at_once_naming_both_calls() -> None:
+    """torch takes it; the ranks' calls differ (one all_to_all, the others all_to_allv), so
+    every rank fails in that call, where it would otherwise wait for the others."""
+    result, lines = run_job("backend_splits_mix_job.py", 3, timeout_s=90)
+    assert result.returncode == 0, lines.text()[-4000:]
+    for rank in range(3):
+        (said,) = [line for line in lines.of(rank) if line.startswith(("failed", "completed"))]
+        assert said.startswith("failed"), lines.text()[-4000:]
+        assert "all_to_all(float32, count 6)" in said, said
+        assert "all_to_allv(float32, counts by rank)" in said, said
+
+
 def test_calls_run_in_issue_order_and_an_error_reaches_wait_and_the_future() -> None:
     progress = Progress("test")
     seen: list[int] = []
