@@ -83,8 +83,11 @@ class Origin:
 
     def words(self) -> str:
         call = f" {self.call}" if self.call and self.call not in self.how else ""
-        joiner = "" if not call or self.how.endswith((" at", " in", " entered")) else " in"
-        return " ".join(w for w in (self.subject, self.how) if w) + joiner + call
+        how = self.how
+        if not call:  # no call known yet (the statuses predate it): no "at" left hanging
+            how = how.removesuffix(" at").removesuffix(" in")
+        joiner = "" if not call or how.endswith((" at", " in", " entered")) else " in"
+        return " ".join(w for w in (self.subject, how) if w) + joiner + call
 
 
 def dumps_folder(result: LaunchResult, env: Mapping[str, str] | None = None) -> str:

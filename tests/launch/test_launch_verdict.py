@@ -204,7 +204,8 @@ def _interrupted_launch(tmp: Path, fault: str, hung: str | None) -> list[str]:
             if not said:  # no rank has published a status yet
                 continue
             doc = json.loads(said)
-            verdicts = [v["summary"] for v in doc["verdicts"]]
+            # a verdict placed at its call: the waiting ranks' statuses show them in it
+            verdicts = [v["summary"] for v in doc["verdicts"] if v["seq"] is not None]
             if hung is None and not doc["fault"] and _everyone_completed_a_call(doc):
                 break
             if hung is not None and any(re.search(hung, s) for s in verdicts):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cclctl.commands.launch_verdict import verdict_line
+from cclctl.commands.launch_verdict import Origin, verdict_line
 from cclctl.launch.outcome import LaunchResult, RankExit
 from cclctl.launch.witness import StoreSeen
 from cclctl.revocation import OPERATOR, Revocation
@@ -49,3 +49,13 @@ def test_a_ranks_failure_still_counts_the_others(env: dict[str, str]) -> None:
     record = Revocation("died", 2, "SIGKILL", pid=102, seen_by=1)
     line = verdict_line(ended_by(record), None, env)
     assert "; the other 3 ranks were revoked;" in line
+
+
+def test_a_stopped_rank_whose_call_is_not_known_yet_leaves_no_word_hanging() -> None:
+    """Interrupted before any status showed the call the stopped rank holds up."""
+    stopped = "was stopped (SIGSTOP) at"
+    assert Origin("rank 0 (pid 7)", stopped).words() == "rank 0 (pid 7) was stopped (SIGSTOP)"
+    assert Origin("rank 0 (pid 7)", stopped, "all_reduce seq 6").words() == (
+        "rank 0 (pid 7) was stopped (SIGSTOP) at all_reduce seq 6"
+    )
+    assert Origin("rank 2 (pid 9)", "never entered").words() == "rank 2 (pid 9) never entered"
