@@ -17,15 +17,8 @@ def all_to_all(ctx: Step, src: Array, out: Array, block: int) -> None:
 
     ``src`` must not alias ``out`` (the caller copies for in-place calls).
     """
-    n, r = ctx.size, ctx.rank
-    out[r * block : (r + 1) * block] = src[r * block : (r + 1) * block]
-    for s in range(1, n):
-        to, frm = (r + s) % n, (r - s) % n
-        ctx.xfer(
-            s,
-            sends=[(to, as_bytes(src[to * block : (to + 1) * block]))],
-            recvs=[(frm, as_bytes(out[frm * block : (frm + 1) * block]))],
-        )
+    blocks = [(i * block, (i + 1) * block) for i in range(ctx.size)]
+    all_to_allv(ctx, src, out, blocks, blocks)
 
 
 def all_to_allv(ctx: Step, src: Array, out: Array, sends: Bounds, recvs: Bounds) -> None:
