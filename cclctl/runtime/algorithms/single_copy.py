@@ -16,9 +16,9 @@ then:
 - ``all_gather``: copies every peer's block out of that peer's output (its own block is
   in place there) straight into this rank's output.
 - ``reduce_scatter``: reduces its block from every peer's input, piece by piece.
-- ``all_to_all``: reads its block of every peer's input straight into its output;
-  ``all_to_allv`` too, each peer's block where that peer's published table of blocks
-  says it lies (and as long as this rank expects, or the call fails naming both).
+- ``all_to_allv`` (and ``all_to_all``, its equal blocks): reads its block of every peer's
+  input straight into its output, where that peer's published table of blocks says it
+  lies (and as long as this rank expects, or the call fails naming both).
 - ``reduce`` and ``broadcast`` (the host's phases of the hierarchical all-reduce): the root
   reduces every peer's input into its output; every reader copies the root's buffer.
 
@@ -197,19 +197,11 @@ def broadcast(ctx: Step, g: OneCopy, cm: CrossMemory, buf: Array, root: int) -> 
 
 def all_to_all(ctx: Step, g: OneCopy, cm: CrossMemory, src: Array, out: Array, block: int) -> None:
     """Block ``i`` of ``out`` = block ``rank`` of rank ``i``'s ``src``, read straight out of
-    it. ``src`` must not alias ``out`` (the caller copies for in-place calls): a peer reads
-    this rank's ``src`` while this rank writes its ``out``."""
-    rnd = _publish(ctx, g, src)
-    me, isz = g.rank, src.itemsize
-    out[me * block : (me + 1) * block] = src[me * block : (me + 1) * block]
-    for view in g.others:
-        (theirs,) = _where(g, view, rnd)
-        lo = view.rank * block
-        cm.read(view.rank, theirs + me * block * isz, out[lo : lo + block], ctx.call)
-    release(g, rnd, g.others)
-    for view in g.others:
-        g.sent[view.rank] += block * isz
-        g.received[view.rank] += block * isz
+    it: :func:`all_to_allv` of equal blocks. ``src`` must not alias ``out`` (the caller
+    copies for in-place calls): a peer reads this rank's ``src`` while this rank writes its
+    ``out``."""
+    blocks = [(i * block, (i + 1) * block) for i in range(ctx.size)]
+    all_to_allv(ctx, g, cm, src, out, blocks, blocks)
 
 
 def all_to_allv(

@@ -14,9 +14,9 @@ in order, on the new links: where its result is the same on every rank
 (:data:`~.retry_rules.SHARED`: all_reduce, all_gather, broadcast, barrier) the ranks behind
 receive it from the lowest rank ahead (a broadcast at that seq, from what it kept:
 :class:`~cclctl.runtime.comm.rerun.Kept`); where it differs by rank (reduce_scatter,
-reduce, all_to_all, all_to_allv) the ranks ahead run it once more from a copy of its input, with the
-ranks behind, and drop what it gives them. A rank behind returns from its call and meets
-the next seqs the same way as its program makes them (the agreed
+reduce, all_to_all, all_to_allv) the ranks ahead run it once more from a copy of its
+input, with the ranks behind, and drop what it gives them. A rank behind returns from its
+call and meets the next seqs the same way as its program makes them (the agreed
 :class:`~.retry_rules.Plan` says how each catches up; :mod:`~.retry_catchup` runs it); then
 every rank re-runs the highest seq. A call that ends with a confirm
 (:class:`~cclctl.runtime.comm.rerun.Ending`: 1 MiB or more of the common collectives)
