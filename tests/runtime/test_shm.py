@@ -179,21 +179,32 @@ def test_a_rank_that_never_comes_times_out_naming_it() -> None:
     assert {(r.waiting_on, r.waiting_for) for r in records} == {(2, "recv")}
 
 
-def test_a_peer_that_closes_fails_the_waiting_rank_at_once() -> None:
-    transports = make_transports(2)
+def _after_a_close(
+    transports: list[Any],
+    closer: int,
+    count: int,
+    errors: type[Exception] | tuple[type[Exception], ...],
+) -> list[str]:
+    """Rank ``closer`` closes; then every other rank's all_reduce of ``count`` elements
+    fails at once with one of ``errors`` (not the CollectiveTimeout of waiting): their
+    messages, by rank (the closer's empty)."""
     closed = threading.Event()
 
     def body(comm: Communicator) -> str:
-        if comm.rank == 1:
+        if comm.rank == closer:
             comm.close()
             closed.set()
             return ""
         assert closed.wait(10)
-        with pytest.raises(PeerError) as info:  # at once: not the CollectiveTimeout of waiting
-            comm.all_reduce(np.ones(4, np.float32))
+        with pytest.raises(errors) as info:
+            comm.all_reduce(np.ones(count, np.float32))
         return str(info.value)
 
-    msg = run_on(transports, body, FAST_FAIL)[0]
+    return run_on(transports, body, FAST_FAIL)
+
+
+def test_a_peer_that_closes_fails_the_waiting_rank_at_once() -> None:
+    msg = _after_a_close(make_transports(2), closer=1, count=4, errors=PeerError)[0]
     assert "link between rank 0 and rank 1 broke" in msg and "closed its communicator" in msg
 
 
@@ -204,19 +215,9 @@ def test_a_peer_that_closes_without_entering_fails_every_waiting_rank_at_once(
     """4 ranks: rank 0 closes; the others' all_reduce fails at once, naming rank 0, on the
     ranks that wait on it and, through their failure, on those that wait on them."""
     transports = make_transports(4, one_copy=one_copy)
-    closed = threading.Event()
-
-    def body(comm: Communicator) -> str:
-        if comm.rank == 0:
-            comm.close()
-            closed.set()
-            return ""
-        assert closed.wait(10)
-        with pytest.raises((PeerError, CommRevoked)) as info:  # not a CollectiveTimeout
-            comm.all_reduce(np.ones(1 << 16, np.float32))
-        return str(info.value)
-
-    for msg in run_on(transports, body, FAST_FAIL)[1:]:
+    for msg in _after_a_close(transports, closer=0, count=1 << 16, errors=(PeerError, CommRevoked))[
+        1:
+    ]:
         assert "link between rank 0 and rank" in msg and "closed its communicator" in msg, msg
 
 
