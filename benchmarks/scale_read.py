@@ -9,12 +9,17 @@ times as a subprocess, and its wall time, CPU time (user + system, from ``wait4`
 RSS and verdict are printed. So the figures are the reader's, apart from the simulator's
 feeding, which ``scale_sim.py`` measures with the store under load.
 
-In the same run, in this process, the same listing is read both ways, alternated, the
-cyclic GC paused as the CLI pauses it:
-every status parsed (``alike_from=None``, what ``top`` does) and alike ranks made from one
-model per key (what ``diagnose hang --store`` does from 1,024 statuses), each followed by
-the diagnosis; their times and ratio are printed, and whether the two diagnoses are equal.
-Asserts nothing.
+The job is written twice: as its agents write it (each host's document and its head) and,
+as a control, under a second job name without the heads (as agents before them wrote it,
+which a reader lists whole). ``diagnose hang`` runs on both.
+
+In the same run, in this process, the job is read three ways, alternated, the cyclic GC
+paused as the CLI pauses it, each followed by the diagnosis: the whole listing with every
+status parsed (``alike_from=None``, what ``top`` does), the whole listing with alike ranks
+made from one model per key, and through the heads (what ``diagnose hang --store`` does
+from 1,024 statuses: the heads listed, a few documents read whole). Each side's seconds
+(median, store requests included) and the ratios are printed, and whether the three
+diagnoses are equal. Asserts nothing.
 
     python benchmarks/scale_read.py --ranks 100000 [--repeat 3] [--no-top]
 """
@@ -37,60 +42,70 @@ from scale_sim_procs import end_store, store_main
 
 from cclctl.commands.diagnose_sources import no_cycle_collection
 from cclctl.diagnose_io.live import diagnose_live
+from cclctl.host_status import HEAD_KEY, KEY, HostDocument
 from cclctl.live import snapshot
 from cclctl.live.alike import ALIKE_FROM
 from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.client import StoreClient
 
 JOB = "scale-read"
+#: the same job written without heads: a reader lists it whole
+NO_HEADS = "scale-read-no-heads"
 
 
-def documents(n: int, per_host: int, planted: int) -> dict[str, bytes]:
-    """The job's keys as its hosts' agents leave them (and the rendezvous' world size)."""
+def documents(n: int, per_host: int, planted: int, job: str, heads: bool) -> dict[str, bytes]:
+    """The job's keys as its hosts' agents leave them (and the rendezvous' world size);
+    without ``heads``, as agents that wrote none left them."""
     now = docs.now_ns()
-    templates = docs.hang_templates(JOB, n, now)
+    templates = docs.hang_templates(job, n, now)
 
-    async def nowhere(doc: bytes) -> None:
+    async def nowhere(doc: HostDocument) -> None:
         return None
 
-    out = {f"{snapshot.job_prefix(JOB)}rdzv/world_size": json.dumps({"world_size": n}).encode()}
+    prefix = snapshot.job_prefix(job)
+    out = {f"{prefix}rdzv/world_size": json.dumps({"world_size": n}).encode()}
     for h in range((n + per_host - 1) // per_host):
         name = docs.host_name(h)
         agent = HostAgent(name, nowhere, 1.0, pid=100_000 + h)
         for rank in range(h * per_host, min(n, (h + 1) * per_host)):
             text = templates["behind" if rank == planted else "waiting"]
             agent.receive(rank, (text % docs.values(rank, n, per_host, 1000, now)).encode())
-        out[f"{snapshot.job_prefix(JOB)}host/{name}"] = agent.document().to_bytes()
+        doc = agent.document()
+        out[f"{prefix}{KEY}{name}"] = doc.to_bytes()
+        if heads:
+            out[f"{prefix}{HEAD_KEY}{name}"] = doc.head_bytes()
     return out
 
 
 def in_process(address: str, rounds: int) -> dict[str, Any]:
-    """The job's keys listed from the store (seconds, median), then read both ways,
-    alternated: seconds each (median), and their ratio; the diagnoses are taken at one
-    clock, so they can be compared."""
-    times: dict[str, list[float]] = {"list": [], "every": [], "alike": []}
+    """The job read three ways, alternated (see the module's docstring): seconds each
+    (median), the ratios, and whether the diagnoses are equal (taken at one clock)."""
+    sides = ("every", "alike", "heads")
+    times: dict[str, list[float]] = {side: [] for side in sides}
     verdicts: dict[str, Any] = {}
     fetched_ns = time.time_ns()
     for _ in range(rounds):
-        with StoreClient.from_address(address) as client:
-            began = time.perf_counter()
-            listing = client.list(snapshot.job_prefix(JOB))
-            times["list"].append(time.perf_counter() - began)
-        for side, alike_from in (("every", None), ("alike", ALIKE_FROM)):
-            began = time.perf_counter()
-            with no_cycle_collection():  # as the CLI reads
-                statuses = snapshot.parse(JOB, "here", listing, alike_from=alike_from)
-                statuses.fetched_ns = fetched_ns
-                diagnosis = diagnose_live(statuses)
-            times[side].append(time.perf_counter() - began)
+        for side in sides:
+            with StoreClient.from_address(address) as client:
+                began = time.perf_counter()
+                with no_cycle_collection():  # as the CLI reads
+                    if side == "heads":
+                        statuses = snapshot.fetch(client, JOB, alike_from=ALIKE_FROM)
+                    else:
+                        listing = client.list(snapshot.job_prefix(JOB))
+                        alike_from = ALIKE_FROM if side == "alike" else None
+                        statuses = snapshot.parse(JOB, "here", listing, alike_from=alike_from)
+                    statuses.fetched_ns = fetched_ns
+                    diagnosis = diagnose_live(statuses)
+                times[side].append(time.perf_counter() - began)
             doc = diagnosis.to_dict()
             doc["time_ns"] = None
             verdicts[side] = doc["verdicts"]
-    every, alike = statistics.median(times["every"]), statistics.median(times["alike"])
-    return {"list_s": round(statistics.median(times["list"]), 2),
-            "every_s": round(every, 2), "alike_s": round(alike, 2),
-            "every_over_alike": round(every / alike, 2),
-            "same_verdicts": verdicts["every"] == verdicts["alike"]}  # fmt: skip
+    med = {side: statistics.median(times[side]) for side in sides}
+    return {**{f"{side}_s": round(med[side], 2) for side in sides},
+            "alike_over_heads": round(med["alike"] / med["heads"], 2),
+            "every_over_heads": round(med["every"] / med["heads"], 2),
+            "same_verdicts": verdicts["every"] == verdicts["alike"] == verdicts["heads"]}
 
 
 def main() -> None:
@@ -111,20 +126,22 @@ def main() -> None:
     address = f"127.0.0.1:{port}"
     try:
         began = time.perf_counter()
-        listing = documents(args.ranks, args.per_host, planted)
-        with StoreClient.from_address(address, token=token) as client:
-            for key, value in listing.items():
-                client.set(key, value)
-        print(f"# {args.ranks} ranks, planted rank {planted}: {len(listing)} keys, "
-              f"{sum(map(len, listing.values())) / 2**20:.0f} MiB, written in "
-              f"{time.perf_counter() - began:.1f} s; load {os.getloadavg()}")  # fmt: skip
-        commands = [("diagnose hang", ["diagnose", "hang", "--json"])]
+        for job, heads in ((JOB, True), (NO_HEADS, False)):
+            listing = documents(args.ranks, args.per_host, planted, job, heads)
+            with StoreClient.from_address(address, token=token) as client:
+                for key, value in listing.items():
+                    client.set(key, value)
+            print(f"# {job}: {args.ranks} ranks, planted rank {planted}: {len(listing)} keys, "
+                  f"{sum(map(len, listing.values())) / 2**20:.0f} MiB, written in "
+                  f"{time.perf_counter() - began:.1f} s; load {os.getloadavg()}")  # fmt: skip
+        hang = ["diagnose", "hang", "--json"]
+        commands = [("diagnose hang", hang, JOB), ("... no heads", hang, NO_HEADS)]
         if not args.no_top:
-            commands.append(("top --json", ["top", "--json"]))
-            commands.append(("top --once", ["top", "--once"]))  # every rank's row, in a pipe
-        for name, words in commands:
+            commands.append(("top --json", ["top", "--json"], JOB))
+            commands.append(("top --once", ["top", "--once"], JOB))  # every row, in a pipe
+        for name, words, job in commands:
             for i in range(args.repeat):
-                run = cli([*words, "--store", address, "--job", JOB], 600, args.cli_mem_gib)
+                run = cli([*words, "--store", address, "--job", job], 600, args.cli_mem_gib)
                 named = (
                     f"rank {planted} " in run["stdout"] or f'"rank": {planted},' in run["stdout"]
                 )

@@ -5,9 +5,10 @@ of its own. ``--procs`` worker processes each run their share of the hosts' real
 :class:`cclctl.runtime.hostagent.server.HostAgent` objects in one asyncio loop: every
 interval a worker hands each agent its ranks' statuses (``HostAgent.receive``, the call the
 agent's socket server makes; the simulated ranks have no process and no socket of their
-own to the agent), and each agent writes its host's document on its own timer through the
-worker's one TCP connection to the store (:mod:`scale_sim_client`, pipelined). The
-statuses are built from templates (:mod:`scale_sim_docs`), so set-up is linear in N.
+own to the agent), and each agent writes its host's document and its head, in one
+request, on its own timer through the worker's one TCP connection to the store
+(:mod:`scale_sim_client`, pipelined). The statuses are built from templates
+(:mod:`scale_sim_docs`), so set-up is linear in N.
 
 With a hang planted (``--plant hang``: one rank never enters the world communicator's
 seq the others wait in) it measures, while the agents keep writing: the store's writes
@@ -47,7 +48,7 @@ import scale_sim_docs as docs
 from scale_sim_client import AsyncStore
 from scale_sim_procs import end_store, end_workers, proc_cpu_s, proc_rss_mib, store_main
 
-from cclctl.host_status import KEY
+from cclctl.host_status import HEAD_KEY, KEY, HostDocument
 from cclctl.runtime.hostagent.server import HostAgent
 from cclctl.store.scope import job_prefix
 
@@ -78,13 +79,14 @@ async def _worker(spec: dict[str, Any], queue: Any) -> None:
                 return tmpl["after"]
             return tmpl[f"normal{rank % per_host}"]
 
-    prefix = job_prefix(job) + KEY
+    prefix = job_prefix(job)
     agents: list[tuple[HostAgent, range]] = []
     for h in range(spec["first_host"], spec["last_host"]):
         name = docs.host_name(h)
 
-        async def write(doc: bytes, key: str = prefix + name) -> None:
-            await store.set(key, doc)
+        async def write(doc: HostDocument, name: str = name) -> None:
+            whole, head = prefix + KEY + name, prefix + HEAD_KEY + name
+            await store.set_many({whole: doc.to_bytes(), head: doc.head_bytes()})
 
         ranks = range(h * per_host, min(n, (h + 1) * per_host))
         agents.append((HostAgent(name, write, interval, pid=100_000 + h), ranks))

@@ -76,6 +76,13 @@ class AsyncStore:
         if status != Status.OK:
             raise ConnectionError(f"set {key!r}: {fields[0].decode(errors='replace')}")
 
+    async def set_many(self, items: dict[str, bytes]) -> None:
+        """Every key in one request (a host agent's document and its head)."""
+        fields = [part for key, value in items.items() for part in (key.encode(), value)]
+        status, out = await self.request(Op.SET_MANY, fields)
+        if status != Status.OK:
+            raise ConnectionError(f"set {list(items)!r}: {out[0].decode(errors='replace')}")
+
     async def delete(self, key: str) -> None:
         await self.request(Op.DELETE, [key.encode()])
 

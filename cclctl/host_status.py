@@ -14,13 +14,18 @@ The statuses stay the ranks' own documents, kept as the text each rank sent (a J
 string in the host's document): a reader parses the host's document without parsing its
 ranks' statuses, and then parses only those it needs, each checked as one rank's
 (:mod:`cclctl.live.snapshot`), so one rank's broken status is never its host's problem.
+
+With it, in the same store request, the agent writes the document's *head* under
+``cclctl/<job>/head/<hostname>``: all of it but the statuses, which it names (``ranks``).
+A reader of a large job lists the heads (a kilobyte a host) and reads the few documents it
+needs whole (:mod:`cclctl.live.heads`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from cclctl.errors import BadInput
@@ -30,6 +35,8 @@ SCHEMA = "cclctl.host"
 VERSION = 1
 #: the key (in the job's scope) a host's document lives under: ``host/<hostname>``
 KEY = "host/"
+#: ... and its head: ``head/<hostname>``
+HEAD_KEY = "head/"
 #: ranks named as behind, per communicator, at most (a host has a handful of ranks)
 MAX_BEHIND = 16
 #: A rank's process as a look at it on its host finds it: what ``procs`` names (a running
@@ -56,8 +63,27 @@ class HostDocument:
     left: dict[int, str] = dataclasses.field(default_factory=dict)
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
     procs: dict[int, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    #: a head's ranks (it holds none of their statuses); empty for a whole document
+    listed: tuple[int, ...] = ()
+
+    @property
+    def ranks(self) -> Collection[int]:
+        """The ranks whose statuses the document holds (a head: names)."""
+        return self.statuses.keys() if self.statuses else self.listed
+
+    @property
+    def is_head(self) -> bool:
+        return not self.statuses and bool(self.listed)
 
     def to_bytes(self) -> bytes:
+        statuses = {str(rank): doc for rank, doc in sorted(self.statuses.items())}
+        return self._dumps({"statuses": statuses})
+
+    def head_bytes(self) -> bytes:
+        """The document's head: all of it but the statuses, whose ranks it lists."""
+        return self._dumps({"ranks": sorted(self.statuses)})
+
+    def _dumps(self, rest: dict[str, Any]) -> bytes:
         procs = {str(r): {"pid": pid, "state": state} for r, (pid, state) in self.procs.items()}
         return json.dumps(
             {
@@ -70,7 +96,7 @@ class HostDocument:
                 "summary": self.summary,
                 "left": {str(rank): why for rank, why in sorted(self.left.items())},
                 **({"procs": procs} if procs else {}),
-                "statuses": {str(rank): doc for rank, doc in sorted(self.statuses.items())},
+                **rest,
             },
             separators=(",", ":"),
         ).encode()
@@ -126,8 +152,14 @@ def _names(doc: object, rank: int) -> bool:
     return type(said) is int and said == rank and type(size) is int and 0 <= rank < size
 
 
+def document_name(host: str) -> str:
+    """How a reader names ``host``'s document in what it says of it."""
+    return f"host document {host if len(host) <= 60 else host[:59] + '…'!r}"
+
+
 def parse(value: bytes, where: str) -> HostDocument:
-    """A host document from the store; BadInput (naming ``where``) if it is not one."""
+    """A host document (or its head) from the store; BadInput (naming ``where``) if it is
+    not one."""
     try:
         data = json.loads(value)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -136,7 +168,9 @@ def parse(value: bytes, where: str) -> HostDocument:
         raise BadInput(f"{where}: JSON nested too deeply", where=where) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise BadInput(f"{where}: not a {SCHEMA} document", where=where)
-    statuses, left = data.get("statuses"), data.get("left", {})
+    head = "statuses" not in data and "ranks" in data  # a document's head names its ranks
+    statuses, left = data.get("statuses", {} if head else None), data.get("left", {})
+    listed = _listed(data["ranks"], where) if head else ()
     if not isinstance(statuses, dict) or not isinstance(left, dict):
         raise BadInput(f"{where}: 'statuses' and 'left' must be maps by rank", where=where)
     host, pid, time_ns = data.get("host"), data.get("pid"), data.get("time_ns")
@@ -158,7 +192,17 @@ def parse(value: bytes, where: str) -> HostDocument:
         left={_rank(text, where): str(why) for text, why in left.items()},
         summary=summary if isinstance(summary, dict) else {},
         procs={_rank(text, where): _proc(seen, where) for text, seen in procs.items()},
+        listed=listed,
     )
+
+
+def _listed(ranks: object, where: str) -> tuple[int, ...]:
+    """A head's ``ranks``: a list of distinct ranks."""
+    if type(ranks) is not list or not all(type(r) is int and 0 <= r < 10**9 for r in ranks):
+        raise BadInput(f"{where}: a head's 'ranks' must be a list of ranks", where=where)
+    if len(set(ranks)) != len(ranks):
+        raise BadInput(f"{where}: a head names a rank twice", where=where)
+    return tuple(ranks)
 
 
 def _proc(seen: object, where: str) -> tuple[int, str]:

@@ -61,7 +61,7 @@ def aged_on_host(
     owed. A status newer than the document (from the rank's own key) has no such age."""
     aged: dict[int, float] = {}
     for doc in hosts:
-        for rank in doc.statuses:
+        for rank in doc.ranks:
             snap = snapshots.get(rank)
             if snap is not None and snap.host == doc.host and snap.time_ns < doc.time_ns:
                 aged[rank] = (doc.time_ns - snap.time_ns) / 1e9

@@ -24,7 +24,7 @@ def agent_lines(statuses: JobStatuses, width: int = WIDTH) -> list[str]:
     now = statuses.fetched_ns
     for host, doc in sorted(statuses.hosts.items()):
         age = (now - doc.time_ns) / 1e9
-        moved = sorted(r for r in doc.statuses if r in statuses.statuses
+        moved = sorted(r for r in doc.ranks if r in statuses.statuses
                        and r not in statuses.via_agent)  # fmt: skip
         if age > SILENT_INTERVALS * doc.interval_s and moved:
             words = f"ranks {fold_ranks(moved)} publish their own statuses"

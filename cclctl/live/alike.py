@@ -37,9 +37,13 @@ ParseOne = Callable[[str, int], tuple[RankSnapshot | BadInput, str | None]]
 Found = tuple[int, HostDocument, RankSnapshot | BadInput]
 
 
-def host_statuses(hosts: Iterable[HostDocument], parse_one: ParseOne) -> Iterator[Found]:
+def host_statuses(
+    hosts: Iterable[HostDocument], parse_one: ParseOne, makers: dict[str, Alike] | None = None
+) -> Iterator[Found]:
     """Every status ``hosts`` hold, in full where it has no digest, else made from its
-    key's model (see the module's docstring)."""
+    key's model (see the module's docstring). ``makers``: each key's maker, found here or
+    given (a key's maker is added to it as its model is found)."""
+    makers = {} if makers is None else makers
     groups: dict[str, list[tuple[int, HostDocument, Digest]]] = {}
     for doc in hosts:
         rows = doc.summary.get("digests")
@@ -51,12 +55,12 @@ def host_statuses(hosts: Iterable[HostDocument], parse_one: ParseOne) -> Iterato
             else:
                 groups.setdefault(own.key, []).append((rank, doc, own))
     for key, members in groups.items():
-        maker: Alike | None = None
         for rank, doc, own in members:
+            maker = makers.get(key)
             if maker is not None:
                 yield rank, doc, maker.make(rank, doc.host, own)
                 continue
             snap, its_key = parse_one(doc.statuses[rank], rank)
             if isinstance(snap, RankSnapshot) and its_key == key:
-                maker = Alike(snap)
+                makers[key] = Alike(snap)
             yield rank, doc, snap

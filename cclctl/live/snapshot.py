@@ -7,7 +7,10 @@ one broken rank must never hide the other 999.
 
 A rank's status is under its own key (``status/<rank>``) or inside its host agent's
 document (``host/<hostname>``, :mod:`cclctl.host_status`); where both hold one (a rank
-whose agent was lost publishes its own), the newer one counts.
+whose agent was lost publishes its own), the newer one counts. A hang's diagnosis of a
+large job reads its ranks alike once (``alike_from``), and then lists the agents' heads
+and reads only a few documents whole (:mod:`cclctl.live.heads`) where the agents write
+heads.
 """
 
 from __future__ import annotations
@@ -21,16 +24,15 @@ from typing import Any, Protocol
 
 from cclctl import host_status, limits, probe_record
 from cclctl.errors import BadInput, UsageError
-from cclctl.live import alike
+from cclctl.live import alike, heads, status_check
+from cclctl.live.status_check import parse_one, unprefixed
 from cclctl.probe_record import ProbeRecord
-from cclctl.records import RankSnapshot, snapshot_from_dict
-from cclctl.status_digest import digest
+from cclctl.records import RankSnapshot
 
 ROOT = "cclctl/"
 STATUS_KEY = "status/"
 WORLD_SIZE_KEY = "rdzv/world_size"  # written once by rendezvous: {"world_size": N, ...}
 
-_WHERE = "status"
 _STATUS_KEY_RE = re.compile(r"^cclctl/(?P<job>.+)/(status/[0-9]+|host/[^/]+)$")
 
 
@@ -41,6 +43,8 @@ class ListingStore(Protocol):
     def address(self) -> str: ...
 
     def list(self, prefix: str) -> dict[str, bytes]: ...
+
+    def try_get(self, key: str) -> bytes | None: ...
 
 
 @dataclasses.dataclass
@@ -99,6 +103,10 @@ def fetch(
     StoreError when the store cannot be reached.
     """
     if job is not None:
+        if alike_from is not None:
+            through = _through_heads(store, job, alike_from, say)
+            if through is not None:
+                return through
         listing = store.list(job_prefix(job))
         _reading(listing, say)
         return parse(job, store.address, listing, alike_from=alike_from)
@@ -114,6 +122,31 @@ def fetch(
         )
     _reading(listing, say)
     return parse(jobs[0], store.address, listing, alike_from=alike_from)
+
+
+def _through_heads(
+    store: ListingStore, job: str, alike_from: int, say: Callable[[str], None] | None
+) -> JobStatuses | None:
+    """The job read through its host agents' heads (:mod:`cclctl.live.heads`), or None
+    where it is to be listed whole."""
+    prefix = job_prefix(job)
+    listing = store.list(prefix + STATUS_KEY)
+    for key in (WORLD_SIZE_KEY, probe_record.KEY):
+        value = store.try_get(prefix + key)
+        if value is not None:
+            listing[prefix + key] = value
+    out, budget = _parsed_keys(job, store.address, listing)
+    own = {**out.statuses, **out.bad}
+    read = heads.read(store, prefix, parse_one, own, out.rdzv_world_size, alike_from)
+    if read is None:
+        return None
+    if say is not None:
+        say(f"read the heads of {len(read.hosts) + len(read.bad_hosts):,} host documents "
+            f"({read.head_bytes / 2**20:.1f} MiB) and {read.whole:,} documents whole "
+            f"({read.whole_bytes / 2**20:.1f} MiB)")  # fmt: skip
+    out.hosts, out.bad_hosts = read.hosts, read.bad_hosts
+    _merge_found(out, budget, read.found)
+    return out
 
 
 def _reading(listing: Mapping[str, bytes], say: Callable[[str], None] | None) -> None:
@@ -135,6 +168,15 @@ def parse(
     :mod:`cclctl.limits` (a rank key, a world size): that raises TooLarge for the whole
     job, since every reader would allocate by it.
     """
+    out, budget = _parsed_keys(job, address, listing)
+    _merge_hosts(out, budget, alike_from)
+    return out
+
+
+def _parsed_keys(
+    job: str, address: str, listing: Mapping[str, bytes]
+) -> tuple[JobStatuses, limits.MemberBudget]:
+    """:func:`parse` but for merging the host documents' statuses: the job's keys read."""
     out = JobStatuses(job=job, address=address, fetched_ns=time.time_ns())
     status_head = job_prefix(job) + STATUS_KEY
     world_size_key = job_prefix(job) + WORLD_SIZE_KEY
@@ -161,30 +203,37 @@ def parse(
         number = int(rank_text) if len(rank_text) <= 9 else 10**9
         rank = limits.rank(number, f"status key {_clip(key)}")
         try:
-            out.statuses[rank] = snap = _status(value, rank)
+            out.statuses[rank] = snap = status_check.status(value, rank)
             budget.add(info.ranks for info in snap.comms.values())
         except limits.TooLarge as exc:
-            raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
+            raise limits.TooLarge(f"status of rank {rank}: {unprefixed(exc)}") from None
         except BadInput as exc:
-            out.bad[rank] = f"bad status: {_unprefixed(exc)}"
-    _merge_hosts(out, budget, alike_from)
-    return out
+            out.bad[rank] = f"bad status: {unprefixed(exc)}"
+    return out, budget
 
 
 def _merge_hosts(out: JobStatuses, budget: limits.MemberBudget, alike_from: int | None) -> None:
     """The statuses in the host documents, each where it is newer than the rank's own key's
     (``alike_from``: see :func:`parse`)."""
     hosts = out.hosts.values()
-    for doc in hosts:  # a document's ranks are digits already: its largest is checked
-        if doc.statuses:
-            limits.rank(max(doc.statuses), f"host document of {doc.host!r}")
     use_alike = alike_from is not None and sum(len(d.statuses) for d in hosts) >= alike_from
-    found = alike.host_statuses(hosts, _parse_one) if use_alike else _every_status(hosts)
+    found = alike.host_statuses(hosts, parse_one) if use_alike else _every_status(hosts)
+    _merge_found(out, budget, found)
+
+
+def _merge_found(
+    out: JobStatuses, budget: limits.MemberBudget, found: Iterable[alike.Found]
+) -> None:
+    """The statuses ``found`` in ``out.hosts``, each where it is newer than the rank's own
+    key's."""
+    for doc in out.hosts.values():  # a document's ranks are digits already: its largest is checked
+        if doc.ranks:
+            limits.rank(max(doc.ranks), f"host document of {doc.host!r}")
     counted: object = None  # the communicators last counted (alike ranks share their model's)
     for rank, doc, read in found:
         if isinstance(read, BadInput):
             if rank not in out.statuses:
-                out.bad[rank] = f"bad status (from {doc.host}'s agent): {_unprefixed(read)}"
+                out.bad[rank] = f"bad status (from {doc.host}'s agent): {unprefixed(read)}"
             continue
         mine = out.statuses.get(rank)
         if mine is None or read.time_ns > mine.time_ns:
@@ -200,77 +249,19 @@ def _every_status(hosts: Iterable[host_status.HostDocument]) -> Iterator[alike.F
     """Every status ``hosts`` hold, each parsed in full."""
     for doc in hosts:
         for rank, text in doc.statuses.items():
-            yield rank, doc, _parse_one(text, rank, keyed=False)[0]
-
-
-def _parse_one(
-    text: str, rank: int, keyed: bool = True
-) -> tuple[RankSnapshot | BadInput, str | None]:
-    """Rank ``rank``'s status from a host document, or why it is unusable; and, where
-    ``keyed``, its digest's key (:mod:`cclctl.status_digest`; None: it has none). A size
-    beyond :mod:`cclctl.limits` raises TooLarge, for the whole job."""
-    try:
-        data = _decoded(text)  # a host document's status is text already
-        snap = _checked(data, rank)
-    except limits.TooLarge as exc:
-        raise limits.TooLarge(f"status of rank {rank}: {_unprefixed(exc)}") from None
-    except BadInput as exc:
-        return exc, None
-    row = digest(data) if keyed else None
-    return snap, None if row is None else row[2]  # the key (its text's hash is not needed)
+            yield rank, doc, parse_one(text, rank, keyed=False)[0]
 
 
 def _host(out: JobStatuses, host: str, value: bytes) -> None:
     """Keep a host agent's document (its statuses are merged once every key was read)."""
     try:
-        out.hosts[host] = host_status.parse(value, f"host document {_clip(host)!r}")
+        out.hosts[host] = host_status.parse(value, host_status.document_name(host))
     except BadInput as exc:
         out.bad_hosts[host] = exc.message
 
 
-def _unprefixed(exc: BadInput) -> str:
-    return exc.message.removeprefix(_WHERE + ": ")
-
-
 def _clip(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _status(value: bytes, rank: int) -> RankSnapshot:
-    """A rank's status, checked beyond the schema: the fields a view reads must be usable."""
-    return _checked(_decoded(value), rank)
-
-
-def _decoded(value: str | bytes) -> Any:
-    where = _WHERE
-    try:
-        return json.loads(value)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadInput(f"{where}: not valid JSON ({exc})", where=where) from None
-    except RecursionError:
-        raise BadInput(f"{where}: JSON nested too deeply", where=where) from None
-
-
-def _checked(data: Any, rank: int) -> RankSnapshot:
-    """A rank's status from its decoded document (its own key's, or its host agent's)."""
-    where = _WHERE
-    if not isinstance(data, dict):
-        raise BadInput(f"{where}: not a JSON object", where=where)
-    snap = snapshot_from_dict(data, where)
-    if snap.rank != rank:
-        raise BadInput(f"{where}: the document says it is rank {snap.rank}", where=where)
-    if snap.kind != "status":
-        raise BadInput(f"{where}: a {snap.schema} document, not a status", where=where)
-    for name in ("collectives", "errors", "retries", "hangs"):
-        count = snap.counters.get(name, 0)
-        if not isinstance(count, int) or isinstance(count, bool):
-            raise BadInput(f"{where}: counter {name!r} is not an integer", where=where)
-    busbw = snap.counters.get("last_busbw_gbps", {})
-    if not isinstance(busbw, dict) or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in busbw.values()
-    ):
-        raise BadInput(f"{where}: 'last_busbw_gbps' is not a map of numbers", where=where)
-    return snap
 
 
 def _rendezvous_world_size(value: bytes) -> int | None:

@@ -29,13 +29,16 @@ from cclctl.store.protocol import Op
 SERVER_ROLE = "cclctl-store/server"
 CLIENT_ROLE = "cclctl-store/client"
 
-#: Requests a connection without the token may make (``cclctl top``, ``diagnose hang``).
+#: Requests a connection without the token may make (``cclctl top``, ``diagnose hang``),
+#: and ``TRY_GET`` of a key it may see.
 READ_ONLY_OPS = frozenset((Op.LIST, Op.PING, Op.HELLO, Op.AUTH))
 
 #: The keys such a connection may see: every rank's status, each host agent's document of
-#: its ranks' statuses, the job's world size and its last probe (``cclctl.live.snapshot``
-#: reads exactly these four).
-PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|rdzv/world_size|probe)")
+#: its ranks' statuses and that document's head (all of it but the statuses), the job's
+#: world size and its last probe (``cclctl.live.snapshot`` reads exactly these).
+PUBLIC_KEYS = re.compile(
+    rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|head/[^/]+|rdzv/world_size|probe)"
+)
 
 #: What a host agent asks of its job's store (``runtime/hostagent``): its host's document
 #: written, the job's dump requests read, its host's part of the fan-in rendezvous
@@ -46,7 +49,7 @@ PUBLIC_KEYS = re.compile(rb"cclctl/[^/]+/(status/[0-9]+|host/[^/]+|rdzv/world_si
 #: nor refuse a rerun's takeover for it.
 AGENT_REQUESTS = {
     Op.SET: re.compile(
-        rb"cclctl/[^/]+/(host/[^/]+|rdzv/group/[0-9]+\.[0-9]+\.[0-9]+"
+        rb"cclctl/[^/]+/(host/[^/]+|head/[^/]+|rdzv/group/[0-9]+\.[0-9]+\.[0-9]+"
         rb"|transport/0/(mapped|problem)/g?[0-9]+)"
     ),
     Op.TRY_GET: re.compile(rb"cclctl/[^/]+/(signal/dump/(count|why)|revoke)"),
@@ -64,6 +67,7 @@ READ_ONLY_MAX_FRAME = 64 << 10
 
 _VERBS = {
     Op.SET: "set",
+    Op.SET_MANY: "set",
     Op.GET: "get",
     Op.TRY_GET: "get",
     Op.ADD: "add",
@@ -81,9 +85,16 @@ def client_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
     return auth.prove(token, CLIENT_ROLE, server_nonce, client_nonce)
 
 
+def reads_only(op: int, fields: Sequence[bytes]) -> bool:
+    """Whether the request only reads what a connection without the token may see."""
+    if op == Op.TRY_GET:
+        return len(fields) == 1 and PUBLIC_KEYS.fullmatch(fields[0]) is not None
+    return op in READ_ONLY_OPS
+
+
 def refusal(op: int, fields: Sequence[bytes]) -> str | None:
     """Why a connection without the token may not make this request; None: it may."""
-    if op in READ_ONLY_OPS:
+    if reads_only(op, fields):
         return None
     verb = _VERBS.get(Op(op), "request") if op in Op._value2member_map_ else f"request {op}"
     key = fields[0].decode(errors="replace") if fields else ""
@@ -101,6 +112,10 @@ def public_listing(found: Sequence[bytes]) -> list[bytes]:
 
 
 def is_agents(op: int, fields: list[bytes]) -> bool:
-    """Whether the request is one a host agent makes (:data:`AGENT_REQUESTS`)."""
+    """Whether the request is one a host agent makes (:data:`AGENT_REQUESTS`; a set of
+    many keys is one where a set of each key is)."""
+    if op == Op.SET_MANY:
+        keys = fields[::2]
+        return bool(keys) and all(is_agents(Op.SET, [key]) for key in keys)
     pattern = _AGENT_PATTERNS.get(op)
     return pattern is not None and bool(fields) and pattern.fullmatch(fields[0]) is not None

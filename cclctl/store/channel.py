@@ -41,11 +41,11 @@ ANSWER_SLACK_S = 5.0
 #: again), by default; a caller that must notice a returning route sooner passes its own.
 MAX_RETRY_DELAY_S = 0.5
 #: Requests sent again on a new connection when the old one was lost after they left:
-#: repeating them changes nothing (a ``set`` writes the same bytes again, as a status
-#: publisher does every second; the rest only read). ``add`` would count twice,
+#: repeating them changes nothing (a ``set`` or ``set_many`` writes the same bytes again,
+#: as a status publisher does every second; the rest only read). ``add`` would count twice,
 #: ``compare_set`` could report its own win as a loss and ``delete`` its own removal as
 #: "not found": those fail with a StoreError saying they may have been applied.
-IDEMPOTENT = frozenset({Op.SET, Op.GET, Op.TRY_GET, Op.WAIT, Op.LIST, Op.PING})
+IDEMPOTENT = frozenset({Op.SET, Op.SET_MANY, Op.GET, Op.TRY_GET, Op.WAIT, Op.LIST, Op.PING})
 
 
 class StoreChannel:

@@ -8,7 +8,7 @@ reads as a clear :class:`StoreTimeout` naming the key rather than a dead socket.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cclctl.errors import StoreError, StoreTimeout
@@ -49,6 +49,11 @@ class StoreClient(StoreChannel):
 
     def set(self, key: str, value: bytes) -> None:
         self._request(Op.SET, [key.encode(), bytes(value)])
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        """Set every key in one request: a reader sees all of them set or none."""
+        self._request(Op.SET_MANY, [part for key, value in items.items()
+                                    for part in (key.encode(), bytes(value))])  # fmt: skip
 
     def get(self, key: str, timeout_s: float | None = None) -> bytes:
         """The key's value, waiting until some rank sets it (``timeout_s`` or the default)."""

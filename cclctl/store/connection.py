@@ -149,7 +149,7 @@ class Connection(asyncio.Protocol):
             if why is not None:
                 self._server.events.refuse(why)
                 return self._reply(Status.ERROR, [why.encode()])
-        if op in access.READ_ONLY_OPS or access.is_agents(op, fields):
+        if access.reads_only(op, fields) or access.is_agents(op, fields):
             self.only_read = not self.wrote
         else:
             self.wrote = True

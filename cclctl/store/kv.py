@@ -8,13 +8,13 @@ from an address.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 
 class KeyValueStore(Protocol):
     """A job's store: blocking reads with timeouts (StoreTimeout naming the key), atomic
-    ``add`` and ``compare_set``, listing by prefix. Thread-safe."""
+    ``add``, ``compare_set`` and ``set_many``, listing by prefix. Thread-safe."""
 
     @property
     def host(self) -> str: ...
@@ -30,6 +30,10 @@ class KeyValueStore(Protocol):
     @property
     def reconnects(self) -> int: ...
     def set(self, key: str, value: bytes) -> None: ...
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        """Set every key of ``items`` at once: a reader sees all of them set or none."""
+        ...
+
     def get(self, key: str, timeout_s: float | None = None) -> bytes: ...
     def try_get(self, key: str) -> bytes | None: ...
     def add(self, key: str, delta: int) -> int: ...

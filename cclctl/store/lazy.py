@@ -8,7 +8,7 @@ store two connections per rank, which at 100,000 ranks is 200,000."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from cclctl.errors import StoreError
 from cclctl.store.backends import endpoint_of
@@ -76,6 +76,9 @@ class LazyStore:
 
     def set(self, key: str, value: bytes) -> None:
         self._store().set(key, value)
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        self._store().set_many(items)
 
     def get(self, key: str, timeout_s: float | None = None) -> bytes:
         return self._store().get(key, timeout_s)

@@ -43,6 +43,7 @@ class Op(enum.IntEnum):
     PING = 9  # () -> ()
     HELLO = 10  # (client nonce,) -> (server nonce, server proof); see cclctl.store.access
     AUTH = 11  # (client proof,) -> (); a wrong proof closes the connection
+    SET_MANY = 12  # (key, value, key, value, ...) -> (); every key set at once
 
 
 class Status(enum.IntEnum):

@@ -7,7 +7,7 @@ invisible instead of a wrong answer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cclctl.store.kv import KeyValueStore
 
@@ -45,6 +45,9 @@ class ScopedStore:
 
     def set(self, key: str, value: bytes) -> None:
         self.client.set(self.prefix + key, value)
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        self.client.set_many({self.prefix + key: value for key, value in items.items()})
 
     def get(self, key: str, timeout_s: float | None = None) -> bytes:
         return self.client.get(self.prefix + key, timeout_s)

@@ -42,6 +42,12 @@ class StoreState:
         if op == Op.SET:
             self._put(fields[0], fields[1])
             return Status.OK, ()
+        if op == Op.SET_MANY:  # one request: no reader sees some of its keys set and not all
+            if not fields or len(fields) % 2:
+                raise ValueError("a set of many keys needs key, value pairs")
+            for i in range(0, len(fields), 2):
+                self._put(fields[i], fields[i + 1])
+            return Status.OK, ()
         if op in (Op.GET, Op.TRY_GET):
             value = data.get(fields[0])
             return (Status.NOT_FOUND, ()) if value is None else (Status.OK, (value,))

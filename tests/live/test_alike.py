@@ -12,71 +12,16 @@ import time
 from typing import Any
 
 import pytest
+from alike_job import JOB, NOW, NS, SEQ, host_of, job_listing, job_statuses, rank_status
 
 from cclctl import host_status
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.live import snapshot
 from cclctl.live.alike import ALIKE_FROM
-from cclctl.records import COMPLETED, CollectiveRecord, CommInfo, RankSnapshot
+from cclctl.records import RankSnapshot
 from cclctl.revocation import Revocation
 from cclctl.stack_records import ThreadStack
 from cclctl.status_digest import KEY_CHARS, TEXT_CHARS, checked, digest
-
-NS = 1_000_000_000
-NOW = 1_800_000_000 * NS
-SEQ = 40
-JOB = "j"
-PER_HOST = 4
-
-
-def _call(comm: str, seq: int, rank: int, n: int, op: str, now: int) -> CollectiveRecord:
-    return CollectiveRecord(comm, seq, op, "float32", 256, 1024, algo="ring",
-                            start_ns=now - 30 * NS - rank * 1000, step=rank % 3,
-                            waiting_on=(rank - 1) % n, waiting_for="recv")  # fmt: skip
-
-
-def _status(
-    rank: int, n: int, *, seq: int = SEQ, op: str = "all_reduce", now: int = NOW, **kw: Any
-) -> RankSnapshot:
-    """Rank ``rank`` of ``n`` in flight at ``seq`` of the world (``seq`` 0: it never
-    entered ``SEQ``, having completed the one before), its status written about ``now``."""
-    world = f"0:0-{n - 1}"
-    done = CollectiveRecord(world, SEQ - 1, "all_reduce", "float32", 256, 1024, algo="ring",
-                            state=COMPLETED, start_ns=now - 31 * NS + rank,
-                            end_ns=now - 30 * NS)  # fmt: skip
-    call = _call(world, seq, rank, n, op, now) if seq else None
-    started = seq if seq else SEQ - 1
-    fields: dict[str, Any] = dict(
-        kind="status", job=JOB, rank=rank, world_size=n, host=_host(rank), pid=1000 + rank,
-        time_ns=now - 1000 * rank, comms={world: CommInfo(list(range(n)), started, SEQ - 1)},
-        records=[done] + ([call] if call else []), inflight=call,
-        counters={"collectives": SEQ - 1, "errors": 0, "retries": 0, "hangs": 0,
-                  "last_busbw_gbps": {"all_reduce": 1.0 + rank / 7}},
-    )  # fmt: skip
-    fields.update(kw)
-    return RankSnapshot(**fields)
-
-
-def _host(rank: int) -> str:
-    return f"h{rank // PER_HOST}"
-
-
-def _listing(
-    snaps: dict[int, RankSnapshot], texts: dict[int, str] | None = None, now: int = NOW
-) -> dict[str, bytes]:
-    """The store as the ranks' agents leave it: one document per host, summarized from the
-    statuses as decoded (``texts``: what a rank's agent holds instead, after summarizing)."""
-    by_host: dict[str, dict[int, str]] = {}
-    for rank, snap in sorted(snaps.items()):
-        by_host.setdefault(snap.host, {})[rank] = snap.to_json()
-    listing = {f"cclctl/{JOB}/rdzv/world_size": json.dumps({"world_size": len(snaps)}).encode()}
-    for host, statuses in by_host.items():
-        summary = host_status.summarize({r: json.loads(t) for r, t in statuses.items()}, statuses)
-        for rank in statuses:
-            statuses[rank] = (texts or {}).get(rank, statuses[rank])
-        doc = host_status.HostDocument(host, 7, now, 1.0, statuses, summary=summary)
-        listing[f"cclctl/{JOB}/host/{host}"] = doc.to_bytes()
-    return listing
 
 
 def _both(listing: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -89,22 +34,18 @@ def _both(listing: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, Any]]:
     return out[0], out[1]
 
 
-def _job(n: int, now: int = NOW, **odd: dict[str, Any]) -> dict[int, RankSnapshot]:
-    return {r: _status(r, n, now=now, **odd.get(str(r), {})) for r in range(n)}
-
-
 @pytest.mark.parametrize("planted", [0, 13, 31])
 def test_a_rank_that_never_entered_is_named_alike_from_one_model_per_kind(planted) -> None:
-    full, made = _both(_listing(_job(32, **{str(planted): {"seq": 0}})))
+    full, made = _both(job_listing(job_statuses(32, **{str(planted): {"seq": 0}})))
     assert made == full
     assert full["verdicts"][0]["kind"] == "not_entered"
     assert [s["rank"] for s in full["verdicts"][0]["suspect_ranks"]] == [planted]
 
 
 def test_a_mismatched_call_and_a_stale_rank_read_the_same() -> None:
-    snaps = _job(24, **{"5": {"op": "broadcast"}})
+    snaps = job_statuses(24, **{"5": {"op": "broadcast"}})
     snaps[17] = dataclasses.replace(snaps[17], time_ns=NOW - 90 * NS)
-    full, made = _both(_listing(snaps))
+    full, made = _both(job_listing(snaps))
     assert made == full
     kinds = {v["kind"] for v in full["verdicts"]}
     assert "mismatch" in kinds and "stale" in kinds
@@ -112,25 +53,25 @@ def test_a_mismatched_call_and_a_stale_rank_read_the_same() -> None:
 
 def test_ranks_that_are_not_plain_are_parsed_in_full_beside_alike_ones() -> None:
     revoke = Revocation("hang", 3, "rank 3 never entered", comm="0:0-15", seq=SEQ)
-    snaps = _job(16, **{"3": {"seq": 0}, "9": {"revoke": revoke},
+    snaps = job_statuses(16, **{"3": {"seq": 0}, "9": {"revoke": revoke},
                         "10": {"stacks": [ThreadStack("MainThread", [])]},
                         "11": {"counters": {"errors": 1}}})  # fmt: skip
-    full, made = _both(_listing(snaps))
+    full, made = _both(job_listing(snaps))
     assert made == full
 
 
 def test_a_healthy_job_and_a_broken_status_read_the_same() -> None:
-    snaps = {r: _status(r, 16, seq=0) for r in range(16)}  # every rank between calls
-    listing = _listing(snaps, texts={6: "{not json"})
+    snaps = {r: rank_status(r, 16, seq=0) for r in range(16)}  # every rank between calls
+    listing = job_listing(snaps, texts={6: "{not json"})
     full, made = _both(listing)
     assert made == full
     assert full["verdicts"][0]["kind"] != "not_entered"
 
 
 def test_a_model_whose_status_does_not_match_its_digest_is_not_a_model() -> None:
-    snaps = _job(16, **{"7": {"seq": 0}})
+    snaps = job_statuses(16, **{"7": {"seq": 0}})
     odd = dataclasses.replace(snaps[0], records=snaps[0].records[:1], inflight=None)
-    full, made = _both(_listing(snaps, texts={0: odd.to_json()}))
+    full, made = _both(job_listing(snaps, texts={0: odd.to_json()}))
     assert made == full  # rank 0 as it says; rank 1 the model of the others
 
 
@@ -141,9 +82,9 @@ def test_a_status_whose_own_numbers_a_reader_refuses_is_read_the_same(odd) -> No
     """Rank 6 says it is another rank, or has a pid or a clock beyond 64 bits, or a world
     its rank is outside: it gets no digest, so it is parsed in full and refused both ways
     (a rank made from a model would have its key's rank and its digest's numbers)."""
-    snaps = _job(16, **{"3": {"seq": 0}})
-    listing = _listing(snaps)
-    key = f"cclctl/{JOB}/host/{_host(6)}"
+    snaps = job_statuses(16, **{"3": {"seq": 0}})
+    listing = job_listing(snaps)
+    key = f"cclctl/{JOB}/host/{host_of(6)}"
     doc = json.loads(listing[key])
     status = json.loads(doc["statuses"]["6"])
     status.update(odd)
@@ -157,13 +98,13 @@ def test_a_status_whose_own_numbers_a_reader_refuses_is_read_the_same(odd) -> No
 
 
 def test_digests_differ_only_where_the_ranks_do() -> None:
-    a, b = _digest(_status(2, 8)), _digest(_status(5, 8))
+    a, b = _digest(rank_status(2, 8)), _digest(rank_status(5, 8))
     assert a is not None and b is not None
     assert a[2] == b[2] and len(a[2]) == KEY_CHARS
     assert a[:2] == [1002, NOW - 2000] and a[3] == [NOW - 30 * NS - 2000, 2, 1, "recv"]
     assert a[4] != b[4] and len(a[4]) == TEXT_CHARS
-    assert _digest(_status(2, 8, op="broadcast"))[2] != a[2]
-    assert _digest(_status(2, 8, seq=0))[3] is None
+    assert _digest(rank_status(2, 8, op="broadcast"))[2] != a[2]
+    assert _digest(rank_status(2, 8, seq=0))[3] is None
 
 
 def _digest(snap: RankSnapshot) -> list[Any]:
@@ -187,14 +128,14 @@ def _digest(snap: RankSnapshot) -> list[Any]:
     ],
 )
 def test_a_status_that_could_be_the_answer_gets_no_digest(change) -> None:
-    doc = _status(2, 8).to_dict()
+    doc = rank_status(2, 8).to_dict()
     doc.update(change)
     assert digest(doc) is None
 
 
 def test_a_record_with_an_error_or_a_peer_gets_no_digest() -> None:
     for change in ({"error": "reset"}, {"peer": 3}, {"state": "failed"}):
-        doc = _status(2, 8).to_dict()
+        doc = rank_status(2, 8).to_dict()
         doc["records"][0].update(change)
         assert digest(doc) is None
 
@@ -217,7 +158,8 @@ def test_a_digest_without_the_shape_is_none(row) -> None:
 def test_diagnose_hang_store_names_the_rank_of_a_large_job_as_top_does(server, client) -> None:
     n, planted = ALIKE_FROM, 600
     now = time.time_ns()
-    for key, value in _listing(_job(n, now, **{str(planted): {"seq": 0}}), now=now).items():
+    snaps = job_statuses(n, now, **{str(planted): {"seq": 0}})
+    for key, value in job_listing(snaps, now=now).items():
         client.set(key, value)
     cmd = [sys.executable, "-m", "cclctl", "diagnose", "hang", "--store", server.address,
            "--job", JOB, "--json"]  # fmt: skip

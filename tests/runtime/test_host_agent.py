@@ -28,6 +28,7 @@ from live_job import live_job
 from cclctl import host_status
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.errors import BadInput
+from cclctl.host_status import HostDocument
 from cclctl.live import snapshot
 from cclctl.live.agent_line import agent_lines
 from cclctl.records import RankSnapshot
@@ -76,9 +77,9 @@ class _AgentThread:
         self.stop = asyncio.Event()
         ready = threading.Event()
 
-        async def write(doc: bytes) -> None:
+        async def write(doc: HostDocument) -> None:
             with self.wrote:
-                self.writes.append(doc)
+                self.writes.append(doc.to_bytes())
                 self.wrote.notify_all()
 
         async def main() -> None:
@@ -220,7 +221,7 @@ def test_a_rank_seen_gone_stays_gone_until_it_speaks_again() -> None:
     """A pid reused after its rank died is not that rank running again; a new status is."""
     looks = iter(["gone", None, None])
 
-    async def nowhere(doc: bytes) -> None:
+    async def nowhere(doc: HostDocument) -> None:
         pass
 
     agent = HostAgent("h", nowhere, 1.0, look=lambda pid: next(looks))
@@ -243,7 +244,7 @@ def test_each_run_of_a_job_name_has_its_own_agent() -> None:
 
 
 def test_an_agent_whose_store_refuses_every_write_ends() -> None:
-    async def refused(doc: bytes) -> None:
+    async def refused(doc: HostDocument) -> None:
         raise ConnectionRefusedError("the store has gone")
 
     async def main() -> HostAgent:
@@ -447,6 +448,8 @@ def test_a_launched_job_publishes_through_its_agent_and_goes_on_without_it(tmp_p
         seen = _until("every status through the agent, in one document for the host", through_agent)
         (doc,) = seen.hosts.values()
         assert b"cclctl.runtime.hostagent.main" in Path(f"/proc/{doc.pid}/cmdline").read_bytes()
+        head = host_status.parse(reader.try_get(f"cclctl/agent-job/head/{doc.host}") or b"", "")
+        assert head.is_head and sorted(head.ranks) == [0, 1, 2, 3] and head.pid == doc.pid
         os.kill(doc.pid, signal.SIGKILL)
         before = {rank: s.comms["0:0-3"].last_completed for rank, s in seen.statuses.items()}
 

@@ -136,6 +136,13 @@ def test_list_by_prefix(etcd: ScopedStore) -> None:
     assert etcd.list("nothing/") == {}
 
 
+def test_set_many_sets_every_key_in_one_transaction(etcd: ScopedStore) -> None:
+    etcd.set("host/h1", b"old")
+    etcd.set_many({"host/h1": b"doc", "head/h1": b"head", "empty": b""})
+    assert etcd.list("h") == {"host/h1": b"doc", "head/h1": b"head"}
+    assert etcd.try_get("empty") == b""
+
+
 def test_keys_live_under_the_clients_lease(cluster: EtcdCluster) -> None:
     """A key outlives its writer by the lease's time to live, then goes."""
     with EtcdClient.from_address(cluster.address, lease_ttl_s=2, connect_timeout_s=5) as short:

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from store_attacks import closed_by_peer
+from store_attacks import connect as raw_socket
 from store_waits import until_waiting
 
 from cclctl.errors import StoreError
@@ -65,6 +67,23 @@ def test_list_returns_only_the_prefix(client: StoreClient) -> None:
     client.set("other/1", b"no")
     assert client.list("status/") == {f"status/{r}": f"s{r}".encode() for r in range(5)}
     assert client.list("missing/") == {}
+
+
+@pytest.mark.timeout(10)
+def test_set_many_sets_every_key_in_one_request(client: StoreClient) -> None:
+    client.set("host/h1", b"old")
+    client.set_many({"host/h1": b"doc", "head/h1": b"head", "empty": b""})
+    assert client.list("h") == {"host/h1": b"doc", "head/h1": b"head"}
+    assert client.try_get("empty") == b""
+
+
+@pytest.mark.timeout(10)
+def test_a_set_of_many_keys_without_their_values_is_refused(server: StoreServer) -> None:
+    with raw_socket(server.port) as sock:  # key, value, key: one value short
+        sock.sendall(pack_request(Op.SET_MANY, [b"a", b"1", b"b"]))
+        assert closed_by_peer(sock)
+    with StoreClient("127.0.0.1", server.port, timeout_s=5) as fine:
+        assert fine.try_get("a") is None  # nothing of it was set
 
 
 @pytest.mark.timeout(20)

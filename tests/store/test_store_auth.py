@@ -92,6 +92,8 @@ def test_a_live_job_is_untouched_by_a_client_without_its_token(tmp_path: Path) -
             _refused("add", lambda: stranger.add(prefix + "signal/dump/count", 1))
             _refused("set", lambda: stranger.set(prefix + "signal/dump/why", b"my words"))
             _refused("get", lambda: stranger.try_get(prefix + "rdzv/rank/0"))
+            _refused("set", lambda: stranger.set_many({prefix + "head/h": b"{}"}))
+            _refused("set", lambda: stranger.set_many({prefix + "status/1": b"{}"}))
             _refused("wait", lambda: stranger.wait([prefix + "rdzv/rank/0"], timeout_s=1))
             deadline = time.monotonic() + 30
             while True:  # the statuses and the world size, nothing else
@@ -102,6 +104,8 @@ def test_a_live_job_is_untouched_by_a_client_without_its_token(tmp_path: Path) -
                 assert time.monotonic() < deadline, sorted(seen)
                 time.sleep(0.05)
             assert f"{prefix}rdzv/world_size" in seen
+            # a key it may list it may read alone (a large job's reader reads a few hosts)
+            assert stranger.try_get(prefix + "rdzv/world_size") == seen[f"{prefix}rdzv/world_size"]
         top = _cli("top", "--store", store, "--job", JOB, "--json")
         assert top.returncode == 0, top.stderr
         doc = json.loads(top.stdout)
@@ -110,6 +114,16 @@ def test_a_live_job_is_untouched_by_a_client_without_its_token(tmp_path: Path) -
         assert diagnosis.returncode == 0, diagnosis.stdout + diagnosis.stderr
     left = next(line for line in job.lines if "LEFT " in line).split("LEFT ", 1)[1]
     assert json.loads(left) == {"rdzv/error": None, "signal/dump/count": None, "status1_rank": 1}
+
+
+def test_an_agents_document_and_its_head_in_one_request_are_an_agents_write() -> None:
+    job = b"cclctl/j/"
+    assert access.is_agents(Op.SET_MANY, [job + b"host/h1", b"{}", job + b"head/h1", b"{}"])
+    assert not access.is_agents(Op.SET_MANY, [job + b"host/h1", b"{}", job + b"status/1", b""])
+    assert not access.is_agents(Op.SET_MANY, [])
+    assert access.refusal(Op.TRY_GET, [job + b"head/h1"]) is None  # what LIST shows anyone
+    assert access.refusal(Op.TRY_GET, [job + b"rdzv/world"]) is not None
+    assert access.refusal(Op.SET_MANY, [job + b"head/h1", b"{}"]) is not None
 
 
 def test_a_wrong_proof_closes_the_connection() -> None:

@@ -8,9 +8,9 @@ and outlives the rank that started it, points its stdio at /dev/null (its warnin
 healthy job's folder holds its dumps alone), binds its socket and
 answers one line on the pipe it got as stdout: ``{"pid"}``, ``{"elsewhere": true}`` when
 another agent of this job already serves the host, or ``{"error"}``. It writes the host's
-document every interval (:class:`.server.HostAgent`) and ends, after one last write,
-``linger_s`` after its last rank left (or ``first_s`` after it started if none came), or
-on SIGTERM.
+document and its head every interval, in one request (:class:`.server.HostAgent`), and
+ends, after one last write, ``linger_s`` after its last rank left (or ``first_s`` after it
+started if none came), or on SIGTERM.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 from cclctl.errors import StoreError
-from cclctl.host_status import KEY
+from cclctl.host_status import HEAD_KEY, KEY, HostDocument
 from cclctl.runtime.agent.dump_requests import DUMP_KEY
 from cclctl.runtime.hostagent.address import socket_name
 from cclctl.runtime.hostagent.rendezvous import serve_rendezvous
@@ -71,10 +71,11 @@ async def serve(spec: dict[str, Any], answer: int) -> int:
         spec["store"], timeout_s=WRITE_TIMEOUT_S, connect_timeout_s=WRITE_TIMEOUT_S, token=token
     )
     store = ScopedStore.for_job(client, spec["job"])
-    key = f"{KEY}{spec['host']}"
+    key, head = f"{KEY}{spec['host']}", f"{HEAD_KEY}{spec['host']}"
 
-    async def write(doc: bytes) -> None:
-        await asyncio.to_thread(store.set, key, doc)
+    async def write(doc: HostDocument) -> None:
+        items = {key: doc.to_bytes(), head: doc.head_bytes()}
+        await asyncio.to_thread(store.set_many, items)
 
     agent = HostAgent(spec["host"], write, float(spec["interval_s"]))
     try:

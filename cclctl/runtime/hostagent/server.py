@@ -48,7 +48,7 @@ class HostAgent:
     def __init__(
         self,
         host: str,
-        write: Callable[[bytes], Awaitable[None]],
+        write: Callable[[HostDocument], Awaitable[None]],
         interval_s: float,
         *,
         pid: int | None = None,
@@ -196,7 +196,7 @@ class HostAgent:
             return True
         doc = self.document()
         try:
-            await self._write(doc.to_bytes())
+            await self._write(doc)
         except Exception as exc:  # the store's trouble: counted, tried again next time
             self.write_errors += 1
             self.failed_in_a_row += 1

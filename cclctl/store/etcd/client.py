@@ -13,7 +13,7 @@ embedded store.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cclctl.errors import StoreError, StoreTimeout
@@ -94,6 +94,19 @@ class EtcdClient:
 
     def set(self, key: str, value: bytes) -> None:
         self._write("/v3/kv/put", lambda lease: _put(key.encode(), bytes(value), lease), True)
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        """Every key in one transaction: a reader sees all of them set or none."""
+        self._write(
+            "/v3/kv/txn",
+            lambda lease: {
+                "success": [
+                    {"request_put": _put(key.encode(), bytes(value), lease)}
+                    for key, value in items.items()
+                ]
+            },
+            True,
+        )
 
     def get(self, key: str, timeout_s: float | None = None) -> bytes:
         """The key's value, waiting until some client sets it (``timeout_s`` or the default)."""
