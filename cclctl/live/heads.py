@@ -62,20 +62,25 @@ class HeadsRead:
     whole_bytes: int = 0
 
 
+def listed(store: HeadStore, prefix: str) -> dict[str, bytes]:
+    """The heads of the job under ``prefix`` (``cclctl/<job>/``), by full key."""
+    return store.list(prefix + host_status.HEAD_KEY)
+
+
 def read(
     store: HeadStore,
     prefix: str,
+    listing: Mapping[str, bytes],
     parse_one: ParseOne,
     covered: Mapping[int, object],
     world_size: int | None,
     alike_from: int = ALIKE_FROM,
 ) -> HeadsRead | None:
-    """The statuses of the job under ``prefix`` (``cclctl/<job>/``) through its heads, or
-    None where the caller should list the job whole (see the module's docstring).
+    """The statuses of the job under ``prefix`` through its heads (``listing``: :func:`listed`),
+    or None where the caller should list the job whole (see the module's docstring).
     ``covered``: the ranks whose own keys hold a status; ``world_size``: the job's, if
     known (ranks neither covers send the caller to the whole listing)."""
     head = prefix + host_status.HEAD_KEY
-    listing = store.list(head)
     heads: dict[str, HostDocument] = {}
     out = HeadsRead({}, {}, [], head_bytes=sum(map(len, listing.values())))
     need: set[str] = set()

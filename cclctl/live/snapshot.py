@@ -130,6 +130,9 @@ def _through_heads(
     """The job read through its host agents' heads (:mod:`cclctl.live.heads`), or None
     where it is to be listed whole."""
     prefix = job_prefix(job)
+    head_listing = heads.listed(store, prefix)
+    if not head_listing:  # agents that write none, or no agents: the job is listed whole
+        return None
     listing = store.list(prefix + STATUS_KEY)
     for key in (WORLD_SIZE_KEY, probe_record.KEY):
         value = store.try_get(prefix + key)
@@ -137,7 +140,8 @@ def _through_heads(
             listing[prefix + key] = value
     out, budget = _parsed_keys(job, store.address, listing)
     own = {**out.statuses, **out.bad}
-    read = heads.read(store, prefix, parse_one, own, out.rdzv_world_size, alike_from)
+    read = heads.read(store, prefix, head_listing, parse_one, own, out.rdzv_world_size,
+                      alike_from)  # fmt: skip
     if read is None:
         return None
     if say is not None:

@@ -160,6 +160,8 @@ def test_what_heads_cannot_answer_cheaply_is_listed_whole(gap: str) -> None:
     made, store = _through_heads(listing)
     assert store.listed_whole
     assert made == _every_status(listing)
+    if gap == "no heads":  # nothing listed twice
+        assert store.lists == [PREFIX + "head/", PREFIX]
 
 
 def test_a_small_job_is_listed_whole() -> None:
