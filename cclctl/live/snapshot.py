@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from cclctl import host_status, limits, probe_record
-from cclctl.errors import BadInput, UsageError
+from cclctl.errors import BadInput, StoreError, UsageError
 from cclctl.live import alike, heads, status_check
 from cclctl.live.status_check import parse_one, unprefixed
 from cclctl.probe_record import ProbeRecord
@@ -133,15 +133,18 @@ def _through_heads(
     head_listing = heads.listed(store, prefix)
     if not head_listing:  # agents that write none, or no agents: the job is listed whole
         return None
-    listing = store.list(prefix + STATUS_KEY)
-    for key in (WORLD_SIZE_KEY, probe_record.KEY):
-        value = store.try_get(prefix + key)
-        if value is not None:
-            listing[prefix + key] = value
-    out, budget = _parsed_keys(job, store.address, listing)
-    own = {**out.statuses, **out.bad}
-    read = heads.read(store, prefix, head_listing, parse_one, own, out.rdzv_world_size,
-                      alike_from)  # fmt: skip
+    try:
+        listing = store.list(prefix + STATUS_KEY)
+        for key in (WORLD_SIZE_KEY, probe_record.KEY):
+            value = store.try_get(prefix + key)
+            if value is not None:
+                listing[prefix + key] = value
+        out, budget = _parsed_keys(job, store.address, listing)
+        own = {**out.statuses, **out.bad}
+        read = heads.read(store, prefix, head_listing, parse_one, own, out.rdzv_world_size,
+                          alike_from)  # fmt: skip
+    except StoreError:  # a store that lets this client list but not read a key: list whole
+        return None
     if read is None:
         return None
     if say is not None:

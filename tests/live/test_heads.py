@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -13,9 +17,12 @@ from alike_job import JOB, NOW, NS, SEQ, host_of, job_listing, job_statuses
 
 from cclctl import host_status
 from cclctl.diagnose_io.live import diagnose_live
+from cclctl.errors import StoreError
 from cclctl.live import heads, snapshot
+from cclctl.live.alike import ALIKE_FROM
 from cclctl.revocation import Revocation
 from cclctl.stack_records import ThreadStack
+from cclctl.store.client import StoreClient, StoreServer
 
 PREFIX = f"cclctl/{JOB}/"
 
@@ -164,6 +171,19 @@ def test_what_heads_cannot_answer_cheaply_is_listed_whole(gap: str) -> None:
         assert store.lists == [PREFIX + "head/", PREFIX]
 
 
+def test_a_store_that_refuses_a_read_is_listed_whole() -> None:
+    """An older store lets a client without the token list statuses, not read one."""
+
+    class Refusing(Store):
+        def try_get(self, key: str) -> bytes | None:
+            raise StoreError(f"the store at addr refused: get of {key!r}: no token")
+
+    listing = job_listing(job_statuses(32, **{"13": {"seq": 0}}))
+    store = Refusing(listing)
+    made = _diagnosis(snapshot.fetch(store, JOB, alike_from=0))
+    assert store.listed_whole and made == _every_status(listing)
+
+
 def test_a_small_job_is_listed_whole() -> None:
     store = Store(job_listing(job_statuses(32, **{"13": {"seq": 0}})))
     snapshot.fetch(store, JOB, alike_from=64)
@@ -183,3 +203,22 @@ def test_a_head_is_its_document_without_the_statuses() -> None:
         value = doc.head_bytes().replace(b"[4,5]", ranks.encode())
         with pytest.raises(host_status.BadInput, match="rank"):
             host_status.parse(value, "head")
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_without_the_token_reads_a_large_job_through_its_heads() -> None:
+    """What a stranger may list it may read alone: `diagnose hang --store` without the
+    job's token lists the heads and reads the two documents it needs."""
+    token, n, planted = "heads-test-token", ALIKE_FROM, 700
+    now = time.time_ns()
+    with StoreServer(token=token) as server:
+        with StoreClient("127.0.0.1", server.port, token=token) as rank:
+            rank.set_many(job_listing(job_statuses(n, now, **{str(planted): {"seq": 0}}), now=now))
+        env = {k: v for k, v in os.environ.items() if k != "CCLCTL_TOKEN"}
+        cmd = [sys.executable, "-m", "cclctl", "diagnose", "hang", "--store", server.address,
+               "--job", JOB, "--json"]  # fmt: skip
+        hang = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=env)
+        refused = server.refused
+    verdict = json.loads(hang.stdout)["verdicts"][0]
+    assert [s["rank"] for s in verdict["suspect_ranks"]] == [planted], hang.stderr
+    assert refused == 0  # the heads, the ranks' own keys and two documents: all public
