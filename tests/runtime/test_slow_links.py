@@ -25,8 +25,11 @@ def _start(hosts: TwoHosts, tmp: Path, **extra: str) -> NetJob:
     return NetJob(hosts, tmp, free_port(), timeout_s=30.0, worker=WORKER, extra=env)
 
 
-def _verdict(job: NetJob, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    """`cclctl diagnose slow --store --json` run on h1, until ``done`` holds for it."""
+def _verdict(
+    job: NetJob, done: Callable[[dict[str, Any]], bool]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`cclctl diagnose slow --store --json` run on h1 until ``done`` holds for it: that
+    verdict, and every finding seen before it."""
     deadline = time.monotonic() + 150
     seen: list[Any] = []
     while time.monotonic() < deadline:
@@ -34,13 +37,20 @@ def _verdict(job: NetJob, done: Callable[[dict[str, Any]], bool]) -> dict[str, A
         if out.returncode in (0, 3):
             seen.append(json.loads(out.stdout))
             if done(seen[-1]):
-                return seen[-1]
+                return seen[-1], [f for doc in seen[:-1] for f in doc["findings"]]
         time.sleep(0.5)
     raise AssertionError(f"no verdict as wanted; the last: {seen[-1:]!r}")
 
 
-def _found(doc: dict[str, Any]) -> bool:
-    return bool(doc["findings"])
+def _a_slow_host(doc: dict[str, Any]) -> bool:
+    return any(f["kind"] == "slow_host" for f in doc["findings"])
+
+
+def _blames_h2(finding: dict[str, Any]) -> bool:
+    """A finding on h2's egress: the host, or a link out of it (ranks 2-3 are on h2)."""
+    if finding["kind"] == "slow_link":
+        return finding["link"][0] in (2, 3) and finding["link"][1] in (0, 1)
+    return finding["kind"] == "slow_host" and finding["host"] == "h2"
 
 
 def _egress_limit(hosts: TwoHosts, host: str) -> None:
@@ -60,7 +70,7 @@ def test_a_host_whose_egress_is_slow_is_a_slow_host(hosts: TwoHosts, tmp_path: P
     _egress_limit(hosts, "h2")
     job = _start(hosts, tmp_path, OP="all_to_all", COUNT=str(1 << 16))
     try:
-        doc = _verdict(job, _found)
+        doc, before = _verdict(job, _a_slow_host)
     finally:
         (tmp_path / "release").touch()
         job.kill_ranks()
@@ -68,3 +78,6 @@ def test_a_host_whose_egress_is_slow_is_a_slow_host(hosts: TwoHosts, tmp_path: P
         _clear(hosts)
     assert [(f["kind"], f["host"]) for f in doc["findings"]] == [("slow_host", "h2")], doc
     assert "egress" in doc["findings"][0]["summary"]
+    # before the host's every link was judged slow in a row, a link of it may have been:
+    # never anything that is not h2's egress
+    assert all(_blames_h2(f) for f in before), before
