@@ -29,7 +29,7 @@ from typing import Protocol
 from cclctl import host_status
 from cclctl.errors import BadInput
 from cclctl.host_status import HostDocument
-from cclctl.live.alike import ALIKE_FROM, Alike, Found, ParseOne, host_statuses
+from cclctl.live.alike import Alike, Found, ParseOne, host_statuses
 from cclctl.status_digest import Digest, checked
 
 #: At most this many host documents are read whole, one request each; a job that needs
@@ -62,37 +62,50 @@ class HeadsRead:
     whole_bytes: int = 0
 
 
-def listed(store: HeadStore, prefix: str) -> dict[str, bytes]:
-    """The heads of the job under ``prefix`` (``cclctl/<job>/``), by full key."""
-    return store.list(prefix + host_status.HEAD_KEY)
+@dataclasses.dataclass
+class Heads:
+    """A job's heads as listed: parsed by host, the hosts whose head could not be read
+    (their documents are read whole), and the bytes listed."""
+
+    docs: dict[str, HostDocument]
+    unreadable: set[str]
+    nbytes: int
+
+    @property
+    def ranks(self) -> int:
+        return sum(len(doc.ranks) for doc in self.docs.values())
+
+
+def listed(store: HeadStore, prefix: str) -> Heads:
+    """The heads of the job under ``prefix`` (``cclctl/<job>/``)."""
+    head = prefix + host_status.HEAD_KEY
+    listing = store.list(head)
+    out = Heads({}, set(), sum(map(len, listing.values())))
+    for key, value in listing.items():
+        host = key[len(head) :]
+        where = "the head of " + host_status.document_name(host)
+        try:
+            out.docs[host] = host_status.parse(value, where)
+        except BadInput:
+            out.unreadable.add(host)  # its document whole says what is wrong, if it is
+    return out
 
 
 def read(
     store: HeadStore,
     prefix: str,
-    listing: Mapping[str, bytes],
+    listing: Heads,
     parse_one: ParseOne,
     covered: Mapping[int, object],
     world_size: int | None,
-    alike_from: int = ALIKE_FROM,
 ) -> HeadsRead | None:
     """The statuses of the job under ``prefix`` through its heads (``listing``: :func:`listed`),
     or None where the caller should list the job whole (see the module's docstring).
     ``covered``: the ranks whose own keys hold a status; ``world_size``: the job's, if
     known (ranks neither covers send the caller to the whole listing)."""
-    head = prefix + host_status.HEAD_KEY
-    heads: dict[str, HostDocument] = {}
-    out = HeadsRead({}, {}, [], head_bytes=sum(map(len, listing.values())))
-    need: set[str] = set()
-    for key, value in listing.items():
-        host = key[len(head) :]
-        try:
-            heads[host] = host_status.parse(value, "the head of " + host_status.document_name(host))
-        except BadInput:
-            need.add(host)  # its document whole says what is wrong, if it is
-    ranks = sum(len(doc.ranks) for doc in heads.values())
-    if ranks < alike_from:
-        return None
+    heads = listing.docs
+    out = HeadsRead({}, {}, [], head_bytes=listing.nbytes)
+    need = set(listing.unreadable)
     if world_size is not None:
         seen = {r for doc in heads.values() for r in doc.ranks} | set(covered)
         if len(seen) < world_size:

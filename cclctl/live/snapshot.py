@@ -131,7 +131,7 @@ def _through_heads(
     where it is to be listed whole."""
     prefix = job_prefix(job)
     head_listing = heads.listed(store, prefix)
-    if not head_listing:  # agents that write none, or no agents: the job is listed whole
+    if not head_listing.docs or head_listing.ranks < alike_from:  # no heads, or a small job
         return None
     try:
         listing = store.list(prefix + STATUS_KEY)
@@ -141,8 +141,7 @@ def _through_heads(
                 listing[prefix + key] = value
         out, budget = _parsed_keys(job, store.address, listing)
         own = {**out.statuses, **out.bad}
-        read = heads.read(store, prefix, head_listing, parse_one, own, out.rdzv_world_size,
-                          alike_from)  # fmt: skip
+        read = heads.read(store, prefix, head_listing, parse_one, own, out.rdzv_world_size)
     except StoreError:  # a store that lets this client list but not read a key: list whole
         return None
     if read is None:

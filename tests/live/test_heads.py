@@ -187,7 +187,7 @@ def test_a_store_that_refuses_a_read_is_listed_whole() -> None:
 def test_a_small_job_is_listed_whole() -> None:
     store = Store(job_listing(job_statuses(32, **{"13": {"seq": 0}})))
     snapshot.fetch(store, JOB, alike_from=64)
-    assert store.listed_whole and not store.read_whole
+    assert store.lists == [PREFIX + "head/", PREFIX] and not store.reads  # nothing twice
 
 
 def test_a_head_is_its_document_without_the_statuses() -> None:
