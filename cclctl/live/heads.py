@@ -13,11 +13,12 @@ its agent wrote beside its text, in the same request; where a host's document is
 whole its statuses are checked against their digests as :mod:`cclctl.live.alike` checks
 them. A document read whole may be newer than the head listed before it: its own
 summary then counts for its ranks (keys are content hashes, so a model of a key makes the
-same rank whichever write it came from). Where this cannot give the answer at low cost (a
-job below :data:`~cclctl.live.alike.ALIKE_FROM` ranks, agents that write no heads, more
-than :data:`MAX_READS` documents to read, ranks the heads and the ranks' own keys do not
-cover, a key whose model cannot be read) :func:`read` says so with None, and the caller
-lists the whole job, as it does without heads.
+same rank whichever write it came from). Where this cannot give the answer at low cost the
+caller lists the whole job, as it does without heads: for a job below
+:data:`~cclctl.live.alike.ALIKE_FROM` ranks or agents that write no heads (it sees both in
+:func:`listed`'s :class:`Heads`), and where :func:`read` says None: more than
+:data:`MAX_READS` documents to read, ranks the heads and the ranks' own keys do not cover,
+a key whose model cannot be read.
 """
 
 from __future__ import annotations
