@@ -254,7 +254,7 @@ def functional(group) -> list[list[float]]:
     x = inputs(torch.float32).reshape(-1)
     return [
         fc.wait_tensor(fc.all_reduce(x, "sum", group)).tolist(),
-        fc.wait_tensor(fc.all_gather_tensor(x, 0, group)).tolist(),
+        fc.wait_tensor(fc.all_gather_single(x, 0, group)).tolist(),
         fc.wait_tensor(fc.reduce_scatter_tensor(x, "sum", 0, group)).tolist(),
     ]
 

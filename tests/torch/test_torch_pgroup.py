@@ -66,7 +66,7 @@ def test_functional_collectives_and_ddp_are_recorded_with_torchs_seq(one_rank: N
 
     group = dist.group.WORLD
     x = fc.wait_tensor(fc.all_reduce(torch.ones(5), "sum", group))
-    g = fc.wait_tensor(fc.all_gather_tensor(torch.ones(3), 0, group))
+    g = fc.wait_tensor(fc.all_gather_single(torch.ones(3), 0, group))
     assert x.tolist() == [1.0] * 5 and g.shape == (3,)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     model(torch.ones(3, 4)).sum().backward()
