@@ -28,6 +28,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from cclctl.comm_info import clip
 from cclctl.errors import BadInput
 from cclctl.status_digest import digest, is_count
 
@@ -154,7 +155,7 @@ def _names(doc: object, rank: int) -> bool:
 
 def document_name(host: str) -> str:
     """How a reader names ``host``'s document in what it says of it."""
-    return f"host document {host if len(host) <= 60 else host[:59] + '…'!r}"
+    return f"host document {clip(host, 60)!r}"
 
 
 def parse(value: bytes, where: str) -> HostDocument:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from cclctl import host_status, limits, probe_record
+from cclctl.comm_info import clip
 from cclctl.errors import BadInput, StoreError, UsageError
 from cclctl.live import alike, heads, status_check
 from cclctl.live.status_check import parse_one, unprefixed
@@ -207,7 +208,7 @@ def _parsed_keys(
             continue
         # more digits than any limit has are refused before int() (which caps at 4,300)
         number = int(rank_text) if len(rank_text) <= 9 else 10**9
-        rank = limits.rank(number, f"status key {_clip(key)}")
+        rank = limits.rank(number, f"status key {clip(key, 60)}")
         try:
             out.statuses[rank] = snap = status_check.status(value, rank)
             budget.add(info.ranks for info in snap.comms.values())
@@ -264,10 +265,6 @@ def _host(out: JobStatuses, host: str, value: bytes) -> None:
         out.hosts[host] = host_status.parse(value, host_status.document_name(host))
     except BadInput as exc:
         out.bad_hosts[host] = exc.message
-
-
-def _clip(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _rendezvous_world_size(value: bytes) -> int | None:
