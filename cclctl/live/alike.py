@@ -18,7 +18,7 @@ completed calls' timings (the model's). A hang's diagnosis reads none of them; `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from cclctl.errors import BadInput
 from cclctl.host_status import HostDocument
@@ -37,6 +37,13 @@ ParseOne = Callable[[str, int], tuple[RankSnapshot | BadInput, str | None]]
 Found = tuple[int, HostDocument, RankSnapshot | BadInput]
 
 
+def digest_rows(doc: HostDocument) -> Mapping[str, object]:
+    """The digests a host document's summary gives its ranks, by rank as text, unchecked
+    (:func:`~cclctl.status_digest.checked` each); none where the summary has no map."""
+    rows = doc.summary.get("digests")
+    return rows if isinstance(rows, dict) else {}
+
+
 def host_statuses(
     hosts: Iterable[HostDocument], parse_one: ParseOne, makers: dict[str, Alike] | None = None
 ) -> Iterator[Found]:
@@ -46,8 +53,7 @@ def host_statuses(
     makers = {} if makers is None else makers
     groups: dict[str, list[tuple[int, HostDocument, Digest]]] = {}
     for doc in hosts:
-        rows = doc.summary.get("digests")
-        rows = rows if isinstance(rows, dict) else {}
+        rows = digest_rows(doc)
         for rank, text in doc.statuses.items():
             own = checked(rows.get(str(rank)))
             if own is None or text_hash(text) != own.text:

@@ -30,7 +30,7 @@ from typing import Protocol
 from cclctl import host_status
 from cclctl.errors import BadInput
 from cclctl.host_status import HostDocument
-from cclctl.live.alike import Alike, Found, ParseOne, host_statuses
+from cclctl.live.alike import Alike, Found, ParseOne, digest_rows, host_statuses
 from cclctl.status_digest import Digest, checked
 
 #: At most this many host documents are read whole, one request each; a job that needs
@@ -136,8 +136,7 @@ def read(
 
 def _digests(doc: HostDocument) -> list[tuple[int, Digest]]:
     """Each rank a head names with its digest (checked; a rank without one is left out)."""
-    rows = doc.summary.get("digests")
-    rows = rows if isinstance(rows, dict) else {}
+    rows = digest_rows(doc)
     found = ((rank, checked(rows.get(str(rank)))) for rank in doc.ranks)
     return [(rank, own) for rank, own in found if own is not None]
 
