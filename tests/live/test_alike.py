@@ -12,9 +12,18 @@ import time
 from typing import Any
 
 import pytest
-from alike_job import JOB, NOW, NS, SEQ, host_of, job_listing, job_statuses, rank_status
+from alike_job import (
+    JOB,
+    NOW,
+    NS,
+    SEQ,
+    host_of,
+    job_listing,
+    job_statuses,
+    rank_status,
+    rewrite_host,
+)
 
-from cclctl import host_status
 from cclctl.diagnose_io.live import diagnose_live
 from cclctl.live import snapshot
 from cclctl.live.alike import ALIKE_FROM
@@ -84,15 +93,8 @@ def test_a_status_whose_own_numbers_a_reader_refuses_is_read_the_same(odd) -> No
     (a rank made from a model would have its key's rank and its digest's numbers)."""
     snaps = job_statuses(16, **{"3": {"seq": 0}})
     listing = job_listing(snaps)
-    key = f"cclctl/{JOB}/host/{host_of(6)}"
-    doc = json.loads(listing[key])
-    status = json.loads(doc["statuses"]["6"])
-    status.update(odd)
-    doc["statuses"]["6"] = json.dumps(status)
-    texts = {int(r): t for r, t in doc["statuses"].items()}
-    doc["summary"] = host_status.summarize({r: json.loads(t) for r, t in texts.items()}, texts)
-    assert "6" not in doc["summary"]["digests"] and "5" in doc["summary"]["digests"]
-    listing[key] = json.dumps(doc).encode()
+    doc = rewrite_host(listing, host_of(6), lambda r, status: status | odd if r == 6 else status)
+    assert "6" not in doc.summary["digests"] and "5" in doc.summary["digests"]
     full, made = _both(listing)
     assert made == full
 

@@ -13,7 +13,17 @@ import time
 from typing import Any
 
 import pytest
-from alike_job import JOB, NOW, NS, SEQ, host_of, job_listing, job_statuses
+from alike_job import (
+    JOB,
+    NOW,
+    NS,
+    SEQ,
+    host_of,
+    job_listing,
+    job_statuses,
+    rank_status,
+    rewrite_host,
+)
 
 from cclctl import host_status
 from cclctl.diagnose_io.live import diagnose_live
@@ -82,7 +92,7 @@ def _scenarios() -> dict[str, dict[int, Any]]:
             **{"3": {"seq": 0}, "9": {"revoke": revoke}, "11": {"counters": {"errors": 1}}},
             **{"10": {"stacks": [ThreadStack("MainThread", [])]}},
         ),
-        "a healthy job": {r: job_statuses(32, **{str(r): {"seq": 0}})[r] for r in range(32)},
+        "a healthy job": {r: rank_status(r, 32, seq=0) for r in range(32)},
     }
 
 
@@ -101,24 +111,10 @@ def test_a_job_read_through_heads_is_diagnosed_as_one_read_whole(name: str) -> N
 
 def test_a_broken_status_is_read_whole_and_said_as_every_read_says_it() -> None:
     listing = job_listing(job_statuses(32, **{"20": {"seq": 0}}))
-    _rewrite(listing, "h1", lambda rank, status: "{not json" if rank == 6 else status)
+    rewrite_host(listing, "h1", lambda rank, status: "{not json" if rank == 6 else status)
     made, store = _through_heads(listing)
     assert made == _every_status(listing)
     assert "h1" in store.read_whole and not store.listed_whole
-
-
-def _rewrite(listing: dict[str, bytes], host: str, change: Any) -> None:
-    """``host``'s statuses changed (``change(rank, status)``: its new status or text), its
-    summary and head made again from them, as its agent makes them."""
-    doc = host_status.parse(listing[PREFIX + "host/" + host], host)
-    decoded = {}
-    for rank, text in doc.statuses.items():
-        new = change(rank, json.loads(text))
-        doc.statuses[rank] = new if isinstance(new, str) else json.dumps(new)
-        decoded[rank] = new if isinstance(new, dict) else None
-    doc.summary = host_status.summarize(decoded, doc.statuses)
-    listing[PREFIX + "host/" + host] = doc.to_bytes()
-    listing[PREFIX + "head/" + host] = doc.head_bytes()
 
 
 def test_a_document_newer_than_its_head_speaks_for_its_host() -> None:
@@ -134,7 +130,7 @@ def test_a_document_newer_than_its_head_speaks_for_its_host() -> None:
         status["time_ns"] += NS
         return status
 
-    _rewrite(after, "h0", next_call)
+    rewrite_host(after, "h0", next_call)
     moved = {k: v for k, v in after.items() if "/head/" not in k}
     moved |= {k: v for k, v in before.items() if "/head/" in k}
     made, store = _through_heads(moved)

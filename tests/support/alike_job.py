@@ -5,6 +5,7 @@ reading alike ranks once (``test_alike.py``) and of reading through the agents' 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from cclctl import host_status
@@ -72,3 +73,22 @@ def job_listing(
 def job_statuses(n: int, now: int = NOW, **odd: dict[str, Any]) -> dict[int, RankSnapshot]:
     """Every rank's status; ``odd``: a rank's own changes (by its rank as text)."""
     return {r: rank_status(r, n, now=now, **odd.get(str(r), {})) for r in range(n)}
+
+
+def rewrite_host(
+    listing: dict[str, bytes], host: str, change: Callable[[int, dict[str, Any]], Any]
+) -> host_status.HostDocument:
+    """``host``'s statuses in ``listing`` changed (``change(rank, status)``: its new status,
+    or a text), its summary and head made again from them, as its agent makes them; the
+    document written back is returned."""
+    key = f"cclctl/{JOB}/{host_status.KEY}{host}"
+    doc = host_status.parse(listing[key], host)
+    decoded = {}
+    for rank, text in doc.statuses.items():
+        new = change(rank, json.loads(text))
+        doc.statuses[rank] = new if isinstance(new, str) else json.dumps(new)
+        decoded[rank] = new if isinstance(new, dict) else None
+    doc.summary = host_status.summarize(decoded, doc.statuses)
+    listing[key] = doc.to_bytes()
+    listing[f"cclctl/{JOB}/{host_status.HEAD_KEY}{host}"] = doc.head_bytes()
+    return doc
