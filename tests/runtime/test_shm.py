@@ -215,9 +215,8 @@ def test_a_peer_that_closes_without_entering_fails_every_waiting_rank_at_once(
     """4 ranks: rank 0 closes; the others' all_reduce fails at once, naming rank 0, on the
     ranks that wait on it and, through their failure, on those that wait on them."""
     transports = make_transports(4, one_copy=one_copy)
-    for msg in _after_a_close(transports, closer=0, count=1 << 16, errors=(PeerError, CommRevoked))[
-        1:
-    ]:
+    msgs = _after_a_close(transports, closer=0, count=1 << 16, errors=(PeerError, CommRevoked))
+    for msg in msgs[1:]:
         assert "link between rank 0 and rank" in msg and "closed its communicator" in msg, msg
 
 
